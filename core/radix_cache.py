@@ -1,0 +1,383 @@
+"""The radix tree of cached prefixes: edges hold token runs, nodes hold the slots of those tokens.
+
+Follows SGLang's `radix_cache.py` (names included): `match_prefix` walks down and splits the
+node where the match stops, `insert` hangs the unmatched rest underneath, `evict` pops the
+lowest-priority unlocked leaf off a heap until enough slots are free, and `inc_lock_ref` /
+`dec_lock_ref` protect the paths running requests depend on.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from core import events as ev
+from core.eviction import get_policy
+from core.memory import SlotAllocator
+
+
+class LogicalClock:
+    """A step counter: the engine ticks it once per scheduler step ("time 3" in the article)."""
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def __call__(self) -> int:
+        return self.t
+
+    def tick(self) -> int:
+        self.t += 1
+        return self.t
+
+
+class RadixKey:
+    """Token ids plus an optional namespace (`extra_key`: adapter or tenant); stored as numpy."""
+
+    __slots__ = ("token_ids", "extra_key")
+
+    def __init__(self, token_ids: Union[Sequence[int], np.ndarray, torch.Tensor],
+                 extra_key: Optional[str] = None) -> None:
+        if isinstance(token_ids, torch.Tensor):
+            token_ids = token_ids.cpu().numpy()
+        self.token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        self.extra_key = extra_key
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def __getitem__(self, s: slice) -> "RadixKey":
+        return RadixKey(self.token_ids[s], self.extra_key)
+
+    def __repr__(self) -> str:
+        head = self.token_ids[:8].tolist()
+        return f"RadixKey({head}{'...' if len(self) > 8 else ''}, extra_key={self.extra_key!r})"
+
+
+class TreeNode:
+    """One edge of the tree and the node below it: `key` tokens and the `value` slots holding them."""
+
+    _ids = itertools.count()
+
+    def __init__(self, node_id: int, key: RadixKey, value: torch.Tensor, parent: Optional["TreeNode"],
+                 now: float, priority: int = 0) -> None:
+        self.id = node_id
+        self.children: dict = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock_ref = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = priority
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __lt__(self, other: "TreeNode") -> bool:  # heap tie-break: older node first
+        return self.id < other.id
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+@dataclass
+class MatchResult:
+    indices: torch.Tensor   # slots of the longest cached prefix, in token order
+    last_node: TreeNode     # the node where that prefix ends (lock it to keep the prefix)
+
+
+def _common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
+    """Length of the common prefix of two token runs, rounded down to whole pages; vectorised."""
+    n = min(a.shape[0], b.shape[0])
+    diff = np.flatnonzero(a[:n] != b[:n])
+    m = int(diff[0]) if diff.size else n
+    return m - m % page_size if page_size > 1 else m
+
+
+class RadixCache:
+    def __init__(self, allocator: SlotAllocator, page_size: int = 1, eviction_policy: str = "lru",
+                 clock: Optional[Callable[[], float]] = None, disable: bool = False,
+                 record_events: bool = True, event_capacity: int = 100_000) -> None:
+        if page_size != allocator.page_size:
+            raise ValueError(f"page_size={page_size} differs from the allocator's page_size="
+                             f"{allocator.page_size}; pass the same value to both")
+        self.allocator = allocator
+        self.page_size = page_size
+        self.policy_name = eviction_policy
+        self.policy = get_policy(eviction_policy)
+        self.logical_clock = LogicalClock()
+        self.clock: Callable[[], float] = clock if clock is not None else self.logical_clock
+        self.disable = disable
+        self.events = ev.EventLog(event_capacity, enabled=record_events)
+        allocator.on_event = self._on_alloc_event
+        self.device = allocator.device
+        self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.reset()
+
+    # ----- bookkeeping -------------------------------------------------------------------
+    def reset(self) -> None:
+        """Drop the whole tree and give every slot back (callers must hold no slots)."""
+        self._next_id = itertools.count()
+        self.root_node = TreeNode(next(self._next_id), RadixKey([]), self._empty, None, self.clock())
+        self.root_node.lock_ref = 1  # the root is never evicted
+        self.evictable_leaves: set[TreeNode] = set()
+        self._evictable_size = 0
+        self._protected_size = 0
+        self.allocator.clear()
+        self.events.append(ev.ResetEvent, self.clock())
+
+    def _on_alloc_event(self, kind: str, slots: torch.Tensor) -> None:
+        cls = ev.AllocEvent if kind == "alloc" else ev.FreeEvent
+        if self.events.enabled:
+            self.events.append(cls, self.clock(), slots=tuple(slots.tolist()))
+
+    def tick(self) -> float:
+        """Advance the default logical clock (no effect on an injected clock)."""
+        return self.logical_clock.tick()
+
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    def total_size(self) -> int:
+        return self._evictable_size + self._protected_size
+
+    def _child_key(self, key: RadixKey):
+        first = int(key.token_ids[0]) if self.page_size == 1 else tuple(key.token_ids[:self.page_size].tolist())
+        return first if key.extra_key is None else (key.extra_key, first)
+
+    def _aligned(self, n: int) -> int:
+        return n - n % self.page_size
+
+    def _update_leaf_status(self, node: TreeNode) -> None:
+        if node is not self.root_node and node.is_leaf and node.lock_ref == 0:
+            self.evictable_leaves.add(node)
+        else:
+            self.evictable_leaves.discard(node)
+
+    def _path(self, node: TreeNode) -> tuple[int, ...]:
+        ids = []
+        while node is not None and node is not self.root_node:
+            ids.append(node.id)
+            node = node.parent
+        return tuple(reversed(ids))
+
+    # ----- match ---------------------------------------------------------------------------
+    def match_prefix(self, key: RadixKey) -> MatchResult:
+        """Longest cached prefix of `key`; splits the node where the match ends mid-edge."""
+        if self.disable or len(key) < self.page_size:
+            return MatchResult(self._empty, self.root_node)
+        key = key[:self._aligned(len(key))]
+        now = self.clock()
+        node = self.root_node
+        node.last_access_time = now
+        values: list[torch.Tensor] = []
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(self._child_key(key[pos:]))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = _common_len(child.key.token_ids, key.token_ids[pos:], self.page_size)
+            if n < len(child.key):
+                node = self._split_node(child, n, now)
+                node.hit_count += 1  # only the matched half counts the hit
+                values.append(node.value)
+                pos += n
+                break
+            child.hit_count += 1
+            values.append(child.value)
+            pos += n
+            node = child
+        indices = torch.cat(values) if values else self._empty
+        if self.events.enabled:
+            self.events.append(ev.MatchEvent, now, tokens_asked=len(key), tokens_hit=pos,
+                               path=self._path(node), extra_key=key.extra_key)
+        return MatchResult(indices, node)
+
+    def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
+        """Cut `child`'s edge after `split_len` tokens; the new node takes the prefix and becomes the parent.
+
+        Both halves are stamped `now`: as in the article, the split-off leaf counts as touched.
+        """
+        parent = child.parent
+        new_node = TreeNode(next(self._next_id), child.key[:split_len], child.value[:split_len], parent,
+                            now, child.priority)
+        new_node.creation_time = child.creation_time
+        new_node.hit_count = child.hit_count
+        new_node.lock_ref = child.lock_ref
+        parent.children[self._child_key(child.key)] = new_node
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:]
+        child.parent = new_node
+        child.last_access_time = now
+        new_node.children[self._child_key(child.key)] = child
+        if self.events.enabled:
+            self.events.append(ev.SplitEvent, now, node=child.id, new_parent=new_node.id, position=split_len)
+        return new_node
+
+    # ----- insert --------------------------------------------------------------------------
+    def insert(self, key: RadixKey, value: torch.Tensor, priority: int = 0) -> int:
+        """Cache `key` with its slots `value`; returns how many leading tokens were already cached.
+
+        The caller owns `value[:returned]` duplicates of what the tree holds and must free the part
+        it allocated itself; the tree now owns the rest. Only whole pages are inserted.
+        """
+        if len(key) != value.numel():
+            raise ValueError(f"insert: key has {len(key)} tokens but value has {value.numel()} slots; "
+                             f"pass one slot per token")
+        if self.disable:
+            return 0
+        n_aligned = self._aligned(len(key))
+        key, value = key[:n_aligned], value[:n_aligned].to(device=self.device, dtype=torch.int64)
+        now = self.clock()
+        node = self.root_node
+        node.last_access_time = now
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(self._child_key(key[pos:]))
+            if child is None:
+                break
+            child.last_access_time = now
+            child.priority = max(child.priority, priority)
+            n = _common_len(child.key.token_ids, key.token_ids[pos:], self.page_size)
+            if n < len(child.key):
+                node = self._split_node(child, n, now)
+                pos += n
+                break
+            pos += n
+            node = child
+        if pos < len(key):
+            self._add_leaf(node, key[pos:], value[pos:], now, priority)
+        return pos
+
+    def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
+        new_node = TreeNode(next(self._next_id), key, value.clone(), parent, now, priority)
+        parent.children[self._child_key(key)] = new_node
+        self._evictable_size += len(key)
+        self.evictable_leaves.discard(parent)
+        self._update_leaf_status(new_node)
+        if self.events.enabled:
+            self.events.append(ev.InsertEvent, now, node=new_node.id, parent=parent.id,
+                               token_ids=tuple(key.token_ids.tolist()), slots=tuple(value.tolist()))
+        return new_node
+
+    # ----- locks ---------------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Protect root..node from eviction (a running request reads these slots)."""
+        changed = 0
+        last = node
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self._evictable_size -= len(node.key)
+                self._protected_size += len(node.key)
+                changed += len(node.key)
+            node.lock_ref += 1
+            self.evictable_leaves.discard(node)
+            node = node.parent
+        if self.events.enabled and last is not self.root_node:
+            self.events.append(ev.LockEvent, self.clock(), node=last.id, path=self._path(last))
+        return changed
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Release a lock taken with `inc_lock_ref(node)`; raises (changing nothing) if there is none."""
+        walk = node
+        while walk is not self.root_node:
+            if walk.lock_ref <= 0:
+                raise ValueError(f"dec_lock_ref on node {walk.id} whose lock_ref is already 0: "
+                                 f"every dec_lock_ref needs an earlier inc_lock_ref on the same node")
+            if walk.parent is None:
+                raise ValueError(f"dec_lock_ref on node {walk.id}, which is no longer in the tree")
+            walk = walk.parent
+        changed = 0
+        last = node
+        while node is not self.root_node:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable_size += len(node.key)
+                self._protected_size -= len(node.key)
+                changed += len(node.key)
+            self._update_leaf_status(node)
+            node = node.parent
+        if self.events.enabled and last is not self.root_node:
+            self.events.append(ev.UnlockEvent, self.clock(), node=last.id, path=self._path(last))
+        return changed
+
+    # ----- evict ---------------------------------------------------------------------------
+    def _heap(self) -> list:
+        return [(self.policy(n), n) for n in self.evictable_leaves]
+
+    def evict(self, num_tokens: int) -> int:
+        """Free whole unlocked leaves, lowest policy key first, until `num_tokens` are freed."""
+        if num_tokens <= 0:
+            return 0
+        heap = self._heap()
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            key, node = heapq.heappop(heap)
+            if node.lock_ref > 0 or not node.is_leaf:
+                continue
+            parent = node.parent
+            self._delete_leaf(node, key)
+            freed += len(node.key)
+            if parent is not self.root_node and parent.is_leaf and parent.lock_ref == 0:
+                heapq.heappush(heap, (self.policy(parent), parent))
+        return freed
+
+    def _delete_leaf(self, node: TreeNode, policy_key: tuple) -> None:
+        parent = node.parent
+        del parent.children[self._child_key(node.key)]
+        self._evictable_size -= len(node.key)
+        self.evictable_leaves.discard(node)
+        self._update_leaf_status(parent)
+        if self.events.enabled:
+            self.events.append(ev.EvictEvent, self.clock(), node=node.id, parent=parent.id,
+                               token_ids=tuple(node.key.token_ids.tolist()), slots=tuple(node.value.tolist()),
+                               last_access_time=node.last_access_time,
+                               policy_key=tuple(float(x) for x in policy_key))
+        self.allocator.free(node.value)
+        node.parent = None  # marks the node as gone; a later dec_lock_ref on it is rejected
+
+    def eviction_order(self, k: Optional[int] = None) -> list[TreeNode]:
+        """The next `k` victims (all when None) in the order `evict` would take them; changes nothing."""
+        heap = self._heap()
+        heapq.heapify(heap)
+        left = {}
+        order: list[TreeNode] = []
+        while heap and (k is None or len(order) < k):
+            _, node = heapq.heappop(heap)
+            order.append(node)
+            parent = node.parent
+            if parent is self.root_node or parent.lock_ref > 0:
+                continue
+            left[parent.id] = left.get(parent.id, len(parent.children)) - 1
+            if left[parent.id] == 0:
+                heapq.heappush(heap, (self.policy(parent), parent))
+        return order
+
+    # ----- views ---------------------------------------------------------------------------
+    def nodes(self) -> list[TreeNode]:
+        """Every node, root first, parents before children."""
+        out, stack = [], [self.root_node]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(reversed(list(n.children.values())))
+        return out
+
+    def check_invariants(self, held_slots: Optional[torch.Tensor] = None) -> None:
+        from core.invariants import check_cache_invariants
+        check_cache_invariants(self, held_slots)
+
+    def snapshot(self):
+        from core.snapshot import snapshot_cache
+        return snapshot_cache(self)
