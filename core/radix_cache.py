@@ -129,6 +129,7 @@ class RadixCache:
         self.evictable_leaves: set[TreeNode] = set()
         self._evictable_size = 0
         self._protected_size = 0
+        self.evicted_tokens = 0  # cumulative, for the engine's metrics
         self.allocator.clear()
         self.events.append(ev.ResetEvent, self.clock())
 
@@ -337,6 +338,7 @@ class RadixCache:
         parent = node.parent
         del parent.children[self._child_key(node.key)]
         self._evictable_size -= len(node.key)
+        self.evicted_tokens += len(node.key)
         self.evictable_leaves.discard(node)
         self._update_leaf_status(parent)
         if self.events.enabled:

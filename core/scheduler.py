@@ -1,0 +1,228 @@
+"""Continuous batching over the radix cache: admit, allocate (evicting), batch, cache, retract.
+
+One `schedule()` call builds a mixed batch: running requests first (a decode is one new
+token; a chunked prefill continues within the token budget), then waiting requests in
+policy order (`lpm` = longest prefix match first, as SGLang; `fcfs`). Slots come from the
+allocator; when it runs dry, `RadixCache.evict` frees unlocked leaves, and if decoding still
+cannot continue the newest running request is retracted (its computed tokens stay cached).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from core.memory import SlotAllocator
+from core.radix_cache import RadixCache, RadixKey, _common_len
+from core.request import ABORTED, FINISHED, RUNNING, WAITING, Request
+
+SCHEDULE_POLICIES = ("lpm", "fcfs")
+
+
+@dataclass
+class ScheduledItem:
+    req: Request
+    tokens: list[int]          # the tokens computed this step: fill_ids[computed : computed + n]
+    new_slots: torch.Tensor    # where their K/V go
+
+
+def peek_prefix_len(cache: RadixCache, key: RadixKey) -> int:
+    """Cached prefix length of `key` without splitting or stamping anything (for ordering)."""
+    if cache.disable:
+        return 0
+    node, pos, ids = cache.root_node, 0, key.token_ids
+    while pos < len(ids) and len(ids) - pos >= cache.page_size:
+        child = node.children.get(cache._child_key(key[pos:]))
+        if child is None:
+            break
+        n = _common_len(child.key.token_ids, ids[pos:], cache.page_size)
+        pos += n
+        if n < len(child.key):
+            break
+        node = child
+    return pos
+
+
+class Scheduler:
+    def __init__(self, cache: RadixCache, allocator: SlotAllocator, schedule_policy: str = "lpm",
+                 max_running_requests: int = 32, max_prefill_tokens: int = 2048) -> None:
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown schedule policy {schedule_policy!r}; choose one of: {', '.join(SCHEDULE_POLICIES)}")
+        if max_running_requests < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
+        self.cache, self.allocator = cache, allocator
+        self.page_size = allocator.page_size
+        self.policy = schedule_policy
+        self.max_running_requests = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._admit_counter = 0
+        self.retractions = 0
+
+    # ----- slots -----------------------------------------------------------------------------
+    def _alloc(self, req: Request, n: int) -> Optional[torch.Tensor]:
+        """`n` slots for the request's next tokens: its partly filled page first, then new pages."""
+        tail = req.tail_slots
+        if n <= tail.numel():
+            req.tail_slots = tail[n:]
+            return tail[:n]
+        need = n - tail.numel()
+        need += (-need) % self.page_size
+        slots = self.allocator.alloc(need)
+        if slots is None:
+            self.cache.evict(need - self.allocator.available())
+            slots = self.allocator.alloc(need)
+            if slots is None:
+                return None
+        got = torch.cat([tail, slots])
+        req.tail_slots = got[n:]
+        return got[:n]
+
+    def _key(self, req: Request, n: int) -> RadixKey:
+        return RadixKey(req.fill_ids[:n], req.extra_key)
+
+    def _lock(self, req: Request, node) -> None:
+        self.cache.inc_lock_ref(node)
+        req.last_node = node
+
+    def _unlock(self, req: Request) -> None:
+        if req.last_node is not None:
+            self.cache.dec_lock_ref(req.last_node)
+            req.last_node = None
+
+    def cache_unfinished(self, req: Request) -> None:
+        """After a prefill chunk: put the computed tokens in the tree and lock the longer path."""
+        n = req.computed - req.computed % self.page_size
+        if self.cache.disable or n <= req.tree_len:
+            return
+        key = self._key(req, n)
+        cached = self.cache.insert(key, req.kv_slots[:n], req.params.priority)
+        self.allocator.free(req.kv_slots[req.tree_len:cached])
+        m = self.cache.match_prefix(key)
+        old = req.last_node
+        self._lock(req, m.last_node)
+        if old is not None:
+            self.cache.dec_lock_ref(old)
+        req.kv_slots = torch.cat([m.indices, req.kv_slots[n:]])
+        req.tree_len = int(m.indices.numel())
+
+    def release(self, req: Request, cache_kv: bool = True) -> None:
+        """Give back everything `req` holds; with `cache_kv` its computed tokens go into the tree
+        first (cache_finished_req: prompt + output minus the last token, whose KV never existed)."""
+        n = req.computed - req.computed % self.page_size
+        free_from = req.tree_len
+        if cache_kv and not self.cache.disable and n > req.tree_len:
+            cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority)
+            self.allocator.free(req.kv_slots[req.tree_len:cached])
+            free_from = n
+        self.allocator.free(torch.cat([req.kv_slots[free_from:], req.tail_slots]))
+        self._unlock(req)
+        req.kv_slots = req.kv_slots[:0]
+        req.tail_slots = req.tail_slots[:0]
+        req.tree_len = 0
+
+    def held_slots(self) -> torch.Tensor:
+        """Slots running requests own outside the tree (for the conservation invariant)."""
+        parts = [r.own_slots() for r in self.running]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+    # ----- queue -----------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        req.state = WAITING
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+            self.release(req, cache_kv=True)
+        req.state = ABORTED
+
+    def finish(self, req: Request) -> None:
+        self.running.remove(req)
+        self.release(req, cache_kv=True)
+        req.state = FINISHED
+
+    def _retract_newest(self) -> Request:
+        victim = max(self.running, key=lambda r: r.admit_order)
+        self.running.remove(victim)
+        self.release(victim, cache_kv=True)
+        victim.state = WAITING
+        self.waiting.insert(0, victim)
+        self.retractions += 1
+        return victim
+
+    # ----- one step --------------------------------------------------------------------------
+    def schedule(self) -> list[ScheduledItem]:
+        """Pick this step's work and give it slots. Returns an empty list when idle."""
+        items: list[ScheduledItem] = []
+        budget = self.max_prefill_tokens
+        for req in sorted(self.running, key=lambda r: r.admit_order):
+            if req not in self.running:
+                continue  # retracted while making room for an older request
+            remaining = len(req.fill_ids) - req.computed
+            n = 1 if remaining == 1 else min(remaining, budget)
+            if n <= 0:
+                continue
+            slots = self._alloc(req, n)
+            while slots is None and len(self.running) > 1:
+                victim = self._retract_newest()
+                items = [it for it in items if it.req is not victim]
+                if victim is req:
+                    break
+                slots = self._alloc(req, n)
+            if slots is None:
+                continue
+            if remaining > 1:
+                budget -= n
+            items.append(ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots))
+        items.extend(self._admit(budget))
+        return items
+
+    def _order_waiting(self) -> list[Request]:
+        if self.policy == "fcfs" or len(self.waiting) < 2:
+            return list(self.waiting)
+        lens = {id(r): peek_prefix_len(self.cache, self._key(r, len(r.fill_ids) - 1)) for r in self.waiting}
+        return sorted(self.waiting, key=lambda r: -lens[id(r)])  # stable: FCFS among equals
+
+    def _admit(self, budget: int) -> list[ScheduledItem]:
+        items = []
+        for req in self._order_waiting():
+            if len(self.running) >= self.max_running_requests or budget <= 0:
+                break
+            m = self.cache.match_prefix(self._key(req, len(req.fill_ids) - 1))
+            self._lock(req, m.last_node)
+            n = min(len(req.fill_ids) - int(m.indices.numel()), budget)
+            req.kv_slots, req.tree_len = m.indices, int(m.indices.numel())
+            slots = self._alloc(req, n)
+            if slots is None:
+                self._unlock(req)
+                req.kv_slots, req.tree_len = req.kv_slots[:0], 0
+                break
+            if req.cached_tokens is None:
+                req.cached_tokens = min(req.tree_len, len(req.prompt_ids))
+            self.waiting.remove(req)
+            req.state = RUNNING
+            self._admit_counter += 1
+            req.admit_order = self._admit_counter
+            self.running.append(req)
+            budget -= n
+            items.append(ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots))
+        return items
+
+    def commit(self, item: ScheduledItem) -> bool:
+        """Record a computed item; True when the request's whole fill is computed (sample now)."""
+        req = item.req
+        req.kv_slots = torch.cat([req.kv_slots, item.new_slots])
+        if req.computed == len(req.fill_ids):
+            return True
+        self.cache_unfinished(req)
+        return False
+
+    def drop(self, item: ScheduledItem) -> None:
+        """A step failed: hand the item's fresh slots back to its request, which the caller then
+        releases without caching (their K/V may be half written)."""
+        item.req.tail_slots = torch.cat([item.new_slots, item.req.tail_slots])
