@@ -226,10 +226,13 @@ class Engine:
                 text, reason = text[:at], "stop"
         if reason is None and len(req.output_ids) >= req.params.max_new_tokens:
             reason = "length"
-        delta = text[len(req.output_text):] if text.startswith(req.output_text) else ""
         req.output_text = text
-        if delta:
-            req.stream_queue.put(delta)
+        # hold back what could still turn out to be the start of a stop string
+        hold = 0 if reason is not None else max((len(s) - 1 for s in req.params.stop), default=0)
+        safe = len(text) - hold
+        if safe > req.streamed_len and text[:req.streamed_len] == req.streamed_text:
+            req.stream_queue.put(text[req.streamed_len:safe])
+            req.streamed_text = text[:safe]
         if reason is not None:
             self.scheduler.finish(req)
             self.metrics.requests_finished += 1

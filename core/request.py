@@ -44,6 +44,7 @@ class Request:
         self.extra_key = extra_key
         self.output_ids: list[int] = []
         self.output_text = ""
+        self.streamed_text = ""     # the prefix of output_text already sent to stream()
         self.state = WAITING
         self.finish_reason: Optional[str] = None
         self.error: Optional[str] = None
@@ -64,6 +65,10 @@ class Request:
     @property
     def fill_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def streamed_len(self) -> int:
+        return len(self.streamed_text)
 
     @property
     def computed(self) -> int:

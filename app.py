@@ -1,0 +1,14 @@
+"""RadixAttention, live: `streamlit run app.py`.
+
+One engine runs in its own thread (held with st.cache_resource, shared by every tab); the
+pages only read its snapshots and call its public methods.
+"""
+import streamlit as st
+
+st.set_page_config(page_title="RadixAttention live", page_icon=":material/account_tree:", layout="wide")
+
+pages = [
+    st.Page("radixui/pages/live.py", title="Live", icon=":material/account_tree:", default=True),
+    st.Page("radixui/pages/walkthrough.py", title="Walkthrough", icon=":material/menu_book:"),
+]
+st.navigation(pages).run()

@@ -1,0 +1,53 @@
+"""A walkthrough step told in the article's words, written from that step's events."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from core.events import Event
+from core.snapshot import CacheSnapshot, FREE_STALE, PoolView
+from radixui.events import describe_event
+from radixui.fmt import TokenText, clean, slot_list
+
+STORY_KINDS = ("match", "split", "lock", "evict", "alloc", "insert", "unlock")
+
+
+def explain_step(events: Sequence[Event], cache: CacheSnapshot, pool: PoolView, token_text: TokenText,
+                 prompt_tokens: int, cached_tokens: int) -> list[str]:
+    """Sentences for one step: the walk, any split, the lock, evictions, the alloc, the insert,
+    and which freed slots still hold stale KV."""
+    lines: list[str] = []
+    match = next((e for e in events if e.kind == "match"), None)
+    if match is not None:
+        hit_nodes = [cache.node(i) for i in match.path if any(n.id == i for n in cache.nodes)]
+        hit_slots = [s for n in hit_nodes for s in n.slots][:match.tokens_hit]
+        if match.tokens_hit:
+            lines.append(f"**Walk the tree.** {match.tokens_hit} of {prompt_tokens} prompt tokens hit the cache: "
+                         f"slots {slot_list(hit_slots)} are reused and their prefill is skipped.")
+        else:
+            lines.append(f"**Walk the tree.** Nothing matches: all {prompt_tokens} tokens go through the forward pass.")
+    for e in events:
+        if e.kind == "split":
+            lines.append(f"**Split.** {describe_event(e, token_text)} (the match stopped mid-edge).")
+    if any(e.kind == "lock" for e in events) and match is not None and match.tokens_hit:
+        lines.append("**Lock.** The matched path is locked so eviction cannot take the prefix this request uses.")
+    evicts = [e for e in events if e.kind == "evict"]
+    need = prompt_tokens - cached_tokens
+    for e in evicts:
+        lines.append(f"**Evict.** Out of free slots: the heap pops the least valuable leaf, "
+                     f"'{clean(token_text(e.token_ids))}' (last used at time {e.last_access_time:g}); "
+                     f"its {len(e.slots)} slots {slot_list(e.slots)} return to free_pages.")
+    if evicts:
+        freed = sum(len(e.slots) for e in evicts)
+        if freed > need:
+            lines.append(f"Eviction works a whole node at a time: {freed} slots came back though only {need} were needed.")
+    for e in events:
+        if e.kind == "alloc":
+            lines.append(f"**Alloc.** alloc({len(e.slots)}) takes slots {slot_list(e.slots)} from the front of free_pages.")
+    for e in events:
+        if e.kind == "insert":
+            lines.append(f"**Insert.** {describe_event(e, token_text)}; last_access_time = {e.time:g}.")
+    stale = [int(s) for s in cache.free_slots() if s < len(pool.states) and pool.states[s] == FREE_STALE]
+    if stale:
+        pieces = ", ".join(f"{s} ('{clean(token_text([int(pool.slot_tokens[s])]))}')" for s in stale[:8])
+        lines.append(f"**Stale slots.** Free but still holding old KV until a later alloc overwrites them: {pieces}.")
+    return lines

@@ -1,0 +1,59 @@
+"""The article's walkthrough on the real engine: pool of 11 slots, four prompts, one token each."""
+import streamlit as st
+
+from core.walkthrough import ARTICLE_POOL_SLOTS
+from radixui.fmt import token_text_from_map
+from radixui.heap import eviction_table
+from radixui.narrate import explain_step
+from radixui.slots import slot_row_figure
+from radixui.state import get_holder, get_walkthrough
+from radixui.tree import step_highlights, tree_figure
+
+st.title("Walkthrough: the article, step by step, on the real model")
+st.caption(f"A pool of {ARTICLE_POOL_SLOTS} slots; each request generates one token and finishes, so only its "
+           "prompt is cached. Every number below is read from the engine after that step.")
+
+holder = get_holder()
+model = holder.config.model if holder.config else "default"
+try:
+    steps = get_walkthrough(model)
+except ValueError as exc:
+    st.error(f"The walkthrough could not run: {exc}")
+    st.stop()
+
+if "wt_step" not in st.session_state:
+    st.session_state.wt_step = 0
+last = len(steps) - 1
+c1, c2, c3, _ = st.columns([1, 1, 1, 5])
+if c1.button("◀ Back", disabled=st.session_state.wt_step == 0, width="stretch"):
+    st.session_state.wt_step -= 1
+if c2.button("Next ▶", disabled=st.session_state.wt_step == last, width="stretch", key="wt_next"):
+    st.session_state.wt_step += 1
+if c3.button("Restart", width="stretch"):
+    st.session_state.wt_step = 0
+
+step = steps[st.session_state.wt_step]
+snap = step.snapshot
+tt = token_text_from_map(snap.token_text)
+if step.time is None:
+    st.subheader("Start: an empty tree, free_pages = 1 … 11")
+    st.write("Press **Next** to send the first request.")
+else:
+    st.subheader(f"Time {step.time}: “{step.prompt}”")
+    st.markdown(" ".join(f"`{t}`" for t in step.tokens) + f" — {len(step.tokens)} tokens")
+    lines = explain_step(step.events, snap.cache, snap.pool, tt, step.completion.prompt_tokens,
+                         step.completion.cached_tokens)
+    st.markdown("\n".join(f"{i}. {line}" for i, line in enumerate(lines, 1)))
+
+left, right = st.columns([3, 2])
+with left:
+    st.plotly_chart(tree_figure(snap.cache, tt, step_highlights(step.events), width=760,
+                                title=f"Radix tree at time {step.time if step.time is not None else '–'}"),
+                    width="stretch", key=f"wt_tree_{st.session_state.wt_step}")
+with right:
+    st.markdown("**Eviction heap** (next victim first)")
+    st.dataframe(eviction_table(snap.cache, tt)[["order", "node", "last_access_time", "tokens", "text", "slots"]],
+                 hide_index=True, width="stretch")
+    st.markdown(f"**free_pages**: `{list(snap.cache.free_pages)}`")
+st.plotly_chart(slot_row_figure(snap.pool, snap.cache, tt, title="Slot row (struck through: free but stale)"),
+                width="stretch", key=f"wt_slots_{st.session_state.wt_step}")
