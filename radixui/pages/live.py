@@ -23,10 +23,11 @@ st.title("RadixAttention, live")
 cfg = holder.config
 st.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.page_size} · eviction `{cfg.eviction_policy}` "
            f"· schedule `{cfg.schedule_policy}`" + (" · **radix cache off**" if cfg.disable_radix_cache else ""))
-flash = st.session_state.pop("flash", None)
-if flash:
-    getattr(st, flash[0])(flash[1])
+flash_box = st.container()
 prompt_panel(engine)
+flash = st.session_state.pop("flash", None)  # set by the controls and the prompt panel in this run
+if flash:
+    getattr(flash_box, flash[0])(flash[1])
 
 
 def request_table(snap: EngineSnapshot) -> pd.DataFrame:
