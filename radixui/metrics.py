@@ -1,0 +1,76 @@
+"""KPI tiles from EngineSnapshot.metrics: (label, value, help) triples, tolerant of missing keys.
+
+Known keys: hit_rate, hit_rate_recent (fractions 0..1, or percentages), prefill_tokens_computed,
+prefill_tokens_skipped, evicted_tokens, decode_tokens_per_s, waiting, running, free_slots,
+evictable_slots, locked_slots. A missing or non-numeric value shows as "–".
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+MISSING = "–"
+
+
+def _num(metrics: Mapping[str, Any], key: str) -> Optional[float]:
+    v = metrics.get(key)
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) or math.isinf(f) else f
+
+
+def _pct(v: Optional[float]) -> str:
+    if v is None:
+        return MISSING
+    return f"{(v * 100 if v <= 1.0 else v):.1f}%"
+
+
+def _count(v: Optional[float], unit: str = "") -> str:
+    if v is None:
+        return MISSING
+    return f"{int(round(v)):,}{unit}"
+
+
+def kpis(metrics: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The KPI tiles in display order: hit rates, prefill saved, pool usage, evictions, speed, queue."""
+    m = metrics or {}
+    computed, skipped = _num(m, "prefill_tokens_computed"), _num(m, "prefill_tokens_skipped")
+    total = (computed or 0) + (skipped or 0)
+    share = f" ({skipped / total * 100:.0f}% of prompt tokens)" if skipped is not None and total > 0 else ""
+    free, evictable, locked = _num(m, "free_slots"), _num(m, "evictable_slots"), _num(m, "locked_slots")
+    pool = (MISSING if free is None and evictable is None and locked is None else
+            f"{_count(free)} free · {_count(evictable)} evictable · {_count(locked)} locked")
+    tps = _num(m, "decode_tokens_per_s")
+    running, waiting = _num(m, "running"), _num(m, "waiting")
+    requests = (MISSING if running is None and waiting is None else
+                f"{_count(running)} running · {_count(waiting)} waiting")
+    return [
+        ("Hit rate", _pct(_num(m, "hit_rate")),
+         "Share of prompt tokens whose KV was found in the radix tree, since the engine started."),
+        ("Hit rate (last 20)", _pct(_num(m, "hit_rate_recent")),
+         "The same share over the last 20 requests: how well the cache serves the current workload."),
+        ("Prefill skipped", _count(skipped, " tok"),
+         f"Prompt tokens not recomputed because match_prefix found them{share}."),
+        ("Prefill computed", _count(computed, " tok"),
+         "Prompt tokens that went through the forward pass (no cached prefix covered them)."),
+        ("Pool slots", pool,
+         "free: in free_pages; evictable: cached in unlocked nodes; locked: held by running requests."),
+        ("Evicted", _count(_num(m, "evicted_tokens"), " tok"),
+         "Tokens whose slots eviction gave back to free_pages (least recently used leaves first)."),
+        ("Decode speed", MISSING if tps is None else f"{tps:,.1f} tok/s",
+         "Output tokens generated per second, over the recent decode steps."),
+        ("Requests", requests, "Requests decoding now, and requests queued for a prefill."),
+    ]
+
+
+def render_kpis(st: Any, metrics: Mapping[str, Any], columns: int = 4) -> None:
+    """Draw the KPI tiles with streamlit (`st` is the module or a container), `columns` a row."""
+    tiles = kpis(metrics)
+    for start in range(0, len(tiles), columns):
+        cols = st.columns(columns)
+        for col, (label, value, help_) in zip(cols, tiles[start:start + columns]):
+            col.metric(label, value, help=help_)

@@ -1,0 +1,57 @@
+from core.memory import SlotAllocator
+from core.radix_cache import RadixCache
+from radixui.heap import COLUMNS, LATER_COLOUR, LEAF_COLOUR, eviction_figure, eviction_table, policy_key
+from radixui.plot import validate
+from tests.radixui.walkthrough import run_request
+
+
+def test_eviction_table_at_time_2(walk):
+    _, tok, steps = walk
+    df = eviction_table(steps[2].snapshot, tok.token_text)
+    assert list(df.columns) == COLUMNS
+    assert df["node"].tolist() == [3, 1, 5, 4, 2]
+    first = df.iloc[0]
+    assert first["order"] == 1 and first["last_access_time"] == 1 and first["policy_key"] == (1.0,)
+    assert first["text"] == "GPU memory runs out" and first["slots"] == "6–9" and first["tokens"] == 4
+    assert df["leaf_now"].tolist() == [True, True, True, False, False]
+    assert df["freed_total"].tolist() == [4, 6, 8, 10, 11]
+    assert df["text"].tolist()[3:] == ["my code", "Why"]
+
+
+def test_eviction_table_limit_and_empty(walk):
+    _, tok, steps = walk
+    assert eviction_table(steps[3].snapshot, tok.token_text, limit=2)["node"].tolist() == [1, 5]
+    from radixui.replay import empty_snapshot
+    assert eviction_table(empty_snapshot(4)).empty
+
+
+def test_policy_keys_follow_the_policy():
+    cache = RadixCache(SlotAllocator(32), eviction_policy="lfu")
+    run_request(cache, [1, 2, 3])
+    cache.tick()
+    run_request(cache, [1, 2, 3, 4])      # hits node 1 once, adds node 2 under it
+    snap = cache.snapshot()
+    df = eviction_table(snap)
+    row = df.iloc[0]
+    assert row["policy_key"] == (0.0, 1.0)  # (hit_count, last_access_time)
+    n = snap.node(int(row["node"]))
+    assert policy_key(n, "fifo") == (n.creation_time,)
+    assert policy_key(n, "no-such-policy") is None
+
+
+def test_eviction_figure_bars(walk):
+    _, tok, steps = walk
+    fig = eviction_figure(steps[2].snapshot, tok.token_text)
+    validate(fig)
+    bar = fig.data[0]
+    assert list(bar.x) == [4, 2, 2, 2, 1]
+    assert bar.y[0] == "#1 node 3 · GPU memory runs out"
+    assert list(bar.marker.color) == [LEAF_COLOUR] * 3 + [LATER_COLOUR] * 2
+    assert fig.layout.yaxis.autorange == "reversed"   # next victim on top
+
+
+def test_eviction_figure_empty_says_why():
+    from radixui.replay import empty_snapshot
+    fig = eviction_figure(empty_snapshot(4))
+    validate(fig)
+    assert "nothing evictable" in fig.layout.annotations[0].text

@@ -1,0 +1,351 @@
+import itertools
+import time
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from benchmarks.bench_ui import build_tree, token_text
+from core.snapshot import NodeView
+from radixui.plot import validate
+from radixui.layout import snapshot_graph, tidy_layout, visible_tree
+from radixui.tree import (EVICTABLE_OUTLINE, FILL, LEGEND_NAMES, OUTLINE, Highlights, edge_label, node_label,
+                          node_state, step_highlights, tree_figure, tree_overview, wrap_label)
+from tests.radixui.walkthrough import run_request
+
+
+def trace(fig, name):
+    found = [t for t in fig.data if t.name == name]
+    assert len(found) == 1, f"expected one trace named {name!r}, got {[t.name for t in fig.data]}"
+    return found[0]
+
+
+def node_traces(fig):
+    names = set(LEGEND_NAMES.values()) | {"root"}
+    return [t for t in fig.data if t.name in names and t.customdata is not None]
+
+
+def nodes_by_id(fig):
+    """node id -> (trace name, x, y, outline colour, outline width)."""
+    out = {}
+    for t in node_traces(fig):
+        lc, lw = t.marker.line.color, t.marker.line.width
+        for i, nid in enumerate(t.customdata):
+            out[nid] = (t.name, t.x[i], t.y[i], lc[i] if not isinstance(lc, str) else lc,
+                        lw[i] if not isinstance(lw, (int, float)) else lw)
+    return out
+
+
+def line_segments(fig):
+    t = trace(fig, "edges")
+    xs, ys = np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
+    return int(np.isnan(xs).sum()), xs, ys
+
+
+# ----- step highlights -------------------------------------------------------------------------
+def test_step_highlights_time_1_split_match_insert(walk):
+    _, _, steps = walk
+    h = step_highlights(steps[1].events)
+    assert h.inserted == {3}
+    assert h.matched == {2}
+    assert h.split == {1, 2}          # both halves of the cut "Why my code throws errors" edge
+    assert h.evicted == set() and h.evicted_nodes == ()
+
+
+def test_step_highlights_time_3_eviction(walk):
+    _, tok, steps = walk
+    h = step_highlights(steps[3].events)
+    assert h.inserted == {6} and h.matched == {2, 4} and h.split == set()
+    assert h.evicted == {3}
+    (nid, toks, slots), = h.evicted_nodes
+    assert nid == 3 and tok.token_text(toks) == "GPU memory runs out" and slots == (6, 7, 8, 9)
+
+
+def test_step_highlights_accepts_event_dicts(walk):
+    _, _, steps = walk
+    assert step_highlights([e.to_dict() for e in steps[2].events]) == step_highlights(steps[2].events)
+
+
+def test_reset_clears_highlights(walk):
+    _, _, steps = walk
+    from core.events import ResetEvent
+    assert step_highlights(list(steps[1].events) + [ResetEvent(seq=99, time=2)]) == Highlights()
+
+
+# ----- graph ---------------------------------------------------------------------------------
+def test_snapshot_graph_counts_and_attributes(walk):
+    _, tok, steps = walk
+    g = snapshot_graph(steps[2].snapshot)
+    assert g.number_of_nodes() == 6 and g.number_of_edges() == 5
+    assert nx.is_arborescence(g)
+    assert g.graph["root"] == 0
+    assert sorted(g.successors(2)) == [3, 4] and sorted(g.successors(4)) == [1, 5]
+    assert tok.token_text(g.nodes[3]["view"].token_ids) == "GPU memory runs out"
+
+
+# ----- the figure at time 2 (the article's tree) --------------------------------------------------
+@pytest.fixture(scope="module")
+def fig2(walk):
+    _, tok, steps = walk
+    return tree_figure(steps[2].snapshot, tok.token_text, step_highlights(steps[2].events))
+
+
+def test_figure_is_valid_plotly(fig2):
+    validate(fig2)
+
+
+def test_node_and_edge_counts(fig2):
+    assert len(nodes_by_id(fig2)) == 6
+    n_edges, _, _ = line_segments(fig2)
+    assert n_edges == 5
+    assert len(trace(fig2, "edge text").text) == 5
+
+
+def test_edge_labels_are_the_decoded_runs(fig2):
+    assert sorted(trace(fig2, "edge text").text) == sorted(
+        ["Why", "my code", "throws errors", "is slow", "GPU memory runs out"])
+
+
+def test_node_labels_are_compressed_slot_runs(fig2):
+    assert sorted(trace(fig2, "slots").text) == sorted(["1", "2–3", "4–5", "10–11", "6–9"])
+
+
+def test_colours_per_state(fig2):
+    nodes = nodes_by_id(fig2)
+    assert nodes["5"][0] == LEGEND_NAMES["inserted"]            # "is slow": inserted this step
+    assert nodes["2"][0] == nodes["4"][0] == LEGEND_NAMES["matched"]
+    assert nodes["1"][0] == nodes["3"][0] == LEGEND_NAMES["cached"]
+    assert nodes["0"][0] == "root"
+    fills = {t.name: t.marker.color for t in node_traces(fig2)}
+    assert fills[LEGEND_NAMES["inserted"]] == FILL["inserted"]
+    assert fills[LEGEND_NAMES["matched"]] == FILL["matched"]
+    # red outline on the evictable leaves only
+    for nid in ("1", "3", "5"):
+        assert nodes[nid][3] == EVICTABLE_OUTLINE
+    for nid in ("2", "4"):
+        assert nodes[nid][3] == OUTLINE
+
+
+def test_split_nodes_get_dashed_rings(fig2):
+    nodes = nodes_by_id(fig2)
+    rings = [s for s in fig2.layout.shapes if s.line.dash == "dash"]
+    assert {(s.xanchor, s.yanchor) for s in rings} == {nodes["4"][1:3], nodes["1"][1:3]}
+
+
+def test_victim_mark_on_gpu_memory_runs_out_at_time_2(fig2):
+    nodes = nodes_by_id(fig2)
+    x, y = nodes["3"][1:3]
+    mark = [a for a in fig2.layout.annotations if a.text == "next victim"]
+    assert len(mark) == 1 and (mark[0].x, mark[0].y) == (x, y)
+    crosses = [t for t in fig2.data if t.marker is not None and t.marker.symbol == "x-thin" and t.x[0] is not None]
+    assert len(crosses) == 1 and (crosses[0].x[0], crosses[0].y[0]) == (x, y)
+
+
+def test_one_legend_with_every_colour(fig2):
+    legend = [t.name for t in fig2.data if t.showlegend]
+    assert legend == [LEGEND_NAMES[s] for s in ("inserted", "matched", "locked", "cached")] + [
+        "evictable leaf", "just split", "next victim"]
+
+
+def test_hover_has_text_slots_time_lock_and_hits(fig2):
+    nodes_hover = {}
+    for t in node_traces(fig2):
+        for nid, h in zip(t.customdata, t.hovertext):
+            nodes_hover[nid] = h
+    h = nodes_hover["3"]
+    for part in ("node 3", "GPU memory runs out", "slots: 6–9", "last_access_time: 1", "lock_ref: 0",
+                 "hit_count: 0", "next eviction victim"):
+        assert part in h
+
+
+def test_time_3_names_the_evicted_node(walk):
+    _, tok, steps = walk
+    fig = tree_figure(steps[3].snapshot, tok.token_text, step_highlights(steps[3].events))
+    notes = " ".join(a.text for a in fig.layout.annotations)
+    assert "evicted this step: node 3 'GPU memory runs out' (slots 6–9)" in notes
+    nodes = nodes_by_id(fig)
+    assert "3" not in nodes and nodes["6"][0] == LEGEND_NAMES["inserted"]
+    # next victim at time 3: "throws errors" (time 2, lowest id among the time-2 leaves)
+    mark = [a for a in fig.layout.annotations if a.text == "next victim"][0]
+    assert (mark.x, mark.y) == nodes["1"][1:3]
+
+
+def test_locked_nodes_are_grey(walk):
+    from core.memory import SlotAllocator
+    from core.radix_cache import RadixCache, RadixKey
+    cache = RadixCache(SlotAllocator(16))
+    ids = [1, 2, 3]
+    run_request(cache, ids)
+    m = cache.match_prefix(RadixKey(ids))
+    cache.inc_lock_ref(m.last_node)          # a running request holds the path
+    fig = tree_figure(cache.snapshot())
+    nodes = nodes_by_id(fig)
+    assert nodes[str(m.last_node.id)][0] == LEGEND_NAMES["locked"]
+    assert nodes[str(m.last_node.id)][3] == OUTLINE  # a locked leaf is not evictable
+
+
+def test_node_state_priority():
+    v = NodeView(id=1, parent=0, token_ids=(1,), slots=(1,), last_access_time=0, creation_time=0, hit_count=0,
+                 lock_ref=1, priority=0, is_leaf=True, evictable=False)
+    assert node_state(v) == "locked"
+    assert node_state(v, Highlights(matched=frozenset({1}))) == "matched"
+    assert node_state(v, Highlights(inserted=frozenset({1}), matched=frozenset({1}))) == "inserted"
+
+
+# ----- labels ----------------------------------------------------------------------------------
+def test_node_label_runs():
+    assert node_label(range(12, 531)) == "12–530"
+    assert node_label([1, 4, 5, 6]) == "1, 4–6"
+    assert node_label([1, 3, 5, 7, 9, 11, 13], width=10) == "1, 3, 5, …"
+
+
+def test_edge_label_wraps_and_shortens():
+    text = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
+    assert edge_label([1, 2], text, width=20) == "w1 w2"
+    assert edge_label(range(3), text, width=6) == "w0 w1<br>w2"
+    long = edge_label(range(100), text, width=12)
+    assert long.count("<br>") == 1 and long.endswith("…") and long.startswith("w0 w1 w2")
+    assert all(len(line) <= 12 for line in long.split("<br>"))
+    assert edge_label([1], lambda ids: "a<b>", width=10) == "a&lt;b&gt;"
+
+
+def test_wrap_label_newlines_become_visible():
+    assert wrap_label("a\nb", 10) == ["a⏎b"]
+
+
+# ----- layout ----------------------------------------------------------------------------------
+def random_tree(n, seed, max_children=4):
+    rng = np.random.default_rng(seed)
+    g = nx.DiGraph(root=0)
+    g.add_node(0)
+    for i in range(1, n):
+        parents = [p for p in g.nodes if g.out_degree(p) < max_children]
+        g.add_edge(int(rng.choice(parents)), i)
+    return g
+
+
+def crosses(a, b, c, d):
+    def orient(p, q, r):
+        v = (q[0] - p[0]) * (r[1] - p[1]) - (q[1] - p[1]) * (r[0] - p[0])
+        return 0 if abs(v) < 1e-9 else (1 if v > 0 else -1)
+    if len({a, b, c, d}) < 4:
+        return False  # edges sharing an endpoint meet there, they do not cross
+    o1, o2, o3, o4 = orient(a, b, c), orient(a, b, d), orient(c, d, a), orient(c, d, b)
+    return o1 * o2 < 0 and o3 * o4 < 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tidy_layout_centred_separated_and_planar(seed):
+    g = random_tree(40, seed)
+    pos = tidy_layout(g, 0)
+    depth = nx.shortest_path_length(g, 0)
+    for n, (x, y) in pos.items():
+        assert y == -depth[n]
+        kids = list(g.successors(n))
+        if kids:
+            assert x == pytest.approx((pos[kids[0]][0] + pos[kids[-1]][0]) / 2)     # centred over children
+            xs = [pos[k][0] for k in kids]
+            assert xs == sorted(xs)                                                   # children in order
+    levels = {}
+    for n, (x, y) in pos.items():
+        levels.setdefault(y, []).append(x)
+    for xs in levels.values():
+        xs.sort()
+        assert all(b - a >= 1 - 1e-9 for a, b in zip(xs, xs[1:]))                   # a column apart
+    segs = [(pos[u], pos[v]) for u, v in g.edges]
+    for (a, b), (c, d) in itertools.combinations(segs, 2):
+        assert not crosses(a, b, c, d)
+    assert min(x for x, _ in pos.values()) == 0
+
+
+def test_tidy_layout_deep_chain_is_iterative():
+    g = nx.DiGraph(root=0)
+    nx.add_path(g, range(5000))
+    pos = tidy_layout(g)
+    assert pos[4999] == (0.0, -4999.0)
+
+
+def test_figure_edges_never_cross_on_a_real_tree():
+    snap = build_tree(60, seed=1).snapshot()
+    g = snapshot_graph(snap)
+    pos = tidy_layout(g)
+    segs = [(pos[u], pos[v]) for u, v in g.edges]
+    for (a, b), (c, d) in itertools.combinations(segs, 2):
+        assert not crosses(a, b, c, d)
+
+
+# ----- large trees: budget, "+N", focus, overview --------------------------------------------------
+@pytest.fixture(scope="module")
+def big():
+    return build_tree(2000).snapshot(), token_text
+
+
+def test_visible_tree_folds_into_plus_n(big):
+    snap, _ = big
+    g = snapshot_graph(snap)
+    disp = visible_tree(g, budget=150, max_depth=None)
+    real = [n for n in disp if not isinstance(n, tuple)]
+    boxes = [n for n in disp if isinstance(n, tuple)]
+    assert len(real) == 150 and boxes
+    assert len(real) + sum(disp.nodes[b]["hidden"] for b in boxes) == g.number_of_nodes()
+    assert sum(disp.nodes[b]["tokens"] for b in boxes) + sum(len(disp.nodes[n]["view"].token_ids) for n in real) \
+        == sum(len(n.token_ids) for n in snap.nodes)
+    assert nx.is_arborescence(disp)
+
+
+def test_visible_tree_keeps_highlighted_deep_nodes(big):
+    snap, _ = big
+    g = snapshot_graph(snap)
+    deepest = max(g.nodes, key=lambda n: nx.shortest_path_length(g, 0, n))
+    disp = visible_tree(g, budget=10, keep=[deepest], max_depth=3)
+    assert deepest in disp and nx.has_path(disp, 0, deepest)
+
+
+def test_big_tree_figure_is_bounded_and_fast(big):
+    snap, tt = big
+    h = Highlights(inserted=frozenset({snap.nodes[-1].id}))
+    fig = tree_figure(snap, tt, h)
+    validate(fig)
+    nodes = nodes_by_id(fig)
+    assert str(snap.nodes[-1].id) in nodes
+    assert len([k for k in nodes if not k.startswith("+")]) <= 150
+    assert any(k.startswith("+") for k in nodes)
+    assert "folded" in " ".join(a.text for a in fig.layout.annotations)
+    assert fig.layout.meta["chars"] >= 6           # columns stay wide enough for labels
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        tree_figure(snap, tt, h)
+        times.append(time.perf_counter() - t0)
+    assert sorted(times)[1] < 0.3  # the 100 ms budget is checked by benchmarks/bench_ui.py
+
+
+def test_focus_draws_one_subtree(walk):
+    _, tok, steps = walk
+    fig = tree_figure(steps[2].snapshot, tok.token_text, focus=4)
+    assert set(nodes_by_id(fig)) == {"4", "1", "5"}
+    assert "focused on node 4, prefix 'Why my code' (2 levels below the root)" in fig.layout.annotations[-1].text
+    with pytest.raises(ValueError, match="not in the tree"):
+        tree_figure(steps[2].snapshot, focus=42)
+
+
+def test_overview_sizes_boxes_by_subtree_tokens(walk):
+    _, tok, steps = walk
+    fig = tree_overview(steps[2].snapshot, tok.token_text)
+    validate(fig)
+    t = fig.data[0]
+    values = dict(zip(t.ids, t.values))
+    assert values == {"0": 11, "2": 11, "4": 6, "1": 2, "5": 2, "3": 4}
+    parents = dict(zip(t.ids, t.parents))
+    assert parents == {"0": "", "2": "0", "4": "2", "1": "4", "5": "4", "3": "2"}
+    assert dict(zip(t.ids, t.labels))["3"] == "GPU memory runs out"
+    assert validate(tree_overview(steps[2].snapshot, kind="treemap")).data[0].type == "treemap"
+    with pytest.raises(ValueError):
+        tree_overview(steps[2].snapshot, kind="pie")
+
+
+def test_empty_tree_draws_the_root_alone():
+    from radixui.replay import empty_snapshot
+    fig = tree_figure(empty_snapshot(8))
+    validate(fig)
+    assert set(nodes_by_id(fig)) == {"0"}
