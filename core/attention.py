@@ -35,7 +35,32 @@ def _long(x: Union[torch.Tensor, Sequence[int]], device: torch.device) -> torch.
     return torch.as_tensor(list(x), dtype=torch.int64, device=device).reshape(-1)
 
 
-@dataclass
+def _additive(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool "may attend" -> 0 / -inf in the query's dtype. SDPA would convert a bool mask like
+    this in every call; doing it once per batch saves that work in every layer."""
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
+
+
+@dataclass(eq=False)
+class ExtendGroup:
+    """Extends attended together: queries padded to `q_len`, keys to `kv_len`."""
+
+    rows: list[int]
+    q_len: int
+    kv_len: int
+    q_index: torch.Tensor        # [B * q_len] flat token index of each padded query (pads repeat the last)
+    kv_slots: torch.Tensor       # [B * kv_len] pool slot of each padded key (pads read slot 0, masked)
+    q_pos: torch.Tensor          # [B, q_len] position of each padded query
+    seq_lens: torch.Tensor       # [B] keys of each request
+    valid: torch.Tensor          # [T_group] which of the B * q_len padded queries are real
+    out_index: torch.Tensor      # [T_group] flat token index of each real query
+
+
+# A group may cost at most this many times the attention work of its members run alone.
+GROUP_PAD_FACTOR = 2.0
+
+
+@dataclass(eq=False)
 class ForwardBatch:
     """The new tokens of several requests, flattened into one sequence of batch size 1.
 
@@ -58,7 +83,12 @@ class ForwardBatch:
     decode_token_idx: Optional[torch.Tensor] = None    # [Rd] flat token index of each decode
     decode_slot_table: Optional[torch.Tensor] = None   # [Rd, Lmax] slots, padded with slot 0
     decode_seq_lens: Optional[torch.Tensor] = None     # [Rd]
+    decode_flat_slots: Optional[torch.Tensor] = None   # [Rd * Lmax] the table, flat, for index_select
     extend_rows: list[int] = field(default_factory=list)
+    # Extends with a cached prefix (or several fresh ones) are attended in padded groups, one SDPA
+    # call per group: many small calls are slow on CPU, and very slow when its threads are contended.
+    extend_groups: list[ExtendGroup] = field(default_factory=list)
+    extend_singles: list[int] = field(default_factory=list)  # rows attended alone (a long fresh prefill)
     # Masks depend on the batch and the layer's window only: built once, reused by every layer.
     _masks: dict = field(default_factory=dict, repr=False)
 
@@ -111,9 +141,10 @@ class ForwardBatch:
         return batch
 
     def _index_decodes(self) -> None:
-        """Split requests into decodes (one padded call) and extends (one call each)."""
+        """Split requests into decodes (one padded call) and extends (padded groups, or alone)."""
         self.decode_rows = [r for r, n in enumerate(self.extend_lens) if n == 1]
         self.extend_rows = [r for r, n in enumerate(self.extend_lens) if n != 1]
+        self._group_extends()
         if not self.decode_rows:
             return
         lens = [self.seq_slots[r].numel() for r in self.decode_rows]
@@ -121,20 +152,71 @@ class ForwardBatch:
         for i, r in enumerate(self.decode_rows):
             table[i, : lens[i]] = self.seq_slots[r]
         self.decode_slot_table = table
+        self.decode_flat_slots = table.reshape(-1)
         self.decode_seq_lens = torch.tensor(lens, dtype=torch.int64, device=self.device)
         self.decode_token_idx = torch.tensor([self.extend_starts[r] for r in self.decode_rows],
                                              dtype=torch.int64, device=self.device)
 
-    def decode_mask(self, window: Optional[int]) -> torch.Tensor:
-        """[Rd, 1, 1, Lmax] bool: real keys of each decode (and inside the window)."""
-        key = ("decode", window)
+    def _group_extends(self) -> None:
+        """Pack extends into padded groups whose padding at most doubles their attention work."""
+        rows = sorted(self.extend_rows, key=lambda r: (self.extend_lens[r], self.seq_slots[r].numel()))
+        groups: list[list[int]] = []
+        real = q_max = l_max = 0
+        for r in rows:
+            n, L = self.extend_lens[r], self.seq_slots[r].numel()
+            if groups and (len(groups[-1]) + 1) * max(q_max, n) * max(l_max, L) \
+                    <= GROUP_PAD_FACTOR * (real + n * L):
+                groups[-1].append(r)
+                real, q_max, l_max = real + n * L, max(q_max, n), max(l_max, L)
+            else:
+                groups.append([r])
+                real, q_max, l_max = n * L, n, L
+        for g in groups:
+            if len(g) == 1:
+                self.extend_singles.append(g[0])
+            else:
+                self.extend_groups.append(self._make_group(g))
+
+    def _make_group(self, rows: list[int]) -> ExtendGroup:
+        dev = self.device
+        ns = torch.tensor([self.extend_lens[r] for r in rows], dtype=torch.int64)
+        ps = torch.tensor([self.prefix_lens[r] for r in rows], dtype=torch.int64)
+        starts = torch.tensor([self.extend_starts[r] for r in rows], dtype=torch.int64)
+        q_len, kv_len = int(ns.max()), int((ns + ps).max())
+        i = torch.arange(q_len)[None, :]
+        step = torch.minimum(i, ns[:, None] - 1)           # pads repeat the request's last query
+        table = torch.zeros((len(rows), kv_len), dtype=torch.int64, device=dev)
+        for b, r in enumerate(rows):
+            table[b, : self.seq_slots[r].numel()] = self.seq_slots[r]
+        valid = (i < ns[:, None]).reshape(-1)
+        q_index = (starts[:, None] + step).reshape(-1)
+        return ExtendGroup(rows=rows, q_len=q_len, kv_len=kv_len, q_index=q_index.to(dev),
+                           kv_slots=table.reshape(-1), q_pos=(ps[:, None] + step).to(dev),
+                           seq_lens=(ns + ps).to(dev), valid=valid.to(dev), out_index=q_index[valid].to(dev))
+
+    def group_mask(self, g: int, window: Optional[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[B, 1, q_len, kv_len] additive mask of extend group g: causal, window, padding."""
+        key = ("group", g, window, dtype)
+        if key not in self._masks:
+            grp = self.extend_groups[g]
+            k_pos = torch.arange(grp.kv_len, device=self.device)[None, None, :]
+            q_pos = grp.q_pos[:, :, None]
+            ok = k_pos <= q_pos   # q_pos < seq_len, so this also masks the padded keys
+            if window is not None:
+                ok &= k_pos > q_pos - window
+            self._masks[key] = _additive(ok, dtype)[:, None]
+        return self._masks[key]
+
+    def decode_mask(self, window: Optional[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[Rd, 1, 1, Lmax] additive mask (0 or -inf): real keys of each decode, inside the window."""
+        key = ("decode", window, dtype)
         if key not in self._masks:
             cols = torch.arange(self.decode_slot_table.shape[1], device=self.device)[None, :]
             lens = self.decode_seq_lens[:, None]
             mask = cols < lens
             if window is not None:
                 mask &= cols > (lens - 1) - window
-            self._masks[key] = mask[:, None, None, :]
+            self._masks[key] = _additive(mask, dtype)[:, None, None, :]
         return self._masks[key]
 
     def extend_mask(self, r: int, window: Optional[int]) -> Optional[torch.Tensor]:
@@ -175,24 +257,40 @@ def radix_pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     gqa = num_heads != key.shape[1]
     out = query.new_empty((1, batch.num_tokens, num_heads, head_dim))
 
-    for r in batch.extend_rows:
+    for r in batch.extend_singles:
         s, n = batch.extend_starts[r], batch.extend_lens[r]
-        slots = batch.seq_slots[r]
-        k = k_buf[slots].to(dtype).transpose(0, 1)[None]  # [1, KVH, L, D]
-        v = v_buf[slots].to(dtype).transpose(0, 1)[None]
+        if batch.prefix_lens[r] == 0:  # nothing cached: the keys are exactly the ones just computed
+            k, v = key[:, :, s:s + n], value[:, :, s:s + n]
+        else:
+            slots = batch.seq_slots[r]
+            k = k_buf.index_select(0, slots).to(dtype).transpose(0, 1)[None]  # [1, KVH, L, D]
+            v = v_buf.index_select(0, slots).to(dtype).transpose(0, 1)[None]
         mask = batch.extend_mask(r, sliding_window)
         o = F.scaled_dot_product_attention(query[:, :, s:s + n], k, v, attn_mask=mask, is_causal=mask is None,
                                            scale=scaling, enable_gqa=gqa)
         out[0, s:s + n] = o[0].transpose(0, 1)
 
+    kv_heads = key.shape[1]
+    for g, grp in enumerate(batch.extend_groups):
+        b = len(grp.rows)
+        q = query[0].index_select(1, grp.q_index).view(num_heads, b, grp.q_len, head_dim).transpose(0, 1)
+        k = k_buf.index_select(0, grp.kv_slots).to(dtype).view(b, grp.kv_len, kv_heads, head_dim).transpose(1, 2)
+        v = v_buf.index_select(0, grp.kv_slots).to(dtype).view(b, grp.kv_len, kv_heads, head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.group_mask(g, sliding_window, dtype),
+                                           scale=scaling, enable_gqa=gqa)  # [B, H, q_len, D]
+        o = o.transpose(1, 2).reshape(b * grp.q_len, num_heads, head_dim)
+        out[0].index_copy_(0, grp.out_index, o[grp.valid])
+
     if batch.decode_rows:
         idx = batch.decode_token_idx
+        rd, l_max = batch.decode_slot_table.shape
         q = query[0, :, idx].transpose(0, 1)[:, :, None, :]  # [Rd, H, 1, D]
-        k = k_buf[batch.decode_slot_table].to(dtype).transpose(1, 2)  # [Rd, KVH, Lmax, D]
-        v = v_buf[batch.decode_slot_table].to(dtype).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_mask(sliding_window),
+        k = k_buf.index_select(0, batch.decode_flat_slots).to(dtype).view(rd, l_max, kv_heads, head_dim)
+        v = v_buf.index_select(0, batch.decode_flat_slots).to(dtype).view(rd, l_max, kv_heads, head_dim)
+        o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=batch.decode_mask(sliding_window, dtype),
                                            scale=scaling, enable_gqa=gqa)
-        out[0, idx] = o[:, :, 0, :]
+        out[0].index_copy_(0, idx, o[:, :, 0, :])
     return out, None
 
 

@@ -6,6 +6,7 @@ generation. Everything a viewer needs comes out of `snapshot()` as an immutable 
 """
 from __future__ import annotations
 
+import sys
 import threading
 import traceback
 from collections import OrderedDict
@@ -27,7 +28,8 @@ from core import snapshot as snap
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 DEFAULT_POOL_SLOTS = 8192
-KEEP_FINISHED = 200   # finished requests kept for the dashboard's request table
+KEEP_FINISHED = 200
+SWITCH_INTERVAL_S = 0.0002   # finished requests kept for the dashboard's request table
 
 
 class Engine:
@@ -261,6 +263,10 @@ class Engine:
         if self._thread is not None and self._thread.is_alive():
             return self
         self._stop.clear()
+        # The loop thread needs the GIL back after each of the ~1,000 torch ops of a forward; with
+        # the default 5 ms switch interval a busy caller thread (a dashboard) stalls it for seconds.
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._thread = threading.Thread(target=self._loop, name="radix-engine", daemon=True)
         self._thread.start()
         return self
@@ -310,8 +316,15 @@ class Engine:
             self._pieces[tok] = self.tokenizer.decode([tok]) if self.tokenizer is not None else str(tok)
         return self._pieces[tok]
 
-    def snapshot(self) -> snap.EngineSnapshot:
-        """An immutable view of everything; rebuilt only when something changed."""
+    def snapshot(self, wait: bool = True) -> snap.EngineSnapshot:
+        """An immutable view of everything; rebuilt only when something changed.
+
+        With `wait=False` a viewer never stalls behind a running step: while a step holds the
+        engine, it gets the view as of the previous step (the dashboard refreshes on time)."""
+        if not wait and self._snap is not None:
+            if not self._lock.acquire(timeout=0.02):
+                return self._snap[1]
+            self._lock.release()
         with self._lock:
             key = (self.cache.events.last_seq, self._version, self.step_count)
             if self._snap is not None and self._snap[0] == key:

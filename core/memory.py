@@ -6,6 +6,7 @@ and `v_buffer` directly, with no host round trip (as the article stresses).
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -17,6 +18,20 @@ def _as_index_tensor(indices: Indices, device: torch.device) -> torch.Tensor:
     if isinstance(indices, torch.Tensor):
         return indices.to(device=device, dtype=torch.int64).reshape(-1)
     return torch.as_tensor(list(indices), dtype=torch.int64, device=device).reshape(-1)
+
+
+def _as_count(n) -> int:
+    """An alloc count as a plain int: any integer type (numpy, 0-d tensor) but not bool or float."""
+    if isinstance(n, bool):
+        raise ValueError(f"alloc needs an integer slot count, got the bool {n!r}")
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise ValueError(f"alloc needs an integer slot count, got {n!r} ({type(n).__name__}); "
+                         f"round it to a whole number of slots") from None
+    if n < 1:
+        raise ValueError(f"alloc needs a positive slot count, got {n}; skip the call when nothing is needed")
+    return n
 
 
 class SlotAllocator:
@@ -48,14 +63,36 @@ class SlotAllocator:
 
     def clear(self) -> None:
         """Every page free again, in order 1..num_pages (the state at startup)."""
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        # is_free[p] for p in 0..num_pages; page 0 is padding, never free, never allocated.
-        self._is_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=self.device)
-        self._is_free[0] = False
+        # free_pages lives in _buf[_head:_tail] of a buffer twice its maximum size, so alloc (advance
+        # _head) and free (write at _tail) cost O(slots moved), not O(pool): when the back runs out,
+        # the live part is copied to the front, at most once per num_pages appended pages.
+        self._buf = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
+        self._buf[:self.num_pages] = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self._head, self._tail = 0, self.num_pages
+        # _free_count[p] for p in 0..num_pages: 1 while page p is in free_pages, else 0. Page 0 is
+        # padding, never free, never allocated. free() adds 1 per page and rejects any count above 1,
+        # which catches a double free and a page repeated within one call in the same O(k) pass.
+        self._free_count = torch.ones(self.num_pages + 1, dtype=torch.int32, device=self.device)
+        self._free_count[0] = 0
+        self._ones = torch.ones(self.num_pages, dtype=torch.int32, device=self.device)
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """Free page numbers (slots when page_size=1), front first. A view into the allocator's buffer:
+        read it now, or `.clone()` / `.tolist()` it to keep it (a later free() may overwrite it)."""
+        return self._buf[self._head:self._tail]
+
+    @free_pages.setter
+    def free_pages(self, pages: torch.Tensor) -> None:
+        pages = torch.as_tensor(pages, dtype=torch.int64, device=self.device).reshape(-1).clone()
+        if pages.numel() > self._buf.numel():
+            self._buf = torch.empty(2 * pages.numel(), dtype=torch.int64, device=self.device)
+        self._buf[:pages.numel()] = pages
+        self._head, self._tail = 0, pages.numel()
 
     def available(self) -> int:
         """Free slots (not pages)."""
-        return int(self.free_pages.numel()) * self.page_size
+        return (self._tail - self._head) * self.page_size
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
         if self.page_size == 1:
@@ -64,18 +101,17 @@ class SlotAllocator:
 
     def alloc(self, n: int) -> Optional[torch.Tensor]:
         """Take `n` slots from the front of `free_pages`; None when fewer than `n` are free."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"alloc needs a positive slot count, got {n!r}")
+        n = _as_count(n)
         if n % self.page_size:
             raise ValueError(f"alloc({n}) is not page aligned: with page_size={self.page_size} ask for a "
                              f"multiple of {self.page_size} (for example {n + self.page_size - n % self.page_size})")
         num_pages = n // self.page_size
-        if num_pages > self.free_pages.numel():
+        if num_pages > self._tail - self._head:
             return None
-        pages = self.free_pages[:num_pages]
-        self.free_pages = self.free_pages[num_pages:]
-        self._is_free[pages] = False
-        slots = self._pages_to_slots(pages)
+        pages = self._buf[self._head:self._head + num_pages]
+        self._head += num_pages
+        self._free_count.index_add_(0, pages, self._ones[:num_pages], alpha=-1)  # 1 -> 0; faster than index_fill_
+        slots = self._pages_to_slots(pages)  # a copy: the buffer region is reused later
         if self.on_event is not None:
             self.on_event("alloc", slots)
         return slots
@@ -98,27 +134,36 @@ class SlotAllocator:
         slots = _as_index_tensor(indices, self.device)
         if slots.numel() == 0:
             return
-        lo, hi = int(slots.min()), int(slots.max())
+        lo, hi = (int(x) for x in torch.aminmax(slots))
         if lo < 0 or hi >= self.num_slots + self.page_size:
             raise ValueError(f"free() got slot {lo if lo < 0 else hi} outside the pool "
                              f"(slots {self.page_size}..{self.num_slots + self.page_size - 1})")
         if lo < self.page_size:
             raise ValueError(f"free() got slot {lo}, which is padding (page 0) and is never handed out")
         pages = self._slots_to_pages(slots)
-        if torch.unique(pages).numel() != pages.numel():
+        k = pages.numel()
+        if k > self.num_pages:
+            raise ValueError(f"free() got {k} pages but the pool has {self.num_pages}: a slot is repeated (double free)")
+        self._free_count.index_add_(0, pages, self._ones[:k])
+        if int(self._free_count.index_select(0, pages).max()) > 1:
+            self._free_count.index_add_(0, pages, self._ones[:k], alpha=-1)  # undo before raising
+            already = self._free_count.index_select(0, pages).bool()
+            if bool(already.any()):
+                bad = int(pages[already][0]) * self.page_size
+                raise ValueError(f"double free: slot {bad} is already free (or was never handed out)")
             raise ValueError("free() got the same slot twice in one call (double free)")
-        already = self._is_free[pages]
-        if bool(already.any()):
-            bad = int(pages[already][0]) * self.page_size
-            raise ValueError(f"double free: slot {bad} is already free (or was never handed out)")
-        self._is_free[pages] = True
-        self.free_pages = torch.cat([self.free_pages, pages])
+        if self._tail + k > self._buf.numel():
+            live = self._buf[self._head:self._tail].clone()
+            self._buf[:live.numel()] = live
+            self._head, self._tail = 0, live.numel()
+        self._buf[self._tail:self._tail + k] = pages
+        self._tail += k
         if self.on_event is not None:
             self.on_event("free", slots)
 
     def is_free_mask(self) -> torch.Tensor:
         """Bool per slot 0..num_slots+page_size-1: True where the slot is in `free_pages`."""
-        return self._is_free.repeat_interleave(self.page_size)
+        return self._free_count.bool().repeat_interleave(self.page_size)
 
 
 class KVPool:

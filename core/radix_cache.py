@@ -274,6 +274,12 @@ class RadixCache:
     # ----- locks ---------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Protect root..node from eviction (a running request reads these slots)."""
+        walk = node
+        while walk is not self.root_node:  # validate first: a stale node must not touch the counters
+            if walk.parent is None:
+                raise ValueError(f"inc_lock_ref on node {node.id}, which is no longer in the tree (evicted "
+                                 f"or from before a reset); call match_prefix again and lock its last_node")
+            walk = walk.parent
         changed = 0
         last = node
         while node is not self.root_node:

@@ -41,7 +41,7 @@ def live_controls(holder: EngineHolder) -> tuple[bool, float]:
     sb = st.sidebar
     sb.markdown("**View**")
     live = sb.toggle("Live refresh", value=True, help="Pause to freeze the views while you read them")
-    interval = sb.select_slider("Refresh every", options=[0.5, 1.0, 2.0, 5.0], value=1.0, format_func=lambda s: f"{s:g} s")
+    interval = sb.select_slider("Refresh every", options=[0.5, 1.0, 2.0, 5.0], value=0.5, format_func=lambda s: f"{s:g} s")
     step_mode = sb.toggle("Step mode", value=not engine.running,
                           help="Stop the engine thread and advance one scheduler step per click")
     if step_mode and engine.running:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 import streamlit as st
+import torch
 
 from core.engine import Engine
 from core.model import ModelRunner
@@ -28,8 +29,15 @@ class EngineConfig:
     disable_radix_cache: bool = False
 
 
-@st.cache_resource(show_spinner="Loading the model (the first start converts it once, about 20 s)...")
+def torch_threads() -> int:
+    """Half the cores for torch: the page thread needs the other half to refresh on time (with every
+    core in torch's pool, each parallel region waits for a core the page is using)."""
+    return int(os.environ.get("RADIX_TORCH_THREADS", max(1, (os.cpu_count() or 2) // 2)))
+
+
+@st.cache_resource(show_spinner="Loading the model (the first start converts it once, about 30 s)...")
 def get_runner(model: str) -> ModelRunner:
+    torch.set_num_threads(torch_threads())
     return ModelRunner(model)
 
 

@@ -30,6 +30,9 @@ if flash:
     getattr(flash_box, flash[0])(flash[1])
 
 
+VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
+
+
 def request_table(snap: EngineSnapshot) -> pd.DataFrame:
     rows = [{"request": r.rid, "state": r.state, "prompt tokens": r.prompt_tokens, "cached tokens": r.cached_tokens,
              "new tokens": r.output_tokens, "TTFT (s)": None if r.ttft is None else round(r.ttft, 3),
@@ -37,6 +40,13 @@ def request_table(snap: EngineSnapshot) -> pd.DataFrame:
             for r in reversed(snap.requests)]
     return pd.DataFrame(rows, columns=["request", "state", "prompt tokens", "cached tokens", "new tokens",
                                        "TTFT (s)", "finish", "output"])
+
+
+def last_tree_step(events: list) -> list:
+    """The events of the latest step that changed the tree, so its colours stay until the next change
+    (decode steps only allocate slots and would otherwise wash the highlights out at once)."""
+    changed = [e.time for e in events if e.kind in ("match", "split", "insert", "evict", "reset")]
+    return [e for e in events if changed and e.time == changed[-1]]
 
 
 def cached_figure(name: str, key: tuple, build):
@@ -49,7 +59,7 @@ def cached_figure(name: str, key: tuple, build):
 
 @st.fragment(run_every=interval if live else None)
 def live_views() -> None:
-    snap = engine.snapshot()
+    snap = engine.snapshot(wait=False)
     tt = token_text_from_map(snap.token_text)
     if engine.last_error:
         st.warning(f"The engine recovered from an error: {engine.last_error}")
@@ -58,25 +68,24 @@ def live_views() -> None:
     st.markdown(f"**Requests** · step {snap.step} · time {snap.cache.time:g} · "
                 f"<span style='color:#888'>refresh {st.session_state.refreshes}</span>", unsafe_allow_html=True)
     st.dataframe(request_table(snap), hide_index=True, width="stretch", height=min(36 * (len(snap.requests) + 1) + 3, 250))
-    recent = engine.events_since(max(0, snap.seq - 400))
-    last_step = [e for e in recent if e.time == max((x.time for x in recent), default=-1)]
-    hl = step_highlights(last_step)
-    t_tree, t_pool, t_heap, t_log, t_travel = st.tabs(["Radix tree", "Slot pool", "Eviction heap", "Event log",
-                                                        "Time travel"])
-    with t_tree:
+    hl = step_highlights(last_tree_step(engine.events_since(max(0, snap.seq - 2000))))
+    # one view at a time: only the chosen one is built on each refresh (st.tabs would build all five)
+    view = st.segmented_control("View", VIEWS, default=VIEWS[0], key="live_view",
+                                label_visibility="collapsed") or VIEWS[0]
+    if view == "Radix tree":
         c1, c2 = st.columns([1, 3])
-        view = c1.radio("View", ["Tree", "Overview (sized by tokens)"], key="tree_view")
+        shape = c1.radio("Draw", ["Tree", "Overview (sized by tokens)"], key="tree_view", horizontal=True)
         ids = [n.id for n in snap.cache.nodes]
         focus = c2.selectbox("Focus on subtree", [None] + ids[1:], key="tree_focus",
                              format_func=lambda i: "whole tree" if i is None else f"node {i}")
         if focus is not None and focus not in ids:
             focus = None
-        if view == "Tree":
+        if shape == "Tree":
             fig = cached_figure("tree", (snap.seq, focus), lambda: tree_figure(snap.cache, tt, hl, focus=focus))
         else:
             fig = cached_figure("overview", (snap.seq,), lambda: tree_overview(snap.cache, tt, hl))
         st.plotly_chart(fig, width="stretch", key="tree_chart")
-    with t_pool:
+    elif view == "Slot pool":
         size = snap.pool.num_slots + snap.pool.page_size
         lo, hi = st.slider("Slot range", 0, size, (0, size), key="slot_range",
                            help="Narrow the range to see every slot at full resolution")
@@ -84,16 +93,16 @@ def live_views() -> None:
                         width="stretch", key="slot_row")
         st.plotly_chart(cached_figure("heat", (snap.seq, lo, hi), lambda: kv_heatmap(snap.pool, lo, hi)),
                         width="stretch", key="heatmap")
-    with t_heap:
+    elif view == "Eviction heap":
         st.caption(f"Policy `{snap.cache.policy}`: the order evict() would take nodes, next victim first.")
         st.plotly_chart(cached_figure("heap", (snap.seq,), lambda: eviction_figure(snap.cache, tt)),
                         width="stretch", key="heap_chart")
         st.dataframe(eviction_table(snap.cache, tt, limit=200), hide_index=True, width="stretch")
-    with t_log:
+    elif view == "Event log":
         kinds = st.multiselect("Event types", list(EVENT_KINDS), default=list(EVENT_KINDS), key="log_kinds")
         df = event_table(engine.events_since(max(0, snap.seq - 2000)), tt, kinds=kinds, limit=300)
         st.dataframe(style_event_table(df), hide_index=True, width="stretch", height=360)
-    with t_travel:
+    elif view == "Time travel":
         time_travel(snap, tt)
 
 

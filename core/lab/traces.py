@@ -1,0 +1,188 @@
+"""Trace import: Mooncake block traces and plain JSONL of token ids or texts.
+
+Mooncake (FAST'25) lines: {"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]},
+one hash id per 512-token block, chained (equal ids at equal positions = identical prefix), the
+last block possibly partial, so len(hash_ids) == ceil(input_length / 512).
+
+Plain JSONL lines, one request each, any of:
+    [1, 2, 3]                                            token ids
+    {"input_ids": [...], "output_len": 8}               ("prompt_ids" / "tokens" also accepted)
+    {"text": "...", "output_len": 8, "timestamp": 12}   ("prompt" also accepted; needs a tokenizer)
+with optional "output_ids" (or "output" text), "output_len" / "output_length", "timestamp", "extra_key".
+Texts need a `tokenizer(text) -> list[int]` passed in: the lab never loads a model itself.
+
+Malformed lines raise ValueError naming the file and line number; with on_error="skip" they are
+skipped and counted in `Workload.skipped_lines` instead.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Callable, Iterator, Optional, Union
+
+from core.lab.workloads import Request, Workload
+
+MOONCAKE_BLOCK = 512
+Tokenizer = Callable[[str], list]
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    try:
+        f = open(path, "r", encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read trace {os.fspath(path)!r}: {e.strerror or e}") from None
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield lineno, line
+
+
+def _int(obj: dict, name: str, minimum: int, required: bool = True) -> Optional[int]:
+    if name not in obj:
+        if required:
+            raise ValueError(f"missing field {name!r}")
+        return None
+    v = obj[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
+        raise ValueError(f"field {name!r} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def _number(obj: dict, name: str) -> Optional[float]:
+    v = obj.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"field {name!r} must be a number, got {v!r}")
+    return float(v)
+
+
+def _int_list(v: Any, name: str, allow_empty: bool = False) -> list:
+    if not isinstance(v, list) or (not v and not allow_empty):
+        raise ValueError(f"{name} must be a non-empty list of integers")
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise ValueError(f"{name} must hold non-negative integers, found {x!r}")
+    return v
+
+
+def _parse(path: PathLike, on_error: str, parse_line: Callable[[Any], Request], kind: str,
+           limit: Optional[int]) -> tuple[list[Request], int]:
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    reqs: list[Request] = []
+    skipped = 0
+    for lineno, line in _lines(path):
+        if limit is not None and len(reqs) >= limit:
+            break
+        try:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not valid JSON ({e.msg})") from None
+            reqs.append(parse_line(obj))
+        except ValueError as e:
+            if on_error == "skip":
+                skipped += 1
+                continue
+            raise ValueError(f"{os.fspath(path)}, line {lineno}: malformed {kind} line: {e} "
+                             f"(pass on_error='skip' / --skip-bad-lines to skip such lines)") from None
+    if not reqs:
+        extra = f" ({skipped} malformed line(s) skipped)" if skipped else ""
+        raise ValueError(f"trace {os.fspath(path)!r} holds no requests{extra}")
+    return reqs, skipped
+
+
+def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] = None,
+                  block_size: int = MOONCAKE_BLOCK) -> Workload:
+    """Read a Mooncake JSONL trace into a block-trace workload (hash id h -> ids h*512 .. h*512+511)."""
+
+    def parse(obj: Any) -> Request:
+        if not isinstance(obj, dict):
+            raise ValueError("expected a JSON object with timestamp, input_length, output_length, hash_ids")
+        n_in = _int(obj, "input_length", 1)
+        n_out = _int(obj, "output_length", 0)
+        ts = _number(obj, "timestamp")
+        if "timestamp" not in obj:
+            raise ValueError("missing field 'timestamp'")
+        if "hash_ids" not in obj:
+            raise ValueError("missing field 'hash_ids'")
+        ids = _int_list(obj["hash_ids"], "hash_ids")
+        want = -(-n_in // block_size)
+        if len(ids) != want:
+            raise ValueError(f"input_length {n_in} needs ceil({n_in}/{block_size}) = {want} hash_ids, "
+                             f"the line has {len(ids)}")
+        return Request(None, n_out, ts, hash_ids=ids, input_len=n_in, block_size=block_size)
+
+    reqs, skipped = _parse(path, on_error, parse, "Mooncake", limit)
+    return Workload(os.path.basename(os.fspath(path)), reqs,
+                    {"format": "mooncake", "block_size": block_size}, skipped)
+
+
+def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: str = "raise",
+               limit: Optional[int] = None, default_output_len: int = 1) -> Workload:
+    """Read a plain JSONL trace of token-id lists or texts (texts need `tokenizer`)."""
+
+    def tokenize(text: Any, name: str) -> list:
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{name} must be a non-empty string")
+        if tokenizer is None:
+            raise ValueError(f"the line holds text in {name!r}; pass a tokenizer (text -> token ids) to read texts")
+        return _int_list(list(tokenizer(text)), f"tokenized {name}")
+
+    def parse(obj: Any) -> Request:
+        if isinstance(obj, list):
+            return Request(_int_list(obj, "the token-id list"), default_output_len)
+        if not isinstance(obj, dict):
+            raise ValueError("expected a list of token ids or a JSON object")
+        for name in ("input_ids", "prompt_ids", "tokens"):
+            if name in obj:
+                prompt = _int_list(obj[name], name)
+                break
+        else:
+            for name in ("text", "prompt"):
+                if name in obj:
+                    prompt = tokenize(obj[name], name)
+                    break
+            else:
+                raise ValueError("no prompt: give input_ids / prompt_ids / tokens (token ids) or text / prompt")
+        output = None
+        if "output_ids" in obj:
+            output = _int_list(obj["output_ids"], "output_ids", allow_empty=True)
+        elif isinstance(obj.get("output"), str):
+            output = tokenize(obj["output"], "output")
+        n_out = _int(obj, "output_len", 0, required=False)
+        if n_out is None:
+            n_out = _int(obj, "output_length", 0, required=False)
+        if output is not None and n_out is not None and n_out != len(output):
+            raise ValueError(f"output_len {n_out} differs from the {len(output)} output tokens given")
+        extra = obj.get("extra_key")
+        if extra is not None and not isinstance(extra, str):
+            raise ValueError(f"extra_key must be a string, got {extra!r}")
+        return Request(prompt, default_output_len if n_out is None else n_out, _number(obj, "timestamp"),
+                       output, extra_key=extra)
+
+    reqs, skipped = _parse(path, on_error, parse, "JSONL", limit)
+    return Workload(os.path.basename(os.fspath(path)), reqs, {"format": "jsonl"}, skipped)
+
+
+def load_trace(path: PathLike, fmt: str = "auto", tokenizer: Optional[Tokenizer] = None,
+               on_error: str = "raise", limit: Optional[int] = None) -> Workload:
+    """Read a trace; fmt "auto" picks Mooncake when the first line has hash_ids, else plain JSONL."""
+    if fmt == "auto":
+        fmt = "jsonl"
+        for _, line in _lines(path):
+            try:
+                first = json.loads(line)
+            except json.JSONDecodeError:
+                first = None
+            if isinstance(first, dict) and "hash_ids" in first:
+                fmt = "mooncake"
+            break
+    if fmt == "mooncake":
+        return load_mooncake(path, on_error, limit)
+    if fmt == "jsonl":
+        return load_jsonl(path, tokenizer, on_error, limit)
+    raise ValueError(f"unknown trace format {fmt!r}; choose one of: auto, mooncake, jsonl")

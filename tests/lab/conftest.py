@@ -1,0 +1,21 @@
+"""Fixtures of the capacity-lab tests: the Mooncake synthetic trace (read once) and small workloads."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+MOONCAKE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+
+
+@pytest.fixture(scope="session")
+def mooncake_path() -> Path:
+    if not MOONCAKE.exists():
+        pytest.fail(f"the Mooncake trace is missing at {MOONCAKE} (see ../shared/data/mooncake/README.md)")
+    return MOONCAKE
+
+
+@pytest.fixture(scope="session")
+def mooncake(mooncake_path):
+    from core.lab.traces import load_mooncake
+    return load_mooncake(mooncake_path)

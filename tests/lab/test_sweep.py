@@ -1,0 +1,103 @@
+"""Sweeps (in process and in a process pool), the results table, thresholds, files.
+(The chart lives in radixui/lab_plot.py: tests/radixui/test_lab_plot.py.)"""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from core.lab.optimal import Bounds
+from core.lab.replay import replay
+from core.lab.sweep import OPTIMAL, parse_capacities, parse_capacity, parse_policies, run_sweep
+from core.lab.workloads import few_shot, generated_shared_prefix
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return generated_shared_prefix(num_groups=6, prompts_per_group=5, system_prompt_len=64, question_len=8,
+                                   output_len=4, order="shuffled", seed=2)
+
+
+CAPS = [72, 144, 288, 576]
+
+
+@pytest.fixture(scope="module")
+def result(workload):
+    calls = []
+    res = run_sweep(workload, CAPS, ["lru", "lfu", "mru"], page_size=1, workers=1,
+                    progress=lambda d, t, row: calls.append((d, t, row["policy"])))
+    res.calls = calls
+    return res
+
+
+def test_sweep_matches_single_replays_and_bounds(workload, result):
+    assert [(p.policy, p.capacity_tokens) for p in result.points] == [
+        (pol, c) for pol in ("lru", "lfu", "mru") for c in CAPS]
+    for p in result.points:
+        assert p.hit_tokens == replay(workload, p.capacity_tokens, p.policy).hit_tokens
+    b = Bounds(workload, 1)
+    assert [o.hit_tokens for o in result.optimal] == [b.optimal(c).hit_tokens for c in CAPS]
+    assert result.infinite.hit_tokens == b.infinite().hit_tokens
+
+
+def test_progress_is_reported_per_point(result):
+    assert len(result.calls) == 4 * 3 + 4
+    assert [d for d, _, _ in result.calls] == list(range(1, 17)) and {t for _, t, _ in result.calls} == {16}
+
+
+def test_table_has_a_row_per_point_and_the_gap(result):
+    df = result.table()
+    assert len(df) == 16 and list(df["policy"].unique()) == ["lru", "lfu", "mru", OPTIMAL]
+    pol = df[df.policy != OPTIMAL]
+    assert (pol["gap_to_optimal"] >= 0).all()
+    assert (pol["gap_to_optimal"] == pol["optimal_hit_rate"] - pol["hit_rate"]).all()
+    assert df["evictions"].dtype == "Int64" and df[df.policy == OPTIMAL]["evictions"].isna().all()
+
+
+def test_capacity_to_reach_is_the_smallest_swept_capacity(result):
+    target = 0.9 * result.infinite_hit_rate
+    got = result.capacity_to_reach(0.9)
+    for name in ("lru", "lfu", "mru", OPTIMAL):
+        rows = [(p.capacity_tokens, p.hit_rate) for p in result.points if p.policy == name] if name != OPTIMAL \
+            else [(b.capacity_tokens, b.hit_rate) for b in result.optimal]
+        ok = [c for c, h in rows if h >= target]
+        assert got[name] == (min(ok) if ok else None)
+    assert got[OPTIMAL] is not None and (got["mru"] is None or got["mru"] >= got[OPTIMAL])
+
+
+def test_parallel_sweep_gives_the_same_numbers(workload, result):
+    par = run_sweep(workload, CAPS, ["lru", "lfu", "mru"], page_size=1, workers=2)
+    cols = ["policy", "capacity_tokens", "hit_tokens", "evictions", "evicted_tokens", "rejected"]
+    pd.testing.assert_frame_equal(par.table()[cols], result.table()[cols])
+
+
+def test_save_writes_csv_and_json(result, tmp_path):
+    paths = result.save(tmp_path / "out")
+    df = pd.read_csv(paths["csv"])
+    assert len(df) == 16 and "gap_to_optimal" in df.columns
+    data = json.loads(paths["json"].read_text())
+    assert data["infinite"]["hit_rate"] == result.infinite_hit_rate
+    assert len(data["points"]) == 12 and len(data["optimal"]) == 4
+    assert data["capacity_for_90pct_of_infinite"] == result.capacity_to_reach(0.9)
+
+
+def test_parsers():
+    assert parse_capacity("3M") == 3_000_000 and parse_capacity("512k") == 512_000
+    assert parse_capacity("6000p", 512) == 3_072_000 and parse_capacity(" 1.5k ") == 1500
+    assert parse_capacities("4k, 1k,4k") == [1000, 4000]
+    assert parse_policies("all") == ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
+    assert parse_policies("lfu,lru,lfu") == ["lfu", "lru"]
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda w: run_sweep(w, [100, 10], ["lru"], page_size=16), "10 tokens is below one page of 16"),
+    (lambda w: run_sweep(w, [100], ["lru", "arc"], page_size=1), "unknown eviction policy 'arc'; choose one of: lru"),
+    (lambda w: run_sweep(w, [], ["lru"]), "at least one capacity"),
+    (lambda w: run_sweep(w, [100], []), "at least one policy"),
+    (lambda w: run_sweep(w, ["3X"], ["lru"]), "cannot read capacity"),
+    (lambda w: run_sweep(w, [100], ["lru"], page_size=0), "page_size"),
+])
+def test_bad_sweep_input(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call(few_shot(num_requests=3, examples_len=10, question_len=2))
