@@ -10,5 +10,6 @@ st.set_page_config(page_title="RadixAttention live", page_icon=":material/accoun
 pages = [
     st.Page("radixui/pages/live.py", title="Live", icon=":material/account_tree:", default=True),
     st.Page("radixui/pages/walkthrough.py", title="Walkthrough", icon=":material/menu_book:"),
+    st.Page("radixui/pages/capacity.py", title="Capacity lab", icon=":material/monitoring:"),
 ]
 st.navigation(pages).run()

@@ -340,11 +340,14 @@ class Engine:
             counts = np.bincount(states, minlength=len(snap.SLOT_STATES))
             metrics = self.metrics.as_dict(
                 free_slots=self.allocator.available(), evictable_slots=int(counts[snap.EVICTABLE]),
-                locked_slots=int(counts[snap.LOCKED]), in_use_slots=int(counts[snap.IN_USE]),
+                locked_slots=int(counts[snap.LOCKED] + counts[snap.IN_USE]), in_use_slots=int(counts[snap.IN_USE]),
                 num_slots=self.allocator.num_slots, evicted_tokens=self.cache.evicted_tokens,
                 waiting=len(self.scheduler.waiting) + len(self._inbox), running=len(self.scheduler.running),
                 retractions=self.scheduler.retractions, step=self.step_count)
             toks = {t for n in cache_view.nodes for t in n.token_ids}
+            for ev in self.cache.events.since(max(0, cache_view.seq - 2000)):  # evicted text stays nameable
+                if ev.kind == "evict":
+                    toks.update(ev.token_ids)
             toks.update(int(t) for t in np.unique(self.slot_tokens) if t >= 0)
             view = snap.EngineSnapshot(seq=cache_view.seq, step=self.step_count, cache=cache_view, pool=pool,
                                        requests=reqs, metrics=metrics,

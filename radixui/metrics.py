@@ -36,18 +36,15 @@ def _count(v: Optional[float], unit: str = "") -> str:
 
 
 def kpis(metrics: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """The KPI tiles in display order: hit rates, prefill saved, pool usage, evictions, speed, queue."""
+    """The KPI tiles in display order: hit rates, prefill, evictions | pool slots, speed, queue.
+    Values stay short so a tile never truncates at 1280 px (five tiles a row)."""
     m = metrics or {}
     computed, skipped = _num(m, "prefill_tokens_computed"), _num(m, "prefill_tokens_skipped")
     total = (computed or 0) + (skipped or 0)
     share = f" ({skipped / total * 100:.0f}% of prompt tokens)" if skipped is not None and total > 0 else ""
-    free, evictable, locked = _num(m, "free_slots"), _num(m, "evictable_slots"), _num(m, "locked_slots")
-    pool = (MISSING if free is None and evictable is None and locked is None else
-            f"{_count(free)} free · {_count(evictable)} evictable · {_count(locked)} locked")
     tps = _num(m, "decode_tokens_per_s")
     running, waiting = _num(m, "running"), _num(m, "waiting")
-    requests = (MISSING if running is None and waiting is None else
-                f"{_count(running)} running · {_count(waiting)} waiting")
+    requests = (MISSING if running is None and waiting is None else f"{_count(running)} / {_count(waiting)}")
     return [
         ("Hit rate", _pct(_num(m, "hit_rate")),
          "Share of prompt tokens whose KV was found in the radix tree, since the engine started."),
@@ -57,17 +54,20 @@ def kpis(metrics: Mapping[str, Any]) -> list[tuple[str, str, str]]:
          f"Prompt tokens not recomputed because match_prefix found them{share}."),
         ("Prefill computed", _count(computed, " tok"),
          "Prompt tokens that went through the forward pass (no cached prefix covered them)."),
-        ("Pool slots", pool,
-         "free: in free_pages; evictable: cached in unlocked nodes; locked: held by running requests."),
         ("Evicted", _count(_num(m, "evicted_tokens"), " tok"),
          "Tokens whose slots eviction gave back to free_pages (least recently used leaves first)."),
+        ("Free slots", _count(_num(m, "free_slots")), "Slots in free_pages, ready for alloc()."),
+        ("Evictable slots", _count(_num(m, "evictable_slots")),
+         "Slots cached in unlocked tree nodes: reusable by a hit, or freed by eviction when memory runs short."),
+        ("Locked slots", _count(_num(m, "locked_slots")),
+         "Slots on tree paths locked by running requests (never evicted), plus slots running requests hold."),
         ("Decode speed", MISSING if tps is None else f"{tps:,.1f} tok/s",
          "Output tokens generated per second, over the recent decode steps."),
-        ("Requests", requests, "Requests decoding now, and requests queued for a prefill."),
+        ("Running / waiting", requests, "Requests decoding now / requests queued for a prefill."),
     ]
 
 
-def render_kpis(st: Any, metrics: Mapping[str, Any], columns: int = 4) -> None:
+def render_kpis(st: Any, metrics: Mapping[str, Any], columns: int = 5) -> None:
     """Draw the KPI tiles with streamlit (`st` is the module or a container), `columns` a row."""
     tiles = kpis(metrics)
     for start in range(0, len(tiles), columns):

@@ -216,7 +216,7 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
             break
         budget = max(8, min(budget - 1, int(budget * max_cols / n_cols * 0.9)))
     depth = int(round(-min(y for _, y in pos.values())))
-    margin = dict(l=10, r=10, t=70 if title else 44, b=34)
+    margin = dict(l=10, r=10, t=104 if title else 60, b=34)  # room for a legend that wraps to two rows
     if height is None:
         level_px = LEVEL_PX if depth <= 5 else 100   # deep trees: a little tighter, still 2-line labels
         height = int(level_px * (depth + 1.0)) + margin["t"] + margin["b"]
@@ -359,7 +359,8 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
         meta=dict(seq=snapshot.seq, root=root, nodes=disp.number_of_nodes(), columns=n_cols, chars=chars),
     )
     if title:
-        layout["title"] = dict(text=title, x=0.01, font=dict(size=15))
+        layout["title"] = dict(text=title, x=0.01, xref="container", y=0.995, yref="container", yanchor="top",
+                               font=dict(size=15))
     return figure(traces, layout)
 
 

@@ -63,7 +63,7 @@ def live_views() -> None:
     tt = token_text_from_map(snap.token_text)
     if engine.last_error:
         st.warning(f"The engine recovered from an error: {engine.last_error}")
-    render_kpis(st, snap.metrics, columns=4)
+    render_kpis(st, snap.metrics, columns=5)
     st.session_state.refreshes = st.session_state.get("refreshes", 0) + 1
     st.markdown(f"**Requests** · step {snap.step} · time {snap.cache.time:g} · "
                 f"<span style='color:#888'>refresh {st.session_state.refreshes}</span>", unsafe_allow_html=True)

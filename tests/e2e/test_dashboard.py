@@ -106,16 +106,18 @@ def test_live_refresh_holds_one_hertz_while_requests_run(page):
     pg.get_by_label("Max new tokens").fill("64")
     pg.get_by_label("Prompt", exact=True).fill("Count slowly from one to one hundred:")
     pg.get_by_role("button", name="Send").click()
-    seen, start = [], time.time()
+    seen, busy, start = [], 0, time.time()
     while time.time() - start < 6:
-        m = re.search(r"· refresh (\d+)", pg.inner_text("body"))
+        body = pg.inner_text("body")
+        m = re.search(r"· refresh (\d+)", body)
         if m and (not seen or seen[-1] != m.group(1)):
             seen.append(m.group(1))
+        busy += bool(re.search(r"Running / waiting\s*\n?\s*[1-9]", body))
         pg.wait_for_timeout(200)
     elapsed = time.time() - start
     rate = (int(seen[-1]) - int(seen[0])) / elapsed
     assert rate >= 0.9, f"live refresh at {rate:.2f} Hz: {seen} in {elapsed:.1f} s"
-    assert re.search(r"r\d+\s+running", pg.inner_text("body")), "the request was not running during the check"
+    assert busy >= len(seen) // 2, "the request was not running during most of the check"
     _no_errors(pg)
 
 

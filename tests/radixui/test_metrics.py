@@ -14,10 +14,12 @@ def test_kpis_with_every_key():
         ("Hit rate (last 20)", "80.0%"),
         ("Prefill skipped", "2,500 tok"),
         ("Prefill computed", "1,500 tok"),
-        ("Pool slots", "100 free · 7,000 evictable · 1,092 locked"),
         ("Evicted", "12,345 tok"),
+        ("Free slots", "100"),
+        ("Evictable slots", "7,000"),
+        ("Locked slots", "1,092"),
         ("Decode speed", "41.2 tok/s"),
-        ("Requests", "2 running · 3 waiting"),
+        ("Running / waiting", "2 / 3"),
     ]
     assert all(help_ for _, _, help_ in tiles)
     assert "62% of prompt tokens" in tiles[2][2]
@@ -25,13 +27,13 @@ def test_kpis_with_every_key():
 
 def test_kpis_tolerate_missing_and_bad_values():
     tiles = kpis({})
-    assert len(tiles) == 8 and all(value == MISSING for _, value, _ in tiles)
+    assert len(tiles) == 10 and all(value == MISSING for _, value, _ in tiles)
     tiles = dict((label, value) for label, value, _ in
                  kpis({"hit_rate": None, "hit_rate_recent": "n/a", "free_slots": 5, "running": math.nan,
                        "waiting": 1, "decode_tokens_per_s": float("inf")}))
     assert tiles["Hit rate"] == MISSING and tiles["Hit rate (last 20)"] == MISSING
-    assert tiles["Pool slots"] == f"5 free · {MISSING} evictable · {MISSING} locked"
-    assert tiles["Requests"] == f"{MISSING} running · 1 waiting"
+    assert tiles["Free slots"] == "5" and tiles["Locked slots"] == MISSING
+    assert tiles["Running / waiting"] == f"{MISSING} / 1"
     assert tiles["Decode speed"] == MISSING
     assert kpis(None)[0][1] == MISSING
 
