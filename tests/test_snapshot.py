@@ -1,0 +1,117 @@
+"""Snapshots: immutable, JSON-serialisable, and a faithful copy of the cache at one moment."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from core.memory import SlotAllocator
+from core.radix_cache import RadixCache, RadixKey
+from core.snapshot import (SLOT_STATES, CacheSnapshot, EngineSnapshot, PoolView, RequestView, frozen_array,
+                           slot_states)
+
+
+def built(ps: int = 1):
+    t = [0]
+    alloc = SlotAllocator(12 * ps, page_size=ps)
+    cache = RadixCache(alloc, page_size=ps, eviction_policy="lfu", clock=lambda: t[0])
+    cache.insert(RadixKey([1] * ps + [2] * ps, "tenant"), alloc.alloc(2 * ps))
+    t[0] = 1
+    cache.insert(RadixKey([1] * ps + [3] * ps, "tenant"), torch.cat([torch.arange(ps, 2 * ps), alloc.alloc(ps)]))
+    # the second prompt reuses the first page's slots as its prefix, so there is no duplicate to free
+    return cache, alloc, t
+
+
+def test_snapshot_contents():
+    cache, alloc, t = built()
+    snap = cache.snapshot()
+    assert isinstance(snap, CacheSnapshot)
+    assert (snap.policy, snap.page_size, snap.num_slots, snap.time) == ("lfu", 1, 12, 1)
+    assert snap.nodes[0].id == snap.root_id and snap.nodes[0].parent is None and snap.nodes[0].lock_ref == 0
+    ids = [n.id for n in snap.nodes]
+    for n in snap.nodes[1:]:
+        assert ids.index(n.parent) < ids.index(n.id)          # parents before children
+    by_tokens = {n.token_ids: n for n in snap.nodes[1:]}
+    assert set(by_tokens) == {(1,), (2,), (3,)}
+    assert by_tokens[(1,)].slots == (1,) and by_tokens[(2,)].slots == (2,) and by_tokens[(3,)].slots == (3,)
+    assert all(n.extra_key == "tenant" for n in snap.nodes[1:])
+    assert by_tokens[(2,)].evictable and by_tokens[(3,)].evictable and not by_tokens[(1,)].evictable
+    assert (snap.evictable_size, snap.protected_size, snap.total_size) == (3, 0, 3)
+    assert snap.seq == cache.events.last_seq
+    assert snap.free_pages == tuple(alloc.free_pages.tolist())
+    assert snap.eviction_order == tuple(n.id for n in cache.eviction_order())
+    assert snap.node(by_tokens[(3,)].id).token_ids == (3,)
+    with pytest.raises(KeyError):
+        snap.node(999)
+
+
+def test_snapshot_is_json_serialisable_and_round_trips():
+    cache, _, _ = built()
+    m = cache.match_prefix(RadixKey([1, 2], "tenant"))
+    cache.inc_lock_ref(m.last_node)
+    snap = cache.snapshot()
+    d = json.loads(json.dumps(snap.to_dict()))
+    assert d["seq"] == snap.seq and d["policy"] == "lfu"
+    assert [n["id"] for n in d["nodes"]] == [n.id for n in snap.nodes]
+    assert [n["slots"] for n in d["nodes"]] == [list(n.slots) for n in snap.nodes]
+    assert [n["lock_ref"] for n in d["nodes"]] == [n.lock_ref for n in snap.nodes]
+    assert d["protected_size"] == 2 and d["evictable_size"] == 1
+
+
+def test_snapshot_is_immutable_and_detached_from_the_cache():
+    cache, alloc, t = built()
+    snap = cache.snapshot()
+    before = json.dumps(snap.to_dict())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.seq = 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.nodes[1].lock_ref = 5
+    assert isinstance(snap.nodes, tuple) and isinstance(snap.free_pages, tuple)
+    assert all(isinstance(n.slots, tuple) and isinstance(n.token_ids, tuple) for n in snap.nodes)
+    # mutate the cache a lot: the old snapshot does not move
+    t[0] = 5
+    cache.match_prefix(RadixKey([1, 2], "tenant"))
+    cache.evict(100)
+    cache.insert(RadixKey([9, 9, 9]), alloc.alloc(3))
+    assert json.dumps(snap.to_dict()) == before
+    assert cache.snapshot().seq > snap.seq
+
+
+def test_snapshot_free_slots_with_pages():
+    cache, alloc, _ = built(ps=2)
+    snap = cache.snapshot()
+    assert snap.free_pages == tuple(alloc.free_pages.tolist())
+    assert snap.free_slots() == tuple(s for p in snap.free_pages for s in (2 * p, 2 * p + 1))
+    assert json.dumps(snap.to_dict())
+
+
+def test_slot_states():
+    cache, alloc, _ = built()
+    m = cache.match_prefix(RadixKey([1, 3], "tenant"))
+    cache.inc_lock_ref(m.last_node)                       # [1] and [3] locked, [2] evictable
+    running = alloc.alloc(2)                              # slots 4, 5 in use by a request
+    written = np.zeros(13, dtype=bool)
+    written[[1, 2, 3, 4, 5, 6]] = True                    # 6 held KV once, now free
+    states = slot_states(cache.snapshot(), written, running.numpy())
+    names = [SLOT_STATES[s] for s in states]
+    assert names == ["padding", "locked", "evictable", "locked", "in_use", "in_use", "free_stale"] + \
+        ["never_written"] * 6
+
+
+def test_pool_and_engine_views_serialise():
+    pool = PoolView(num_layers=2, num_slots=4, page_size=1, states=frozen_array(np.zeros(5, np.int8)),
+                    slot_tokens=frozen_array(np.full(5, -1)), k_norms=frozen_array(np.ones((2, 5), np.float32)))
+    assert not pool.states.flags.writeable
+    with pytest.raises(ValueError):
+        pool.states[0] = 1
+    cache, _, _ = built()
+    req = RequestView(rid="r0", state="finished", prompt_tokens=3, cached_tokens=1, output_tokens=1,
+                      prompt_text="a b c", output_text="d", finish_reason="length", ttft=0.1, total_time=0.2)
+    eng = EngineSnapshot(seq=cache.events.last_seq, step=1, cache=cache.snapshot(), pool=pool,
+                         requests=(req,), metrics={"hit_rate": 0.5}, token_text={1: "a"})
+    d = json.loads(json.dumps(eng.to_dict()))
+    assert d["token_text"] == {"1": "a"} and d["pool"]["k_norms"] == [[1.0] * 5] * 2
+    assert d["requests"][0]["rid"] == "r0" and d["cache"]["seq"] == eng.seq
