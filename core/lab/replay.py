@@ -121,10 +121,8 @@ class _Replayer:
             return
         self.hits += hit
         value = torch.cat([m.indices, slots]) if hit else slots
-        if not keep_running:
-            self._finish(r, m.last_node, value, hit, seq)
-            return
-        # cache_unfinished_req: the prompt goes into the tree now, the request keeps it locked
+        # cache_unfinished_req: the prompt goes into the tree when its prefill ends, as the engine does;
+        # the request keeps it locked until it finishes
         if n_prompt > hit:
             cached = cache.insert(RadixKey(prompt[:n_prompt], r.extra_key), value[:n_prompt])
             self._free(value[hit:cached])
@@ -133,6 +131,9 @@ class _Replayer:
             cache.dec_lock_ref(m.last_node)
             m = m2
             value = torch.cat([m.indices, value[n_prompt:]])
+        if not keep_running:
+            self._finish(r, m.last_node, value, int(m.indices.numel()), seq)
+            return
         self.running[r.rid] = (m.last_node, value, int(m.indices.numel()))
         self._check()
 

@@ -28,8 +28,8 @@ def test_measured_hit_rate_is_the_replays_prediction(runner, workload, capacity,
     assert rep.off.cached_tokens == 0 and rep.off.prompt_tokens == workload.prompt_tokens
     assert rep.on.cached_tokens == rep.predicted.hit_tokens
     if capacity == 120:
-        # both evict; the counts may differ a little (the engine allocates decode slots one step at a time)
-        assert rep.on.evicted_tokens > 0 and rep.predicted.evicted_tokens > 0
+        # both evict, the same tokens: the replay caches prompts at prefill end as the engine does
+        assert rep.on.evicted_tokens == rep.predicted.evicted_tokens > 0
     table = rep.table()
     assert list(table.run) == ["engine, radix cache on", "engine, cache off", "replay (predicted)"]
 
