@@ -178,9 +178,22 @@ class RadixCache:
             return MatchResult(self._empty, self.root_node)
         key = key[:self._aligned(len(key))]
         now = self.clock()
+        path, pos = self._walk(key, now)
+        for n in path:
+            n.hit_count += 1  # after a split only the matched half counts the hit
+        node = path[-1] if path else self.root_node
+        indices = torch.cat([n.value for n in path]) if path else self._empty
+        if self.events.enabled:
+            self.events.append(ev.MatchEvent, now, tokens_asked=len(key), tokens_hit=pos,
+                               path=self._path(node), extra_key=key.extra_key)
+        return MatchResult(indices, node)
+
+    def _walk(self, key: RadixKey, now: float) -> tuple[list[TreeNode], int]:
+        """Follow `key` down from the root, stamping `now` on every node visited; where the match
+        ends mid-edge, split that edge. Returns the matched nodes in order and the tokens matched."""
         node = self.root_node
         node.last_access_time = now
-        values: list[torch.Tensor] = []
+        path: list[TreeNode] = []
         pos = 0
         while pos < len(key):
             child = node.children.get(self._child_key(key[pos:]))
@@ -189,20 +202,14 @@ class RadixCache:
             child.last_access_time = now
             n = _common_len(child.key.token_ids, key.token_ids[pos:], self.page_size)
             if n < len(child.key):
-                node = self._split_node(child, n, now)
-                node.hit_count += 1  # only the matched half counts the hit
-                values.append(node.value)
+                child = self._split_node(child, n, now)
+                path.append(child)
                 pos += n
                 break
-            child.hit_count += 1
-            values.append(child.value)
+            path.append(child)
             pos += n
             node = child
-        indices = torch.cat(values) if values else self._empty
-        if self.events.enabled:
-            self.events.append(ev.MatchEvent, now, tokens_asked=len(key), tokens_hit=pos,
-                               path=self._path(node), extra_key=key.extra_key)
-        return MatchResult(indices, node)
+        return path, pos
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
         """Cut `child`'s edge after `split_len` tokens; the new node takes the prefix and becomes the parent.
@@ -240,22 +247,10 @@ class RadixCache:
         n_aligned = self._aligned(len(key))
         key, value = key[:n_aligned], value[:n_aligned].to(device=self.device, dtype=torch.int64)
         now = self.clock()
-        node = self.root_node
-        node.last_access_time = now
-        pos = 0
-        while pos < len(key):
-            child = node.children.get(self._child_key(key[pos:]))
-            if child is None:
-                break
-            child.last_access_time = now
-            child.priority = max(child.priority, priority)
-            n = _common_len(child.key.token_ids, key.token_ids[pos:], self.page_size)
-            if n < len(child.key):
-                node = self._split_node(child, n, now)
-                pos += n
-                break
-            pos += n
-            node = child
+        path, pos = self._walk(key, now)
+        for n in path:
+            n.priority = max(n.priority, priority)
+        node = path[-1] if path else self.root_node
         if pos < len(key):
             self._add_leaf(node, key[pos:], value[pos:], now, priority)
         return pos
