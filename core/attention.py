@@ -58,6 +58,31 @@ class ExtendGroup:
 
 # A group may cost at most this many times the attention work of its members run alone.
 GROUP_PAD_FACTOR = 2.0
+# Decodes whose sequences start with at least this many identical slots share them (see SharedDecodes).
+MIN_SHARED_PREFIX = 32
+
+
+@dataclass(eq=False)
+class SharedDecodes:
+    """Decodes grouped by a shared prefix: the same slots (a radix-tree path they all hit) at the
+    start of every member's sequence. Attention reads each prefix once per group, as a small GEMM
+    of all members' queries, instead of once per request; the per-request rest (the suffix) is
+    padded. One softmax spans prefix and suffix scores together, so the result is the plain one.
+
+    Groups are padded to `members` requests, `prefix_len` shared and `suffix_len` own keys.
+    """
+
+    num_groups: int
+    members: int
+    prefix_len: int
+    suffix_len: int
+    q_index: torch.Tensor         # [G * members] flat token index (pads repeat a member)
+    prefix_slots: torch.Tensor    # [G * prefix_len] (pads read slot 0, masked)
+    suffix_slots: torch.Tensor    # [G * members * suffix_len]
+    prefix_ok: torch.Tensor       # [G, prefix_len] bool: real prefix keys
+    suffix_ok: torch.Tensor       # [G, members, suffix_len] bool: real suffix keys
+    valid: torch.Tensor           # [G * members] real members
+    out_index: torch.Tensor       # [real members] flat token index
 
 
 @dataclass(eq=False)
@@ -84,6 +109,10 @@ class ForwardBatch:
     decode_slot_table: Optional[torch.Tensor] = None   # [Rd, Lmax] slots, padded with slot 0
     decode_seq_lens: Optional[torch.Tensor] = None     # [Rd]
     decode_flat_slots: Optional[torch.Tensor] = None   # [Rd * Lmax] the table, flat, for index_select
+    # Without a sliding window, decodes that share a prefix are attended as SharedDecodes and the
+    # others ("plain") in one padded SDPA call over their own table.
+    shared_decodes: Optional[SharedDecodes] = None
+    plain_decodes: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # idx, flat slots, lens
     extend_rows: list[int] = field(default_factory=list)
     # Extends with a cached prefix (or several fresh ones) are attended in padded groups, one SDPA
     # call per group: many small calls are slow on CPU, and very slow when its threads are contended.
@@ -156,6 +185,80 @@ class ForwardBatch:
         self.decode_seq_lens = torch.tensor(lens, dtype=torch.int64, device=self.device)
         self.decode_token_idx = torch.tensor([self.extend_starts[r] for r in self.decode_rows],
                                              dtype=torch.int64, device=self.device)
+        self._share_decode_prefixes(lens)
+
+    def _share_decode_prefixes(self, lens: list[int]) -> None:
+        """Find decodes whose sequences start with the same slots; see SharedDecodes."""
+        by_first: dict[int, list[int]] = {}
+        for i, first in enumerate(self.decode_slot_table[:, 0].tolist()):
+            if lens[i] > MIN_SHARED_PREFIX:
+                by_first.setdefault(first, []).append(i)
+        groups: list[tuple[list[int], int]] = []
+        for members in by_first.values():
+            if len(members) < 2:
+                continue
+            sub = self.decode_slot_table[members, : min(lens[i] for i in members) - 1]  # a decode's own slot never
+            same = (sub == sub[:1]).all(0).to(torch.int32).cumprod(0)                  # counts as shared
+            shared = int(same.sum())
+            if shared >= MIN_SHARED_PREFIX:
+                groups.append((members, shared))
+        if not groups:
+            return
+        dev = self.device
+        grouped = {i for members, _ in groups for i in members}
+        plain = [i for i in range(len(lens)) if i not in grouped]
+        if plain:
+            l_max = max(lens[i] for i in plain)
+            self.plain_decodes = (self.decode_token_idx[plain], self.decode_slot_table[plain, :l_max].reshape(-1),
+                                  self.decode_seq_lens[plain])
+        else:
+            self.plain_decodes = (self.decode_token_idx[:0], self.decode_flat_slots[:0], self.decode_seq_lens[:0])
+        m_max = max(len(m) for m, _ in groups)
+        p_max = max(p for _, p in groups)
+        s_max = max(lens[i] - p for m, p in groups for i in m)
+        ng = len(groups)
+        q_index = torch.zeros((ng, m_max), dtype=torch.int64)
+        prefix = torch.zeros((ng, p_max), dtype=torch.int64)
+        prefix_ok = torch.zeros((ng, p_max), dtype=torch.bool)
+        suffix = torch.zeros((ng, m_max, s_max), dtype=torch.int64)
+        suffix_ok = torch.zeros((ng, m_max, s_max), dtype=torch.bool)
+        valid = torch.zeros((ng, m_max), dtype=torch.bool)
+        table = self.decode_slot_table.cpu()
+        tok = self.decode_token_idx.cpu()
+        for g, (members, p) in enumerate(groups):
+            prefix[g, :p] = table[members[0], :p]
+            prefix_ok[g, :p] = True
+            q_index[g] = tok[members[0]]
+            for j, i in enumerate(members):
+                n = lens[i] - p
+                q_index[g, j] = tok[i]
+                suffix[g, j, :n] = table[i, p:lens[i]]
+                suffix_ok[g, j, :n] = True
+                valid[g, j] = True
+        self.shared_decodes = SharedDecodes(
+            num_groups=ng, members=m_max, prefix_len=p_max, suffix_len=s_max, q_index=q_index.reshape(-1).to(dev),
+            prefix_slots=prefix.reshape(-1).to(dev), suffix_slots=suffix.reshape(-1).to(dev),
+            prefix_ok=prefix_ok.to(dev), suffix_ok=suffix_ok.to(dev), valid=valid.reshape(-1).to(dev),
+            out_index=q_index.reshape(-1)[valid.reshape(-1)].to(dev))
+
+    def shared_masks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Additive masks of the shared-prefix decodes: [G, 1, 1, 1, P] and [G, 1, members, 1, S]."""
+        key = ("shared", dtype)
+        if key not in self._masks:
+            sd = self.shared_decodes
+            self._masks[key] = (_additive(sd.prefix_ok, dtype)[:, None, None, None, :],
+                                _additive(sd.suffix_ok, dtype)[:, None, :, None, :])
+        return self._masks[key]
+
+    def plain_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """[Rp, 1, 1, Lp] additive mask of the decodes outside any shared-prefix group."""
+        key = ("plain", dtype)
+        if key not in self._masks:
+            idx, flat, lens = self.plain_decodes
+            l_max = flat.numel() // max(1, lens.numel())
+            cols = torch.arange(l_max, device=self.device)[None, :]
+            self._masks[key] = _additive(cols < lens[:, None], dtype)[:, None, None, :]
+        return self._masks[key]
 
     def _group_extends(self) -> None:
         """Pack extends into padded groups whose padding at most doubles their attention work."""
@@ -281,17 +384,57 @@ def radix_pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
         o = o.transpose(1, 2).reshape(b * grp.q_len, num_heads, head_dim)
         out[0].index_copy_(0, grp.out_index, o[grp.valid])
 
-    if batch.decode_rows:
-        idx = batch.decode_token_idx
-        rd, l_max = batch.decode_slot_table.shape
-        q = query[0, :, idx].transpose(0, 1)[:, :, None, :]  # [Rd, H, 1, D]
-        k = k_buf.index_select(0, batch.decode_flat_slots).to(dtype).view(rd, l_max, kv_heads, head_dim)
-        v = v_buf.index_select(0, batch.decode_flat_slots).to(dtype).view(rd, l_max, kv_heads, head_dim)
-        o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=batch.decode_mask(sliding_window, dtype),
-                                           scale=scaling, enable_gqa=gqa)
-        out[0].index_copy_(0, idx, o[:, :, 0, :])
+    if not batch.decode_rows:
+        return out, None
+    if batch.shared_decodes is None or sliding_window is not None:
+        _padded_decodes(query, k_buf, v_buf, batch.decode_token_idx, batch.decode_flat_slots,
+                        batch.decode_mask(sliding_window, dtype), scaling, gqa, out)
+        return out, None
+    idx, flat, lens = batch.plain_decodes
+    if lens.numel():
+        _padded_decodes(query, k_buf, v_buf, idx, flat, batch.plain_mask(dtype), scaling, gqa, out)
+    _shared_prefix_decodes(query, k_buf, v_buf, batch.shared_decodes, batch.shared_masks(dtype),
+                           scaling if scaling is not None else head_dim ** -0.5, out)
     return out, None
+
+
+def _padded_decodes(query: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, idx: torch.Tensor,
+                    flat_slots: torch.Tensor, mask: torch.Tensor, scaling: Optional[float], gqa: bool,
+                    out: torch.Tensor) -> None:
+    """Decodes at flat token `idx`, each over its own padded row of slots: one SDPA call."""
+    rd, kv_heads, head_dim = idx.numel(), k_buf.shape[1], k_buf.shape[2]
+    l_max = flat_slots.numel() // rd
+    q = query[0, :, idx].transpose(0, 1)[:, :, None, :]  # [Rd, H, 1, D]
+    k = k_buf.index_select(0, flat_slots).to(query.dtype).view(rd, l_max, kv_heads, head_dim)
+    v = v_buf.index_select(0, flat_slots).to(query.dtype).view(rd, l_max, kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                       scale=scaling, enable_gqa=gqa)
+    out[0].index_copy_(0, idx, o[:, :, 0, :])
+
+
+def _shared_prefix_decodes(query: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, sd: SharedDecodes,
+                           masks: tuple[torch.Tensor, torch.Tensor], scale: float, out: torch.Tensor) -> None:
+    """Attention of SharedDecodes: prefix scores as one GEMM per group and KV head, suffix scores per
+    request, then one softmax over both and the matching weighted sums of V."""
+    num_heads, dtype = query.shape[1], query.dtype
+    kvh, d = k_buf.shape[1], k_buf.shape[2]
+    g, m, p, s = sd.num_groups, sd.members, sd.prefix_len, sd.suffix_len
+    rep = num_heads // kvh
+    # query head h reads KV head h // rep (transformers' repeat_kv); [G, KVH, M, rep, D]
+    q = query[0].index_select(1, sd.q_index).view(kvh, rep, g, m, d).permute(2, 0, 3, 1, 4)
+    kp = k_buf.index_select(0, sd.prefix_slots).to(dtype).view(g, p, kvh, d).permute(0, 2, 3, 1)  # [G, KVH, D, P]
+    vp = v_buf.index_select(0, sd.prefix_slots).to(dtype).view(g, p, kvh, d).transpose(1, 2)       # [G, KVH, P, D]
+    ks = k_buf.index_select(0, sd.suffix_slots).to(dtype).view(g, m, s, kvh, d)
+    vs = v_buf.index_select(0, sd.suffix_slots).to(dtype).view(g, m, s, kvh, d)
+    prefix_mask, suffix_mask = masks
+    scores_p = torch.matmul(q.reshape(g, kvh, m * rep, d), kp).view(g, kvh, m, rep, p)
+    scores_s = torch.einsum("nkmrd,nmskd->nkmrs", q, ks)
+    scores = torch.cat([scores_p.mul_(scale).add_(prefix_mask), scores_s.mul_(scale).add_(suffix_mask)], dim=-1)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+    o = torch.matmul(probs[..., :p].reshape(g, kvh, m * rep, p), vp).view(g, kvh, m, rep, d)
+    o += torch.einsum("nkmrs,nmskd->nkmrd", probs[..., p:], vs)
+    o = o.permute(0, 2, 1, 3, 4).reshape(g * m, num_heads, d)  # head index = kv_head * rep + r
+    out[0].index_copy_(0, sd.out_index, o[sd.valid])
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, radix_pool_attention)

@@ -218,6 +218,10 @@ class Scheduler:
         req = item.req
         req.kv_slots = torch.cat([req.kv_slots, item.new_slots])
         if req.computed == len(req.fill_ids):
+            if req.computed - len(item.tokens) < len(req.prompt_ids):
+                # its prefill just ended: share the prompt now, not when the request finishes, so the
+                # requests admitted next step hit it (SGLang caches every prefilled request this way)
+                self.cache_unfinished(req)
             return True
         self.cache_unfinished(req)
         return False

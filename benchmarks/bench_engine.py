@@ -1,0 +1,241 @@
+"""Does a prefix hit save real work? The engine with the radix cache, without it, and plain Hugging Face.
+
+A shared-prefix workload on the default model (SmolLM2-135M-Instruct): G groups x P prompts, each
+prompt = the group's S-token system prompt + its own Q-token question, N new tokens, greedy. Prompts
+are token-id lists cut from real English text (Python standard-library docstrings), so every length
+is exact. Requests of different groups arrive interleaved (g0, g1, ..., g0, g1, ...), all at once.
+
+In one process, interleaved run by run (the machine is shared and noisy, so only side-by-side
+ratios mean anything), it measures:
+
+  (a) Engine(runner)                              the radix cache on
+  (b) Engine(runner, disable_radix_cache=True)    every prompt prefilled in full
+  (c) Hugging Face `model.generate`, one request at a time (stock model, attn_implementation="sdpa")
+  (d) the ideal prefill saving implied by the skipped tokens: cached / prompt tokens of run (a)
+
+and prints output tokens/s, requests/s, the prefill time (wall time of the engine steps that
+computed prompt tokens, mixed steps included), the throughput ratio (a)/(b) and the measured
+prefill saving 1 - prefill(a)/prefill(b) against (d). Greedy outputs of (a) and (b) must be equal.
+Targets (issue 3): (a)/(b) >= 3x and measured saving >= 70 % of the ideal.
+
+    .venv/bin/python benchmarks/bench_engine.py            # 4 x 8 prompts, 512 + 32 tokens, 16 new, 2 rounds
+    .venv/bin/python benchmarks/bench_engine.py --quick    # 2 x 4 prompts, 512 + 32 tokens, 8 new, 1 round
+    .venv/bin/python benchmarks/bench_engine.py --no-hf    # skip the Hugging Face baseline
+    .venv/bin/python benchmarks/bench_engine.py --threads 1  # torch.set_num_threads(1) for all three
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import inspect
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.engine import Engine  # noqa: E402
+from core.model import ModelRunner, resolve_model  # noqa: E402
+from core.sampling import SamplingParams  # noqa: E402
+
+TEXT_MODULES = ("argparse", "collections", "json", "logging", "subprocess", "threading", "unittest", "asyncio",
+                "functools", "itertools", "pathlib", "dataclasses", "inspect", "typing", "email", "http.client",
+                "urllib.request", "sqlite3", "tarfile", "zipfile", "shutil", "tempfile", "heapq", "bisect",
+                "decimal", "fractions", "statistics", "random", "datetime", "calendar", "csv", "configparser")
+
+
+def corpus_text() -> str:
+    """Real English prose, offline and deterministic: standard-library docstrings."""
+    parts = []
+    for name in TEXT_MODULES:
+        mod = importlib.import_module(name)
+        objs = [mod] + [getattr(mod, a) for a in sorted(vars(mod)) if not a.startswith("_")]
+        for obj in objs:
+            if inspect.ismodule(obj) and obj is not mod:
+                continue
+            doc = inspect.getdoc(obj) if (obj is mod or getattr(obj, "__module__", None) == name) else None
+            if doc and len(doc) > 80:
+                parts.append(doc)
+    return "\n\n".join(dict.fromkeys(parts))  # dedupe, keep order
+
+
+def build_prompts(tokenizer, groups: int, per_group: int, system_tokens: int,
+                  question_tokens: int) -> list[tuple[int, list[int]]]:
+    """(group, token ids) per prompt, interleaved by group; every prompt has exactly S + Q tokens."""
+    ids = tokenizer.encode(corpus_text(), add_special_tokens=False)
+    need = groups * system_tokens + groups * per_group * question_tokens
+    if len(ids) < need:
+        raise SystemExit(f"the text corpus has {len(ids)} tokens, {need} needed; use smaller sizes")
+    systems = [ids[g * system_tokens:(g + 1) * system_tokens] for g in range(groups)]
+    base = groups * system_tokens
+    prompts = []
+    for i in range(per_group):
+        for g in range(groups):
+            q = base + (i * groups + g) * question_tokens
+            prompts.append((g, systems[g] + ids[q:q + question_tokens]))
+    return prompts
+
+
+def run_engine(runner: ModelRunner, prompts: list[list[int]], params: SamplingParams, pool_slots: int,
+               disable: bool, max_prefill_tokens: int) -> dict:
+    engine = Engine(runner, pool_slots=pool_slots, disable_radix_cache=disable,
+                    max_prefill_tokens=max_prefill_tokens, max_running_requests=len(prompts))
+    handles = [engine.submit(p, params) for p in prompts]
+    prefill_time = decode_time = 0.0
+    steps = prefill_steps = 0
+    start = time.perf_counter()
+    while not all(h.done() for h in handles):
+        before = engine.metrics.prefill_computed
+        t0 = time.perf_counter()
+        if not engine.step():
+            raise RuntimeError("engine idle with unfinished requests")
+        dt = time.perf_counter() - t0
+        steps += 1
+        if engine.metrics.prefill_computed > before:  # this step computed prompt tokens
+            prefill_time += dt
+            prefill_steps += 1
+        else:
+            decode_time += dt
+    wall = time.perf_counter() - start
+    done = [h.result() for h in handles]
+    m = engine.metrics
+    engine.check_invariants()
+    out = dict(wall=wall, prefill_time=prefill_time, decode_time=decode_time, steps=steps,
+               prefill_steps=prefill_steps, outputs=[c.token_ids for c in done],
+               out_tokens=sum(len(c.token_ids) for c in done), prompt_tokens=m.prompt_tokens,
+               cached_tokens=m.cached_tokens, prefill_computed=m.prefill_computed,
+               ttft=statistics.mean(c.ttft for c in done))
+    del engine, handles
+    gc.collect()
+    return out
+
+
+def run_hf(model, prompts: list[list[int]], new_tokens: int) -> dict:
+    outs = []
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p])
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            outs.append(g[0, len(p):].tolist())
+    wall = time.perf_counter() - start
+    return dict(wall=wall, outputs=outs, out_tokens=sum(len(o) for o in outs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 groups x 4 prompts, 512 + 32 tokens, 8 new, 1 round")
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--per-group", type=int, default=8)
+    ap.add_argument("--system-tokens", type=int, default=512)
+    ap.add_argument("--question-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; medians are reported")
+    ap.add_argument("--max-prefill-tokens", type=int, default=2048, help="the engine's per-step token budget")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave torch's default)")
+    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face model.generate baseline")
+    ap.add_argument("--model", default="default")
+    args = ap.parse_args()
+    if args.quick:
+        args.groups, args.per_group, args.new_tokens, args.rounds = 2, 4, 8, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    t0 = time.perf_counter()
+    runner = ModelRunner(args.model, device="cpu")
+    hf = None
+    if not args.no_hf:
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=torch.float32,
+                                                  attn_implementation="sdpa").eval()
+    tagged = build_prompts(runner.tokenizer, args.groups, args.per_group, args.system_tokens, args.question_tokens)
+    prompts = [p for _, p in tagged]
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    n = len(prompts)
+    pool_slots = n * (args.system_tokens + args.question_tokens + args.new_tokens) + 64  # no sharing needed
+    print(f"model {args.model} on cpu, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"loaded in {time.perf_counter() - t0:.1f} s")
+    print(f"workload: {args.groups} groups x {args.per_group} prompts = {n} requests, "
+          f"{args.system_tokens}-token system prompt + {args.question_tokens}-token question, "
+          f"{args.new_tokens} new tokens, greedy; pool {pool_slots} slots, "
+          f"max_prefill_tokens {args.max_prefill_tokens}, {args.rounds} round(s)")
+
+    # warm up every path once (allocator, kernels, lazy imports) on a different, small workload
+    warm = [p[:64] for p in prompts[:4]]
+    run_engine(runner, warm, SamplingParams(max_new_tokens=2, ignore_eos=True), 512, False, args.max_prefill_tokens)
+    run_engine(runner, warm, SamplingParams(max_new_tokens=2, ignore_eos=True), 512, True, args.max_prefill_tokens)
+    if hf is not None:
+        run_hf(hf, warm[:1], 2)
+
+    results: dict[str, list[dict]] = {"on": [], "off": [], "hf": []}
+    for r in range(args.rounds):
+        order = ["on", "off", "hf"] if r % 2 == 0 else ["hf", "off", "on"]
+        for kind in order:
+            if kind == "hf":
+                if hf is not None:
+                    results["hf"].append(run_hf(hf, prompts, args.new_tokens))
+            else:
+                results[kind].append(run_engine(runner, prompts, params, pool_slots, kind == "off",
+                                                args.max_prefill_tokens))
+        line = [f"round {r + 1}:"]
+        for kind in ("on", "off", "hf"):
+            if results[kind]:
+                x = results[kind][-1]
+                extra = f" (prefill {x['prefill_time']:.2f} s)" if "prefill_time" in x else ""
+                line.append(f"{kind} {x['wall']:.2f} s{extra}")
+        print("  ".join(line), flush=True)
+
+    on, off, hfr = results["on"], results["off"], results["hf"]
+    med = lambda runs, key: statistics.median(x[key] for x in runs)  # noqa: E731
+
+    # exactness: greedy outputs of the cache-on and cache-off engines agree token for token
+    same = all(a["outputs"] == b["outputs"] for a in on for b in off)
+    hf_same = sum(o1 == o2 for o1, o2 in zip(on[0]["outputs"], hfr[0]["outputs"])) if hfr else None
+
+    rows = [("(a) engine, radix cache", on), ("(b) engine, cache disabled", off)]
+    if hfr:
+        rows.append(("(c) HF generate, one at a time", hfr))
+    print()
+    print(f"{'':34s}{'wall s':>8s}{'out tok/s':>11s}{'req/s':>8s}{'prefill s':>11s}{'decode s':>10s}"
+          f"{'prefill tok':>13s}{'steps':>7s}")
+    for name, runs in rows:
+        wall = med(runs, "wall")
+        out_tok = runs[0]["out_tokens"]
+        pf = f"{med(runs, 'prefill_time'):11.2f}" if "prefill_time" in runs[0] else f"{'-':>11s}"
+        dc = f"{med(runs, 'decode_time'):10.2f}" if "decode_time" in runs[0] else f"{'-':>10s}"
+        ptok = f"{runs[0]['prefill_computed']:13d}" if "prefill_computed" in runs[0] else f"{'-':>13s}"
+        st = f"{runs[0]['steps']:7d}" if "steps" in runs[0] else f"{'-':>7s}"
+        print(f"{name:34s}{wall:8.2f}{out_tok / wall:11.1f}{n / wall:8.2f}{pf}{dc}{ptok}{st}")
+
+    # per-round ratios (each round runs the variants back to back), then their median
+    speedup = statistics.median(b["wall"] / a["wall"] for a, b in zip(on, off))
+    saving = statistics.median(1 - a["prefill_time"] / b["prefill_time"] for a, b in zip(on, off))
+    ideal = on[0]["cached_tokens"] / on[0]["prompt_tokens"]
+    best = 1 - (args.groups * args.system_tokens + n * args.question_tokens) / (n * (args.system_tokens
+                                                                                    + args.question_tokens))
+    print()
+    print(f"throughput, cache on / cache off:      {speedup:5.2f}x   (target >= 3x)   "
+          f"{'PASS' if speedup >= 3 else 'MISS'}")
+    print(f"prefill tokens skipped (ideal saving):  {on[0]['cached_tokens']} / {on[0]['prompt_tokens']} = "
+          f"{ideal:.1%}   (best possible for this workload {best:.1%})")
+    print(f"prefill time saved (measured):          {saving:.1%} = {saving / ideal:.0%} of ideal   "
+          f"(target >= 70%)   {'PASS' if saving / ideal >= 0.7 else 'MISS'}")
+    if hfr:
+        print(f"throughput, cache on / HF generate:    {statistics.median(h['wall'] / a['wall'] for a, h in zip(on, hfr)):5.2f}x"
+              f";  cache off / HF generate: {statistics.median(h['wall'] / b['wall'] for b, h in zip(off, hfr)):5.2f}x")
+    print(f"mean TTFT: cache on {statistics.median(x['ttft'] for x in on):.2f} s, "
+          f"cache off {statistics.median(x['ttft'] for x in off):.2f} s")
+    print(f"greedy outputs, cache on == cache off: {'yes' if same else 'NO'}"
+          + (f";  equal to HF generate: {hf_same}/{n} requests" if hfr else ""))
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
