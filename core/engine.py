@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from core.attention import ForwardBatch
+from core.forward_batch import ForwardBatch
 from core.memory import SlotAllocator
 from core.metrics import EngineMetrics
 from core.model import ModelRunner
