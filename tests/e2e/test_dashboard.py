@@ -116,7 +116,8 @@ def test_live_refresh_holds_one_hertz_while_requests_run(page):
         pg.wait_for_timeout(200)
     elapsed = time.time() - start
     rate = (int(seen[-1]) - int(seen[0])) / elapsed
-    assert rate >= 0.9, f"live refresh at {rate:.2f} Hz: {seen} in {elapsed:.1f} s"
+    print(f"live refresh: {rate:.2f} Hz while a request ran")
+    assert rate >= 1.0, f"live refresh at {rate:.2f} Hz: {seen} in {elapsed:.1f} s"
     assert busy >= len(seen) // 2, "the request was not running during most of the check"
     _no_errors(pg)
 
