@@ -23,6 +23,8 @@ from core.snapshot import CacheSnapshot, NodeView
 from radixui.events import EventLike, ev_get, ev_kind
 from radixui.fmt import (TokenText, clean, fit_runs, fmt_time, html_escape, resolve_token_text, shorten,
                          slot_runs)
+from radixui.palette import (EDGE, EVICTABLE_OUTLINE, FILL, LEGEND_NAMES, OUTLINE, OVERVIEW_FILL, SPLIT_RING,
+                             STATE_ORDER, VICTIM)
 from radixui.layout import MAX_DEPTH, NODE_BUDGET, Folding, snapshot_graph, tidy_layout, visible_tree
 from radixui.plot import figure
 
@@ -30,29 +32,6 @@ __all__ = ["Highlights", "step_highlights", "node_state", "tree_figure", "tree_o
            "node_label", "node_hover", "wrap_label", "snapshot_graph", "tidy_layout", "visible_tree",
            "NODE_BUDGET", "MAX_DEPTH", "FILL", "LEGEND_NAMES", "OUTLINE", "EVICTABLE_OUTLINE"]
 
-# ----- colours (one palette for the tree, its legend and the overview) ---------------------------
-FILL = {
-    "root": "#1f2937",
-    "cached": "#ffffff",
-    "inserted": "#2e9d48",   # green: inserted this step
-    "matched": "#2f7fd8",    # blue: matched this step
-    "locked": "#9ca3af",     # grey: locked by a running request
-    "collapsed": "#e5e7eb",
-}
-OVERVIEW_FILL = {"root": "#e5e7eb", "cached": "#dbe4f0", "evictable": "#f8d4d4"}
-OUTLINE = "#374151"
-EVICTABLE_OUTLINE = "#dc2626"  # red: evictable leaf
-SPLIT_RING = "#6d28d9"
-VICTIM = "#dc2626"
-EDGE = "#9ca3af"
-LEGEND_NAMES = {
-    "inserted": "inserted (this step)",
-    "matched": "matched (this step)",
-    "locked": "locked",
-    "cached": "cached",
-    "collapsed": "collapsed subtrees (+N)",
-}
-STATE_ORDER = ("inserted", "matched", "locked", "cached")
 
 MARKER_SIZE = 20
 LABEL_MARKER = 28  # labels keep the distance of a marker this big: clear of the dashed split ring
