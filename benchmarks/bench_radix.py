@@ -59,6 +59,15 @@ def load_prompts(path: Path, limit: Optional[int]) -> list[np.ndarray]:
 PHASES = ("match", "insert", "slots", "lock")  # slots: alloc + evict + free + building the value
 
 
+def _add_phases(phases: dict, t0: float, t1: float, t2: float, t3: float, t4: float, t5: float,
+                t6: float) -> None:
+    """Split one request's time: t0 match t1 lock t2 alloc/evict t3 insert t4 free t5 unlock t6."""
+    phases["match"] += t1 - t0
+    phases["insert"] += t4 - t3
+    phases["slots"] += (t3 - t2) + (t5 - t4)
+    phases["lock"] += (t2 - t1) + (t6 - t5)
+
+
 def run_radix(prompts: list[np.ndarray], capacity: int, phases: dict) -> dict:
     alloc = SlotAllocator(capacity)
     cache = RadixCache(alloc, page_size=1, eviction_policy="lru", record_events=False)
@@ -86,10 +95,7 @@ def run_radix(prompts: list[np.ndarray], capacity: int, phases: dict) -> dict:
         t5 = clock()
         cache.dec_lock_ref(m.last_node)
         t6 = clock()
-        phases["match"] += t1 - t0
-        phases["insert"] += t4 - t3
-        phases["slots"] += (t3 - t2) + (t5 - t4)
-        phases["lock"] += (t2 - t1) + (t6 - t5)
+        _add_phases(phases, t0, t1, t2, t3, t4, t5, t6)
         hit += p
     return {"hit": hit, "evicted": evicted, "cached": cache.total_size(), "free": alloc.available()}
 
@@ -243,10 +249,7 @@ def run_loop(prompts: list[list[int]], capacity: int, phases: dict) -> dict:
         t5 = clock()
         tree.dec_lock_ref(node)
         t6 = clock()
-        phases["match"] += t1 - t0
-        phases["insert"] += t4 - t3
-        phases["slots"] += (t3 - t2) + (t5 - t4)
-        phases["lock"] += (t2 - t1) + (t6 - t5)
+        _add_phases(phases, t0, t1, t2, t3, t4, t5, t6)
         hit += p
     return {"hit": hit, "evicted": evicted, "cached": tree.total_size(), "free": len(tree.free_slots)}
 

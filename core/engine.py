@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
 from collections import OrderedDict
 from typing import Optional, Sequence, Union
@@ -213,7 +214,6 @@ class Engine:
         self.k_norms[:, slots.cpu().numpy()] = norms.cpu().numpy()
 
     def _append_token(self, req: Request, tok: int) -> None:
-        import time
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
             self.metrics.on_first_token(req.first_token_time - req.submit_time)
@@ -246,7 +246,6 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _complete(self, req: Request, reason: str) -> None:
-        import time
         req.finish_reason = reason
         req.finish_time = time.perf_counter()
         if reason == "abort":
@@ -321,11 +320,9 @@ class Engine:
 
         With `wait=False` a viewer never stalls behind a running step: while a step holds the
         engine, it gets the view as of the previous step (the dashboard refreshes on time)."""
-        if not wait and self._snap is not None:
-            if not self._lock.acquire(timeout=0.02):
-                return self._snap[1]
-            self._lock.release()
-        with self._lock:
+        if not self._lock.acquire(timeout=0.02 if not wait and self._snap is not None else -1):
+            return self._snap[1]
+        try:
             key = (self.cache.events.last_seq, self._version, self.step_count)
             if self._snap is not None and self._snap[0] == key:
                 return self._snap[1]
@@ -354,6 +351,8 @@ class Engine:
                                        token_text={t: self.token_piece(t) for t in sorted(toks)})
             self._snap = (key, view)
             return view
+        finally:
+            self._lock.release()
 
     @staticmethod
     def _request_view(r: Request) -> snap.RequestView:

@@ -211,6 +211,23 @@ class RadixCache:
             node = child
         return path, pos
 
+    def peek_prefix_len(self, key: RadixKey) -> int:
+        """Cached prefix length of `key` without splitting, stamping or counting a hit: the
+        scheduler orders its waiting queue by it (lpm) before it matches for real."""
+        if self.disable:
+            return 0
+        node, pos, ids = self.root_node, 0, key.token_ids
+        while len(ids) - pos >= self.page_size:
+            child = node.children.get(self._child_key(key[pos:]))
+            if child is None:
+                break
+            n = _common_len(child.key.token_ids, ids[pos:], self.page_size)
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
+        return pos
+
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
         """Cut `child`'s edge after `split_len` tokens; the new node takes the prefix and becomes the parent.
 

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from core.memory import SlotAllocator
-from core.radix_cache import RadixCache, RadixKey, _common_len
+from core.radix_cache import RadixCache, RadixKey
 from core.request import ABORTED, FINISHED, RUNNING, WAITING, Request
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
@@ -25,23 +25,6 @@ class ScheduledItem:
     req: Request
     tokens: list[int]          # the tokens computed this step: fill_ids[computed : computed + n]
     new_slots: torch.Tensor    # where their K/V go
-
-
-def peek_prefix_len(cache: RadixCache, key: RadixKey) -> int:
-    """Cached prefix length of `key` without splitting or stamping anything (for ordering)."""
-    if cache.disable:
-        return 0
-    node, pos, ids = cache.root_node, 0, key.token_ids
-    while pos < len(ids) and len(ids) - pos >= cache.page_size:
-        child = node.children.get(cache._child_key(key[pos:]))
-        if child is None:
-            break
-        n = _common_len(child.key.token_ids, ids[pos:], cache.page_size)
-        pos += n
-        if n < len(child.key):
-            break
-        node = child
-    return pos
 
 
 class Scheduler:
@@ -185,7 +168,7 @@ class Scheduler:
     def _order_waiting(self) -> list[Request]:
         if self.policy == "fcfs" or len(self.waiting) < 2:
             return list(self.waiting)
-        lens = {id(r): peek_prefix_len(self.cache, self._key(r, len(r.fill_ids) - 1)) for r in self.waiting}
+        lens = {id(r): self.cache.peek_prefix_len(self._key(r, len(r.fill_ids) - 1)) for r in self.waiting}
         return sorted(self.waiting, key=lambda r: -lens[id(r)])  # stable: FCFS among equals
 
     def _admit(self, budget: int) -> list[ScheduledItem]:

@@ -28,6 +28,17 @@ def _no_leak(e: Engine) -> None:
     assert e.cache.protected_size() == 0
 
 
+def _one_per_step(e: Engine, prompts: list[list[int]], max_new_tokens: int) -> list:
+    """Submit one request per scheduler step (so extends mix with earlier decodes), then drain."""
+    handles = []
+    for p in prompts:
+        handles.append(e.submit(p, SamplingParams(max_new_tokens=max_new_tokens)))
+        e.step()
+        e.check_invariants()
+    _drain(e)
+    return handles
+
+
 def _drain(e: Engine) -> None:
     while e.has_work():
         e.step()
@@ -41,12 +52,7 @@ def test_greedy_equals_generate_with_mixed_batches(family):
     ref, runner = tiny_pair(family)
     e = Engine(runner, pool_slots=400, max_prefill_tokens=16)
     prompts = _prompts(6, shared=20, seed=1)
-    handles = []
-    for p in prompts:
-        handles.append(e.submit(p, SamplingParams(max_new_tokens=12)))
-        e.step()
-        e.check_invariants()
-    _drain(e)
+    handles = _one_per_step(e, prompts, 12)
     for p, h in zip(prompts, handles):
         c = h.result(0)
         assert c.token_ids == reference_greedy(ref, p, 12)
@@ -91,12 +97,7 @@ def test_paged_engine_matches_generate(page_size):
     ref, runner = tiny_pair("llama")
     e = Engine(runner, pool_slots=256, page_size=page_size, max_prefill_tokens=12)
     prompts = _prompts(5, shared=13, seed=4)
-    handles = []
-    for p in prompts:
-        handles.append(e.submit(p, SamplingParams(max_new_tokens=7)))
-        e.step()
-        e.check_invariants()
-    _drain(e)
+    handles = _one_per_step(e, prompts, 7)
     for p, h in zip(prompts, handles):
         assert h.result(0).token_ids == reference_greedy(ref, p, 7)
         assert h.result(0).cached_tokens % page_size == 0
