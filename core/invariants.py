@@ -74,7 +74,7 @@ def _check_slots(cache: "RadixCache", tree_slots: list, held_slots: Optional[tor
     alloc = cache.allocator
     size = alloc.num_slots + alloc.page_size
     tree = torch.cat(tree_slots).cpu() if tree_slots else torch.empty(0, dtype=torch.int64)
-    free = alloc._pages_to_slots(alloc.free_pages).cpu()
+    free = alloc.free_slots().cpu()
     parts = {"tree": tree, "free_pages": free}
     if held_slots is not None:
         parts["callers"] = held_slots.reshape(-1).to("cpu", torch.int64)

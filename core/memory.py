@@ -9,15 +9,12 @@ from __future__ import annotations
 import operator
 from typing import Callable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
+from core import slot_kernels
+
 Indices = Union[torch.Tensor, Sequence[int]]
-
-
-def _as_index_tensor(indices: Indices, device: torch.device) -> torch.Tensor:
-    if isinstance(indices, torch.Tensor):
-        return indices.to(device=device, dtype=torch.int64).reshape(-1)
-    return torch.as_tensor(list(indices), dtype=torch.int64, device=device).reshape(-1)
 
 
 def _as_count(n) -> int:
@@ -40,6 +37,12 @@ class SlotAllocator:
     With `page_size > 1` the unit is a page: page p covers slots p*page_size ..
     p*page_size + page_size - 1, page 0 is padding, and `free_pages` holds page numbers.
     `alloc`/`free` always speak in slot indices, so callers never see the difference.
+
+    How it stays cheap per slot: `free_pages` is the window `[_head, _tail)` of an ever-growing
+    sequence of positions, kept in a ring buffer twice the pool's size. `_pos[p]` is the position at
+    which page p was last appended, so page p is free exactly when `_pos[p] >= _head`. `alloc` only
+    advances `_head`: no per-slot bookkeeping at all. `free` checks and appends in one pass
+    (`core/slot_kernels.py` on a CPU pool, a few torch ops on an accelerator).
     """
 
     def __init__(self, num_slots: int, device: Union[str, torch.device] = "cpu", page_size: int = 1,
@@ -58,37 +61,35 @@ class SlotAllocator:
         self.num_pages = num_slots // page_size
         self.device = torch.device(device)
         self.on_event = on_event
+        # On a CPU pool the hot paths work on numpy views of the same memory: a torch call costs
+        # microseconds of dispatch, and the engine and the lab call alloc/free thousands of times a second.
+        self.use_kernel = self.device.type == "cpu"
+        self._steps = torch.arange(self.num_pages, dtype=torch.int64, device=self.device)
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self.clear()
 
     def clear(self) -> None:
         """Every page free again, in order 1..num_pages (the state at startup)."""
-        # free_pages lives in _buf[_head:_tail] of a buffer twice its maximum size, so alloc (advance
-        # _head) and free (write at _tail) cost O(slots moved), not O(pool): when the back runs out,
-        # the live part is copied to the front, at most once per num_pages appended pages.
-        self._buf = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
-        self._buf[:self.num_pages] = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        self._head, self._tail = 0, self.num_pages
-        # _free_count[p] for p in 0..num_pages: 1 while page p is in free_pages, else 0. Page 0 is
-        # padding, never free, never allocated. free() adds 1 per page and rejects any count above 1,
-        # which catches a double free and a page repeated within one call in the same O(k) pass.
-        self._free_count = torch.ones(self.num_pages + 1, dtype=torch.int32, device=self.device)
-        self._free_count[0] = 0
-        self._ones = torch.ones(self.num_pages, dtype=torch.int32, device=self.device)
+        n = self.num_pages
+        self._ring = torch.empty(2 * n, dtype=torch.int64, device=self.device)
+        self._ring[:n] = torch.arange(1, n + 1, dtype=torch.int64, device=self.device)
+        self._pos = torch.empty(n + 1, dtype=torch.int64, device=self.device)
+        self._pos[0] = -1                       # page 0 is padding: never free, never handed out
+        self._pos[1:] = self._steps
+        if self.device.type == "cpu":
+            self._ring_np, self._pos_np = self._ring.numpy(), self._pos.numpy()
+        self._base = 0                          # the position stored at _ring[0]
+        self._head, self._tail = 0, n           # free_pages = positions [_head, _tail)
 
     @property
     def free_pages(self) -> torch.Tensor:
         """Free page numbers (slots when page_size=1), front first. A view into the allocator's buffer:
         read it now, or `.clone()` / `.tolist()` it to keep it (a later free() may overwrite it)."""
-        return self._buf[self._head:self._tail]
+        return self._ring[self._head - self._base:self._tail - self._base]
 
-    @free_pages.setter
-    def free_pages(self, pages: torch.Tensor) -> None:
-        pages = torch.as_tensor(pages, dtype=torch.int64, device=self.device).reshape(-1).clone()
-        if pages.numel() > self._buf.numel():
-            self._buf = torch.empty(2 * pages.numel(), dtype=torch.int64, device=self.device)
-        self._buf[:pages.numel()] = pages
-        self._head, self._tail = 0, pages.numel()
+    def free_slots(self) -> torch.Tensor:
+        """The slots of `free_pages`, in free_pages order (a copy; equal to free_pages when page_size=1)."""
+        return self._pages_to_slots(self.free_pages)
 
     def available(self) -> int:
         """Free slots (not pages)."""
@@ -108,13 +109,22 @@ class SlotAllocator:
         num_pages = n // self.page_size
         if num_pages > self._tail - self._head:
             return None
-        pages = self._buf[self._head:self._head + num_pages]
+        start = self._head - self._base
         self._head += num_pages
-        self._free_count.index_add_(0, pages, self._ones[:num_pages], alpha=-1)  # 1 -> 0; faster than index_fill_
-        slots = self._pages_to_slots(pages)  # a copy: the buffer region is reused later
+        if self.use_kernel and self.page_size == 1:  # a copy: the ring region is reused later
+            slots = torch.from_numpy(self._ring_np[start:start + num_pages].copy())
+        else:
+            slots = self._pages_to_slots(self._ring[start:start + num_pages])
         if self.on_event is not None:
             self.on_event("alloc", slots)
         return slots
+
+    def _index_tensor(self, indices: Indices) -> torch.Tensor:
+        if isinstance(indices, torch.Tensor):
+            if indices.dtype is torch.int64 and indices.dim() == 1 and indices.device == self.device:
+                return indices.detach()
+            return indices.detach().to(device=self.device, dtype=torch.int64).reshape(-1)
+        return torch.as_tensor(np.asarray(indices, dtype=np.int64).reshape(-1), device=self.device)
 
     def _slots_to_pages(self, slots: torch.Tensor) -> torch.Tensor:
         if self.page_size == 1:
@@ -123,7 +133,7 @@ class SlotAllocator:
             raise ValueError(f"free() got {slots.numel()} slots, not whole pages of {self.page_size}; "
                              f"free every slot of a page together")
         rows = slots.view(-1, self.page_size)
-        pages = rows[:, 0] // self.page_size
+        pages = rows[:, 0].div(self.page_size, rounding_mode="floor")
         if not torch.equal(rows, pages[:, None] * self.page_size + self._page_offsets[None, :]):
             raise ValueError(f"free() got slots that are not whole pages of {self.page_size} "
                              f"(each page is p*{self.page_size} .. p*{self.page_size}+{self.page_size - 1})")
@@ -131,39 +141,63 @@ class SlotAllocator:
 
     def free(self, indices: Indices) -> None:
         """Return slots to the back of `free_pages`. Validates everything before changing anything."""
-        slots = _as_index_tensor(indices, self.device)
+        if isinstance(indices, torch.Tensor) and indices.numel() == 0:
+            return  # callers free "whatever was left over", which is often nothing
+        slots = self._index_tensor(indices)
         if slots.numel() == 0:
             return
-        lo, hi = (int(x) for x in torch.aminmax(slots))
-        if lo < 0 or hi >= self.num_slots + self.page_size:
-            raise ValueError(f"free() got slot {lo if lo < 0 else hi} outside the pool "
-                             f"(slots {self.page_size}..{self.num_slots + self.page_size - 1})")
-        if lo < self.page_size:
-            raise ValueError(f"free() got slot {lo}, which is padding (page 0) and is never handed out")
         pages = self._slots_to_pages(slots)
         k = pages.numel()
         if k > self.num_pages:
             raise ValueError(f"free() got {k} pages but the pool has {self.num_pages}: a slot is repeated (double free)")
-        self._free_count.index_add_(0, pages, self._ones[:k])
-        if int(self._free_count.index_select(0, pages).max()) > 1:
-            self._free_count.index_add_(0, pages, self._ones[:k], alpha=-1)  # undo before raising
-            already = self._free_count.index_select(0, pages).bool()
-            if bool(already.any()):
-                bad = int(pages[already][0]) * self.page_size
-                raise ValueError(f"double free: slot {bad} is already free (or was never handed out)")
-            raise ValueError("free() got the same slot twice in one call (double free)")
-        if self._tail + k > self._buf.numel():
-            live = self._buf[self._head:self._tail].clone()
-            self._buf[:live.numel()] = live
-            self._head, self._tail = 0, live.numel()
-        self._buf[self._tail:self._tail + k] = pages
+        if self._tail - self._base + k > self._ring.numel():  # out of room at the back: move the live part
+            live = self._ring[self._head - self._base:self._tail - self._base].clone()
+            self._ring[:live.numel()] = live
+            self._base = self._head
+        end = self._tail - self._base
+        if self.use_kernel:
+            code, i = slot_kernels.mark_free(pages.numpy(), self._pos_np, self._ring_np, end, self._head,
+                                             self._tail, self.num_pages)
+        else:
+            code, i = self._mark_free_torch(pages, end)
+        if code != slot_kernels.OK:
+            raise self._free_error(code, int(pages[i]))
         self._tail += k
         if self.on_event is not None:
             self.on_event("free", slots)
 
+    def _mark_free_torch(self, pages: torch.Tensor, end: int) -> tuple[int, int]:
+        """`slot_kernels.mark_free` in torch ops, for pools off the CPU: same checks, same codes."""
+        bad = (pages < 1) | (pages > self.num_pages)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            return (slot_kernels.PADDING if int(pages[i]) == 0 else slot_kernels.OUTSIDE), i
+        old = self._pos[pages]
+        already = old >= self._head
+        if bool(already.any()):
+            return slot_kernels.ALREADY_FREE, int(already.nonzero()[0])
+        new = self._steps[:pages.numel()] + self._tail
+        self._pos[pages] = new
+        kept = self._pos[pages] == new  # a page listed twice keeps only its last position
+        if not bool(kept.all()):
+            self._pos[pages] = -1  # held again (any position below the head means held)
+            return slot_kernels.REPEATED, int((~kept).nonzero()[0])
+        self._ring[end:end + pages.numel()] = pages
+        return slot_kernels.OK, pages.numel()
+
+    def _free_error(self, code: int, page: int) -> ValueError:
+        ps, slot = self.page_size, page * self.page_size
+        if code == slot_kernels.OUTSIDE:
+            return ValueError(f"free() got slot {slot} outside the pool (slots {ps}..{self.num_slots + ps - 1})")
+        if code == slot_kernels.PADDING:
+            return ValueError(f"free() got slot {slot}, which is padding (page 0) and is never handed out")
+        if code == slot_kernels.ALREADY_FREE:
+            return ValueError(f"double free: slot {slot} is already free (or was never handed out)")
+        return ValueError(f"free() got the same slot twice in one call (slot {slot}): a double free")
+
     def is_free_mask(self) -> torch.Tensor:
         """Bool per slot 0..num_slots+page_size-1: True where the slot is in `free_pages`."""
-        return self._free_count.bool().repeat_interleave(self.page_size)
+        return (self._pos >= self._head).repeat_interleave(self.page_size)
 
 
 class KVPool:

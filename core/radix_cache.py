@@ -46,11 +46,18 @@ class RadixKey:
         self.token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         self.extra_key = extra_key
 
+    @classmethod
+    def _of(cls, token_ids: np.ndarray, extra_key: Optional[str]) -> "RadixKey":
+        """A key around an array that is already 1-D int64 (a slice of another key): no conversion."""
+        key = cls.__new__(cls)
+        key.token_ids, key.extra_key = token_ids, extra_key
+        return key
+
     def __len__(self) -> int:
-        return int(self.token_ids.shape[0])
+        return self.token_ids.shape[0]
 
     def __getitem__(self, s: slice) -> "RadixKey":
-        return RadixKey(self.token_ids[s], self.extra_key)
+        return RadixKey._of(self.token_ids[s], self.extra_key)
 
     def __repr__(self) -> str:
         head = self.token_ids[:8].tolist()
@@ -95,8 +102,11 @@ class MatchResult:
 def _common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
     """Length of the common prefix of two token runs, rounded down to whole pages; vectorised."""
     n = min(a.shape[0], b.shape[0])
-    diff = np.flatnonzero(a[:n] != b[:n])
-    m = int(diff[0]) if diff.size else n
+    if n == 0:
+        return 0
+    differs = a[:n] != b[:n]
+    first = int(differs.argmax())  # argmax of a bool array stops at the first True
+    m = first if differs[first] else n
     return m - m % page_size if page_size > 1 else m
 
 
@@ -152,8 +162,12 @@ class RadixCache:
         return self._evictable_size + self._protected_size
 
     def _child_key(self, key: RadixKey):
-        first = int(key.token_ids[0]) if self.page_size == 1 else tuple(key.token_ids[:self.page_size].tolist())
-        return first if key.extra_key is None else (key.extra_key, first)
+        return self._edge_key(key.token_ids, 0, key.extra_key)
+
+    def _edge_key(self, ids: np.ndarray, pos: int, extra_key: Optional[str]):
+        """The children-dict key of an edge starting at ids[pos]: its first token (first page)."""
+        first = int(ids[pos]) if self.page_size == 1 else tuple(ids[pos:pos + self.page_size].tolist())
+        return first if extra_key is None else (extra_key, first)
 
     def _aligned(self, n: int) -> int:
         return n - n % self.page_size
@@ -176,7 +190,8 @@ class RadixCache:
         """Longest cached prefix of `key`; splits the node where the match ends mid-edge."""
         if self.disable or len(key) < self.page_size:
             return MatchResult(self._empty, self.root_node)
-        key = key[:self._aligned(len(key))]
+        if len(key) % self.page_size:
+            key = key[:self._aligned(len(key))]
         now = self.clock()
         path, pos = self._walk(key, now)
         for n in path:
@@ -194,13 +209,13 @@ class RadixCache:
         node = self.root_node
         node.last_access_time = now
         path: list[TreeNode] = []
-        pos = 0
-        while pos < len(key):
-            child = node.children.get(self._child_key(key[pos:]))
+        pos, ids, extra, size = 0, key.token_ids, key.extra_key, len(key)
+        while pos < size:
+            child = node.children.get(self._edge_key(ids, pos, extra))
             if child is None:
                 break
             child.last_access_time = now
-            n = _common_len(child.key.token_ids, key.token_ids[pos:], self.page_size)
+            n = _common_len(child.key.token_ids, ids[pos:], self.page_size)
             if n < len(child.key):
                 child = self._split_node(child, n, now)
                 path.append(child)
@@ -218,7 +233,7 @@ class RadixCache:
             return 0
         node, pos, ids = self.root_node, 0, key.token_ids
         while len(ids) - pos >= self.page_size:
-            child = node.children.get(self._child_key(key[pos:]))
+            child = node.children.get(self._edge_key(ids, pos, key.extra_key))
             if child is None:
                 break
             n = _common_len(child.key.token_ids, ids[pos:], self.page_size)
@@ -254,15 +269,19 @@ class RadixCache:
         """Cache `key` with its slots `value`; returns how many leading tokens were already cached.
 
         The caller owns `value[:returned]` duplicates of what the tree holds and must free the part
-        it allocated itself; the tree now owns the rest. Only whole pages are inserted.
+        it allocated itself; the tree now owns the rest, and keeps it without a copy (as SGLang
+        does): never write into `value` afterwards. Only whole pages are inserted.
         """
         if len(key) != value.numel():
             raise ValueError(f"insert: key has {len(key)} tokens but value has {value.numel()} slots; "
                              f"pass one slot per token")
         if self.disable:
             return 0
-        n_aligned = self._aligned(len(key))
-        key, value = key[:n_aligned], value[:n_aligned].to(device=self.device, dtype=torch.int64)
+        if len(key) % self.page_size:
+            n_aligned = self._aligned(len(key))
+            key, value = key[:n_aligned], value[:n_aligned]
+        if value.dtype is not torch.int64 or value.device != self.device:
+            value = value.to(device=self.device, dtype=torch.int64)
         now = self.clock()
         path, pos = self._walk(key, now)
         for n in path:
@@ -273,7 +292,7 @@ class RadixCache:
         return pos
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
-        new_node = TreeNode(next(self._next_id), key, value.clone(), parent, now, priority)
+        new_node = TreeNode(next(self._next_id), key, value, parent, now, priority)
         parent.children[self._child_key(key)] = new_node
         self._evictable_size += len(key)
         self.evictable_leaves.discard(parent)

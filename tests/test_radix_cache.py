@@ -139,12 +139,15 @@ def test_insert_of_a_prefix_of_an_edge_splits_and_adds_no_leaf():
     cache.check_invariants(EMPTY)
 
 
-def test_insert_copies_value_so_the_caller_may_reuse_its_tensor():
+def test_insert_keeps_the_new_part_of_value_without_a_copy():
+    # as SGLang: the tree takes over value[cached:] (the caller must not write into it afterwards)
     cache, alloc, _ = make(8)
     v = alloc.alloc(2)
     cache.insert(RadixKey([1, 2]), v)
-    v[0] = 99
-    assert edges(cache)[(1, 2)][1] == [1, 2]
+    w = torch.cat([v, alloc.alloc(3)])
+    assert cache.insert(RadixKey([1, 2, 5, 6, 7]), w) == 2
+    leaf = cache.root_node.children[1].children[5]
+    assert leaf.value.tolist() == [3, 4, 5] and leaf.value.data_ptr() == w[2:].data_ptr()
 
 
 # ----- extra_key namespaces -------------------------------------------------------------------------------
@@ -307,6 +310,12 @@ def _tree():
     return cache, alloc
 
 
+def _append_free_page_raw(a, page: int) -> None:
+    """Put `page` at the back of free_pages behind the allocator's back (its free state untouched)."""
+    a._ring[a._tail - a._base] = page
+    a._tail += 1
+
+
 CORRUPTIONS = {
     "lock_ref": (lambda c, a: setattr(c.nodes()[2], "lock_ref", -1), "lock_ref -1 < 0"),
     "value length": (lambda c, a: setattr(c.nodes()[2], "value", c.nodes()[2].value[:1]), "key has 2 tokens, value 1"),
@@ -314,10 +323,9 @@ CORRUPTIONS = {
     "leaves": (lambda c, a: c.evictable_leaves.discard(c.nodes()[2]), "evictable_leaves"),
     "child key": (lambda c, a: c.root_node.children.__setitem__(5, c.root_node.children.pop(1)),
                   "first token"),
-    "slot twice": (lambda c, a: setattr(a, "free_pages", torch.cat([a.free_pages, torch.tensor([1])])),
-                   "slot 1 is owned twice"),
+    "slot twice": (lambda c, a: _append_free_page_raw(a, 1), "slot 1 is owned twice"),
     "leaked slot": (lambda c, a: a.alloc(1), "slot conservation broken"),     # handed out, owned by nobody
-    "free mask": (lambda c, a: setattr(a, "free_pages", a.free_pages[1:]), "free mask disagrees"),
+    "free mask": (lambda c, a: a._pos.__setitem__(int(a.free_pages[0]), -1), "free mask disagrees"),
 }
 
 
