@@ -167,21 +167,20 @@ class SlotAllocator:
             self.on_event("free", slots)
 
     def _mark_free_torch(self, pages: torch.Tensor, end: int) -> tuple[int, int]:
-        """`slot_kernels.mark_free` in torch ops, for pools off the CPU: same checks, same codes."""
-        bad = (pages < 1) | (pages > self.num_pages)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            return (slot_kernels.PADDING if int(pages[i]) == 0 else slot_kernels.OUTSIDE), i
-        old = self._pos[pages]
-        already = old >= self._head
-        if bool(already.any()):
-            return slot_kernels.ALREADY_FREE, int(already.nonzero()[0])
-        new = self._steps[:pages.numel()] + self._tail
-        self._pos[pages] = new
-        kept = self._pos[pages] == new  # a page listed twice keeps only its last position
-        if not bool(kept.all()):
-            self._pos[pages] = -1  # held again (any position below the head means held)
-            return slot_kernels.REPEATED, int((~kept).nonzero()[0])
+        """`slot_kernels.mark_free` in torch ops, for pools off the CPU: the same checks, and the same
+        first offending page, found with masks (a repeat is a page seen earlier in the call)."""
+        outside = (pages < 1) | (pages > self.num_pages)
+        already = (self._pos[pages.clamp(0, self.num_pages)] >= self._head) & ~outside
+        ordered, order = torch.sort(pages, stable=True)
+        repeat = torch.zeros_like(outside)
+        repeat[order[1:]] = ordered[1:] == ordered[:-1]
+        problems = outside | already | repeat
+        if bool(problems.any()):
+            i = int(problems.nonzero()[0])
+            if bool(outside[i]):
+                return (slot_kernels.PADDING if int(pages[i]) == 0 else slot_kernels.OUTSIDE), i
+            return (slot_kernels.ALREADY_FREE if bool(already[i]) else slot_kernels.REPEATED), i
+        self._pos[pages] = self._steps[:pages.numel()] + self._tail
         self._ring[end:end + pages.numel()] = pages
         return slot_kernels.OK, pages.numel()
 

@@ -27,19 +27,18 @@ def mark_free(pages: np.ndarray, pos: np.ndarray, ring: np.ndarray, ring_end: in
     goes below 0), and ring entries past the allocator's tail are not free_pages until it moves.
     """
     k = pages.shape[0]
-    for i in range(k):  # the range first, so a bad index is reported as such whatever precedes it
-        p = pages[i]
-        if p < 0 or p > num_pages:
-            return OUTSIDE, i
-        if p == 0:
-            return PADDING, i
     for i in range(k):
         p = pages[i]
-        q = pos[p]
-        if q >= head:
-            for j in range(i):
-                pos[pages[j]] = -1
-            return (REPEATED if q >= tail else ALREADY_FREE), i
-        pos[p] = tail + i
-        ring[ring_end + i] = p
+        if p < 1 or p > num_pages:
+            code = PADDING if p == 0 else OUTSIDE
+        else:
+            q = pos[p]
+            if q < head:
+                pos[p] = tail + i
+                ring[ring_end + i] = p
+                continue
+            code = REPEATED if q >= tail else ALREADY_FREE
+        for j in range(i):
+            pos[pages[j]] = -1
+        return code, i
     return OK, k

@@ -152,7 +152,8 @@ def test_unaligned_alloc_message_names_the_fix():
     ([0], "padding"),                                         # slot 0
     ([12], "outside the pool"),                               # one past the end
     ([-1], "outside the pool"),
-    ([1, 2, 0], "padding"),                                   # one bad index rejects the whole call
+    ([1, 3, 0], "padding"),                                   # one bad index rejects the whole call
+    ([1, 2, 0], "slot 2 is already free"),                    # the first problem in order is named
     ([1, 99], "outside the pool"),
     ([1, 2, 5], "never handed out"),
 ])
@@ -289,3 +290,44 @@ def test_free_of_more_slots_than_the_pool_is_a_double_free():
     assert state(a) == before
     a.free([1, 2, 3])
     assert state(a) == ([1, 2, 3], [False, True, True, True], 3)
+
+
+# ----- the compiled free() and its torch twin (used off the CPU) agree ---------------------------------
+def _outcome(a: SlotAllocator, slots: list[int]):
+    try:
+        a.free(slots)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    return error, a.free_pages.tolist(), a.is_free_mask().tolist(), a.available()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(ps=st.sampled_from([1, 2]), held=st.integers(0, 12),
+       frees=st.lists(st.lists(st.integers(-2, 14), max_size=6), min_size=1, max_size=4))
+def test_compiled_and_torch_free_give_the_same_result_and_error(ps, held, frees):
+    kernel, twin = SlotAllocator(12 * ps, page_size=ps), SlotAllocator(12 * ps, page_size=ps)
+    twin.use_kernel = False
+    assert kernel.use_kernel
+    if held:
+        assert kernel.alloc(held * ps).tolist() == twin.alloc(held * ps).tolist()
+    for pages in frees:
+        slots = [p * ps + i for p in pages for i in range(ps)]
+        assert _outcome(kernel, slots) == _outcome(twin, slots)
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+@pytest.mark.parametrize("bad, match", [
+    ([5, 1, 5], r"same slot twice in one call \(slot 5\)"),   # the second 5 is the first problem
+    ([9, 2, 0], r"slot 9 is already free"),                   # the first problem in order is named
+    ([1, 3, 99], r"slot 99 outside the pool"),
+])
+def test_free_names_the_first_problem_in_order(use_kernel, bad, match):
+    a = SlotAllocator(11)
+    a.use_kernel = use_kernel
+    a.alloc(8)                   # 1..8 held
+    a.free([2])
+    before = state(a)
+    with pytest.raises(ValueError, match=match):
+        a.free(bad)
+    assert state(a) == before
