@@ -66,20 +66,24 @@ class SlotAllocator:
         self.use_kernel = self.device.type == "cpu"
         self._steps = torch.arange(self.num_pages, dtype=torch.int64, device=self.device)
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self._ring = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
+        self._pos = torch.empty(self.num_pages + 1, dtype=torch.int64, device=self.device)
+        if self.device.type == "cpu":
+            self._ring_np, self._pos_np = self._ring.numpy(), self._pos.numpy()
+        self._pristine = False
         self.clear()
 
     def clear(self) -> None:
         """Every page free again, in order 1..num_pages (the state at startup)."""
+        if self._pristine:  # nothing handed out or taken back since the last clear (a new cache resets it)
+            return
         n = self.num_pages
-        self._ring = torch.empty(2 * n, dtype=torch.int64, device=self.device)
-        self._ring[:n] = torch.arange(1, n + 1, dtype=torch.int64, device=self.device)
-        self._pos = torch.empty(n + 1, dtype=torch.int64, device=self.device)
+        torch.add(self._steps, 1, out=self._ring[:n])
         self._pos[0] = -1                       # page 0 is padding: never free, never handed out
         self._pos[1:] = self._steps
-        if self.device.type == "cpu":
-            self._ring_np, self._pos_np = self._ring.numpy(), self._pos.numpy()
         self._base = 0                          # the position stored at _ring[0]
         self._head, self._tail = 0, n           # free_pages = positions [_head, _tail)
+        self._pristine = True
 
     @property
     def free_pages(self) -> torch.Tensor:
@@ -111,6 +115,7 @@ class SlotAllocator:
             return None
         start = self._head - self._base
         self._head += num_pages
+        self._pristine = False
         if self.use_kernel and self.page_size == 1:  # a copy: the ring region is reused later
             slots = torch.from_numpy(self._ring_np[start:start + num_pages].copy())
         else:
@@ -121,7 +126,8 @@ class SlotAllocator:
 
     def _index_tensor(self, indices: Indices) -> torch.Tensor:
         if isinstance(indices, torch.Tensor):
-            if indices.dtype is torch.int64 and indices.dim() == 1 and indices.device == self.device:
+            if indices.dtype is torch.int64 and indices.dim() == 1 and (indices.is_cpu if self.use_kernel
+                                                                         else indices.device == self.device):
                 return indices.detach()
             return indices.detach().to(device=self.device, dtype=torch.int64).reshape(-1)
         return torch.as_tensor(np.asarray(indices, dtype=np.int64).reshape(-1), device=self.device)
@@ -150,7 +156,7 @@ class SlotAllocator:
         k = pages.numel()
         if k > self.num_pages:
             raise ValueError(f"free() got {k} pages but the pool has {self.num_pages}: a slot is repeated (double free)")
-        if self._tail - self._base + k > self._ring.numel():  # out of room at the back: move the live part
+        if self._tail - self._base + k > 2 * self.num_pages:  # out of room at the back: move the live part
             live = self._ring[self._head - self._base:self._tail - self._base].clone()
             self._ring[:live.numel()] = live
             self._base = self._head
@@ -163,6 +169,7 @@ class SlotAllocator:
         if code != slot_kernels.OK:
             raise self._free_error(code, int(pages[i]))
         self._tail += k
+        self._pristine = False
         if self.on_event is not None:
             self.on_event("free", slots)
 

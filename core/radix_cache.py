@@ -188,10 +188,11 @@ class RadixCache:
     # ----- match ---------------------------------------------------------------------------
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached prefix of `key`; splits the node where the match ends mid-edge."""
-        if self.disable or len(key) < self.page_size:
+        size = len(key)
+        if self.disable or size < self.page_size:
             return MatchResult(self._empty, self.root_node)
-        if len(key) % self.page_size:
-            key = key[:self._aligned(len(key))]
+        if size % self.page_size:
+            key = key[:self._aligned(size)]
         now = self.clock()
         path, pos = self._walk(key, now)
         for n in path:
@@ -272,14 +273,15 @@ class RadixCache:
         it allocated itself; the tree now owns the rest, and keeps it without a copy (as SGLang
         does): never write into `value` afterwards. Only whole pages are inserted.
         """
-        if len(key) != value.numel():
-            raise ValueError(f"insert: key has {len(key)} tokens but value has {value.numel()} slots; "
+        size = len(key)
+        if size != value.numel():
+            raise ValueError(f"insert: key has {size} tokens but value has {value.numel()} slots; "
                              f"pass one slot per token")
         if self.disable:
             return 0
-        if len(key) % self.page_size:
-            n_aligned = self._aligned(len(key))
-            key, value = key[:n_aligned], value[:n_aligned]
+        if size % self.page_size:
+            size = self._aligned(size)
+            key, value = key[:size], value[:size]
         if value.dtype is not torch.int64 or value.device != self.device:
             value = value.to(device=self.device, dtype=torch.int64)
         now = self.clock()
@@ -287,7 +289,7 @@ class RadixCache:
         for n in path:
             n.priority = max(n.priority, priority)
         node = path[-1] if path else self.root_node
-        if pos < len(key):
+        if pos < size:
             self._add_leaf(node, key[pos:], value[pos:], now, priority)
         return pos
 
@@ -315,9 +317,10 @@ class RadixCache:
         last = node
         while node is not self.root_node:
             if node.lock_ref == 0:
-                self._evictable_size -= len(node.key)
-                self._protected_size += len(node.key)
-                changed += len(node.key)
+                size = len(node.key)
+                self._evictable_size -= size
+                self._protected_size += size
+                changed += size
             node.lock_ref += 1
             self.evictable_leaves.discard(node)
             node = node.parent
@@ -340,9 +343,10 @@ class RadixCache:
         while node is not self.root_node:
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self._evictable_size += len(node.key)
-                self._protected_size -= len(node.key)
-                changed += len(node.key)
+                size = len(node.key)
+                self._evictable_size += size
+                self._protected_size -= size
+                changed += size
             self._update_leaf_status(node)
             node = node.parent
         if self.events.enabled and last is not self.root_node:
@@ -351,7 +355,8 @@ class RadixCache:
 
     # ----- evict ---------------------------------------------------------------------------
     def _heap(self) -> list:
-        return [(self.policy(n), n) for n in self.evictable_leaves]
+        policy = self.policy
+        return [(policy(n), n) for n in self.evictable_leaves]
 
     def evict(self, num_tokens: int) -> int:
         """Free whole unlocked leaves, lowest policy key first, until `num_tokens` are freed."""
@@ -365,17 +370,16 @@ class RadixCache:
             if node.lock_ref > 0 or not node.is_leaf:
                 continue
             parent = node.parent
-            self._delete_leaf(node, key)
-            freed += len(node.key)
+            freed += self._delete_leaf(node, key)
             if parent is not self.root_node and parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(heap, (self.policy(parent), parent))
         return freed
 
-    def _delete_leaf(self, node: TreeNode, policy_key: tuple) -> None:
-        parent = node.parent
+    def _delete_leaf(self, node: TreeNode, policy_key: tuple) -> int:
+        parent, size = node.parent, len(node.key)
         del parent.children[self._child_key(node.key)]
-        self._evictable_size -= len(node.key)
-        self.evicted_tokens += len(node.key)
+        self._evictable_size -= size
+        self.evicted_tokens += size
         self.evictable_leaves.discard(node)
         self._update_leaf_status(parent)
         if self.events.enabled:
@@ -385,6 +389,7 @@ class RadixCache:
                                policy_key=tuple(float(x) for x in policy_key))
         self.allocator.free(node.value)
         node.parent = None  # marks the node as gone; a later dec_lock_ref on it is rejected
+        return size
 
     def eviction_order(self, k: Optional[int] = None) -> list[TreeNode]:
         """The next `k` victims (all when None) in the order `evict` would take them; changes nothing."""
