@@ -64,7 +64,6 @@ class SlotAllocator:
         # On a CPU pool the hot paths work on numpy views of the same memory: a torch call costs
         # microseconds of dispatch, and the engine and the lab call alloc/free thousands of times a second.
         self.use_kernel = self.device.type == "cpu"
-        self._steps = torch.arange(self.num_pages, dtype=torch.int64, device=self.device)
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self._ring = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
         self._pos = torch.empty(self.num_pages + 1, dtype=torch.int64, device=self.device)
@@ -78,9 +77,9 @@ class SlotAllocator:
         if self._pristine:  # nothing handed out or taken back since the last clear (a new cache resets it)
             return
         n = self.num_pages
-        torch.add(self._steps, 1, out=self._ring[:n])
+        torch.arange(1, n + 1, out=self._ring[:n])
         self._pos[0] = -1                       # page 0 is padding: never free, never handed out
-        self._pos[1:] = self._steps
+        torch.arange(n, out=self._pos[1:])
         self._base = 0                          # the position stored at _ring[0]
         self._head, self._tail = 0, n           # free_pages = positions [_head, _tail)
         self._pristine = True
@@ -187,7 +186,7 @@ class SlotAllocator:
             if bool(outside[i]):
                 return (slot_kernels.PADDING if int(pages[i]) == 0 else slot_kernels.OUTSIDE), i
             return (slot_kernels.ALREADY_FREE if bool(already[i]) else slot_kernels.REPEATED), i
-        self._pos[pages] = self._steps[:pages.numel()] + self._tail
+        self._pos[pages] = torch.arange(self._tail, self._tail + pages.numel(), device=self.device)
         self._ring[end:end + pages.numel()] = pages
         return slot_kernels.OK, pages.numel()
 
