@@ -10,7 +10,9 @@ Both caches run the engine's flow for a finished request, page_size 1, LRU, cloc
 at a capacity that forces evictions (1,000,000 slots against ~22.5M distinct tokens). The
 baseline is the same algorithm written the straightforward way: lists of ints, one Python
 comparison per token, the same LRU heap and tie-break. Both must produce the same hit tokens
-and the same evictions; the script prints tokens/second of each and their ratio.
+and the same evictions. The script runs several rounds, each side once per round with the order
+alternating, and prints every round's ratio and the fastest round of each side against each other
+(the shared machine's slow spells only ever add time).
 
     .venv/bin/python benchmarks/bench_radix.py                 # whole trace
     .venv/bin/python benchmarks/bench_radix.py --requests 500  # a quick look

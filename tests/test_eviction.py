@@ -203,7 +203,7 @@ def test_lru_cache_agrees_with_the_benchmarks_independent_per_token_tree():
     """Differential test: the plain-Python baseline of benchmarks/bench_radix.py, same flow, many evictions."""
     import numpy as np
 
-    from benchmarks.bench_radix import PHASES, run_loop, run_radix
+    from benchmarks.bench_radix import run_whole
 
     rng = np.random.default_rng(7)
     stems = [rng.integers(0, 50, size=int(rng.integers(5, 60))) for _ in range(12)]
@@ -212,7 +212,7 @@ def test_lru_cache_agrees_with_the_benchmarks_independent_per_token_tree():
         stem = stems[int(rng.integers(0, len(stems)))][: int(rng.integers(0, 60))]
         tail = rng.integers(0, 50, size=int(rng.integers(1, 40)))
         prompts.append(np.concatenate([stem, tail]).astype(np.int64))
-    fast = run_radix(prompts, 400, dict.fromkeys(PHASES, 0.0))
-    slow = run_loop([p.tolist() for p in prompts], 400, dict.fromkeys(PHASES, 0.0))
+    fast = run_whole("radix", prompts, 400)["result"]
+    slow = run_whole("loop", [p.tolist() for p in prompts], 400)["result"]
     assert fast == slow
     assert fast["hit"] > 2000 and fast["evicted"] > 5000      # the case exercises hits and evictions
