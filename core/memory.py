@@ -146,13 +146,11 @@ class SlotAllocator:
 
     def free(self, indices: Indices) -> None:
         """Return slots to the back of `free_pages`. Validates everything before changing anything."""
-        if isinstance(indices, torch.Tensor) and indices.numel() == 0:
-            return  # callers free "whatever was left over", which is often nothing
         slots = self._index_tensor(indices)
-        if slots.numel() == 0:
-            return
-        pages = self._slots_to_pages(slots)
-        k = pages.numel()
+        if slots.shape[0] == 0:
+            return  # callers free "whatever was left over", which is often nothing
+        pages = slots if self.page_size == 1 else self._slots_to_pages(slots)
+        k = pages.shape[0]
         if k > self.num_pages:
             raise ValueError(f"free() got {k} pages but the pool has {self.num_pages}: a slot is repeated (double free)")
         if self._tail - self._base + k > 2 * self.num_pages:  # out of room at the back: move the live part

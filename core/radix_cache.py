@@ -125,7 +125,8 @@ class RadixCache:
         self.clock: Callable[[], float] = clock if clock is not None else self.logical_clock
         self.disable = disable
         self.events = ev.EventLog(event_capacity, enabled=record_events)
-        allocator.on_event = self._on_alloc_event
+        # alloc/free events come through this hook; without a log there is nothing to call
+        allocator.on_event = self._on_alloc_event if record_events else None
         self.device = allocator.device
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self.reset()
@@ -376,8 +377,9 @@ class RadixCache:
         return freed
 
     def _delete_leaf(self, node: TreeNode, policy_key: tuple) -> int:
-        parent, size = node.parent, len(node.key)
-        del parent.children[self._child_key(node.key)]
+        parent, key = node.parent, node.key
+        size = len(key)
+        del parent.children[self._edge_key(key.token_ids, 0, key.extra_key)]
         self._evictable_size -= size
         self.evicted_tokens += size
         self.evictable_leaves.discard(node)
