@@ -137,7 +137,7 @@ class SlotAllocator:
         if slots.numel() % self.page_size:
             raise ValueError(f"free() got {slots.numel()} slots, not whole pages of {self.page_size}; "
                              f"free every slot of a page together")
-        rows = slots.view(-1, self.page_size)
+        rows = slots.reshape(-1, self.page_size)
         pages = rows[:, 0].div(self.page_size, rounding_mode="floor")
         if not torch.equal(rows, pages[:, None] * self.page_size + self._page_offsets[None, :]):
             raise ValueError(f"free() got slots that are not whole pages of {self.page_size} "
