@@ -302,8 +302,7 @@ def main(argv=None) -> int:
     tokens = sum(len(p) for p in prompts)
     print(f"trace: {len(prompts)} requests, {tokens:,} prompt tokens, capacity {args.capacity:,} slots")
 
-    warm = SlotAllocator(4)  # load the compiled free() kernel (core/slot_kernels.py) before any clock starts
-    warm.free(warm.alloc(2))
+    SlotAllocator(4)  # the first CPU allocator loads the compiled free() kernel: do it before any clock starts
     # The 61M token ids held as Python lists for the baseline would make every full GC pass walk
     # them, landing pauses on whichever side happens to be running: park them.
     gc.collect()

@@ -64,6 +64,8 @@ class SlotAllocator:
         # On a CPU pool the hot paths work on numpy views of the same memory: a torch call costs
         # microseconds of dispatch, and the engine and the lab call alloc/free thousands of times a second.
         self.use_kernel = self.device.type == "cpu"
+        if self.use_kernel:
+            slot_kernels.load()
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self._ring = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
         self._pos = torch.empty(self.num_pages + 1, dtype=torch.int64, device=self.device)
@@ -124,12 +126,22 @@ class SlotAllocator:
         return slots
 
     def _index_tensor(self, indices: Indices) -> torch.Tensor:
+        """Slot indices as a 1-D int64 tensor on the pool's device; anything but integers is refused."""
         if isinstance(indices, torch.Tensor):
             if indices.dtype is torch.int64 and indices.dim() == 1 and (indices.is_cpu if self.use_kernel
                                                                          else indices.device == self.device):
-                return indices.detach()
+                return indices.detach()  # the common case, without conversions
+            if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype is torch.bool:
+                raise ValueError(f"free() needs integer slot indices, got a {indices.dtype} tensor")
             return indices.detach().to(device=self.device, dtype=torch.int64).reshape(-1)
-        return torch.as_tensor(np.asarray(indices, dtype=np.int64).reshape(-1), device=self.device)
+        try:
+            arr = np.array(indices if isinstance(indices, np.ndarray) else list(indices))  # a copy: writable
+        except TypeError:
+            raise ValueError(f"free() needs a sequence of slot indices (a list or a tensor), got "
+                             f"{type(indices).__name__}") from None
+        if arr.size and arr.dtype.kind not in "iu":
+            raise ValueError(f"free() needs integer slot indices, got {arr.dtype} values such as {arr.flat[0]!r}")
+        return torch.from_numpy(arr.astype(np.int64, copy=False).reshape(-1)).to(self.device)
 
     def _slots_to_pages(self, slots: torch.Tensor) -> torch.Tensor:
         if self.page_size == 1:
@@ -145,7 +157,8 @@ class SlotAllocator:
         return pages
 
     def free(self, indices: Indices) -> None:
-        """Return slots to the back of `free_pages`. Validates everything before changing anything."""
+        """Return slots to the back of `free_pages`. A rejected call (ValueError) changes nothing that
+        counts: free_pages, the free mask and available() stay as they were."""
         slots = self._index_tensor(indices)
         if slots.shape[0] == 0:
             return  # callers free "whatever was left over", which is often nothing

@@ -57,7 +57,8 @@ class RadixKey:
         return self.token_ids.shape[0]
 
     def __getitem__(self, s: slice) -> "RadixKey":
-        return RadixKey._of(self.token_ids[s], self.extra_key)
+        ids = self.token_ids[s]
+        return RadixKey._of(ids if ids.ndim else ids.reshape(1), self.extra_key)
 
     def __repr__(self) -> str:
         head = self.token_ids[:8].tolist()
@@ -125,8 +126,7 @@ class RadixCache:
         self.clock: Callable[[], float] = clock if clock is not None else self.logical_clock
         self.disable = disable
         self.events = ev.EventLog(event_capacity, enabled=record_events)
-        # alloc/free events come through this hook; without a log there is nothing to call
-        allocator.on_event = self._on_alloc_event if record_events else None
+        allocator.on_event = self._on_alloc_event
         self.device = allocator.device
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
         self.reset()
@@ -271,8 +271,9 @@ class RadixCache:
         """Cache `key` with its slots `value`; returns how many leading tokens were already cached.
 
         The caller owns `value[:returned]` duplicates of what the tree holds and must free the part
-        it allocated itself; the tree now owns the rest, and keeps it without a copy (as SGLang
-        does): never write into `value` afterwards. Only whole pages are inserted.
+        it allocated itself; the tree now owns the rest, and keeps it without a copy when it is most
+        of `value`'s memory (a short tail is copied, so it does not pin the whole tensor): never write
+        into `value` afterwards. Only whole pages are inserted.
         """
         size = len(key)
         if size != value.numel():
@@ -295,6 +296,8 @@ class RadixCache:
         return pos
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
+        if value.untyped_storage().nbytes() > 2 * value.numel() * value.element_size():
+            value = value.clone()  # a short tail of a long tensor: keeping the view would pin all of it
         new_node = TreeNode(next(self._next_id), key, value, parent, now, priority)
         parent.children[self._child_key(key)] = new_node
         self._evictable_size += len(key)

@@ -331,3 +331,19 @@ def test_free_names_the_first_problem_in_order(use_kernel, bad, match):
     with pytest.raises(ValueError, match=match):
         a.free(bad)
     assert state(a) == before
+
+
+def test_free_takes_any_iterable_of_integers_and_refuses_the_rest():
+    a = SlotAllocator(8)
+    a.alloc(8)
+    a.free({2})
+    a.free(s for s in (4, 3))
+    a.free(np.array([7], dtype=np.uint8))
+    assert a.free_pages.tolist() == [2, 4, 3, 7]
+    before = state(a)
+    for bad, match in [([1.0], "integer slot indices, got float64"), (["5"], "integer slot indices"),
+                       (torch.tensor([1.5]), "torch.float32 tensor"), (torch.tensor([True]), "torch.bool tensor"),
+                       (5, "a sequence of slot indices.*got int")]:
+        with pytest.raises(ValueError, match=match):
+            a.free(bad)
+        assert state(a) == before

@@ -150,6 +150,24 @@ def test_insert_keeps_the_new_part_of_value_without_a_copy():
     assert leaf.value.tolist() == [3, 4, 5] and leaf.value.data_ptr() == w[2:].data_ptr()
 
 
+def test_insert_copies_a_short_tail_so_the_leaf_does_not_pin_the_whole_tensor():
+    cache, alloc, _ = make(64)
+    prefix = alloc.alloc(40)
+    cache.insert(RadixKey(list(range(40))), prefix)
+    w = torch.cat([prefix, alloc.alloc(2)])          # 40 cached slots + 2 new ones
+    assert cache.insert(RadixKey(list(range(40)) + [98, 99]), w) == 40
+    leaf = cache.root_node.children[0].children[98]
+    assert leaf.value.tolist() == w[40:].tolist()
+    assert leaf.value.untyped_storage().nbytes() == 2 * 8   # its own two slots, not w's 42
+    cache.check_invariants(EMPTY)
+
+
+def test_indexing_a_key_with_an_int_gives_a_one_token_key():
+    k = RadixKey([5, 6, 7], extra_key="a")
+    assert k[1].token_ids.tolist() == [6] and len(k[1]) == 1 and k[1].extra_key == "a"
+    assert k[1:].token_ids.tolist() == [6, 7]
+
+
 # ----- extra_key namespaces -------------------------------------------------------------------------------
 def test_extra_key_namespaces_never_share_nodes():
     cache, _, _ = make()
