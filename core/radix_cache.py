@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -18,97 +17,9 @@ import torch
 from core import events as ev
 from core.eviction import get_policy
 from core.memory import SlotAllocator
+from core.radix_node import LogicalClock, MatchResult, RadixKey, TreeNode, common_len
 
-
-class LogicalClock:
-    """A step counter: the engine ticks it once per scheduler step ("time 3" in the article)."""
-
-    def __init__(self) -> None:
-        self.t = 0
-
-    def __call__(self) -> int:
-        return self.t
-
-    def tick(self) -> int:
-        self.t += 1
-        return self.t
-
-
-class RadixKey:
-    """Token ids plus an optional namespace (`extra_key`: adapter or tenant); stored as numpy."""
-
-    __slots__ = ("token_ids", "extra_key")
-
-    def __init__(self, token_ids: Union[Sequence[int], np.ndarray, torch.Tensor],
-                 extra_key: Optional[str] = None) -> None:
-        if isinstance(token_ids, torch.Tensor):
-            token_ids = token_ids.cpu().numpy()
-        self.token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-        self.extra_key = extra_key
-
-    @classmethod
-    def _of(cls, token_ids: np.ndarray, extra_key: Optional[str]) -> "RadixKey":
-        """A key around an array that is already 1-D int64 (a slice of another key): no conversion."""
-        key = cls.__new__(cls)
-        key.token_ids, key.extra_key = token_ids, extra_key
-        return key
-
-    def __len__(self) -> int:
-        return self.token_ids.shape[0]
-
-    def __getitem__(self, s: slice) -> "RadixKey":
-        ids = self.token_ids[s]
-        return RadixKey._of(ids if ids.ndim else ids.reshape(1), self.extra_key)
-
-    def __repr__(self) -> str:
-        head = self.token_ids[:8].tolist()
-        return f"RadixKey({head}{'...' if len(self) > 8 else ''}, extra_key={self.extra_key!r})"
-
-
-class TreeNode:
-    """One edge of the tree and the node below it: `key` tokens and the `value` slots holding them."""
-
-    _ids = itertools.count()
-
-    def __init__(self, node_id: int, key: RadixKey, value: torch.Tensor, parent: Optional["TreeNode"],
-                 now: float, priority: int = 0) -> None:
-        self.id = node_id
-        self.children: dict = {}
-        self.parent = parent
-        self.key = key
-        self.value = value
-        self.lock_ref = 0
-        self.last_access_time = now
-        self.creation_time = now
-        self.hit_count = 0
-        self.priority = priority
-
-    @property
-    def is_leaf(self) -> bool:
-        return not self.children
-
-    def __lt__(self, other: "TreeNode") -> bool:  # heap tie-break: older node first
-        return self.id < other.id
-
-    def __repr__(self) -> str:
-        return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
-
-
-@dataclass
-class MatchResult:
-    indices: torch.Tensor   # slots of the longest cached prefix, in token order
-    last_node: TreeNode     # the node where that prefix ends (lock it to keep the prefix)
-
-
-def _common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
-    """Length of the common prefix of two token runs, rounded down to whole pages; vectorised."""
-    n = min(a.shape[0], b.shape[0])
-    if n == 0:
-        return 0
-    differs = a[:n] != b[:n]
-    first = int(differs.argmax())  # argmax of a bool array stops at the first True
-    m = first if differs[first] else n
-    return m - m % page_size if page_size > 1 else m
+__all__ = ["LogicalClock", "MatchResult", "RadixCache", "RadixKey", "TreeNode"]
 
 
 class RadixCache:
@@ -217,7 +128,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access_time = now
-            n = _common_len(child.key.token_ids, ids[pos:], self.page_size)
+            n = common_len(child.key.token_ids, ids[pos:], self.page_size)
             if n < len(child.key):
                 child = self._split_node(child, n, now)
                 path.append(child)
@@ -238,7 +149,7 @@ class RadixCache:
             child = node.children.get(self._edge_key(ids, pos, key.extra_key))
             if child is None:
                 break
-            n = _common_len(child.key.token_ids, ids[pos:], self.page_size)
+            n = common_len(child.key.token_ids, ids[pos:], self.page_size)
             pos += n
             if n < len(child.key):
                 break
