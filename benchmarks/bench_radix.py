@@ -310,12 +310,7 @@ def main(argv=None) -> int:
 
     if args.profile:
         prof = cProfile.Profile()
-        run = RadixRun(args.capacity)
-        phases = dict.fromkeys(PHASES, 0.0)
-        prof.enable()
-        for t, tokens in enumerate(prompts):
-            run.step(t, tokens, phases)
-        prof.disable()
+        prof.runcall(run_whole, "radix", prompts, args.capacity)
         pstats.Stats(prof).sort_stats("tottime").print_stats(20)
         return 0
 

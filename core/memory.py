@@ -64,13 +64,12 @@ class SlotAllocator:
         # On a CPU pool the hot paths work on numpy views of the same memory: a torch call costs
         # microseconds of dispatch, and the engine and the lab call alloc/free thousands of times a second.
         self.use_kernel = self.device.type == "cpu"
-        if self.use_kernel:
-            slot_kernels.load()
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self._ring = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
         self._pos = torch.empty(self.num_pages + 1, dtype=torch.int64, device=self.device)
-        if self.device.type == "cpu":
+        if self.use_kernel:
             self._ring_np, self._pos_np = self._ring.numpy(), self._pos.numpy()
+            slot_kernels.load()
         self._pristine = False
         self.clear()
 
