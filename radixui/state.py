@@ -88,3 +88,17 @@ def get_walkthrough(model: str, policy: str = "lru") -> list[WalkthroughStep]:
 
 def with_changes(config: EngineConfig, **changes) -> EngineConfig:
     return replace(config, **changes)
+
+
+ENGINE_URL_ENV = "RADIX_ENGINE_URL"
+
+
+@st.cache_resource
+def get_client():
+    """The engine the pages talk to: a server at $RADIX_ENGINE_URL (HTTP), else one in this process."""
+    from radixui.client import InProcessClient
+    url = os.environ.get(ENGINE_URL_ENV, "").strip()
+    if url:
+        from radixui.http_client import HttpClient  # the server's client (core.server)
+        return HttpClient(url, api_key=os.environ.get("RADIX_API_KEY") or None)
+    return InProcessClient(get_holder())
