@@ -18,6 +18,8 @@ from core.sampling import SamplingParams
 from core.server import wire
 from core.snapshot import EngineSnapshot
 
+MAX_EVENTS_PAGE = 10_000   # core.server.state_routes.MAX_EVENTS_PAGE (not imported: that pulls in FastAPI)
+
 
 class HttpClient:
     def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 30.0) -> None:
@@ -71,7 +73,8 @@ class HttpClient:
         return self._snap
 
     def events_since(self, seq: int, limit: int = 2000) -> list[Event]:
-        data = self._json("GET", "/state/events", params={"since": max(0, int(seq)), "limit": int(limit),
+        limit = max(1, min(int(limit), MAX_EVENTS_PAGE))   # the server's page bound
+        data = self._json("GET", "/state/events", params={"since": max(0, int(seq)), "limit": limit,
                                                           "newest": "true"})
         return [wire.event_from_dict(d) for d in data["events"]]
 

@@ -77,9 +77,7 @@ def decode(tp: Any, value: Any) -> Any:
     if origin is dict:
         kt, vt = get_args(tp) or (str, Any)
         return {(int(k) if kt is int else k): decode(vt, v) for k, v in value.items()}
-    if tp is float and isinstance(value, int):
-        return float(value)
-    return value
+    return value   # JSON keeps int and float apart, as the views do (metrics mix them)
 
 
 def dumps(obj: Any) -> bytes:

@@ -1,0 +1,86 @@
+"""A real uvicorn on a free 127.0.0.1 port, in a thread, serving an engine the test built."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import openai
+import pytest
+import uvicorn
+
+from core.engine import Engine
+from core.server.app import ServerSettings, create_app
+from core.server.host import EngineHost
+from tests.tiny_models import tiny_pair
+
+
+@dataclass
+class Served:
+    url: str
+    host: EngineHost
+    api_key: Optional[str] = None
+
+    @property
+    def engine(self) -> Engine:
+        return self.host.engine
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key or "none", max_retries=0,
+                             timeout=kw.pop("timeout", 60), **kw)
+
+
+@contextmanager
+def serving(engine: Optional[Engine] = None, factory=None, settings: Optional[ServerSettings] = None,
+            initial_config: Optional[dict] = None) -> Iterator[Served]:
+    app = create_app(engine, factory=factory, settings=settings, initial_config=initial_config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if not thread.is_alive() or time.time() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield Served(f"http://127.0.0.1:{port}", app.state.host, (settings or ServerSettings()).api_key)
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture(scope="module")
+def tiny_runner():
+    return tiny_pair("llama")[1]
+
+
+def tiny_factory(runner):
+    def build(config: dict) -> Engine:
+        config = dict(config)
+        config.pop("model", None)
+        return Engine(runner, **config)
+    return build
+
+
+@pytest.fixture
+def tiny(tiny_runner) -> Iterator[Served]:
+    """A tiny random model (vocab 128, no tokenizer: prompts are token ids, texts are empty)."""
+    with serving(factory=tiny_factory(tiny_runner), initial_config={"model": "tiny", "pool_slots": 256},
+                 settings=ServerSettings(model="tiny")) as s:
+        yield s
+
+
+def wait_until(cond, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)

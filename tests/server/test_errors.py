@@ -1,0 +1,123 @@
+"""Every error the server returns, in OpenAI's JSON, through the official client's exception types."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from core.engine import Engine
+from core.server.app import ServerSettings
+from tests.server.conftest import serving, wait_until
+
+PROMPT = [5, 17, 33, 2, 90, 61, 7, 12]
+
+
+def _error(r: httpx.Response) -> dict:
+    body = r.json()
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    return body["error"]
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("temperature", -1, "temperature must be >= 0"),
+    ("top_p", 0, "top_p must be in (0, 1]"),
+    ("max_tokens", 0, "max_new_tokens must be an integer >= 1"),
+    ("max_tokens", "8", "max_new_tokens must be an integer >= 1"),
+    ("top_k", -3, "top_k must be an integer >= 0"),
+    ("stop", [""], "stop must be a list of non-empty strings"),
+    ("n", 0, "n must be an integer from 1 to 16"),
+    ("logprobs", 2, "logprobs are not supported"),
+])
+def test_bad_parameters_are_400_with_the_engines_message(tiny, field, value, words):
+    r = httpx.post(f"{tiny.url}/v1/completions", json={"model": "tiny", "prompt": PROMPT, field: value})
+    assert r.status_code == 400
+    assert words in _error(r)["message"]
+    assert not tiny.host.inflight and tiny.engine.snapshot().metrics["waiting"] == 0
+
+
+def test_bad_bodies_and_prompts_are_400(tiny):
+    c = tiny.client()
+    for prompt, words in (([], "prompt is empty"), ([500], "outside the vocabulary"), ("text", "no tokenizer")):
+        with pytest.raises(openai.BadRequestError, match=words):
+            c.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="no chat template"):
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    r = httpx.post(f"{tiny.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in _error(r)["message"]
+    r = httpx.post(f"{tiny.url}/v1/completions", content=b"\xff\xfe\x00garbage")
+    assert r.status_code == 400
+    r = httpx.post(f"{tiny.url}/v1/chat/completions", json={"model": "tiny", "messages": "hello"})
+    assert r.status_code == 400 and "messages" in _error(r)["message"]
+    # nothing was queued by any of these
+    assert tiny.engine.snapshot().requests == ()
+
+
+def test_unknown_model_and_route_are_404(tiny):
+    with pytest.raises(openai.NotFoundError, match="model 'gpt-4' not found; this server serves 'tiny'"):
+        tiny.client().completions.create(model="gpt-4", prompt=PROMPT)
+    r = httpx.get(f"{tiny.url}/v1/nowhere")
+    assert r.status_code == 404 and _error(r)["type"] == "not_found_error"
+
+
+def test_api_key_guards_every_route_but_health(tiny_runner):
+    with serving(Engine(tiny_runner, pool_slots=64), settings=ServerSettings(api_key="s3cret", model="tiny")) as s:
+        assert httpx.get(f"{s.url}/health").status_code == 200
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                             ("GET", "/metrics"), ("POST", "/flush_cache"), ("GET", "/state/version"),
+                             ("GET", "/state/snapshot"), ("GET", "/state/events"), ("POST", "/state/step")):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                r = httpx.request(method, s.url + path, headers=headers, json={})
+                assert r.status_code == 401, (method, path, headers)
+                assert "--api-key" in _error(r)["message"]
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{s.url}/v1", api_key="wrong", max_retries=0).models.list()
+        ok = s.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
+        assert ok.usage.completion_tokens == 2
+
+
+def test_body_over_the_limit_and_prompt_over_the_pool_are_413(tiny_runner):
+    with serving(Engine(tiny_runner, pool_slots=64),
+                 settings=ServerSettings(model="tiny", max_body_bytes=2000)) as s:
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": "tiny", "prompt": [1] * 1000})
+        assert r.status_code == 413 and "limit of 2,000" in _error(r)["message"]
+        def chunks():   # no Content-Length: the limit is enforced while reading
+            yield b'{"model": "tiny", "prompt": ['
+            for _ in range(500):
+                yield b"1, "
+            yield b"1]}"
+        r = httpx.post(f"{s.url}/v1/completions", content=chunks())
+        assert r.status_code == 413
+        with pytest.raises(openai.APIStatusError, match="does not fit a pool of 64 slots") as exc:
+            s.client().completions.create(model="tiny", prompt=[3] * 80, max_tokens=2)
+        assert exc.value.status_code == 413
+        with pytest.raises(openai.APIStatusError, match="more than the pool's 64") as exc:
+            s.client().completions.create(model="tiny", prompt=[3] * 40, max_tokens=40)
+        assert exc.value.status_code == 413
+        assert s.client().completions.create(model="tiny", prompt=[3] * 40, max_tokens=4).usage.completion_tokens == 4
+
+
+def test_queue_limit_is_503_and_frees_when_requests_finish(tiny_runner):
+    engine = Engine(tiny_runner, pool_slots=256)
+    with serving(engine, settings=ServerSettings(model="tiny", max_queue_requests=2)) as s:
+        engine.stop()   # step mode: what is submitted stays in flight until we step
+        sent = [httpx.post(f"{s.url}/state/requests", json={"prompt": PROMPT, "params": {"max_new_tokens": 2}})
+                for _ in range(2)]
+        assert [r.status_code for r in sent] == [200, 200]
+        with pytest.raises(openai.APIStatusError, match="--max-queue-requests 2") as exc:
+            s.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
+        assert exc.value.status_code == 503
+        while engine.step():
+            pass
+        wait_until(lambda: not s.host.inflight, what="the queue to drain")
+        engine.start()
+        assert s.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_client_that_gives_up_on_a_whole_answer_aborts_it(tiny):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{tiny.url}/v1/completions", timeout=0.5,
+                   json={"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "temperature": 0})
+    wait_until(lambda: not tiny.host.inflight, timeout=10, what="the abandoned request to be aborted")
+    view = tiny.engine.snapshot().requests[-1]
+    assert view.state == "aborted" and view.output_tokens < 240
+    tiny.engine.check_invariants()

@@ -1,0 +1,111 @@
+"""The dashboard's /state routes through radixui.http_client.HttpClient, against the engine itself."""
+from __future__ import annotations
+
+import dataclasses
+
+import httpx
+import numpy as np
+import pytest
+
+from core.sampling import SamplingParams
+from core.server import wire
+from radixui.http_client import HttpClient
+from radixui.state import EngineConfig
+from tests.server.conftest import wait_until
+
+PROMPT = [5, 17, 33, 2, 90, 61, 7, 12]
+
+
+def _same(a, b) -> None:
+    """Field-by-field equality of two views (numpy arrays compared by value, dtype and shape)."""
+    assert type(a) is type(b)
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _same(getattr(a, f.name), getattr(b, f.name))
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, float) and np.isnan(a):
+        assert np.isnan(b)
+    else:
+        assert a == b
+
+
+def test_snapshot_and_events_arrive_as_the_engine_made_them(tiny):
+    client = HttpClient(tiny.url)
+    v0 = client.version()
+    rid = client.submit(PROMPT, SamplingParams(max_new_tokens=4), extra_key="ns")
+    wait_until(lambda: not tiny.host.inflight, what="the request to finish")
+    assert client.version() != v0
+    snap = client.snapshot()
+    _same(snap, tiny.engine.snapshot(wait=False))
+    assert snap.requests[-1].rid == rid and snap.requests[-1].output_tokens == 4
+    assert not snap.pool.k_norms.flags.writeable   # frozen, as the engine's own views are
+    assert client.snapshot() is snap               # unchanged engine: 304, the same object
+    events = tiny.engine.events_since(0)
+    _same(client.events_since(0, limit=100_000), events[-10_000:])   # bounded by the server's page size
+    _same(client.events_since(0, limit=3), events[-3:])            # the newest when there are more
+    _same(client.events_since(events[-5].seq), events[-4:])        # incremental
+    assert client.events_since(events[-1].seq) == []
+    page = httpx.get(f"{tiny.url}/state/events", params={"since": 0, "limit": 4}).json()
+    assert [e["seq"] for e in page["events"]] == [e.seq for e in events[:4]] and page["last_seq"] == events[-1].seq
+    r = httpx.get(f"{tiny.url}/state/events", params={"since": 0, "limit": 10**6})
+    assert r.status_code == 400   # the page size is bounded
+
+
+def test_wire_round_trips_every_event_kind(tiny):
+    c = tiny.client()
+    for p in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9], [7] * 236):   # a split, then evictions in a 256-slot pool
+        c.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0)
+    events = tiny.engine.events_since(0)
+    assert {"match", "split", "insert", "alloc", "free", "evict", "lock", "unlock", "reset"} <= {e.kind for e in events}
+    _same([wire.event_from_dict(wire.event_to_dict(e)) for e in events], events)
+    with pytest.raises(ValueError, match="unknown event kind"):
+        wire.event_from_dict({"kind": "nope", "seq": 1, "time": 0})
+
+
+def test_submit_errors_step_mode_reset_and_rebuild(tiny):
+    client = HttpClient(tiny.url)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        client.submit(PROMPT, SamplingParams(max_new_tokens=0))
+    with pytest.raises(ValueError, match="does not fit a pool of 256 slots"):
+        client.submit([3] * 300, SamplingParams(max_new_tokens=1))
+    assert client.is_stepping() is False and client.last_error() is None
+    client.set_step_mode(True)
+    assert client.is_stepping() is True and tiny.engine.running is False
+    rid = client.submit(PROMPT, SamplingParams(max_new_tokens=3))
+    assert client.step() is True   # admitted and prefilled: it now holds slots
+    assert "in flight" in client.reset_cache()
+    assert client.abort(rid) is True and client.abort(rid) is False
+    wait_until(lambda: not tiny.host.inflight, what="the abort to land")
+    assert client.step() is False
+    assert client.reset_cache() is None
+    client.set_step_mode(False)
+    assert tiny.engine.running
+    cfg = client.config()
+    assert cfg.model == "tiny" and cfg.pool_slots == 256
+    assert "pool_slots must be at least one page" in client.rebuild(dataclasses.replace(cfg, pool_slots=0))
+    assert client.config().pool_slots == 256        # the old engine still serves
+    old = tiny.engine
+    assert client.rebuild(dataclasses.replace(cfg, pool_slots=128, eviction_policy="lfu")) is None
+    assert tiny.engine is not old and not old.running and tiny.engine.running
+    assert client.config() == EngineConfig(model="tiny", pool_slots=128, page_size=1, eviction_policy="lfu",
+                                           schedule_policy=cfg.schedule_policy,
+                                           max_running_requests=cfg.max_running_requests,
+                                           max_prefill_tokens=cfg.max_prefill_tokens, disable_radix_cache=False)
+    assert client.snapshot().pool.num_slots == 128
+    got = tiny.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
+    assert got.usage.completion_tokens == 2
+
+
+def test_unreachable_server_names_the_url():
+    client = HttpClient("http://127.0.0.1:9", timeout=2)
+    with pytest.raises(ConnectionError, match=r"no engine server answers at http://127.0.0.1:9"):
+        client.version()
