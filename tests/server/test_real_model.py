@@ -1,0 +1,84 @@
+"""The official openai client against a live server on the real default model (SmolLM2-135M)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from core.engine import Engine
+from core.server.app import ServerSettings
+from tests.server.conftest import serving, wait_until
+
+SYSTEM = "You are a concise assistant. Answer in one short sentence."
+QUESTIONS = ["What is the capital of France?", "Why is the sky blue?", "What is 2 + 2?", "Name a primary colour.",
+             "What do bees make?", "Who wrote Hamlet?", "What is water made of?", "How many legs has a spider?"]
+
+
+@pytest.fixture(scope="module")
+def real(smollm2_runner):
+    with serving(Engine(smollm2_runner, pool_slots=4096, max_running_requests=16),
+                 settings=ServerSettings(model="default")) as s:
+        yield s
+
+
+def _chat(client, q: str, **kw) -> str:
+    r = client.chat.completions.create(model="default", temperature=0, max_tokens=8,
+                                       messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                                       **kw)
+    return r.choices[0].message.content
+
+
+def test_chat_stream_and_repeat_hits_the_cache(real):
+    c = real.client()
+    r = c.chat.completions.create(model="default", temperature=0, max_tokens=12,
+                                  messages=[{"role": "user", "content": QUESTIONS[0]}])
+    assert "Paris" in r.choices[0].message.content and r.choices[0].message.role == "assistant"
+    chunks = list(c.chat.completions.create(model="default", temperature=0, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True},
+                                            messages=[{"role": "user", "content": QUESTIONS[0]}]))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == r.choices[0].message.content
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == r.usage.prompt_tokens and usage.prompt_tokens_details.cached_tokens > 0
+    done = c.completions.create(model="default", prompt="The capital of France is", max_tokens=3, temperature=0)
+    assert done.choices[0].text.strip().startswith("Paris")
+    stopped = c.completions.create(model="default", prompt="The capital of France is", max_tokens=12, temperature=0,
+                                   stop=["."])
+    assert stopped.choices[0].finish_reason == "stop" and "." not in stopped.choices[0].text
+
+
+def test_16_concurrent_clients_times_4_requests_equal_each_alone(real):
+    assert httpx.post(f"{real.url}/flush_cache").status_code == 200
+    c = real.client()
+    alone = {q: _chat(c, q) for q in QUESTIONS}    # one at a time, the cache empty at the start
+    assert len(set(alone.values())) > 4
+
+    def client_run(j: int) -> list[tuple[str, str]]:
+        mine = real.client()
+        return [(q, _chat(mine, q)) for q in (QUESTIONS[(j + i) % len(QUESTIONS)] for i in range(4))]
+
+    with ThreadPoolExecutor(16) as pool:
+        results = [pair for got in pool.map(client_run, range(16)) for pair in got]
+    assert len(results) == 64
+    diffs = [(q, out, alone[q]) for q, out in results if out != alone[q]]
+    assert not diffs, diffs[:3]
+    wait_until(lambda: not real.host.inflight, what="the watchers to finish")
+    snap = real.engine.snapshot()
+    assert snap.metrics["running"] == 0 and snap.metrics["in_use_slots"] == 0
+    real.engine.check_invariants()
+
+
+def test_mid_stream_disconnect_on_the_real_model_frees_its_slots(real):
+    e = real.engine
+    with httpx.stream("POST", f"{real.url}/v1/completions", timeout=30,
+                      json={"model": "default", "prompt": "Count from one to one hundred:", "max_tokens": 300,
+                            "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        assert sum(1 for _, ln in zip(range(8), lines) if ln.startswith("data: ")) >= 3
+    wait_until(lambda: not real.host.inflight, what="the abort")
+    snap = e.snapshot()
+    assert snap.requests[-1].state == "aborted" and snap.requests[-1].output_tokens < 300
+    assert snap.metrics["in_use_slots"] == 0 and snap.metrics["locked_slots"] == 0
+    e.check_invariants()
