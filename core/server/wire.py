@@ -9,6 +9,7 @@ Imports neither FastAPI nor httpx, so the dashboard's client and the server shar
 from __future__ import annotations
 
 import base64
+import collections.abc
 import dataclasses
 import json
 import types
@@ -41,6 +42,8 @@ def encode(obj: Any) -> Any:
         return [encode(x) for x in obj]
     if isinstance(obj, dict):
         return {str(k): encode(v) for k, v in obj.items()}
+    if isinstance(obj, collections.abc.Sequence) and not isinstance(obj, (str, bytes)):
+        return encode(list(obj))   # tuple-like views (a lazy eviction order) travel as lists
     raise TypeError(f"cannot send a {type(obj).__name__} over the wire")
 
 
@@ -71,6 +74,9 @@ def decode(tp: Any, value: Any) -> Any:
                 return tuple(value)
             return tuple(decode(args[0], v) for v in value)
         return tuple(decode(a, v) for a, v in zip(args, value))
+    if origin is collections.abc.Sequence:
+        (arg,) = get_args(tp) or (Any,)
+        return tuple(value) if arg in (int, float, str) else tuple(decode(arg, v) for v in value)
     if origin is list:
         (arg,) = get_args(tp) or (Any,)
         return [decode(arg, v) for v in value]

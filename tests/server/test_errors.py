@@ -24,7 +24,7 @@ def _error(r: httpx.Response) -> dict:
     ("max_tokens", 0, "max_new_tokens must be an integer >= 1"),
     ("max_tokens", "8", "max_new_tokens must be an integer >= 1"),
     ("top_k", -3, "top_k must be an integer >= 0"),
-    ("stop", [""], "stop must be a list of non-empty strings"),
+    ("stop", [""], "non-empty strings"),
     ("n", 0, "n must be an integer from 1 to 16"),
     ("logprobs", 2, "logprobs are not supported"),
 ])
