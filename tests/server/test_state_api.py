@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import httpx
 import numpy as np
@@ -17,17 +18,20 @@ PROMPT = [5, 17, 33, 2, 90, 61, 7, 12]
 
 
 def _same(a, b) -> None:
-    """Field-by-field equality of two views (numpy arrays compared by value, dtype and shape)."""
-    assert type(a) is type(b)
+    """Field-by-field equality of two views (numpy arrays compared by value, dtype and shape;
+    any two sequences element by element: a lazy tuple-like view arrives as a tuple)."""
+    if isinstance(a, Sequence) and not isinstance(a, str):
+        assert isinstance(b, Sequence) and not isinstance(b, str), (a, b)
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+        return
+    assert type(a) is type(b), (a, b)
     if dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
             _same(getattr(a, f.name), getattr(b, f.name))
     elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
-    elif isinstance(a, (tuple, list)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
     elif isinstance(a, dict):
         assert a.keys() == b.keys()
         for k in a:
