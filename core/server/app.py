@@ -98,6 +98,19 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[dict
         await asyncio.to_thread(host.flush_cache)
         return {"message": "Cache flushed: the tree is empty and every slot is free."}
 
+    # sglang-router asks for these when it registers a worker (it registers without them too)
+    @guarded.get("/get_model_info")
+    @guarded.get("/model_info")
+    async def model_info():
+        return {"model_path": host.model, "tokenizer_path": host.model, "is_generation": True,
+                "served_model_name": host.served_model_name}
+
+    @guarded.get("/get_server_info")
+    @guarded.get("/server_info")
+    async def server_info():
+        return {"model_path": host.model, "served_model_name": host.served_model_name, **host.engine.config,
+                "max_queue_requests": host.max_queue_requests, "version": "radixattention"}
+
     @app.get("/health")
     async def health():
         e = host.engine

@@ -70,6 +70,10 @@ def test_models_and_health(tiny):
     models = tiny.client().models.list()
     assert [m.id for m in models.data] == ["tiny"]
     assert httpx.get(f"{tiny.url}/health").json()["status"] == "ok"
+    # what sglang-router asks when it registers a worker
+    assert httpx.get(f"{tiny.url}/get_model_info").json()["model_path"] == "tiny"
+    info = httpx.get(f"{tiny.url}/server_info").json()
+    assert info["pool_slots"] == 256 and info["served_model_name"] == "tiny"
 
 
 def test_client_disconnect_mid_stream_gives_every_slot_back(tiny):
