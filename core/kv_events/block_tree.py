@@ -58,12 +58,15 @@ class BlockTree:
         self.log: deque[tuple] = deque(maxlen=history)   # (seq, ts, kind, description dict)
         self.rates: deque[tuple] = deque(maxlen=history)  # (ts, blocks stored, blocks removed) per batch
         self.last_stored: list[Key] = []        # keys stored by the latest batch
+        self.before_event = None                # optional hook(event, ts), called before each event applies
 
     # ----- applying events --------------------------------------------------------------------
     def apply(self, batch: KVEventBatch, seq: int = -1) -> None:
         stored = removed = 0
         self.last_stored = []
         for ev in batch.events:
+            if self.before_event is not None:
+                self.before_event(ev, batch.ts)
             if isinstance(ev, BlockStored):
                 stored += self._store(ev, batch.ts, seq)
             elif isinstance(ev, BlockRemoved):

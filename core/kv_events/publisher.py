@@ -45,11 +45,10 @@ class KVEventPublisher:
     def __init__(self, cache, snapshot: Optional[Callable] = None, endpoint: str = "tcp://*:5557",
                  replay_endpoint: Optional[str] = None, topic: str = "", buffer_steps: int = 10_000,
                  hwm: int = 100_000, bind: Optional[bool] = None, hash_scheme: str = "sglang",
-                 interval: float = 0.02, dp_rank: int = 0, context: Optional[zmq.Context] = None,
-                 lock: Optional[threading.RLock] = None) -> None:
+                 interval: float = 0.02, dp_rank: int = 0, context: Optional[zmq.Context] = None) -> None:
         """`cache`: a RadixCache (its `events` log is followed). `snapshot`: returns a consistent
-        CacheSnapshot (Engine.snapshot().cache); default cache.snapshot. `lock`: held while the
-        tap starts and a resync reads the tree (the engine's lock)."""
+        CacheSnapshot (Engine.snapshot().cache, taken under the engine's lock); default
+        cache.snapshot, for a cache no other thread mutates."""
         self.cache = cache
         self.page_size = cache.page_size
         self.hasher = BlockHasher(self.page_size, hash_scheme)
@@ -87,15 +86,13 @@ class KVEventPublisher:
                              f"pick a free port or another address") from None
         self._mirror = _Mirror()
         self._tap = ExtraKeyTap(cache)
-        self._lock = lock or threading.RLock()
         self._cv = threading.Condition()
         self._wanted = 0
         self._done = 0
         self._stop = threading.Event()
-        with self._lock:
-            self._tap.install()
-            self._resync_pending = True   # the first batch: AllBlocksCleared + the tree as it is
-            self._last_event = cache.events.last_seq
+        self._tap.install()            # before the first snapshot: every later root insert is tapped
+        self._resync_pending = True   # the first batch: AllBlocksCleared + the tree as it is
+        self._last_event = cache.events.last_seq
         self._thread = threading.Thread(target=self._loop, name="kv-events-pub", daemon=True)
         self._thread.start()
 
@@ -210,9 +207,8 @@ class KVEventPublisher:
 
     # ----- events -> KV events -----------------------------------------------------------------
     def _resync(self) -> list:
-        with self._lock:
-            snap = self._snapshot()
-            self._tap.take_all()
+        snap = self._snapshot()
+        self._tap.drop_through(snap.seq)
         self._mirror.nodes.clear()
         self._last_event = snap.seq
         out: list = [AllBlocksCleared()]
@@ -238,7 +234,6 @@ class KVEventPublisher:
                 self._enqueue(out, BlockRemoved(block_hashes=list(entry[1]), medium=MEDIUM_GPU))
         elif kind == "reset":
             self._mirror.nodes.clear()
-            self._tap.take_all()
             self._enqueue(out, AllBlocksCleared())
 
     def _store(self, node: int, parent: int, token_ids, extra: Optional[str], out: list) -> None:

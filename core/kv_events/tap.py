@@ -17,7 +17,7 @@ from core import events as ev
 class ExtraKeyTap:
     def __init__(self, cache) -> None:
         self.cache = cache
-        self._keys: dict[int, Optional[str]] = {}
+        self._keys: dict[int, Optional[str]] = {}   # InsertEvent seq -> extra_key
         self._orig = None
 
     def install(self) -> None:
@@ -35,7 +35,7 @@ class ExtraKeyTap:
             if cls is ev.InsertEvent and out is not None and "extra_key" not in fields:
                 root = cache.root_node
                 if fields["parent"] == root.id:
-                    keys[out.node] = _root_child_extra_key(cache, root, out.node, fields["token_ids"])
+                    keys[out.seq] = _root_child_extra_key(cache, root, out.node, fields["token_ids"])
             return out
 
         log.append = append
@@ -49,10 +49,12 @@ class ExtraKeyTap:
     def extra_key(self, insert_event) -> Optional[str]:
         if hasattr(insert_event, "extra_key"):
             return insert_event.extra_key
-        return self._keys.pop(insert_event.node, None)
+        return self._keys.pop(insert_event.seq, None)
 
-    def take_all(self) -> None:
-        self._keys.clear()
+    def drop_through(self, seq: int) -> None:
+        """Forget inserts up to `seq` (a resync read them from a snapshot instead)."""
+        for s in [s for s in list(self._keys) if s <= seq]:
+            self._keys.pop(s, None)
 
 
 def _root_child_extra_key(cache, root, node_id: int, token_ids) -> Optional[str]:
