@@ -53,7 +53,7 @@ def parse_config(config_json: str) -> KVEventsConfig:
         v = getattr(cfg, name)
         if v is not None and "://" not in v:
             raise ValueError(f"--kv-events-config: {name} {v!r} is not a ZMQ address; write it like tcp://*:5557")
-    if cfg.replay_endpoint is not None and cfg.replay_endpoint == cfg.endpoint:
+    if cfg.replay_endpoint is not None and cfg.replay_endpoint == cfg.endpoint and not cfg.endpoint.endswith(":0"):
         raise ValueError("--kv-events-config: replay_endpoint must differ from endpoint (e.g. port 5558)")
     return cfg
 

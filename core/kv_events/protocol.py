@@ -5,11 +5,12 @@ msgpack map tagged by its class name in `type` ("BlockStored", "BlockRemoved",
 "AllBlocksCleared"), optional fields left at None omitted (omit_defaults). The ZMQ frames
 around it are `[topic, seq as 8-byte big-endian, payload]`.
 
-Field order matters for the bytes we publish: the fields below come in SGLang's order
-(sglang/srt/disaggregation/kv_events.py, sglang 0.5.23), so an event we encode is byte for byte
-what SGLang encodes. vLLM's extra fields (vllm/distributed/kv_events.py, vllm 0.33.0) follow
-with defaults, so the same structs decode vLLM's batches; unknown fields are ignored, so a
-newer engine's additions do not break decoding. vLLM's block hashes are 32-byte sha256 digests
+Decoding: `BlockStored` / `BlockRemoved` hold SGLang's fields (sglang/srt/disaggregation/
+kv_events.py, sglang 0.5.23) then vLLM's (vllm/distributed/kv_events.py, vllm 0.33.0) with
+defaults, so one decoder reads both engines; unknown fields are ignored, so a newer engine's
+additions do not break decoding. Encoding: the `SGLang*` structs are exactly SGLang's fields in
+its order, so a batch we publish is byte for byte what SGLang would send (field order and even
+the field count matter: msgspec sizes the map header by the fields a struct could emit). vLLM's block hashes are 32-byte sha256 digests
 (`bytes`) unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is set; SGLang's are signed int64.
 """
 from __future__ import annotations
@@ -70,6 +71,29 @@ class KVEventBatch(msgspec.Struct, array_like=True, gc=False):
     dp_rank: Optional[int] = None
 
 
+class SGLangBlockStored(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: Optional[int]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str] = None
+    cache_salt: Optional[str] = None
+    session_id: Optional[str] = None
+    lora_name: Optional[str] = None
+
+
+class SGLangBlockRemoved(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: Optional[str] = None
+
+
+class SGLangKVEventBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[Union[SGLangBlockStored, SGLangBlockRemoved, AllBlocksCleared]]
+    attn_dp_rank: Optional[int] = None
+
+
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
 _encoder = msgspec.msgpack.Encoder()
 END_SEQ = -1   # the replay socket's end-of-replay marker (signed 8 bytes)
@@ -86,7 +110,7 @@ def decode_batch(payload: bytes) -> KVEventBatch:
         raise DecodeError(f"not a KV event batch ({e}); is the endpoint an SGLang/vLLM KV event publisher?") from None
 
 
-def encode_batch(batch: KVEventBatch) -> bytes:
+def encode_batch(batch) -> bytes:
     return _encoder.encode(batch)
 
 

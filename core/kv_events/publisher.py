@@ -20,8 +20,11 @@ from typing import Callable, Optional
 import zmq
 
 from core.kv_events.hashing import BlockHasher
-from core.kv_events.protocol import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch,
-                                     encode_batch, seq_bytes, seq_from_bytes)
+from core.kv_events.protocol import MEDIUM_GPU, AllBlocksCleared
+from core.kv_events.protocol import SGLangBlockRemoved as BlockRemoved
+from core.kv_events.protocol import SGLangBlockStored as BlockStored
+from core.kv_events.protocol import SGLangKVEventBatch as KVEventBatch
+from core.kv_events.protocol import encode_batch, seq_bytes, seq_from_bytes
 from core.kv_events.tap import ExtraKeyTap
 
 _BIND_HOSTS = ("*", "0.0.0.0", "::")
@@ -192,7 +195,7 @@ class KVEventPublisher:
                 break
             self._last_event = ev.seq
         if out:
-            self._send(KVEventBatch(ts=time.time(), events=out, dp_rank=self.dp_rank))
+            self._send(KVEventBatch(ts=time.time(), events=out, attn_dp_rank=self.dp_rank))
 
     def _send(self, batch: KVEventBatch) -> None:
         payload = encode_batch(batch)

@@ -57,8 +57,10 @@ class KVEventSubscriber:
         self._sub.connect(self.endpoint)
 
     # ----- lifecycle ------------------------------------------------------------------------
-    def start(self) -> "KVEventSubscriber":
+    def start(self, catch_up: bool = True) -> "KVEventSubscriber":
+        """Follow in a thread; with a replay endpoint it first catches up from seq 0 (`catch_up`)."""
         if self._thread is None:
+            self._catch_up_first = catch_up
             self._thread = threading.Thread(target=self._loop, name="kv-events-sub", daemon=True)
             self._thread.start()
         return self
@@ -96,6 +98,11 @@ class KVEventSubscriber:
 
     # ----- the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self._catch_up_first:
+            try:
+                self.catch_up()
+            except zmq.ZMQError as e:
+                self.errors.append(f"catch-up: {e}")
         poller = zmq.Poller()
         poller.register(self._sub, zmq.POLLIN)
         while not self._stop.is_set():

@@ -45,11 +45,13 @@ def test_dropped_batch_is_reported_and_recovered_through_replay():
         assert sub.follower.last_seq == 1     # nothing arrived: a subscriber cannot know yet
         _insert(cache, [7, 7, 7, 7])
         _sync(pub, sub)                       # seq 3 arrives, seq 2 is missing -> replay
-        gaps = sub.follower.gaps
+        # (batch 0 may have gone out before the SUB connected: then a "joined late" gap, also filled)
+        gaps = [g for g in sub.follower.gaps if g.reason == "missing batches"]
         # the replay gives back everything from seq 2: the lost 2 and the held 3
         assert [(g.start, g.end, g.reason, g.recovered, g.replayed) for g in gaps] == \
             [(2, 2, "missing batches", True, 2)]
-        assert sub.follower.status()["exact"] and sub.replays == 1
+        assert all(g.recovered for g in sub.follower.gaps)
+        assert sub.follower.status()["exact"] and sub.replays >= 1
         assert sub.follower.tree.prefixes() == radix_prefixes(cache.snapshot())
         assert sub.follower.batches == 4 and sub.follower.duplicates == 0
     finally:
@@ -71,8 +73,10 @@ def test_gap_without_replay_socket_stays_unrecovered_until_cleared():
         _insert(cache, [5, 6, 7, 8, 1, 1, 1, 1])
         _sync(pub, sub)
         st = sub.follower.status()
-        assert (st["gaps"], st["unrecovered_gaps"], st["missing_batches"], st["exact"], st["suspect_since"]) == \
-            (1, 1, 1, False, 2)
+        gaps = [(g.start, g.end, g.recovered) for g in sub.follower.gaps if g.reason == "missing batches"]
+        assert gaps == [(2, 2, False)] and not st["exact"]
+        # batch 0 (sent as the publisher started) may have beaten the SUB's connection: "joined late"
+        assert {g.reason for g in sub.follower.gaps} <= {"missing batches", "joined late"}
         # the child arrived without its parent: an orphan, counted, and the lookup path is broken
         tree = sub.follower.tree
         assert len(tree.orphans) == 1 and tree.stats()["orphans"] == 1
