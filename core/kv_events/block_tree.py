@@ -41,6 +41,7 @@ class Removal:
     medium: str
     tokens: tuple
     left_tree: bool
+    serial: int = 0
 
 
 class BlockTree:
@@ -140,7 +141,7 @@ class BlockTree:
                 continue
             b.media.discard(medium)
             left = not b.media
-            self.removals.append(Removal(ts, seq, key, medium, b.tokens, left))
+            self.removals.append(Removal(ts, seq, key, medium, b.tokens, left, b.serial))
             if left:
                 self._drop(b)
                 gone += 1
