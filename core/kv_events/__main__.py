@@ -50,13 +50,14 @@ def _record(args) -> int:
     return 0
 
 
-def _status(sub, rec) -> None:
+def _status(sub, rec, shown: list = [0]) -> None:
     st = sub.follower.status()
     with sub.follower.lock:
         t = sub.follower.tree.stats()
+    new, shown[0] = sub.errors[shown[0]:], len(sub.errors)   # each problem once
     print(f"{rec.frames} batches recorded · {t['blocks']} blocks held · gaps {st['gaps']} "
           f"({st['unrecovered_gaps']} unrecovered, {st['missing_batches']} batches missing)"
-          + ("".join(f" · {e}" for e in sub.errors[-1:])), file=sys.stderr)
+          + "".join(f" · {e}" for e in new), file=sys.stderr)
 
 
 def _show(args) -> int:

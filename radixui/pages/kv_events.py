@@ -13,6 +13,7 @@ from core.kv_events.follower import StreamFollower
 from core.kv_events.view import block_snapshot
 from radixui.kv_panels import gap_panel, kpi_tiles, rates_figure, tiers_figure, event_log_table, evictions_table
 from radixui.kv_source import get_source
+from radixui.state import DEFAULT_MODEL, get_runner
 from radixui.tree import Highlights, tree_figure, tree_overview
 
 st.title("KV events")
@@ -63,6 +64,15 @@ else:
     live = False
 
 VIEWS = ["Block tree", "Events", "Evictions", "Tiers and rates"]
+decode = st.toggle(f"Decode tokens with this dashboard's model ({DEFAULT_MODEL})", value=False, key="kv_decode",
+                   help="Right when the engine serves the same tokenizer (our server does); otherwise ids are shown")
+token_text = None
+if decode:
+    try:
+        tok = get_runner(DEFAULT_MODEL).tokenizer
+        token_text = (lambda ids: tok.decode([t for t in ids if isinstance(t, int)])) if tok is not None else None
+    except Exception as e:  # a model that does not load: ids it is
+        st.warning(f"Could not load the tokenizer of {DEFAULT_MODEL!r} ({type(e).__name__}: {e}); showing token ids.")
 
 
 @st.fragment(run_every=1.0 if live else None)
@@ -87,10 +97,10 @@ def views() -> None:
         shape = st.radio("Draw", ["Tree", "Overview (sized by tokens)"], key="kv_shape", horizontal=True)
         hl = Highlights(inserted=view.inserted, evicted_nodes=view.evicted)
         if shape == "Tree":
-            st.plotly_chart(tree_figure(view.cache, None, hl), width="stretch", key="kv_tree")
+            st.plotly_chart(tree_figure(view.cache, token_text, hl), width="stretch", key="kv_tree")
         else:
-            st.plotly_chart(tree_overview(view.cache, None, hl), width="stretch", key="kv_overview")
-        st.caption("Token ids as the engine sent them. Numbers under a node are its blocks (in order of first "
+            st.plotly_chart(tree_overview(view.cache, token_text, hl), width="stretch", key="kv_overview")
+        st.caption(("Decoded text." if token_text else "Token ids as the engine sent them.") + " Numbers under a node are its blocks (in order of first "
                    "store); the hover's last line gives its tiers. Green: stored by the latest batch.")
     elif choice == "Events":
         st.dataframe(event_log_table(log), hide_index=True, width="stretch", height=360)
