@@ -17,7 +17,10 @@ import time
 def _record(args) -> int:
     from core.kv_events.follower import StreamFollower
     from core.kv_events.recorder import Recorder
-    from core.kv_events.subscriber import KVEventSubscriber
+    from core.kv_events.subscriber import KVEventSubscriber, check_endpoint
+    check_endpoint(args.endpoint)
+    if args.replay:
+        check_endpoint(args.replay, "replay endpoint")
     rec = Recorder(args.out)
     sub = KVEventSubscriber(args.endpoint, topic=args.topic, replay_endpoint=args.replay,
                             follower=StreamFollower(on_frame=rec))

@@ -144,3 +144,34 @@ def test_torn_recording_is_reported(tmp_path):
         list(read_recording(path))
     errors: list = []
     assert [f.seq for f in read_recording(path, errors)] == [0] and "cut short" in errors[0]
+
+
+def test_ctrl_c_stops_record_cleanly(tmp_path):
+    import signal
+    out = tmp_path / "ev.bin"
+    proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
+                             "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "0 batches recorded" in err and "Traceback" not in err
+    assert list(read_recording(out)) == []      # a valid, empty recording
+
+
+def test_bad_addresses_are_clear_errors():
+    from core.kv_events.subscriber import KVEventSubscriber
+    for bad, msg in (("localhost:5557", "not a ZMQ address"), ("tcp://*:5557", "bind address"),
+                     ("udp://h:1", "unsupported transport"), (None, "not a ZMQ address")):
+        with pytest.raises(ValueError, match=msg):
+            KVEventSubscriber(bad)
+    r = subprocess.run([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "h:1", "--out", "/dev/null"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a ZMQ address" in r.stderr and "Traceback" not in r.stderr
