@@ -73,3 +73,42 @@ def test_rebuilt_tree_equals_radix_tree_every_step(runner, page_size):
     finally:
         sub.close()
         pub.close()
+
+
+def test_engine_thread_and_client_threads_with_vllm_hashes(runner):
+    """The engine runs its own loop while four threads submit; the publisher thread follows, and once
+    everything is done the rebuilt tree (vLLM-style bytes hashes) equals the radix tree."""
+    import threading
+    engine = Engine(runner, pool_slots=96, page_size=4, max_prefill_tokens=64, max_running_requests=4)
+    pub = attach_publisher(engine, '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", '
+                                   '"replay_endpoint": "tcp://127.0.0.1:0", "hash": "vllm"}')
+    sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint).start()
+    engine.start()
+    try:
+        stem = list(range(10, 22))
+        def client(k: int) -> None:
+            rng = random.Random(k)
+            for _ in range(4):
+                h = engine.submit(stem + [rng.randrange(1, 128) for _ in range(rng.randrange(1, 14))],
+                                  SamplingParams(max_new_tokens=2))
+                h.result(120)
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert not any(t.is_alive() for t in threads)
+        seq = pub.flush()
+        assert sub.follower.wait_for(seq, 5.0)
+        snap = engine.snapshot().cache
+        with sub.follower.lock:
+            tree = sub.follower.tree
+            assert tree.prefixes() == radix_prefixes(snap)
+            assert tree_hashes(tree) == radix_hashes(snap, "vllm")
+            assert all(isinstance(k[1], bytes) and len(k[1]) == 32 for k in tree.blocks)
+        assert all(g.recovered for g in sub.follower.gaps) and pub.errors == []
+        assert engine.cache.evicted_tokens > 0      # 96 slots: the 16 prompts evicted each other
+    finally:
+        engine.stop()
+        sub.close()
+        pub.close()
