@@ -87,3 +87,48 @@ def test_bad_endpoint_is_a_message():
     at.text_input(key="kv_endpoint").input("tcp://*:5557").run()
     assert not at.exception and "bind address" in at.error[0].value
     _close_source()
+
+
+def test_a_dropped_batch_is_shown_then_filled_by_replay():
+    cache = RadixCache(SlotAllocator(64, page_size=2), page_size=2)
+    pub = KVEventPublisher(cache, endpoint=LOCAL)          # no replay socket: the gap cannot be filled
+    pub2 = KVEventPublisher(RadixCache(SlotAllocator(64, page_size=2), page_size=2), endpoint=LOCAL,
+                            replay_endpoint=LOCAL)
+    try:
+        pub.flush()
+        at = _page()
+        at.text_input(key="kv_endpoint").input(pub.endpoint).run()
+        at.toggle(key="kv_live").set_value(False).run()
+        from radixui.kv_source import get_holder
+        sub = get_holder().sub
+        time.sleep(0.3)
+        cache.insert(RadixKey([1, 2]), cache.allocator.alloc(2))
+        pub.drop_next = 1
+        pub.flush()
+        cache.insert(RadixKey([1, 2, 3, 4]), torch.cat([cache.match_prefix(RadixKey([1, 2])).indices,
+                                                        cache.allocator.alloc(2)]))
+        assert sub.follower.wait_for(pub.flush(), 5.0)
+        at.run()
+        assert not at.exception
+        assert any("missing since seq" in e.value and "not recovered" in e.value for e in at.error), \
+            [e.value for e in at.error]
+        assert {m.label: m.value for m in at.metric}["Orphans"] == "1"
+        # the same loss with a replay socket: filled, and the page says so
+        at.text_input(key="kv_endpoint").input(pub2.endpoint)
+        at.text_input(key="kv_replay").input(pub2.replay_endpoint).run()
+        sub2 = get_holder().sub
+        time.sleep(0.3)
+        c2 = pub2.cache
+        c2.insert(RadixKey([1, 2]), c2.allocator.alloc(2))
+        pub2.drop_next = 1
+        pub2.flush()
+        c2.insert(RadixKey([5, 6]), c2.allocator.alloc(2))
+        assert sub2.follower.wait_for(pub2.flush(), 5.0)
+        at.run()
+        assert not at.exception and not at.error
+        assert any("filled from the replay socket" in s.value for s in at.success)
+        assert {m.label: m.value for m in at.metric}["Orphans"] == "0"
+    finally:
+        _close_source()
+        pub.close()
+        pub2.close()
