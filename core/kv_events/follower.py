@@ -53,13 +53,13 @@ class StreamFollower:
         with self.lock:
             self.last_recv = time.time()
             if self.last_seq is not None and seq <= self.last_seq:
-                if seq == 0 and self.last_seq > 0:   # seq starts over: a new publisher on this address
-                    self.gaps.append(Gap(0, 0, time.time(), "publisher restarted", recovered=True))
-                    self.tree.clear()
-                    self.last_seq = None
-                else:
+                if not self._restarted(seq, payload):
                     self.duplicates += 1
                     return None
+                # seq starts over: a new publisher on this address (its cache starts empty)
+                self.gaps.append(Gap(0, 0, time.time(), "publisher restarted", recovered=True))
+                self.tree.clear()
+                self.last_seq = None
             expected = 0 if self.last_seq is None else self.last_seq + 1
             if seq > expected:
                 reason = "joined late" if self.last_seq is None else "missing batches"
@@ -69,6 +69,17 @@ class StreamFollower:
                 return gap
             self._apply(seq, payload, topic)
             return None
+
+    def _restarted(self, seq: int, payload: bytes) -> bool:
+        """A seq at or below the last one is a duplicate (a late replay) unless its batch is newer than
+        every batch applied: then the publisher started over (even if its seq 0 was lost)."""
+        if seq == 0 and self.last_seq > 0:
+            return True
+        try:
+            ts = decode_batch(payload).ts
+        except DecodeError:
+            return False
+        return self.last_ts is not None and ts > self.last_ts
 
     def resolve(self, gap: Gap, replayed: Iterable[tuple[int, bytes, bytes]]) -> None:
         """Apply batches a replay returned (any order, duplicates fine), then the held frame."""

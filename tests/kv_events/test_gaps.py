@@ -130,3 +130,14 @@ def test_follower_orders_replays_ignores_duplicates_and_sees_restarts():
     assert f.gaps[-1].reason.startswith("undecodable batch") and not f.status()["exact"]
     assert f.offer(0, encode_batch(KVEventBatch(2.0, [AllBlocksCleared()], 0))) is None
     assert f.gaps[-1].reason == "publisher restarted" and not f.tree.blocks and f.status()["exact"]
+    # a restart whose seq 0 was lost: seq 1 with a newer batch time is not taken for a duplicate
+    def at(ts, h):
+        return encode_batch(KVEventBatch(ts, [BlockStored([h], None, [h], 1, None, "GPU")], 0))
+    g = StreamFollower()
+    for seq in range(3):
+        assert g.offer(seq, at(float(seq), seq + 1)) is None
+    assert g.offer(1, at(1.0, 2)) is None and g.duplicates == 1          # a late copy: ignored
+    gap = g.offer(1, at(10.0, 7))                                          # a new publisher, seq 0 lost
+    assert g.gaps[0].reason == "publisher restarted" and (gap.start, gap.end, gap.reason) == (0, 0, "joined late")
+    g.resolve(gap, [])
+    assert list(g.tree.blocks) == [(0, 7)] and not g.status()["exact"] and g.last_seq == 1
