@@ -10,13 +10,13 @@ from radixui.fmt import shorten
 from radixui.plot import figure
 
 
-def gap_panel(st, status: dict, gaps: list) -> None:
-    """Exact, or which batches are missing: never silent."""
+def gap_panel(st, status: dict, gaps: list, live: bool = True) -> None:
+    """Exact, or which batches are missing: never silent. `live`: say how long ago the last batch came."""
     last = status["last_seq"]
     if last is None:
         st.info("Connected; no batch received yet. (An idle engine publishes nothing until it caches something.)")
         return
-    age = time.time() - status["last_recv"] if status["last_recv"] else None
+    age = time.time() - status["last_recv"] if status["last_recv"] and live else None
     missing = status["missing_batches"]
     if status["exact"]:
         filled = [g for g in gaps if g.recovered and g.reason != "publisher restarted"]

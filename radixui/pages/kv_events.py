@@ -87,7 +87,7 @@ def views() -> None:
         removals = list(follower.tree.removals)
         rates = list(follower.tree.rates)
         gaps = list(follower.gaps)
-    gap_panel(st, status, gaps)
+    gap_panel(st, status, gaps, live=mode == "Live endpoint")
     kpi_tiles(st, stats, media, rate, status)
     choice = st.segmented_control("View", VIEWS, default=VIEWS[0], key="kv_view", label_visibility="collapsed") or VIEWS[0]
     if choice == "Block tree":
