@@ -141,3 +141,23 @@ def test_follower_orders_replays_ignores_duplicates_and_sees_restarts():
     assert g.gaps[0].reason == "publisher restarted" and (gap.start, gap.end, gap.reason) == (0, 0, "joined late")
     g.resolve(gap, [])
     assert list(g.tree.blocks) == [(0, 7)] and not g.status()["exact"] and g.last_seq == 1
+
+
+def test_topic_filters_and_replay_carries_the_topic():
+    cache = _cache()
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, topic="kv@rank0")
+    mine = KVEventSubscriber(pub.endpoint, topic="kv@", replay_endpoint=pub.replay_endpoint).start()
+    other = KVEventSubscriber(pub.endpoint, topic="metrics").start()
+    try:
+        time.sleep(0.3)
+        _insert(cache, [4, 4, 4, 4])
+        seq = _sync(pub, mine)
+        assert mine.follower.tree.prefixes() == radix_prefixes(cache.snapshot())
+        time.sleep(0.2)
+        assert other.follower.last_seq is None and other.follower.batches == 0
+        frames = mine._replay(0)
+        assert [f[0] for f in frames] == list(range(seq + 1)) and {f[2] for f in frames} == {b"kv@rank0"}
+    finally:
+        other.close()
+        mine.close()
+        pub.close()
