@@ -157,8 +157,9 @@ class KVEventPublisher:
             try:
                 self._serve_replay()
                 self._publish_pending()
-            except Exception as e:  # never let the thread die: record it and keep following
+            except Exception as e:  # never let the thread die: record it, start over from the tree
                 self.errors.append(f"{type(e).__name__}: {e}")
+                self._resync_pending = True   # a half-converted slice must not leave subscribers wrong
                 time.sleep(0.05)
             with self._cv:
                 self._done = max(self._done, want)

@@ -161,3 +161,30 @@ def test_topic_filters_and_replay_carries_the_topic():
         other.close()
         mine.close()
         pub.close()
+
+
+def test_publisher_that_fails_midway_resyncs_instead_of_drifting():
+    cache = _cache()
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL)
+    sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint).start()
+    try:
+        time.sleep(0.3)
+        _insert(cache, [1, 1, 1, 1])
+        _sync(pub, sub)
+        real, calls = pub.hasher.chain, []
+        def broken(*a, **k):   # the hasher fails once, in the middle of a slice of events
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("boom")
+            return real(*a, **k)
+        pub.hasher.chain = broken
+        _insert(cache, [2, 2, 2, 2])
+        _insert(cache, [3, 3, 3, 3])
+        pub.flush()
+        assert pub.errors == ["RuntimeError: boom"]
+        _sync(pub, sub)            # the next round resyncs: AllBlocksCleared + the whole tree
+        assert sub.follower.tree.prefixes() == radix_prefixes(cache.snapshot())
+        assert sub.follower.status()["exact"] and sub.follower.tree.clears == 2
+    finally:
+        sub.close()
+        pub.close()
