@@ -149,14 +149,18 @@ class KVEventPublisher:
             self._ctx.term()
 
     def _loop(self) -> None:
+        """Serve replay requests every 50 ms at least; publish every `interval` s, or at once on flush()."""
+        next_publish = 0.0
         while not self._stop.is_set():
             with self._cv:
                 if self._done >= self._wanted:
-                    self._cv.wait(self.interval)
+                    self._cv.wait(max(0.0, min(0.05, next_publish - time.monotonic())))
                 want = self._wanted
             try:
                 self._serve_replay()
-                self._publish_pending()
+                if want > self._done or time.monotonic() >= next_publish:
+                    next_publish = time.monotonic() + self.interval
+                    self._publish_pending()
             except Exception as e:  # never let the thread die: record it, start over from the tree
                 self.errors.append(f"{type(e).__name__}: {e}")
                 self._resync_pending = True   # a half-converted slice must not leave subscribers wrong

@@ -104,7 +104,8 @@ def test_our_publisher_sends_what_sglang_sends_for_the_same_tree():
     same inserts, emits the same BlockStored bytes (after the AllBlocksCleared it starts with)."""
     sglang_events = decode_batch(next(iter(read_recording(os.path.join(FIX, "sglang_live.bin")))).payload).events
     cache = RadixCache(SlotAllocator(64, page_size=4), page_size=4)
-    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL)
+    # interval: publish only on flush(), so both inserts land in one batch as in SGLang's step
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, interval=3600)
     sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint).start()
     try:
         time.sleep(0.2)

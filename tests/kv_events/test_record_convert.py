@@ -41,7 +41,8 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [1, 2, 3, 4, 5, 6
 
 def test_record_show_convert_from_the_command_line(tmp_path):
     cache = RadixCache(SlotAllocator(24, page_size=PS), page_size=PS)
-    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL)
+    # publish only on flush(): one batch per prompt, so the recorder's 7 batches are the whole stream
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, interval=3600)
     out = tmp_path / "ev.bin"
     try:
         pub.flush()
