@@ -1,0 +1,164 @@
+"""Subscribe to an engine's KV events: a ZMQ SUB socket, and its replay socket to fill gaps.
+
+Frames are `[topic, seq (8 bytes, big-endian), payload]` as SGLang's and vLLM's
+ZmqEventPublisher send them. When a sequence number is skipped (a slow subscriber, a PUB
+high-water mark, joining after the engine started), the subscriber asks the publisher's ROUTER
+replay socket for everything from the first missing seq: a DEALER sends `[b"", start seq]` and
+reads `[b"", topic, seq, payload]` frames until the end marker (seq -1). What the replay cannot
+give back stays an unrecovered gap, shown in the view.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+import zmq
+
+from core.kv_events.follower import Gap, StreamFollower
+from core.kv_events.protocol import END_SEQ, DecodeError, seq_bytes, seq_from_bytes
+
+
+def check_endpoint(endpoint: str, what: str = "endpoint") -> str:
+    if not isinstance(endpoint, str) or "://" not in endpoint:
+        raise ValueError(f"{what} {endpoint!r} is not a ZMQ address; write it like tcp://HOST:5557")
+    scheme = endpoint.split("://", 1)[0]
+    if scheme not in ("tcp", "ipc", "inproc"):
+        raise ValueError(f"{what} {endpoint!r}: unsupported transport {scheme!r}; use tcp://, ipc:// or inproc://")
+    if scheme == "tcp" and "*" in endpoint:
+        raise ValueError(f"{what} {endpoint!r} is a bind address; a subscriber connects to the "
+                         f"engine's host, e.g. tcp://127.0.0.1:5557")
+    return endpoint
+
+
+class KVEventSubscriber:
+    """Follows one publisher in a background thread; read `follower` (under its lock) for views."""
+
+    def __init__(self, endpoint: str, topic: str = "", replay_endpoint: Optional[str] = None,
+                 follower: Optional[StreamFollower] = None, replay_timeout: float = 2.0,
+                 context: Optional[zmq.Context] = None) -> None:
+        self.endpoint = check_endpoint(endpoint)
+        self.replay_endpoint = None if not replay_endpoint else check_endpoint(replay_endpoint, "replay endpoint")
+        if not isinstance(topic, str):
+            raise ValueError(f"topic must be a string, got {topic!r}")
+        self.topic = topic
+        self.follower = follower if follower is not None else StreamFollower()
+        self.replay_timeout = replay_timeout
+        self.replays = 0
+        self.errors: list[str] = []
+        self._own_ctx = context is None
+        self._ctx = context if context is not None else zmq.Context()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+        self._sub.connect(self.endpoint)
+
+    # ----- lifecycle ------------------------------------------------------------------------
+    def start(self, catch_up: bool = True) -> "KVEventSubscriber":
+        """Follow in a thread; with a replay endpoint it first catches up from seq 0 (`catch_up`)."""
+        if self._thread is None:
+            self._catch_up_first = catch_up
+            self._thread = threading.Thread(target=self._loop, name="kv-events-sub", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._sub.close(linger=0)
+        if self._own_ctx:
+            self._ctx.term()
+
+    def __enter__(self) -> "KVEventSubscriber":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def catch_up(self) -> Optional[Gap]:
+        """Ask the replay socket for everything from seq 0 (call before the first live batch, e.g.
+        right after connecting to a running engine): the tree starts complete, not mid-stream."""
+        if self.replay_endpoint is None:
+            return None
+        with self.follower.lock:
+            if self.follower.last_seq is not None:
+                return None
+        frames = self._replay(0)
+        if not frames:
+            return None
+        gap = Gap(0, frames[-1][0], time.time(), "joined late")
+        self.follower.gaps.append(gap)
+        self.follower.resolve(gap, frames)
+        return gap
+
+    # ----- the loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        if self._catch_up_first:
+            try:
+                self.catch_up()
+            except zmq.ZMQError as e:
+                self.errors.append(f"catch-up: {e}")
+        poller = zmq.Poller()
+        poller.register(self._sub, zmq.POLLIN)
+        while not self._stop.is_set():
+            try:
+                if not poller.poll(50):
+                    continue
+                while not self._stop.is_set():
+                    try:
+                        frames = self._sub.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_frames(frames)
+            except zmq.ZMQError as e:  # socket closed under us, or a transport error: note it, go on
+                if self._stop.is_set():
+                    break
+                self.errors.append(f"{type(e).__name__}: {e}")
+                time.sleep(0.05)
+
+    def _on_frames(self, frames: list) -> None:
+        if len(frames) != 3:
+            self.errors.append(f"ignored a message of {len(frames)} frames (expected topic, seq, payload)")
+            return
+        topic, raw_seq, payload = frames
+        try:
+            seq = seq_from_bytes(raw_seq)
+        except DecodeError as e:
+            self.errors.append(str(e))
+            return
+        gap = self.follower.offer(seq, payload, topic)
+        if gap is not None:
+            self.follower.resolve(gap, self._replay(gap.start) if self.replay_endpoint else [])
+
+    def _replay(self, start: int) -> list[tuple[int, bytes, bytes]]:
+        """Everything the publisher's replay buffer holds from `start` on (empty on timeout)."""
+        self.replays += 1
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        out: list[tuple[int, bytes, bytes]] = []
+        try:
+            sock.connect(self.replay_endpoint)
+            sock.send_multipart([b"", seq_bytes(start)])
+            deadline = time.monotonic() + self.replay_timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                    self.errors.append(f"replay from seq {start}: no end marker within {self.replay_timeout:g} s "
+                                       f"(is {self.replay_endpoint} the engine's replay_endpoint?)")
+                    break
+                msg = sock.recv_multipart()
+                if len(msg) != 4:
+                    continue
+                _, topic, raw_seq, payload = msg
+                seq = seq_from_bytes(raw_seq)
+                if seq == END_SEQ:
+                    break
+                out.append((seq, payload, topic))
+        finally:
+            sock.close(linger=0)
+        return out

@@ -1,0 +1,134 @@
+"""The KV events page (AppTest): follows a live publisher and shows its tree and status; replays a
+recording; bad addresses and files are messages, never tracebacks."""
+from __future__ import annotations
+
+import pathlib
+import time
+
+import torch
+from streamlit.testing.v1 import AppTest
+
+from core.kv_events.publisher import KVEventPublisher
+from core.memory import SlotAllocator
+from core.radix_cache import RadixCache, RadixKey
+from tests.kv_events.helpers import LOCAL
+
+APP = str(pathlib.Path(__file__).resolve().parents[2] / "app.py")
+PAGE = "radixui/pages/kv_events.py"
+FIX = pathlib.Path(__file__).parent / "fixtures"
+
+
+def _page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _close_source() -> None:
+    from radixui.kv_source import get_holder
+    get_holder().close()
+
+
+def test_live_endpoint_shows_the_tree_and_exact_status():
+    cache = RadixCache(SlotAllocator(64, page_size=2), page_size=2)
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL)
+    try:
+        cache.insert(RadixKey([5, 6, 7, 8]), cache.allocator.alloc(4))
+        m = cache.match_prefix(RadixKey([5, 6, 9, 9]))
+        cache.insert(RadixKey([5, 6, 9, 9]), torch.cat([m.indices, cache.allocator.alloc(2)]))
+        seq = pub.flush()
+        at = _page()
+        assert [t.value for t in at.title] == ["KV events"] and at.info   # asks for an address
+        at.text_input(key="kv_endpoint").input(pub.endpoint)
+        at.text_input(key="kv_replay").input(pub.replay_endpoint)
+        at.run()
+        at.toggle(key="kv_live").set_value(False)
+        from radixui.kv_source import get_holder
+        assert get_holder().sub.follower.wait_for(seq, 5.0)
+        at.run()
+        assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+        assert any(f"seq {seq:,} applied" in s.value for s in at.success)
+        metrics = {m.label: m.value for m in at.metric}
+        assert metrics["Blocks cached"] == "3" and metrics["Max depth"] == "2" and metrics["Branch points"] == "1"
+        fig = at.get("plotly_chart")[0]
+        assert fig is not None
+        at.segmented_control(key="kv_view").set_value("Events").run()
+        log = next(d.value for d in at.dataframe if "event" in d.value.columns)
+        assert not at.exception and log["event"].tolist() == ["BlockStored", "BlockStored", "AllBlocksCleared"]
+    finally:
+        _close_source()
+        pub.close()
+
+
+def test_recording_replays_and_bad_input_is_a_message(tmp_path):
+    at = _page()
+    at.radio(key="kv_mode").set_value("Recording").run()
+    at.text_input(key="kv_path").input(str(tmp_path / "nope.bin")).run()
+    assert not at.exception and "cannot read recording" in at.error[0].value
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a recording")
+    at.text_input(key="kv_path").input(str(bad)).run()
+    assert not at.exception and "not a KV event recording" in at.error[0].value
+    at.text_input(key="kv_path").input(str(FIX / "vllm_live.bin")).run()
+    assert not at.exception and not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Blocks cached"] == "2" and metrics["Batches"] == "5"
+    at.slider(key="kv_upto").set_value(4).run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Orphans"] == "2" and not at.exception    # vLLM freed a parent before its children
+
+
+def test_bad_endpoint_is_a_message():
+    at = _page()
+    at.text_input(key="kv_endpoint").input("localhost:5557").run()
+    assert not at.exception and "not a ZMQ address" in at.error[0].value
+    at.text_input(key="kv_endpoint").input("tcp://*:5557").run()
+    assert not at.exception and "bind address" in at.error[0].value
+    _close_source()
+
+
+def test_a_dropped_batch_is_shown_then_filled_by_replay():
+    cache = RadixCache(SlotAllocator(64, page_size=2), page_size=2)
+    pub = KVEventPublisher(cache, endpoint=LOCAL)          # no replay socket: the gap cannot be filled
+    pub2 = KVEventPublisher(RadixCache(SlotAllocator(64, page_size=2), page_size=2), endpoint=LOCAL,
+                            replay_endpoint=LOCAL)
+    try:
+        pub.flush()
+        at = _page()
+        at.text_input(key="kv_endpoint").input(pub.endpoint).run()
+        at.toggle(key="kv_live").set_value(False).run()
+        from radixui.kv_source import get_holder
+        sub = get_holder().sub
+        time.sleep(0.3)
+        cache.insert(RadixKey([1, 2]), cache.allocator.alloc(2))
+        pub.drop_next = 1
+        pub.flush()
+        cache.insert(RadixKey([1, 2, 3, 4]), torch.cat([cache.match_prefix(RadixKey([1, 2])).indices,
+                                                        cache.allocator.alloc(2)]))
+        assert sub.follower.wait_for(pub.flush(), 5.0)
+        at.run()
+        assert not at.exception
+        assert any("missing since seq" in e.value and "not recovered" in e.value for e in at.error), \
+            [e.value for e in at.error]
+        assert {m.label: m.value for m in at.metric}["Orphans"] == "1"
+        # the same loss with a replay socket: filled, and the page says so
+        at.text_input(key="kv_endpoint").input(pub2.endpoint)
+        at.text_input(key="kv_replay").input(pub2.replay_endpoint).run()
+        sub2 = get_holder().sub
+        time.sleep(0.3)
+        c2 = pub2.cache
+        c2.insert(RadixKey([1, 2]), c2.allocator.alloc(2))
+        pub2.drop_next = 1
+        pub2.flush()
+        c2.insert(RadixKey([5, 6]), c2.allocator.alloc(2))
+        assert sub2.follower.wait_for(pub2.flush(), 5.0)
+        at.run()
+        assert not at.exception and not at.error
+        assert any("filled from the replay socket" in s.value for s in at.success)
+        assert {m.label: m.value for m in at.metric}["Orphans"] == "0"
+    finally:
+        _close_source()
+        pub.close()
+        pub2.close()

@@ -1,0 +1,178 @@
+"""Recordings: `record` writes what arrives, `show` replays it, `convert` makes a lab trace whose
+requests are the prompts the cache stored; bad configs and files are clear errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from core.kv_events.config import attach_publisher, parse_config
+from core.kv_events.publisher import KVEventPublisher
+from core.kv_events.recorder import Recorder, read_recording, replay_recording
+from core.kv_events.trace import convert_recording
+from core.lab.replay import replay
+from core.lab.traces import load_trace
+from core.memory import SlotAllocator
+from core.radix_cache import RadixCache, RadixKey
+from tests.kv_events.helpers import LOCAL, radix_prefixes
+
+PS = 4
+
+
+def _insert(cache: RadixCache, ids: list) -> None:
+    m = cache.match_prefix(RadixKey(ids))
+    hit = len(m.indices)
+    if hit == len(ids):
+        return
+    if cache.allocator.available() < len(ids) - hit:
+        cache.inc_lock_ref(m.last_node)   # keep the matched prefix while making room
+        cache.evict(len(ids) - hit - cache.allocator.available())
+        cache.dec_lock_ref(m.last_node)
+    cache.insert(RadixKey(ids), torch.cat([m.indices, cache.allocator.alloc(len(ids) - hit)]))
+
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [1, 2, 3, 4, 5, 6, 7, 8, 3, 3, 3, 3],
+           [7] * 12, [1, 2, 3, 4, 9, 9, 9, 9, 2, 2, 2, 2], [8] * 8, [1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+def test_record_show_convert_from_the_command_line(tmp_path):
+    cache = RadixCache(SlotAllocator(24, page_size=PS), page_size=PS)
+    # publish only on flush(): one batch per prompt, so the recorder's 7 batches are the whole stream
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, interval=3600)
+    out = tmp_path / "ev.bin"
+    try:
+        pub.flush()
+        proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", pub.endpoint,
+                                 "--replay", pub.replay_endpoint, "--out", str(out), "--max-batches", "7",
+                                 "--duration", "60"], stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while (not out.exists() or out.stat().st_size <= 9) and time.monotonic() < deadline:
+                time.sleep(0.05)   # the recorder has caught up on batch 0 from the replay socket
+            for p in PROMPTS[:6]:
+                _insert(cache, p)
+                pub.flush()
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err
+        assert "7 batches recorded" in err
+    finally:
+        pub.close()
+    frames = list(read_recording(out))
+    assert [f.seq for f in frames] == list(range(7))
+    f = replay_recording(out)
+    assert f.tree.prefixes() == radix_prefixes(cache.snapshot()) and f.status()["exact"]
+    shown = subprocess.run([sys.executable, "-m", "core.kv_events", "show", str(out)], capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["tree"]["blocks"] == len(f.tree.blocks)
+    trace = tmp_path / "trace.jsonl"
+    conv = subprocess.run([sys.executable, "-m", "core.kv_events", "convert", str(out), "--out", str(trace)],
+                          capture_output=True, text=True, timeout=60)
+    assert conv.returncode == 0, conv.stderr
+    assert json.loads(conv.stdout)["requests"] == 6
+
+
+def test_trace_holds_the_stored_prompts_and_answers_what_if_bigger(tmp_path):
+    cache = RadixCache(SlotAllocator(16, page_size=PS), page_size=PS)   # small: prompts evict each other
+    rec = Recorder(tmp_path / "ev.bin")
+    with KVEventPublisher(cache, endpoint=LOCAL) as pub:
+        from core.kv_events.subscriber import KVEventSubscriber
+        from core.kv_events.follower import StreamFollower
+        sub = KVEventSubscriber(pub.endpoint, follower=StreamFollower(on_frame=rec))
+        sub.start()
+        time.sleep(0.3)
+        for _ in range(2):
+            for p in PROMPTS:
+                _insert(cache, p)
+                assert sub.follower.wait_for(pub.flush(), 5.0)
+        sub.close()
+    rec.close()
+    summary = convert_recording(tmp_path / "ev.bin", tmp_path / "t.jsonl")
+    wl = load_trace(tmp_path / "t.jsonl")
+    prompts = [r.prompt_ids().tolist() for r in wl.requests]
+    # every line is a prompt the cache stored: the cached prefix plus the new blocks
+    assert summary["requests"] == len(wl.requests) >= 10
+    assert all(p in PROMPTS for p in prompts), prompts
+    small, big = replay(wl, 16, page_size=PS), replay(wl, 64, page_size=PS)
+    assert big.hit_tokens > small.hit_tokens   # twice... four times the cache keeps what was evicted
+
+
+def test_config_errors_say_what_to_change():
+    assert parse_config('{"publisher": "zmq"}').endpoint == "tcp://*:5557"
+    with pytest.raises(ValueError, match="unknown publisher"):
+        parse_config('{"publisher": "kafka"}')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        parse_config("{publisher: zmq}")
+    with pytest.raises(ValueError, match="unknown field"):
+        parse_config('{"publisher": "zmq", "endpiont": "tcp://*:1"}')
+    with pytest.raises(ValueError, match="buffer_steps must be >= 1"):
+        parse_config('{"publisher": "zmq", "buffer_steps": 0}')
+    with pytest.raises(ValueError, match="Expected `int`"):
+        parse_config('{"publisher": "zmq", "hwm": "lots"}')
+    with pytest.raises(ValueError, match="replay_endpoint must differ"):
+        parse_config('{"publisher": "zmq", "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:6000"}')
+    with pytest.raises(ValueError, match="hash must be one of"):
+        parse_config('{"publisher": "zmq", "hash": "md5"}')
+    with pytest.raises(ValueError, match="needs a JSON object"):
+        parse_config("  ")
+    assert attach_publisher(None, '{"publisher": "null"}') is None
+
+
+def test_port_in_use_is_a_clear_error_and_leaks_nothing():
+    cache = RadixCache(SlotAllocator(16, page_size=PS), page_size=PS)
+    with KVEventPublisher(cache, endpoint=LOCAL) as pub:
+        with pytest.raises(ValueError, match="pick a free port"):
+            KVEventPublisher(cache, endpoint=pub.endpoint, bind=True)
+        assert "append" in vars(cache.events)     # the first publisher's tap is still in place
+    assert "append" not in vars(cache.events)      # and gone with it
+
+
+def test_torn_recording_is_reported(tmp_path):
+    path = tmp_path / "r.bin"
+    with Recorder(path) as rec:
+        rec.write(0, b"", b"\x93\xcb", 1.0)
+        rec.write(1, b"", b"\x93\xcb", 2.0)
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])
+    with pytest.raises(ValueError, match="record 2 is cut short"):
+        list(read_recording(path))
+    errors: list = []
+    assert [f.seq for f in read_recording(path, errors)] == [0] and "cut short" in errors[0]
+
+
+def test_ctrl_c_stops_record_cleanly(tmp_path):
+    import signal
+    out = tmp_path / "ev.bin"
+    proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
+                             "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "0 batches recorded" in err and "Traceback" not in err
+    assert list(read_recording(out)) == []      # a valid, empty recording
+
+
+def test_bad_addresses_are_clear_errors():
+    from core.kv_events.subscriber import KVEventSubscriber
+    for bad, msg in (("localhost:5557", "not a ZMQ address"), ("tcp://*:5557", "bind address"),
+                     ("udp://h:1", "unsupported transport"), (None, "not a ZMQ address")):
+        with pytest.raises(ValueError, match=msg):
+            KVEventSubscriber(bad)
+    r = subprocess.run([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "h:1", "--out", "/dev/null"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a ZMQ address" in r.stderr and "Traceback" not in r.stderr
