@@ -42,9 +42,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="requests in flight (waiting + running) before new ones get 503 (default 256)")
     ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                     help=f"largest request body; larger ones get 413 (default {DEFAULT_MAX_BODY_BYTES:,})")
+    ap.add_argument("--kv-events-config", default=None, metavar="JSON",
+                    help="publish KV cache events as SGLang does, e.g. '{\"publisher\": \"zmq\", "
+                         "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}'")
     ap.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = ap.parse_args(argv)
+    if args.kv_events_config is not None:
+        from core.kv_events.config import parse_config
+        try:
+            parse_config(args.kv_events_config)     # before the model loads: a typo costs no wait
+        except ValueError as exc:
+            ap.error(str(exc))
     for name in ("max_queue_requests", "max_body_bytes", "pool_slots", "max_running_requests", "max_prefill_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -86,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.torch_threads)
     config = {"model": args.model, **{k: getattr(args, k) for k in ENGINE_KEYS}}
     settings = ServerSettings(api_key=args.api_key, served_model_name=args.served_model_name, model=args.model,
-                              max_body_bytes=args.max_body_bytes, max_queue_requests=args.max_queue_requests)
+                              max_body_bytes=args.max_body_bytes, max_queue_requests=args.max_queue_requests,
+                              kv_events_config=args.kv_events_config)
     try:
         app = create_app(factory=RunnerCache(args.device), settings=settings, initial_config=config)
     except ValueError as exc:

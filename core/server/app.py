@@ -28,6 +28,7 @@ class ServerSettings:
     model: str = "default"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_queue_requests: int = 256
+    kv_events_config: Optional[str] = None     # SGLang's --kv-events-config JSON: publish KV events on ZMQ
 
 
 def make_body_reader(limit: int):
@@ -70,7 +71,8 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[dict
             raise ValueError("create_app needs an engine or a factory")
         engine = factory(dict(initial_config or {"model": s.model}))
     host = EngineHost(engine, factory, model=(initial_config or {}).get("model", s.model),
-                      served_model_name=s.served_model_name, max_queue_requests=s.max_queue_requests)
+                      served_model_name=s.served_model_name, max_queue_requests=s.max_queue_requests,
+                      kv_events_config=s.kv_events_config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -108,8 +110,11 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[dict
     @guarded.get("/get_server_info")
     @guarded.get("/server_info")
     async def server_info():
+        pub = host.kv_publisher
+        kv = None if pub is None else {"endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
+                                       "block_size": host.engine.cache.page_size}
         return {"model_path": host.model, "served_model_name": host.served_model_name, **host.engine.config,
-                "max_queue_requests": host.max_queue_requests, "version": "radixattention"}
+                "max_queue_requests": host.max_queue_requests, "version": "radixattention", "kv_events": kv}
 
     @app.get("/health")
     async def health():

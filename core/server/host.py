@@ -24,8 +24,11 @@ OnDone = Optional[Callable[[Optional[Completion]], None]]
 
 class EngineHost:
     def __init__(self, engine: Engine, factory: Optional[EngineFactory] = None, model: str = "default",
-                 served_model_name: Optional[str] = None, max_queue_requests: int = 256) -> None:
+                 served_model_name: Optional[str] = None, max_queue_requests: int = 256,
+                 kv_events_config: Optional[str] = None) -> None:
         self.engine = engine
+        self.kv_events_config = kv_events_config
+        self.kv_publisher = self._publish(engine)     # a bad config raises ValueError before serving
         self.factory = factory
         self.model = model
         self._served_name = served_model_name
@@ -46,6 +49,13 @@ class EngineHost:
     def version(self) -> int:
         e = self.engine
         return hash((id(e), self.generation, getattr(e, "_version", 0), e.cache.events.last_seq, e.step_count))
+
+    def _publish(self, engine: Engine):
+        """KV cache events of `engine` on ZMQ (--kv-events-config, SGLang's JSON), or None."""
+        if not self.kv_events_config:
+            return None
+        from core.kv_events.config import attach_publisher
+        return attach_publisher(engine, self.kv_events_config)
 
     # ----- requests ----------------------------------------------------------------------------
     def submit(self, prompt: Any, params: SamplingParams, extra_key: Optional[str] = None,
@@ -128,6 +138,9 @@ class EngineHost:
                 old, was_running = self.engine, self.engine.running
                 self.engine, self.model = new, str(config.get("model", self.model))
                 self.generation += 1
+                if self.kv_publisher is not None:      # free the ports, then follow the new cache
+                    self.kv_publisher.close()
+                    self.kv_publisher = self._publish(new)
             if was_running:
                 new.start()
             old.stop()
@@ -137,3 +150,5 @@ class EngineHost:
     def shutdown(self) -> None:
         self.abort_all()
         self.engine.stop()
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
