@@ -32,6 +32,7 @@ HITS = 3             # hits since insert: 0, 1, 2+
 SIZES = 24           # bit length of the tokens the node came in with (its request's new tokens)
 CLASSES = HITS * SIZES
 BUCKETS = 128        # age buckets of pool/32 tokens: ages up to 4 pools
+PER_POOL = 32
 DECAY = 0.5          # per pool of inserted tokens
 
 
@@ -43,7 +44,7 @@ class LHD(_Tracked):
 
     def attach(self, cache: "RadixCache") -> None:
         super().attach(cache)
-        self.width = max(1, self.capacity // 32)
+        self.width = max(1, self.capacity // PER_POOL)
         self.hits = np.zeros((CLASSES, BUCKETS))
         self.evicts = np.zeros((CLASSES, BUCKETS))
         self.density = [[0.0] * BUCKETS for _ in range(CLASSES)]

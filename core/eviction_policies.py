@@ -87,21 +87,22 @@ class _Ghosts:
     def __init__(self, limit: int) -> None:
         self.limit, self.size, self.d = limit, 0, OrderedDict()
 
-    def add(self, name: tuple, size: int) -> None:
+    def add(self, name: tuple, size: int, info: object = True) -> None:
         old = self.d.pop(name, None)
         if old is not None:
-            self.size -= old
-        self.d[name] = size
+            self.size -= old[0]
+        self.d[name] = (size, info)
         self.size += size
         while self.size > self.limit and self.d:
-            self.size -= self.d.popitem(last=False)[1]
+            self.size -= self.d.popitem(last=False)[1][0]
 
-    def pop(self, name: tuple) -> bool:
-        size = self.d.pop(name, None)
-        if size is None:
-            return False
-        self.size -= size
-        return True
+    def pop(self, name: tuple):
+        """The `info` stored with `name` (removing it), or None when it is not remembered."""
+        got = self.d.pop(name, None)
+        if got is None:
+            return None
+        self.size -= got[0]
+        return got[1]
 
 
 @register
