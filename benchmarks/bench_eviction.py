@@ -6,6 +6,7 @@ Parts (each optional):
   --trace     the Mooncake trace through the lab (core.lab.run_sweep) at --capacities blocks
   --halves    the same at one capacity on the trace's first and second half (does it generalise?)
   --generated the four generated workloads at pools of 10 / 25 / 50 % of their distinct pages
+  --stats     block reuse statistics of the trace (why the gap is hard)
   --flat      libcachesim's flat block caches (LRU, ARC, S3-FIFO, LHD, Belady...) on the same block
               trace: what the leaf-only rule and prefix closure cost, and where flat online policies land
 
@@ -128,6 +129,73 @@ def run_flat(path: str, caps: list[int]) -> None:
         print(f"| {cap:,} | " + " | ".join(cells) + " |")
 
 
+def run_stats(path: str) -> None:
+    """Why the gap is hard: how likely a block is to come back after k uses, and how late."""
+    import numpy as np
+    from collections import defaultdict
+
+    w = load_mooncake(path)
+    uses = defaultdict(list)
+    for i, r in enumerate(w.requests):
+        for h in r.hash_ids[: r.prompt_len // r.block_size].tolist():
+            uses[h].append(i)
+    again, gaps = defaultdict(lambda: [0, 0]), defaultdict(list)
+    for seq in uses.values():
+        for j, i in enumerate(seq):
+            k = min(j + 1, 4)
+            again[k][0] += 1
+            if j + 1 < len(seq):
+                again[k][1] += 1
+                gaps[k].append(seq[j + 1] - i)
+    print("\n### Block reuse on the trace (requests between uses)\n")
+    print("| used so far | blocks | used again | gap p25 | gap median | gap p75 |")
+    print("|---|---|---|---|---|---|")
+    for k in sorted(again):
+        n, m = again[k]
+        q = np.percentile(gaps[k], [25, 50, 75])
+        label = f"{k}" if k < 4 else "4+"
+        print(f"| {label} | {n:,} | {m / n:.0%} | {q[0]:.0f} | {q[1]:.0f} | {q[2]:.0f} |")
+    # a block's place in the request that brought it: the prompt's last blocks come back least
+    back = defaultdict(lambda: [0, 0])
+    seen: set = set()
+    for r in w.requests:
+        ids = r.hash_ids[: r.prompt_len // r.block_size].tolist()
+        for j, h in enumerate(ids):
+            if h not in seen:
+                end = len(ids) - 1 - j
+                b = "0 (last)" if end == 0 else "1" if end == 1 else "2-7" if end < 8 else "8+"
+                back[b][0] += 1
+                back[b][1] += len(uses[h]) > 1
+        seen.update(ids)
+    print("\nnew blocks by distance from the end of their prompt: " + "; ".join(
+        f"{b}: {m / n:.0%} used again ({n:,})" for b, (n, m) in back.items()))
+    # what the optimum admits: first uses of blocks it caches at 6,000 blocks
+    tr = page_trace(w, 512)
+    nxt = next_counted_use(tr.pages, tr.counted, tr.depth).tolist()
+    first = np.zeros(len(tr), dtype=bool)
+    first[np.unique(tr.pages, return_index=True)[1]] = True
+    import heapq
+    cache, heap, admitted = {}, [], 0
+    for i, (p, k) in enumerate(zip(tr.pages.tolist(), nxt)):
+        if p in cache:
+            cache[p] = k
+            heapq.heappush(heap, (-k, p))
+            continue
+        if k >= 1 << 40:
+            continue
+        if len(cache) >= 6000:
+            while cache.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)
+            if -heap[0][0] <= k:
+                continue
+            del cache[heapq.heappop(heap)[1]]
+        cache[p] = k
+        heapq.heappush(heap, (-k, p))
+        admitted += bool(first[i])
+    print(f"the optimum at 6,000 blocks admits {admitted:,} of {int(first.sum()):,} new blocks "
+          f"({admitted / first.sum():.0%})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", help="Mooncake JSONL trace")
@@ -137,6 +205,7 @@ def main() -> None:
     ap.add_argument("--generated", action="store_true", help="also: the four generated workloads")
     ap.add_argument("--page-size", type=int, default=16, help="page size of the generated workloads")
     ap.add_argument("--flat", action="store_true", help="also: libcachesim flat caches on the block trace")
+    ap.add_argument("--stats", action="store_true", help="also: block reuse statistics of the trace")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     caps = [int(c) for c in a.capacities.split(",")]
@@ -149,6 +218,8 @@ def main() -> None:
             run_halves(a.trace, 6000, pols, a.workers)
         if a.flat:
             run_flat(a.trace, caps)
+        if a.stats:
+            run_stats(a.trace)
     if a.generated:
         run_generated(pols, a.workers, a.page_size)
 
