@@ -21,6 +21,7 @@ measured against the pool's turnover and mean the same in the engine, the lab an
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Sequence
 
@@ -215,3 +216,58 @@ class S3FIFO(_TwoLists):
         self.size[node.ev_list] -= len(node.key)
         if node.ev_list == 1:
             self.ghost.add(self.ident(node), len(node.key))
+
+
+@register
+class LeCaR(ARC):
+    """LeCaR (Vietri et al., HotStorage'18) with two experts: `arc` (recency, self-tuned) and `gdsf`
+    (frequency with aging). Each `evict` call follows the expert with the larger weight; a victim is
+    remembered in the ghost of the expert that chose it, and when it is asked for again that expert's
+    weight drops by exp(-0.45 * 0.005 ** (age / pool)), the paper's learning rate and discount with age
+    measured in pools of inserted tokens. Deterministic: the larger weight wins, ties go to arc."""
+
+    name = "lecar"
+    description = ("learns online which expert to follow, arc (recency) or gdsf (frequency with aging), "
+                   "from the ghosts of each one's victims (LeCaR)")
+    RATE, DISCOUNT = 0.45, 0.005
+
+    def attach(self, cache: "RadixCache") -> None:
+        super().attach(cache)
+        self.L = 0.0
+        self.w = [0.5, 0.5]                 # arc, gdsf
+        self.expert = 0
+        self.regret = [_Ghosts(self.capacity), _Ghosts(self.capacity)]
+
+    def admit(self, node: "TreeNode") -> None:
+        name = self.ident(node)
+        for e, ghost in enumerate(self.regret):
+            when = ghost.pop(name)
+            if when is not None:
+                age = (self.clock - when) / self.capacity
+                self.w[e] *= math.exp(-self.RATE * self.DISCOUNT ** age)
+                total = self.w[0] + self.w[1]
+                self.w = [self.w[0] / total, self.w[1] / total]
+        super().admit(node)
+        node.ev_h = self.L
+
+    def hit(self, node: "TreeNode") -> None:
+        super().hit(node)
+        node.ev_h = self.L + node.ev_hits + 1
+
+    def split(self, head: "TreeNode", tail: "TreeNode") -> None:
+        super().split(head, tail)
+        head.ev_h = tail.ev_h
+
+    def begin_evict(self) -> None:
+        super().begin_evict()
+        self.expert = 1 if self.w[1] > self.w[0] else 0
+
+    def key(self, node: "TreeNode") -> tuple:
+        if self.expert:
+            return (node.ev_h, node.last_access_time)
+        return (node.ev_list != self.first, node.last_access_time)
+
+    def on_evict(self, node: "TreeNode") -> None:
+        super().on_evict(node)
+        self.L = max(self.L, node.ev_h)
+        self.regret[self.expert].add(self.ident(node), len(node.key), self.clock)

@@ -1,4 +1,4 @@
-"""Stateful eviction policies (arc, s3fifo, gdsf, lhd): exact hand-computed behaviour on small
+"""Stateful eviction policies (arc, s3fifo, gdsf, lhd, lecar): exact hand-computed behaviour on small
 trees, the tree's rules under random flows, and the engine's output equal to the cache-off output."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from core.eviction import DESCRIPTIONS, POLICIES, STATEFUL, EvictionPolicy, is_s
 from core.memory import SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
 
-NEW = ["gdsf", "arc", "s3fifo", "lhd"]
+NEW = ["gdsf", "arc", "s3fifo", "lhd", "lecar"]
 
 
 class Tree:
@@ -157,6 +157,31 @@ def test_arc_adapts_its_target_from_ghost_hits():
     assert tr.pol.size == {1: 3, 2: 6} == {1: 3, 2: tr.cache.total_size() - 3}
 
 
+def test_lecar_follows_the_expert_whose_victims_do_not_come_back():
+    import math
+    tr = Tree("lecar", slots=6)
+    tr.put(1, [1, 1])                    # A
+    tr.put(2, [2, 2])                    # B
+    tr.hit(3, [1, 1])                    # A: arc's T2, gdsf value 1
+    tr.put(4, [3, 3])                    # C
+    assert tr.evicted(lambda: tr.cache.evict(1)) == [(2, 2)]          # equal weights: arc's T1 LRU
+    assert tr.pol.regret[0].size == 2 and tr.pol.regret[1].size == 0
+    tr.put(5, [2, 2])                    # arc's victim is back after 2 of 6 tokens inserted: arc pays
+    f = math.exp(-0.45 * 0.005 ** (2 / 6))
+    assert tr.pol.w == pytest.approx([f / (f + 1), 1 / (f + 1)], abs=1e-12)
+    # gdsf now leads: C (value 0, older than B) goes; arc alone would take A (T2's LRU, p = 2 = |T1|)
+    assert tr.evicted(lambda: tr.cache.evict(1)) == [(3, 3)]
+    assert tr.pol.expert == 1 and tr.pol.regret[1].size == 2
+    arc = Tree("arc", slots=6)
+    for t, p in [(1, [1, 1]), (2, [2, 2])]:
+        arc.put(t, p)
+    arc.hit(3, [1, 1])
+    arc.put(4, [3, 3])
+    arc.cache.evict(1)
+    arc.put(5, [2, 2])
+    assert arc.evicted(lambda: arc.cache.evict(1)) == [(1, 1)]
+
+
 def test_lhd_starts_as_lru_then_follows_the_learned_densities():
     tr = Tree("lhd", slots=400)         # one update per 100 inserted tokens: none yet
     for i, t in enumerate([1, 2, 3]):
@@ -221,34 +246,46 @@ def test_reset_forgets_the_policy_state(policy):
     assert pol.clock == 9            # tokens inserted: [1,2,3] came back from the cache, not anew
     tr.cache.reset()
     assert tr.cache.policy is pol and pol.clock == 0
-    if policy == "gdsf":
+    if policy in ("gdsf", "lecar"):
         assert pol.L == 0.0
-    if policy in ("arc", "s3fifo"):
+    if policy == "lecar":
+        assert pol.w == [0.5, 0.5] and all(g.size == 0 for g in pol.regret)
+    if policy in ("arc", "s3fifo", "lecar"):
         assert pol.size == {1: 0, 2: 0}
-        ghosts = [pol.b1, pol.b2] if policy == "arc" else [pol.ghost]
+        ghosts = [pol.b1, pol.b2] if policy != "s3fifo" else [pol.ghost]
         assert all(g.size == 0 and not g.d for g in ghosts)
-    if policy == "arc":
+    if policy in ("arc", "lecar"):
         assert pol.p == 0.0
     if policy == "lhd":
         assert not pol.hits.any() and not pol.evicts.any()
 
 
-def test_engine_greedy_output_with_a_new_policy_equals_cache_off():
-    """A pool small enough that every policy must evict: outputs stay token-for-token exact."""
+@pytest.fixture(scope="module")
+def engine_case():
+    """A tiny Llama, prompts sharing three system prompts, and their greedy outputs with the cache off."""
     from core.engine import Engine
     from core.sampling import SamplingParams
     from tests.tiny_models import tiny_pair
 
     _, runner = tiny_pair("llama")
     rng = random.Random(11)
-    systems = [[rng.randrange(1, 128) for _ in range(24)] for _ in range(3)]
-    prompts = [systems[i % 3] + [rng.randrange(1, 128) for _ in range(rng.randrange(2, 10))] for i in range(12)]
-    off = Engine(runner, pool_slots=120, disable_radix_cache=True)
-    want = [c.token_ids for c in off.generate(prompts, SamplingParams(max_new_tokens=6))]
-    for policy in NEW:
-        e = Engine(runner, pool_slots=120, eviction_policy=policy, max_running_requests=2)
-        got = e.generate(prompts, SamplingParams(max_new_tokens=6))
-        assert [c.token_ids for c in got] == want, policy
-        assert e.cache.evicted_tokens > 0 and sum(c.cached_tokens for c in got) > 0, policy
-        e.check_invariants()
-        assert e.allocator.available() + e.cache.total_size() == 120
+    systems = [[rng.randrange(1, 128) for _ in range(16)] for _ in range(3)]
+    prompts = [systems[i % 3] + [rng.randrange(1, 128) for _ in range(rng.randrange(2, 7))] for i in range(9)]
+    off = Engine(runner, pool_slots=64, disable_radix_cache=True)
+    want = [c.token_ids for c in off.generate(prompts, SamplingParams(max_new_tokens=4))]
+    return runner, prompts, want
+
+
+@pytest.mark.parametrize("policy", NEW)
+def test_engine_greedy_output_with_a_new_policy_equals_cache_off(engine_case, policy):
+    """A pool small enough that every policy must evict: outputs stay token-for-token exact."""
+    from core.engine import Engine
+    from core.sampling import SamplingParams
+
+    runner, prompts, want = engine_case
+    e = Engine(runner, pool_slots=64, eviction_policy=policy, max_running_requests=2)
+    got = e.generate(prompts, SamplingParams(max_new_tokens=4))
+    assert [c.token_ids for c in got] == want
+    assert e.cache.evicted_tokens > 0 and sum(c.cached_tokens for c in got) > 0
+    e.check_invariants()
+    assert e.allocator.available() + e.cache.total_size() == 64
