@@ -79,9 +79,10 @@ class LHD(_Tracked):
         row = self.density[node.ev_size + (node.ev_hits if node.ev_hits < HITS else HITS - 1)]
         return (row[age] if age < BUCKETS else row[-1], node.last_access_time)
 
-    def begin_evict(self) -> None:
-        if self.clock >= self.next_update:
-            self._update()
+    def on_insert(self, node: "TreeNode", now: float) -> None:
+        super().on_insert(node, now)
+        if self.clock >= self.next_update:    # on insert, not in begin_evict: a snapshot's
+            self._update()                    # eviction_order must not move the learning on
 
     def _update(self) -> None:
         """Recompute the density table from the histograms, then decay them."""

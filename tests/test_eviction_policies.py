@@ -289,3 +289,20 @@ def test_engine_greedy_output_with_a_new_policy_equals_cache_off(engine_case, po
     assert e.cache.evicted_tokens > 0 and sum(c.cached_tokens for c in got) > 0
     e.check_invariants()
     assert e.allocator.available() + e.cache.total_size() == 64
+
+
+@pytest.mark.parametrize("policy", NEW)
+def test_eviction_order_reads_without_moving_the_policy_on(policy):
+    """The dashboard's snapshot asks for eviction_order at any time: that must change nothing."""
+    tr = Tree(policy, slots=16)
+    for t in range(1, 30):
+        tr.put(t, [t % 5 + 1, t % 3 + 1, t])
+        tr.hit(t + 0.5, [t % 5 + 1])
+
+    def state():
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else repr(v)) for k, v in vars(tr.pol).items()}
+
+    before = state()
+    first = tr.cache.eviction_order()
+    assert state() == before and tr.cache.eviction_order() == first
+    assert tr.evicted(lambda: tr.cache.evict(10 ** 6))[:3] == [tuple(n.key.token_ids.tolist()) for n in first[:3]]
