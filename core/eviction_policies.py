@@ -12,7 +12,9 @@ s tokens frees s slots and a hit through it saves s tokens of prefill, so size c
 - `s3fifo`: S3-FIFO's admission filter (Yang et al., SOSP'23): a new node sits in a small
   FIFO (10 % of the pool) and leaves first unless it is hit there or its prefix was evicted
   recently (ghost), so a one-hit prefix cannot push out a hot system prompt.
-- `lhd`: Least Hit Density (Beckmann et al., NSDI'18): learns, online, the distribution of the
+- `lecar`: LeCaR (Vietri et al., HotStorage'18) over two experts, `arc` and `gdsf`, weighted online by
+  the regret of each one's victims.
+- `lhd` (core/eviction_lhd.py): Least Hit Density (Beckmann et al., NSDI'18): learns, online, the distribution of the
   ages at which nodes of each class are hit or evicted, and evicts the node whose expected hits
   per token per unit of time still to spend in the cache is lowest.
 
@@ -24,8 +26,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Sequence
-
-import numpy as np
 
 from core.eviction import EvictionPolicy, register
 
