@@ -1,14 +1,20 @@
-"""Eviction policies: each is a priority key over a leaf; the heap evicts the lowest key first.
+"""Eviction policies. The radix cache evicts the unlocked leaf with the lowest priority key first.
 
-These mirror SGLang's eviction strategies (lru, lfu, fifo, mru, filo, priority, slru) so a
-choice made here transfers to a real SGLang deployment.
+Two kinds, one interface (`EvictionPolicy`):
+- key policies (lru, lfu, fifo, mru, filo, priority, slru): a static key over a leaf, mirroring
+  SGLang's strategies, so a choice made here transfers to a real SGLang deployment;
+- stateful policies (core/eviction_policies.py): they learn from the events the cache reports
+  (insert, a request's match through a node, split, evict) and compute their key from that state.
+  The cache calls `begin_evict` once per `evict` call, then keys every evictable leaf as before.
+
+Every hook is O(1) per node it names, so adding them costs the key policies nothing measurable.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 if TYPE_CHECKING:
-    from core.radix_cache import TreeNode
+    from core.radix_cache import RadixCache, TreeNode
 
 PolicyKey = Callable[["TreeNode"], tuple]
 
@@ -44,6 +50,53 @@ def _slru(n: "TreeNode") -> tuple:
     return (1 if n.hit_count >= SLRU_PROTECTED_HITS else 0, n.last_access_time)
 
 
+class EvictionPolicy:
+    """What the radix cache asks of a policy. Subclasses keep state; the base class keeps none.
+
+    `key(node)`: lower is evicted first; only unlocked leaves are ever keyed for eviction.
+    Hooks (all no-ops here): the cache calls them with the nodes an operation touched.
+    """
+
+    name = "base"
+    stateful = False
+
+    def attach(self, cache: "RadixCache") -> None:
+        """Called once by the cache (and again on reset): size the state to the pool."""
+        self.capacity = max(1, int(cache.allocator.num_slots))
+
+    def key(self, node: "TreeNode") -> tuple:
+        raise NotImplementedError
+
+    def __call__(self, node: "TreeNode") -> tuple:
+        return self.key(node)
+
+    def on_insert(self, node: "TreeNode", now: float) -> None:
+        """A new leaf `node` holds tokens the cache had not."""
+
+    def on_match(self, path: Sequence["TreeNode"], now: float) -> None:
+        """A request matched through `path` (root's child first); the last node may be a split-off head."""
+
+    def on_split(self, head: "TreeNode", tail: "TreeNode") -> None:
+        """`tail`'s edge was cut: `head` is its new parent holding the first part."""
+
+    def on_evict(self, node: "TreeNode") -> None:
+        """`node` (a leaf) leaves the tree."""
+
+    def begin_evict(self) -> None:
+        """An `evict` (or `eviction_order`) call is about to key the evictable leaves."""
+
+
+class KeyPolicy(EvictionPolicy):
+    """A static key function as a policy (no state, no hooks)."""
+
+    def __init__(self, name: str, fn: PolicyKey) -> None:
+        self.name = name
+        self.key = fn            # an instance attribute: the cache's hot loop calls it directly
+
+    def __call__(self, node: "TreeNode") -> tuple:
+        return self.key(node)
+
+
 POLICIES: dict[str, PolicyKey] = {
     "lru": _lru, "lfu": _lfu, "fifo": _fifo, "mru": _mru,
     "filo": _filo, "priority": _priority, "slru": _slru,
@@ -59,9 +112,42 @@ DESCRIPTIONS: dict[str, str] = {
     "slru": "segmented LRU: nodes hit twice or more are evicted after all others",
 }
 
+# name -> class of a stateful policy; filled by core.eviction_policies (imported below)
+STATEFUL: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make a stateful policy selectable everywhere POLICIES is listed.
+
+    POLICIES[name] for a stateful policy is a stand-in key (its LRU tie-break, `_lru`) that tools
+    which key a *snapshot* node can call; the live cache always uses the policy object's own key.
+    """
+    STATEFUL[cls.name] = cls
+    POLICIES[cls.name] = _lru
+    DESCRIPTIONS[cls.name] = cls.description
+    return cls
+
 
 def get_policy(name: str) -> PolicyKey:
+    """The key function of a policy (for stateful ones the stand-in); ValueError on unknown names."""
     try:
         return POLICIES[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown eviction policy {name!r}; choose one of: {', '.join(POLICIES)}") from None
+
+
+def make_policy(name: str, cache: Optional["RadixCache"] = None) -> EvictionPolicy:
+    """A fresh policy object for one cache (stateful policies keep per-cache state)."""
+    fn = get_policy(name)
+    pol = STATEFUL[name]() if name in STATEFUL else KeyPolicy(name, fn)
+    if cache is not None:
+        pol.attach(cache)
+    return pol
+
+
+def is_stateful(name: str) -> bool:
+    return name in STATEFUL
+
+
+import core.eviction_policies  # noqa: E402,F401  (registers the stateful policies)
+import core.eviction_lhd  # noqa: E402,F401

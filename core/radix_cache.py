@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from core import events as ev
-from core.eviction import get_policy
+from core.eviction import make_policy
 from core.memory import SlotAllocator
 from core.radix_node import LogicalClock, MatchResult, RadixKey, TreeNode, common_len
 
@@ -32,7 +32,7 @@ class RadixCache:
         self.allocator = allocator
         self.page_size = page_size
         self.policy_name = eviction_policy
-        self.policy = get_policy(eviction_policy)
+        self.policy = make_policy(eviction_policy)  # policy hooks: marked `# policy hook` below
         self.logical_clock = LogicalClock()
         self.clock: Callable[[], float] = clock if clock is not None else self.logical_clock
         self.disable = disable
@@ -52,6 +52,7 @@ class RadixCache:
         self._evictable_size = 0
         self._protected_size = 0
         self.evicted_tokens = 0  # cumulative, for the engine's metrics
+        self.policy.attach(self)  # policy hook: a stateful policy starts afresh
         self.allocator.clear()
         self.events.append(ev.ResetEvent, self.clock())
 
@@ -109,6 +110,7 @@ class RadixCache:
         path, pos = self._walk(key, now)
         for n in path:
             n.hit_count += 1  # after a split only the matched half counts the hit
+        self.policy.on_match(path, now)  # policy hook
         node = path[-1] if path else self.root_node
         indices = torch.cat([n.value for n in path]) if path else self._empty
         if self.events.enabled:
@@ -173,6 +175,7 @@ class RadixCache:
         child.parent = new_node
         child.last_access_time = now
         new_node.children[self._child_key(child.key)] = child
+        self.policy.on_split(new_node, child)  # policy hook
         if self.events.enabled:
             self.events.append(ev.SplitEvent, now, node=child.id, new_parent=new_node.id, position=split_len)
         return new_node
@@ -214,6 +217,7 @@ class RadixCache:
         self._evictable_size += len(key)
         self.evictable_leaves.discard(parent)
         self._update_leaf_status(new_node)
+        self.policy.on_insert(new_node, now)  # policy hook
         if self.events.enabled:
             self.events.append(ev.InsertEvent, now, node=new_node.id, parent=parent.id,
                                token_ids=tuple(key.token_ids.tolist()), slots=tuple(value.tolist()))
@@ -270,8 +274,9 @@ class RadixCache:
 
     # ----- evict ---------------------------------------------------------------------------
     def _heap(self) -> list:
-        policy = self.policy
-        return [(policy(n), n) for n in self.evictable_leaves]
+        self.policy.begin_evict()  # policy hook
+        key = self.policy.key
+        return [(key(n), n) for n in self.evictable_leaves]
 
     def evict(self, num_tokens: int) -> int:
         """Free whole unlocked leaves, lowest policy key first, until `num_tokens` are freed."""
@@ -303,6 +308,7 @@ class RadixCache:
                                token_ids=tuple(node.key.token_ids.tolist()), slots=tuple(node.value.tolist()),
                                last_access_time=node.last_access_time,
                                policy_key=tuple(float(x) for x in policy_key))
+        self.policy.on_evict(node)  # policy hook
         self.allocator.free(node.value)
         node.parent = None  # marks the node as gone; a later dec_lock_ref on it is rejected
         return size

@@ -9,6 +9,7 @@ from core.memory import SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
 
 ALL = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
+NEW = ["gdsf", "arc", "s3fifo", "lecar", "lhd"]   # stateful: tests/test_eviction_policies.py
 
 
 class Tree:
@@ -170,31 +171,49 @@ def test_locked_paths_never_go_and_their_parent_waits_for_unlock():
     assert tr.evict_all() == [(1, 1), (9,)]
 
 
-@pytest.mark.parametrize("policy", ALL)
+# After three() and a hit on B at t3 (hit counts A0 B1 C0, created 0/1/2, last used 0/3/2), the
+# victim and its key worked out by hand from each policy's definition, not from the cache's code.
+EXPECTED_FIRST_VICTIM = {
+    "lru": (A, (0.0,)),                  # oldest access
+    "lfu": (A, (0.0, 0.0)),              # 0 hits (with C), older access
+    "fifo": (A, (0.0,)),                 # created first
+    "mru": (B, (-3.0,)),                 # newest access
+    "filo": (C, (-2.0,)),                # created last
+    "priority": (A, (0.0, 0.0)),         # all priority 0: oldest access
+    "slru": (A, (0.0, 0.0)),             # probationary (< 2 hits), oldest access
+    "arc": (A, (0.0, 0.0)),              # T1 = {A, C}, 4 tokens > p = 0: T1 first, oldest access
+    "s3fifo": (A, (0.0, 2.0)),           # small queue 4 tokens > 10 % of 32: FIFO, A came in at 2 tokens
+    "gdsf": (A, (0.0, 0.0)),             # value L + hits = 0 (with C), older access
+    "lhd": (A, (0.0, 0.0)),              # no density learned yet (6 of 8 tokens before the first update)
+    "lecar": (A, (0.0, 0.0)),            # equal weights: the arc expert, as arc
+}
+
+
+@pytest.mark.parametrize("policy", list(EXPECTED_FIRST_VICTIM))
 def test_evict_event_carries_the_policy_key(policy):
     tr = three(policy)
     tr.hit(3, [2, 2])
-    victim = tr.cache.eviction_order(1)[0]
-    expected = tuple(float(x) for x in get_policy(policy)(victim))
+    tokens, key = EXPECTED_FIRST_VICTIM[policy]
+    last_access = {A: 0, B: 3, C: 2}[tokens]
     seq = tr.cache.events.last_seq
-    tr.cache.evict(1)
+    assert tr.cache.evict(1) == 2
     (ev,) = [e for e in tr.cache.events.since(seq) if e.kind == "evict"]
-    assert ev.node == victim.id and ev.policy_key == expected
-    assert ev.last_access_time == victim.last_access_time
+    assert ev.token_ids == tokens and ev.policy_key == key
+    assert ev.last_access_time == last_access
 
 
 def test_policy_registry_and_unknown_name():
-    assert list(POLICIES) == ALL and set(DESCRIPTIONS) == set(ALL)
+    assert list(POLICIES) == ALL + NEW and set(DESCRIPTIONS) == set(ALL + NEW)
     for bad in ["LRU", "random", "", None]:
         with pytest.raises(ValueError) as err:
             get_policy(bad)
-        assert all(name in str(err.value) for name in ALL)
+        assert all(name in str(err.value) for name in ALL + NEW)
 
 
 def test_unknown_policy_leaves_the_allocator_unchanged():
     alloc = SlotAllocator(8)
     alloc.alloc(3)
-    with pytest.raises(ValueError, match="lru, lfu, fifo, mru, filo, priority, slru"):
+    with pytest.raises(ValueError, match="lru, lfu, fifo, mru, filo, priority, slru, gdsf, arc, s3fifo, lecar, lhd"):
         RadixCache(alloc, eviction_policy="lru2")
     assert alloc.free_pages.tolist() == [4, 5, 6, 7, 8] and alloc.on_event is None
 

@@ -1,0 +1,228 @@
+"""Eviction research table: every policy against LRU and the offline optimum, as gap closed.
+
+    gap closed = (policy - lru) / (optimum - lru)      (hit rates of prompt tokens)
+
+Parts (each optional):
+  --trace     the Mooncake trace through the lab (core.lab.run_sweep) at --capacities blocks
+  --halves    the same at one capacity on the trace's first and second half (does it generalise?)
+  --generated the four generated workloads at pools of 10 / 25 / 50 % of their distinct pages
+  --stats     block reuse statistics of the trace (why the gap is hard)
+  --flat      libcachesim's flat block caches (LRU, ARC, S3-FIFO, LHD, Belady...) on the same block
+              trace: what the leaf-only rule and prefix closure cost, and where flat online policies land
+
+    .venv/bin/python benchmarks/bench_eviction.py --trace ../shared/data/mooncake/synthetic_trace.jsonl \
+        --halves --generated --flat
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from core.lab import Bounds, load_mooncake, make_workload, page_trace, run_sweep  # noqa: E402
+from core.lab.optimal import next_counted_use  # noqa: E402
+
+NEW = ["arc", "s3fifo", "gdsf", "lhd", "lecar"]
+BASE = ["lru", "fifo", "slru"]
+GENERATED = {   # default generator parameters: the lab's own workloads, nothing fitted here
+    "generated-shared-prefix": {}, "multi-turn-chat": {}, "few-shot": {}, "tree-of-thought": {},
+}
+
+
+def gap_closed(hit: float, lru: float, opt: float) -> float:
+    return (hit - lru) / (opt - lru) if opt - lru > 1e-9 else math.nan
+
+
+def table(res, policies, label) -> list[dict]:
+    """Print one sweep as rows of capacities, columns of policies, and return the rows."""
+    df = res.table()
+    rows = []
+    print(f"\n### {label}\n")
+    print("| capacity (pages) | " + " | ".join(policies) + " | optimal | best new: gap closed |")
+    print("|---" * (len(policies) + 3) + "|")
+    for cap in res.capacities:
+        at = df[df.capacity_tokens == cap].set_index("policy")["hit_rate"]
+        pages = int(df[df.capacity_tokens == cap].capacity_pages.iloc[0])
+        lru, opt = at["lru"], at["optimal"]
+        new = {p: at[p] for p in policies if p in NEW}
+        best = max(new, key=new.get) if new else None
+        cells = [f"{at[p]:.4f}" for p in policies]
+        gc = gap_closed(new[best], lru, opt) if best else math.nan
+        print(f"| {pages:,} | " + " | ".join(cells) + f" | {opt:.4f} | {best} {gc:+.1%} |")
+        rows.append({"label": label, "pages": pages, **{p: at[p] for p in policies}, "optimal": opt})
+    print("\ngap closed per policy: " + "; ".join(
+        f"{p}: " + ", ".join(f"{gap_closed(r[p], r['lru'], r['optimal']):+.0%}" for r in rows)
+        for p in policies if p != "lru"))
+    worst = {p: min(r[p] - r["lru"] for r in rows) for p in policies if p != "lru"}
+    print("worst loss to lru (points): " + "; ".join(f"{p}: {100 * v:+.2f}" for p, v in worst.items()))
+    return rows
+
+
+def run_trace(path: str, caps: list[int], policies: list[str], workers: int) -> None:
+    w = load_mooncake(path)
+    t0 = time.perf_counter()
+    res = run_sweep(w, [f"{c}p" for c in caps], policies, page_size=512, workers=workers)
+    table(res, policies, f"Mooncake {Path(path).name}, 512-token blocks ({time.perf_counter() - t0:.0f} s)")
+
+
+def run_halves(path: str, cap: int, policies: list[str], workers: int) -> None:
+    w = load_mooncake(path)
+    n = len(w)
+    for lo, hi in ((0, n // 2), (n // 2, n)):
+        part = w.slice(lo, hi)
+        res = run_sweep(part, [f"{cap // 2}p", f"{cap}p"], policies, page_size=512, workers=workers)
+        table(res, policies, f"Mooncake requests [{lo}:{hi}]")
+
+
+def run_generated(policies: list[str], workers: int, page_size: int) -> None:
+    for name, params in GENERATED.items():
+        w = make_workload(name, **params)
+        distinct = Bounds(w, page_size).distinct_pages
+        caps = sorted({max(1, int(distinct * f)) * page_size for f in (0.10, 0.25, 0.50)})
+        res = run_sweep(w, caps, policies, page_size=page_size, workers=workers)
+        table(res, policies, f"{name} (page {page_size}, {distinct:,} distinct pages)")
+
+
+def run_flat(path: str, caps: list[int]) -> None:
+    """libcachesim on the flat block trace: every page access is a get; a prompt page's hit counts.
+
+    `flat` counts every prompt page found; `usable` only the leading run of hits of each request
+    (a page past the first miss cannot be used by prefill: the radix tree's prefix closure)."""
+    import libcachesim as lcs
+
+    w = load_mooncake(path)
+    tr = page_trace(w, 512)
+    nxt = next_counted_use(tr.pages, tr.counted, tr.depth)
+    pages, counted, depth = tr.pages.tolist(), tr.counted.tolist(), tr.depth.tolist()
+    never = 1 << 62
+    nxt = [k if k < (1 << 40) else never for k in nxt.tolist()]
+    total = tr.prompt_tokens / 512
+    algos = {"LRU": lcs.LRU, "FIFO": lcs.FIFO, "ARC": lcs.ARC, "S3FIFO": lcs.S3FIFO, "LHD": lcs.LHD,
+             "LeCaR": lcs.LeCaR, "Cacheus": lcs.Cacheus, "Sieve": lcs.Sieve, "Belady": lcs.Belady}
+    print("\n### libcachesim flat block caches on the same block trace (hit rate of prompt blocks)\n")
+    print("| capacity (blocks) | " + " | ".join(f"{a} flat / usable" for a in algos) + " |")
+    print("|---" * (len(algos) + 1) + "|")
+    for cap in caps:
+        cells = []
+        for name, cls in algos.items():
+            cache = cls(cap)
+            req = lcs.Request()
+            req.obj_size = 1
+            flat = usable = 0
+            lead = False
+            for i, (p, c, d) in enumerate(zip(pages, counted, depth)):
+                req.obj_id = p
+                req.clock_time = i
+                req.next_access_vtime = nxt[i]
+                hit = cache.get(req)
+                if c:
+                    if d == 0:
+                        lead = True
+                    flat += hit
+                    lead = lead and hit
+                    usable += lead
+            cells.append(f"{flat / total:.4f} / {usable / total:.4f}")
+        print(f"| {cap:,} | " + " | ".join(cells) + " |")
+
+
+def run_stats(path: str) -> None:
+    """Why the gap is hard: how likely a block is to come back after k uses, and how late."""
+    import numpy as np
+    from collections import defaultdict
+
+    w = load_mooncake(path)
+    uses = defaultdict(list)
+    for i, r in enumerate(w.requests):
+        for h in r.hash_ids[: r.prompt_len // r.block_size].tolist():
+            uses[h].append(i)
+    again, gaps = defaultdict(lambda: [0, 0]), defaultdict(list)
+    for seq in uses.values():
+        for j, i in enumerate(seq):
+            k = min(j + 1, 4)
+            again[k][0] += 1
+            if j + 1 < len(seq):
+                again[k][1] += 1
+                gaps[k].append(seq[j + 1] - i)
+    print("\n### Block reuse on the trace (requests between uses)\n")
+    print("| used so far | blocks | used again | gap p25 | gap median | gap p75 |")
+    print("|---|---|---|---|---|---|")
+    for k in sorted(again):
+        n, m = again[k]
+        q = np.percentile(gaps[k], [25, 50, 75])
+        label = f"{k}" if k < 4 else "4+"
+        print(f"| {label} | {n:,} | {m / n:.0%} | {q[0]:.0f} | {q[1]:.0f} | {q[2]:.0f} |")
+    # a block's place in the request that brought it: the prompt's last blocks come back least
+    back = defaultdict(lambda: [0, 0])
+    seen: set = set()
+    for r in w.requests:
+        ids = r.hash_ids[: r.prompt_len // r.block_size].tolist()
+        for j, h in enumerate(ids):
+            if h not in seen:
+                end = len(ids) - 1 - j
+                b = "0 (last)" if end == 0 else "1" if end == 1 else "2-7" if end < 8 else "8+"
+                back[b][0] += 1
+                back[b][1] += len(uses[h]) > 1
+        seen.update(ids)
+    print("\nnew blocks by distance from the end of their prompt: " + "; ".join(
+        f"{b}: {m / n:.0%} used again ({n:,})" for b, (n, m) in back.items()))
+    # what the optimum admits: first uses of blocks it caches at 6,000 blocks
+    tr = page_trace(w, 512)
+    nxt = next_counted_use(tr.pages, tr.counted, tr.depth).tolist()
+    first = np.zeros(len(tr), dtype=bool)
+    first[np.unique(tr.pages, return_index=True)[1]] = True
+    import heapq
+    cache, heap, admitted = {}, [], 0
+    for i, (p, k) in enumerate(zip(tr.pages.tolist(), nxt)):
+        if p in cache:
+            cache[p] = k
+            heapq.heappush(heap, (-k, p))
+            continue
+        if k >= 1 << 40:
+            continue
+        if len(cache) >= 6000:
+            while cache.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)
+            if -heap[0][0] <= k:
+                continue
+            del cache[heapq.heappop(heap)[1]]
+        cache[p] = k
+        heapq.heappush(heap, (-k, p))
+        admitted += bool(first[i])
+    print(f"the optimum at 6,000 blocks admits {admitted:,} of {int(first.sum()):,} new blocks "
+          f"({admitted / first.sum():.0%})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", help="Mooncake JSONL trace")
+    ap.add_argument("--capacities", default="1000,2000,4000,6000,12000", help="blocks of 512 tokens")
+    ap.add_argument("--policies", default=",".join(BASE + NEW))
+    ap.add_argument("--halves", action="store_true", help="also: first vs second half of the trace")
+    ap.add_argument("--generated", action="store_true", help="also: the four generated workloads")
+    ap.add_argument("--page-size", type=int, default=16, help="page size of the generated workloads")
+    ap.add_argument("--flat", action="store_true", help="also: libcachesim flat caches on the block trace")
+    ap.add_argument("--stats", action="store_true", help="also: block reuse statistics of the trace")
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    caps = [int(c) for c in a.capacities.split(",")]
+    pols = [p.strip() for p in a.policies.split(",")]
+    if "lru" not in pols:
+        pols.insert(0, "lru")
+    if a.trace:
+        run_trace(a.trace, caps, pols, a.workers)
+        if a.halves:
+            run_halves(a.trace, 6000, pols, a.workers)
+        if a.flat:
+            run_flat(a.trace, caps)
+        if a.stats:
+            run_stats(a.trace)
+    if a.generated:
+        run_generated(pols, a.workers, a.page_size)
+
+
+if __name__ == "__main__":
+    main()
