@@ -117,3 +117,33 @@ def test_match_event_counts_only_whole_pages_asked():
     assert m.indices.numel() == 8
     (ev,) = [e for e in cache.events.since(seq) if e.kind == "match"]
     assert (ev.tokens_asked, ev.tokens_hit) == (8, 8)
+
+
+def test_split_keeps_the_hit_count_of_the_edge_it_cuts():
+    """split-no-hits: LFU must still see a prefix's past hits after a later match splits its edge."""
+    cache, _, clock = make(16, eviction_policy="lfu")
+    put(cache, [1, 2, 3, 4])
+    for _ in range(3):
+        clock.tick()
+        cache.match_prefix(RadixKey([1, 2, 3, 4]))     # put's own match found nothing: 3 hits
+    clock.tick()
+    put(cache, [8, 8])
+    m = cache.match_prefix(RadixKey([1, 2, 9]))         # splits after [1, 2]: a 4th hit on the prefix only
+    prefix, suffix = m.last_node, next(iter(m.last_node.children.values()))
+    assert (prefix.hit_count, suffix.hit_count) == (4, 3)
+    # lfu: [8,8] (0 hits) goes before [3,4] (3 hits), which goes before its parent [1,2] (4 hits)
+    assert [n.key.token_ids.tolist() for n in cache.eviction_order()] == [[8, 8], [3, 4], [1, 2]]
+
+
+def test_lfu_breaks_equal_hit_counts_by_last_access_not_by_age():
+    """lfu-no-lru-tiebreak: with equal hits, the least recently used leaf goes first, whatever its age."""
+    cache, _, clock = make(16, eviction_policy="lfu")
+    put(cache, [1, 2])                    # older node
+    clock.tick()
+    put(cache, [5, 6])
+    clock.tick()
+    cache.match_prefix(RadixKey([5, 6]))  # one hit each; [1, 2] is hit last
+    clock.tick()
+    cache.match_prefix(RadixKey([1, 2]))
+    assert [n.key.token_ids.tolist() for n in cache.eviction_order()] == [[5, 6], [1, 2]]
+    assert cache.evict(1) == 2 and cache.match_prefix(RadixKey([1, 2])).indices.numel() == 2

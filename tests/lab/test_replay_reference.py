@@ -228,3 +228,13 @@ def test_overlap_known_answer_running_prompt_hit_and_held_slots(ps):
     got = counts(w, 20, ps, ov)
     assert got == RefReplay(20, ps).run(w, ov)
     assert got == (8 + 12, 0, 0, 1)
+
+
+@pytest.mark.parametrize("ps", [1, 2])
+def test_only_prompt_tokens_count_as_hits(ps):
+    """B repeats A's prompt and starts its answer as A did: the tree holds B's prompt *and* the first tokens
+    of its answer, but only the 4 prompt tokens are hits (the answer is generated, never prefilled)."""
+    a = Request([1, 2, 3, 4], output=[5, 6, 7])
+    b = Request([1, 2, 3, 4], output=[5, 6, 9])
+    w = Workload("repeat", [a, b])
+    assert counts(w, 32, ps) == RefReplay(32, ps).run(w, None) == (4, 0, 0, 0)
