@@ -238,3 +238,12 @@ def test_only_prompt_tokens_count_as_hits(ps):
     b = Request([1, 2, 3, 4], output=[5, 6, 9])
     w = Workload("repeat", [a, b])
     assert counts(w, 32, ps) == RefReplay(32, ps).run(w, None) == (4, 0, 0, 0)
+
+
+def test_lru_evicts_by_the_clock_not_by_age():
+    """The clock ticks per event: C re-hits A's prompt, so D's eviction takes B (least recently used), not A
+    (created first), and E hits A again. 4 + 4 hits; one node evicted."""
+    reqs = [Request([1, 2, 3, 4]), Request([5, 6, 7, 8]), Request([1, 2, 3, 4]), Request([9, 9, 9, 9]),
+            Request([1, 2, 3, 4])]
+    w = Workload("lru", reqs)
+    assert counts(w, 8, 1) == RefReplay(8, 1).run(w, None) == (8, 1, 4, 0)
