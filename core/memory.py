@@ -39,11 +39,11 @@ class SlotAllocator:
     `alloc`/`free` always speak in slot indices, so callers never see the difference.
 
     How it stays cheap per slot: `free_pages` is the window `[_head, _tail)` of an ever-growing
-    sequence of positions, kept in a ring buffer twice the pool's size, and one bit per page (a byte per
-    page, `_free_mask`, off the CPU) says whether page p is in it. `alloc` copies its pages out of the ring, expanded to slots
-    and marked held, in one pass; `free` checks every page (whole, inside the pool, handed out, not
-    twice) and appends it in one pass: `core/slot_kernels.py` on a CPU pool, a few torch ops on an
-    accelerator. A paged free stays page-granular: one check and one mask byte per page.
+    sequence of positions, kept in a ring buffer twice the pool's size. `_pos[p]` is the position at
+    which page p was last appended, so page p is free exactly when `_pos[p] >= _head`. `alloc` only
+    advances `_head` and copies the pages out: no per-slot bookkeeping at all (with pages, one compiled
+    pass expands them to slots). `free` checks and appends in one pass, one check per page, so a paged
+    free stays page-granular (`core/slot_kernels.py` on a CPU pool, a few torch ops on an accelerator).
     """
 
     def __init__(self, num_slots: int, device: Union[str, torch.device] = "cpu", page_size: int = 1,
@@ -67,10 +67,9 @@ class SlotAllocator:
         self.use_kernel = self.device.type == "cpu"
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
         self._ring = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
-        self._free_mask = torch.empty(self.num_pages + 1, dtype=torch.uint8, device=self.device)  # torch path
+        self._pos = torch.empty(self.num_pages + 1, dtype=torch.int64, device=self.device)
         if self.use_kernel:
-            self._ring_np = self._ring.numpy()
-            self._bits = np.zeros(self.num_pages // 64 + 1, dtype=np.uint64)   # the kernels' free state
+            self._ring_np, self._pos_np = self._ring.numpy(), self._pos.numpy()
             slot_kernels.load()
         self._pristine = False
         self.clear()
@@ -81,13 +80,8 @@ class SlotAllocator:
             return
         n = self.num_pages
         torch.arange(1, n + 1, out=self._ring[:n])
-        self._free_mask.fill_(1)
-        self._free_mask[0] = 0                  # page 0 is padding: never free, never handed out
-        if self.use_kernel:
-            mask = np.ones(self._bits.shape[0] * 64, dtype=bool)
-            mask[0] = False
-            mask[n + 1:] = False
-            self._bits[:] = np.packbits(mask, bitorder="little").view(np.uint64)
+        self._pos[0] = -1                       # page 0 is padding: never free, never handed out
+        torch.arange(n, out=self._pos[1:])
         self._base = 0                          # the position stored at _ring[0]
         self._head, self._tail = 0, n           # free_pages = positions [_head, _tail)
         self._pristine = True
@@ -123,14 +117,14 @@ class SlotAllocator:
         start = self._head - self._base
         self._head += num_pages
         self._pristine = False
-        if self.use_kernel:  # a copy: the ring region is reused later
+        if self.use_kernel and self.page_size == 1:  # a copy: the ring region is reused later
+            slots = torch.from_numpy(self._ring_np[start:start + num_pages].copy())
+        elif self.use_kernel:
             out = np.empty(n, dtype=np.int64)
-            slot_kernels.take(self._ring_np, start, num_pages, self._bits, self.page_size, out)
+            slot_kernels.take(self._ring_np, start, num_pages, self.page_size, out)
             slots = torch.from_numpy(out)
         else:
-            pages = self._ring[start:start + num_pages]
-            self._free_mask[pages] = 0
-            slots = self._pages_to_slots(pages)
+            slots = self._pages_to_slots(self._ring[start:start + num_pages])
         if self.on_event is not None:
             self.on_event("alloc", slots)
         return slots
@@ -190,7 +184,8 @@ class SlotAllocator:
         end = self._tail - self._base
         if self.use_kernel:
             s = slots.numpy()
-            code, i = slot_kernels.mark_free(s, ps, self._bits, self._ring_np, end, self.num_pages)
+            code, i = slot_kernels.mark_free(s, ps, self._pos_np, self._ring_np, end, self._head, self._tail,
+                                             self.num_pages)
             if code == slot_kernels.NOT_WHOLE:
                 self._slots_to_pages(slots)        # raises the "not whole pages" error
             page = int(s[i * ps]) // ps if code != slot_kernels.OK else 0
@@ -208,7 +203,7 @@ class SlotAllocator:
         """`slot_kernels.mark_free` in torch ops, for pools off the CPU: the same checks, and the same
         first offending page, found with masks (a repeat is a page seen earlier in the call)."""
         outside = (pages < 1) | (pages > self.num_pages)
-        already = (self._free_mask[pages.clamp(0, self.num_pages)] == 1) & ~outside
+        already = (self._pos[pages.clamp(0, self.num_pages)] >= self._head) & ~outside
         ordered, order = torch.sort(pages, stable=True)
         repeat = torch.zeros_like(outside)
         repeat[order[1:]] = ordered[1:] == ordered[:-1]
@@ -218,7 +213,7 @@ class SlotAllocator:
             if bool(outside[i]):
                 return (slot_kernels.PADDING if int(pages[i]) == 0 else slot_kernels.OUTSIDE), i
             return (slot_kernels.ALREADY_FREE if bool(already[i]) else slot_kernels.REPEATED), i
-        self._free_mask[pages] = 1
+        self._pos[pages] = torch.arange(self._tail, self._tail + pages.numel(), device=self.device)
         self._ring[end:end + pages.numel()] = pages
         return slot_kernels.OK, pages.numel()
 
@@ -234,12 +229,7 @@ class SlotAllocator:
 
     def is_free_mask(self) -> torch.Tensor:
         """Bool per slot 0..num_slots+page_size-1: True where the slot is in `free_pages`."""
-        if self.use_kernel:
-            bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.num_pages + 1]
-            free = torch.from_numpy(bits.astype(bool))
-        else:
-            free = self._free_mask.bool()
-        return free.repeat_interleave(self.page_size)
+        return (self._pos >= self._head).repeat_interleave(self.page_size)
 
 
 class KVPool:

@@ -1,14 +1,11 @@
-"""The per-slot loops of `SlotAllocator.alloc` and `.free`, compiled with numba for CPU pools.
+"""The per-slot loops of `SlotAllocator.free` (and a paged `alloc`), compiled with numba for CPU pools.
 
 Why compiled: every freed slot must be checked (a whole page, inside the pool, not padding, really handed
-out, not listed twice in the call) and given its place at the back of `free_pages`; every allocated page
-must be marked held and (with pages) expanded to its slots. With numpy or torch that is several sweeps over
-memory with microseconds of dispatch each, plus temporaries; one fused loop does each in a single pass, and
-releases the GIL while it runs so the dashboard's thread keeps drawing.
-
-The free state is one bit per page (`bits`, set = in free_pages): a pool of a million pages keeps it in
-128 KB, inside the L2 cache; a position per page (8 MB) missed the cache on nearly every freed slot
-(about 10 ns a slot against 1.5 ns measured for the bit).
+out, not listed twice in the call) and given its place at the back of `free_pages`. With numpy or torch that
+is a range pass, a gather, a compare, a scatter and a second gather (plus, with pages, a k x page_size
+tensor to compare whole pages against), each a separate sweep over memory with microseconds of dispatch; one
+fused loop does all of it in a single pass, one check per page, and releases the GIL while it runs so the
+dashboard's thread keeps drawing. A paged `alloc` likewise expands its pages to slots in one pass.
 """
 from __future__ import annotations
 
@@ -19,33 +16,27 @@ OK, OUTSIDE, PADDING, ALREADY_FREE, REPEATED, NOT_WHOLE = 0, 1, 2, 3, 4, 5
 
 
 @njit(cache=True, nogil=True)
-def take(ring: np.ndarray, start: int, n: int, bits: np.ndarray, page_size: int, out: np.ndarray) -> None:
-    """alloc: pages ring[start:start+n] as slots into `out` (n * page_size), each page marked held."""
-    if page_size == 1:
-        for i in range(n):
-            p = ring[start + i]
-            bits[p >> 6] &= ~(np.uint64(1) << np.uint64(p & 63))
-            out[i] = p
-        return
+def take(ring: np.ndarray, start: int, n: int, page_size: int, out: np.ndarray) -> None:
+    """A paged alloc: the slots of pages ring[start:start+n] into `out` (n * page_size of them)."""
     k = 0
     for i in range(n):
-        p = ring[start + i]
-        bits[p >> 6] &= ~(np.uint64(1) << np.uint64(p & 63))
-        base = p * page_size
+        base = ring[start + i] * page_size
         for j in range(page_size):
             out[k] = base + j
             k += 1
 
 
 @njit(cache=True, nogil=True)
-def mark_free(slots: np.ndarray, page_size: int, bits: np.ndarray, ring: np.ndarray, ring_end: int,
-              num_pages: int) -> tuple[int, int]:
-    """free: check every page of `slots` (whole pages, in order) and append it at ring[ring_end:].
+def mark_free(slots: np.ndarray, page_size: int, pos: np.ndarray, ring: np.ndarray, ring_end: int, head: int,
+              tail: int, num_pages: int) -> tuple[int, int]:
+    """Give the i-th page of `slots` the position tail + i and write it at ring[ring_end + i].
 
-    Returns (OK, number of pages), or (error code, index of the first offending page) with nothing changed
-    that counts: pages marked free before it are marked held again, and ring entries past the allocator's
-    tail are not free_pages until the tail moves. A call that is not whole pages is refused before anything
-    else (NOT_WHOLE), as the page numbers mean nothing then.
+    Page p is free exactly when pos[p] >= head, so a page that is already free, or that this call has just
+    freed (pos[p] >= tail: listed twice), is rejected. Returns (OK, number of pages), or (error code, index
+    of the first offending page) with nothing changed that counts: the pages marked before it get -1 back
+    (any position below the head means "held", and the head never goes below 0), and ring entries past the
+    allocator's tail are not free_pages until it moves. Slots that are not whole pages are refused before
+    anything else (NOT_WHOLE): the page numbers mean nothing then.
     """
     k = slots.shape[0] // page_size
     if page_size > 1:
@@ -60,19 +51,15 @@ def mark_free(slots: np.ndarray, page_size: int, bits: np.ndarray, ring: np.ndar
         p = slots[i * page_size] // page_size
         if p < 1 or p > num_pages:
             code = PADDING if p == 0 else OUTSIDE
-        elif not bits[p >> 6] & (np.uint64(1) << np.uint64(p & 63)):
-            bits[p >> 6] |= np.uint64(1) << np.uint64(p & 63)
-            ring[ring_end + i] = p
-            continue
         else:
-            code = ALREADY_FREE
-            for j in range(i):
-                if ring[ring_end + j] == p:
-                    code = REPEATED
-                    break
+            q = pos[p]
+            if q < head:
+                pos[p] = tail + i
+                ring[ring_end + i] = p
+                continue
+            code = REPEATED if q >= tail else ALREADY_FREE
         for j in range(i):
-            q = ring[ring_end + j]
-            bits[q >> 6] &= ~(np.uint64(1) << np.uint64(q & 63))
+            pos[slots[j * page_size] // page_size] = -1
         return code, i
     return OK, k
 
@@ -81,7 +68,7 @@ def load() -> None:
     """Compile the kernels now (or load them from numba's on-disk cache): the first CPU allocator calls
     this, so the compile never stalls an engine step or a dashboard refresh. Later calls find them compiled
     and cost a microsecond."""
-    mask, ring = np.zeros(1, dtype=np.uint64), np.zeros(4, dtype=np.int64)
+    pos, ring = np.full(2, -1, dtype=np.int64), np.zeros(2, dtype=np.int64)
+    take(np.ones(1, dtype=np.int64), 0, 1, 2, np.zeros(2, dtype=np.int64))
     for ps in (1, 2):
-        take(np.ones(1, dtype=np.int64), 0, 1, mask, ps, np.zeros(ps, dtype=np.int64))
-        mark_free(np.arange(ps, 2 * ps, dtype=np.int64), ps, mask, ring, 0, 1)
+        mark_free(np.arange(ps, 2 * ps, dtype=np.int64), ps, pos, ring, 0, 0, 0, 1)

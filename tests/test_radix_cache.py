@@ -334,11 +334,6 @@ def _append_free_page_raw(a, page: int) -> None:
     a._tail += 1
 
 
-def _mark_held_raw(a, page: int) -> None:
-    """Mark `page` held in the allocator's free state while it stays in free_pages."""
-    a._bits[page >> 6] &= ~np.uint64(1 << (page & 63))
-
-
 CORRUPTIONS = {
     "lock_ref": (lambda c, a: setattr(c.nodes()[2], "lock_ref", -1), "lock_ref -1 < 0"),
     "value length": (lambda c, a: setattr(c.nodes()[2], "value", c.nodes()[2].value[:1]), "key has 2 tokens, value 1"),
@@ -348,7 +343,7 @@ CORRUPTIONS = {
                   "first token"),
     "slot twice": (lambda c, a: _append_free_page_raw(a, 1), "slot 1 is owned twice"),
     "leaked slot": (lambda c, a: a.alloc(1), "slot conservation broken"),     # handed out, owned by nobody
-    "free mask": (lambda c, a: _mark_held_raw(a, int(a.free_pages[0])), "free mask disagrees"),
+    "free mask": (lambda c, a: a._pos.__setitem__(int(a.free_pages[0]), -1), "free mask disagrees"),
 }
 
 
