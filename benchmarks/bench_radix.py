@@ -1,34 +1,41 @@
-"""How fast is the radix cache? Replay the Mooncake trace through RadixCache and through a per-token loop.
+"""How fast is the radix cache? Replay the Mooncake trace through RadixCache and through SGLang's own radix cache.
 
 Each request of ../shared/data/mooncake/synthetic_trace.jsonl becomes a prompt: every hash id h is
 expanded to the 512 distinct token ids h*512 .. h*512+511 and the prompt is cut to input_length.
-Both caches run the engine's flow for a finished request, page_size 1, LRU, clock = request index:
+Both caches run the engine's flow for a finished request, LRU, at page size 1 and 16:
 
-    match_prefix -> inc_lock_ref(last_node) -> alloc (on None: evict(need - available), alloc)
-    -> insert(prompt, prefix + new (new alone on a miss)) -> free value[len(prefix):returned] -> dec_lock_ref
+    match_prefix -> inc_lock_ref(last_node) -> alloc ceil(need) slots (on None: evict(that - available), alloc)
+    -> insert(prompt, prefix + new (new alone on a miss)) -> free value[len(prefix):returned] and the partial
+    last page -> dec_lock_ref
 
-at a capacity that forces evictions (1,000,000 slots against ~22.5M distinct tokens). The
-baseline is the same algorithm written the straightforward way: lists of ints, one Python
-comparison per token, the same LRU heap and tie-break. Both must produce the same hit tokens
-and the same evictions. The script runs several rounds, each side once per round with the order
-alternating, and prints every round's ratio and the fastest round of each side against each other
-(the shared machine's slow spells only ever add time).
+at a capacity that forces evictions (1,000,000 slots against ~22.5M distinct tokens). The peer is SGLang 0.5.23's
+`RadixCache` with its `TokenToKVPoolAllocator` (page 1) / `PagedTokenToKVPoolAllocator` (page 16), imported from
+the PyPI wheel at run time (benchmarks/sglang_radix.py: `pip download --no-deps`, import-level stubs only),
+driven through the same flow with SGLang's own API (`MatchPrefixParams`, `path_device_indices`, `InsertParams`,
+`EvictParams`, `free_segment` as its scheduler frees). Both sides stamp nodes with `time.monotonic` (SGLang's
+clock), so LRU takes the same decisions: the script asserts identical hit tokens, evicted tokens, cached tokens
+and free slots in every round. `--baseline loop` compares with the plain per-token loop instead (page 1).
 
-    .venv/bin/python benchmarks/bench_radix.py                 # whole trace
-    .venv/bin/python benchmarks/bench_radix.py --requests 500  # a quick look
-    .venv/bin/python benchmarks/bench_radix.py --profile       # cProfile of the real cache
+Several rounds, each side once per round with the order alternating; it prints every round's ratio and the
+fastest round of each side against each other (the shared machine's slow spells only ever add time). Phases
+are timed with the thread's CPU time by default (`--timer wall` for wall time): on a 2-core machine shared by
+a dozen processes, waiting for a core would otherwise dominate both sides.
+
+    .venv/bin/python benchmarks/bench_radix.py                   # whole trace, page 1 and 16, vs SGLang
+    .venv/bin/python benchmarks/bench_radix.py --requests 500    # a quick look
+    .venv/bin/python benchmarks/bench_radix.py --baseline loop   # vs the per-token loop (page 1)
+    .venv/bin/python benchmarks/bench_radix.py --profile         # cProfile of RadixCache
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import gc
-import heapq
 import json
 import pstats
 import sys
 import time
-from collections import deque
+from array import array
 from pathlib import Path
 from typing import Optional
 
@@ -38,11 +45,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.loop_radix import LoopRun, _add_phases  # noqa: E402
 from core.memory import SlotAllocator  # noqa: E402
 from core.radix_cache import RadixCache, RadixKey  # noqa: E402
 
 TRACE = ROOT / "../shared/data/mooncake/synthetic_trace.jsonl"
 BLOCK = 512
+PHASES = ("match", "insert", "slots", "lock")  # slots: alloc + evict + free + building the value
+TIMER = [time.thread_time]  # --timer: this thread's CPU time (default) or wall time (time.perf_counter)
 
 
 def load_prompts(path: Path, limit: Optional[int]) -> list[np.ndarray]:
@@ -58,29 +68,24 @@ def load_prompts(path: Path, limit: Optional[int]) -> list[np.ndarray]:
     return out
 
 
-# ----- the real cache ------------------------------------------------------------------------------------------
-PHASES = ("match", "insert", "slots", "lock")  # slots: alloc + evict + free + building the value
-
-
-def _add_phases(phases: dict, t0: float, t1: float, t2: float, t3: float, t4: float, t5: float,
-                t6: float) -> None:
-    """Split one request's time: t0 match t1 lock t2 alloc/evict t3 insert t4 free t5 unlock t6."""
-    phases["match"] += t1 - t0
-    phases["insert"] += t4 - t3
-    phases["slots"] += (t3 - t2) + (t5 - t4)
-    phases["lock"] += (t2 - t1) + (t6 - t5)
+def _ceil(n: int, ps: int) -> int:
+    return -(-n // ps) * ps
 
 
 class RadixRun:
-    """The real cache, stepped one request at a time (so the two sides can take turns)."""
+    """The real cache, stepped one request at a time (so the two sides can take turns).
 
-    def __init__(self, capacity: int) -> None:
-        self.alloc = SlotAllocator(capacity)
-        self.cache = RadixCache(self.alloc, page_size=1, eviction_policy="lru", record_events=False)
+    clock "logical" stamps the request index (as the engine's step counter), "monotonic" SGLang's clock."""
+
+    def __init__(self, capacity: int, page_size: int = 1, clock: str = "logical") -> None:
+        self.alloc = SlotAllocator(capacity, page_size=page_size)
+        self.cache = RadixCache(self.alloc, page_size=page_size, eviction_policy="lru", record_events=False,
+                                clock=time.monotonic if clock == "monotonic" else None)
+        self.ps = page_size
         self.hit = self.evicted = 0
 
     def step(self, t: int, tokens: np.ndarray, phases: dict) -> None:
-        cache, alloc, clock = self.cache, self.alloc, time.perf_counter
+        cache, alloc, clock, ps = self.cache, self.alloc, TIMER[0], self.ps
         cache.logical_clock.t = t
         t0 = clock()
         key = RadixKey(tokens)
@@ -89,16 +94,20 @@ class RadixRun:
         cache.inc_lock_ref(m.last_node)
         t2 = clock()
         p = m.indices.numel()
-        need = len(key) - p
-        new = alloc.alloc(need) if need else m.indices[:0]
+        size = len(key)
+        need = size - p
+        n = _ceil(need, ps)
+        new = alloc.alloc(n) if n else m.indices[:0]
         if new is None:
-            self.evicted += cache.evict(need - alloc.available())
-            new = alloc.alloc(need)
-        value = torch.cat([m.indices, new]) if p else new  # as the lab's replay: no copy without a hit
+            self.evicted += cache.evict(n - alloc.available())
+            new = alloc.alloc(n)
+        value = torch.cat([m.indices, new[:need]]) if p else new[:need]  # as the lab's replay: no copy on a miss
         t3 = clock()
         returned = cache.insert(key, value)
         t4 = clock()
         alloc.free(value[p:returned])
+        if n > need:
+            alloc.free(new[size - size % ps - p:])   # the partial last page, which the tree does not keep
         t5 = clock()
         cache.dec_lock_ref(m.last_node)
         t6 = clock()
@@ -110,176 +119,107 @@ class RadixRun:
                 "free": self.alloc.available()}
 
 
-# ----- the baseline: the same algorithm, one Python comparison per token ------------------------------------------
-class _Node:
-    __slots__ = ("id", "children", "parent", "key", "value", "lock_ref", "last_access_time")
+class SGLangRun:
+    """SGLang 0.5.23's RadixCache and allocator from its wheel, driven through the same flow."""
 
-    def __init__(self, nid, key, value, parent, now):
-        self.id, self.key, self.value, self.parent = nid, key, value, parent
-        self.children = {}
-        self.lock_ref = 0
-        self.last_access_time = now
-
-
-class LoopRadixTree:
-    """A plain-Python radix cache: list keys, per-token matching, LRU heap eviction."""
-
-    def __init__(self, capacity: int) -> None:
-        self.free_slots = deque(range(1, capacity + 1))
-        self.next_id = 1
-        self.root = _Node(0, [], [], None, 0)
-        self.root.lock_ref = 1
-        self.evictable = set()
-        self.now = 0
-
-    def _new(self, key, value, parent):
-        node = _Node(self.next_id, key, value, parent, self.now)
-        self.next_id += 1
-        return node
-
-    def _leaf_status(self, node):
-        if node is not self.root and not node.children and node.lock_ref == 0:
-            self.evictable.add(node)
+    def __init__(self, capacity: int, page_size: int = 1) -> None:
+        from benchmarks.sglang_radix import load
+        self.sg = sg = load()
+        if page_size == 1:
+            self.alloc = sg.TokenToKVPoolAllocator(capacity, torch.int64, "cpu", None, False)
         else:
-            self.evictable.discard(node)
-
-    def alloc(self, n):
-        if n > len(self.free_slots):
-            return None
-        pop = self.free_slots.popleft
-        return [pop() for _ in range(n)]
-
-    def free(self, slots):
-        self.free_slots.extend(slots)
-
-    def _split(self, child, i):
-        new = self._new(child.key[:i], child.value[:i], child.parent)
-        new.lock_ref = child.lock_ref
-        child.parent.children[child.key[0]] = new
-        child.key, child.value = child.key[i:], child.value[i:]
-        child.parent = new
-        child.last_access_time = self.now
-        new.children[child.key[0]] = child
-        return new
-
-    def _walk(self, key):
-        """Shared by match and insert: returns (node, pos, values) with a split where the match stops."""
-        node, pos, n, values = self.root, 0, len(key), []
-        node.last_access_time = self.now
-        while pos < n:
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            child.last_access_time = self.now
-            ck, m, i = child.key, len(child.key), 0
-            while i < m and pos + i < n and ck[i] == key[pos + i]:
-                i += 1
-            if i < m:
-                node = self._split(child, i)
-                values.extend(node.value)
-                pos += i
-                break
-            values.extend(child.value)
-            pos += i
-            node = child
-        return node, pos, values
-
-    def match_prefix(self, key):
-        node, _, values = self._walk(key)
-        return values, node
-
-    def insert(self, key, value):
-        node, pos, _ = self._walk(key)
-        if pos < len(key):
-            leaf = self._new(key[pos:], value[pos:], node)
-            node.children[key[pos]] = leaf
-            self.evictable.discard(node)
-            self._leaf_status(leaf)
-        return pos
-
-    def inc_lock_ref(self, node):
-        while node is not self.root:
-            node.lock_ref += 1
-            self.evictable.discard(node)
-            node = node.parent
-
-    def dec_lock_ref(self, node):
-        while node is not self.root:
-            node.lock_ref -= 1
-            self._leaf_status(node)
-            node = node.parent
-
-    def evict(self, num_tokens):
-        heap = [(n.last_access_time, n.id, n) for n in self.evictable]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
-            parent = node.parent
-            del parent.children[node.key[0]]
-            self.evictable.discard(node)
-            self._leaf_status(parent)
-            self.free(node.value)
-            freed += len(node.key)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
-        return freed
-
-    def total_size(self):
-        total, stack = 0, [self.root]
-        while stack:
-            n = stack.pop()
-            total += len(n.key)
-            stack.extend(n.children.values())
-        return total
-
-
-class LoopRun:
-    """The baseline, stepped the same way."""
-
-    def __init__(self, capacity: int) -> None:
-        self.tree = LoopRadixTree(capacity)
+            self.alloc = sg.PagedTokenToKVPoolAllocator(capacity, page_size, torch.int64, "cpu", None, False)
+        self.cache = sg.RadixCache(sg.CacheInitParams(disable=False, req_to_token_pool=None,
+                                                      token_to_kv_pool_allocator=self.alloc, page_size=page_size,
+                                                      eviction_policy="lru"))
+        self.ps = page_size
         self.hit = self.evicted = 0
 
-    def step(self, t: int, key: list[int], phases: dict) -> None:
-        tree, clock = self.tree, time.perf_counter
-        tree.now = t
+    def step(self, t: int, tokens: array, phases: dict) -> None:
+        sg, cache, alloc, clock, ps = self.sg, self.cache, self.alloc, TIMER[0], self.ps
         t0 = clock()
-        prefix, node = tree.match_prefix(key)
+        key = sg.RadixKey(tokens)
+        m = cache.match_prefix(sg.MatchPrefixParams(key=key))
+        node, p = m.last_device_node, m.device_prefix_len
+        prefix = cache.path_device_indices(node) if p else None
         t1 = clock()
-        tree.inc_lock_ref(node)
+        cache.inc_lock_ref(node)
         t2 = clock()
-        p = len(prefix)
-        need = len(key) - p
-        new = tree.alloc(need)
+        size = len(tokens)
+        need = size - p
+        n = _ceil(need, ps)
+        new = alloc.alloc(n)
         if new is None:
-            self.evicted += tree.evict(need - len(tree.free_slots))
-            new = tree.alloc(need)
-        value = prefix + new if p else new
+            self.evicted += cache.evict(sg.EvictParams(num_tokens=n - alloc.available_size())).num_tokens_evicted
+            new = alloc.alloc(n)
+        value = torch.cat([prefix, new[:need]]) if p else new[:need]
         t3 = clock()
-        returned = tree.insert(key, value)
+        returned = cache.insert(sg.InsertParams(key=key, value=value)).prefix_len
         t4 = clock()
-        tree.free(value[p:returned])
+        alloc.free_segment(value[p:returned], start_pos=p)
+        if n > need:
+            aligned = size - size % ps
+            alloc.free_segment(new[aligned - p:], start_pos=aligned)
         t5 = clock()
-        tree.dec_lock_ref(node)
+        cache.dec_lock_ref(node)
         t6 = clock()
         _add_phases(phases, t0, t1, t2, t3, t4, t5, t6)
         self.hit += p
 
     def result(self) -> dict:
-        return {"hit": self.hit, "evicted": self.evicted, "cached": self.tree.total_size(),
-                "free": len(self.tree.free_slots)}
+        return {"hit": self.hit, "evicted": self.evicted, "cached": self.cache.total_size(),
+                "free": self.alloc.available_size()}
 
 
-def run_whole(side: str, prompts: list, capacity: int) -> dict:
+def run_whole(side: str, prompts: list, capacity: int, page_size: int = 1, clock: str = "logical") -> dict:
     """Replay the whole trace through one side; its time is the phases' sum plus building the empty cache."""
-    t0 = time.perf_counter()
-    run = RadixRun(capacity) if side == "radix" else LoopRun(capacity)
-    setup = time.perf_counter() - t0
+    t0 = TIMER[0]()
+    if side == "radix":
+        run = RadixRun(capacity, page_size, clock)
+    elif side == "sglang":
+        run = SGLangRun(capacity, page_size)
+    else:
+        run = LoopRun(capacity)
+    setup = TIMER[0]() - t0
     phases = dict.fromkeys(PHASES, 0.0)
     for t, tokens in enumerate(prompts):
         run.step(t, tokens, phases)
     return {"result": run.result(), "phases": phases, "setup": setup, "seconds": setup + sum(phases.values())}
+
+
+def compare(peer: str, inputs: dict, capacity: int, page_size: int, rounds: int, tokens: int) -> float:
+    """Both sides, `rounds` times, alternating who goes first; prints and returns fastest-vs-fastest."""
+    label = {"sglang": "SGLang 0.5.23", "loop": "per-token loop"}[peer]
+    clock = "monotonic" if peer == "sglang" else "logical"
+    print(f"\n--- page size {page_size}: RadixCache vs {label} ---")
+    got_rounds = []
+    for r in range(rounds):
+        got = {}
+        for side in (("radix", peer) if r % 2 == 0 else (peer, "radix")):
+            got[side] = run_whole(side, inputs[side], capacity, page_size, clock)
+        assert got["radix"]["result"] == got[peer]["result"], f"the two caches disagree: {got}"
+        got_rounds.append(got)
+        print(f"round {r + 1}: RadixCache {got['radix']['seconds']:6.2f} s, {label} {got[peer]['seconds']:6.2f} s, "
+              f"speed-up {got[peer]['seconds'] / got['radix']['seconds']:5.2f}x", flush=True)
+    res = got_rounds[0]["radix"]["result"]
+    print(f"hit tokens {res['hit']:,} ({res['hit'] / tokens:.1%}), evicted {res['evicted']:,}, "
+          f"cached at end {res['cached']:,}, free {res['free']:,} (identical on both sides)")
+    fast = min((g["radix"] for g in got_rounds), key=lambda x: x["seconds"])
+    slow = min((g[peer] for g in got_rounds), key=lambda x: x["seconds"])
+    ratios = sorted(g[peer]["seconds"] / g["radix"]["seconds"] for g in got_rounds)
+    for name, side in (("RadixCache", fast), (label, slow)):
+        print(f"{name:15s} fastest round {side['seconds']:7.2f} s ({side['setup']:.2f} s building the empty cache) "
+              f"{tokens / side['seconds']:14,.0f} tokens/s")
+    speedup = slow["seconds"] / fast["seconds"]
+    print(f"speed-up: {speedup:.2f}x fastest vs fastest; per round {', '.join(f'{x:.2f}x' for x in ratios)} "
+          f"(median {ratios[len(ratios) // 2]:.2f}x)")
+    print("per phase, fastest rounds (seconds: radix / peer = speed-up):")
+    ph_fast, ph_slow = fast["phases"], slow["phases"]
+    for ph in PHASES:
+        print(f"  {ph:7s} {ph_fast[ph]:7.3f} / {ph_slow[ph]:7.3f} = {ph_slow[ph] / max(ph_fast[ph], 1e-9):6.2f}x")
+    mi_fast, mi_slow = ph_fast["match"] + ph_fast["insert"], ph_slow["match"] + ph_slow["insert"]
+    print(f"  match+insert {mi_fast:.3f} / {mi_slow:.3f} = {mi_slow / mi_fast:.2f}x")
+    return speedup
 
 
 def main(argv=None) -> int:
@@ -287,63 +227,44 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=None, help="replay only the first N requests (default: all)")
     ap.add_argument("--capacity", type=int, default=1_000_000, help="pool size in slots (default 1,000,000)")
     ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--baseline", choices=["sglang", "loop"], default="sglang")
+    ap.add_argument("--page-sizes", default="1,16", help="comma-separated (default 1,16; the loop: 1 only)")
     ap.add_argument("--profile", action="store_true", help="cProfile the real cache and print the top entries")
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="rounds, each replaying the whole trace through both sides in turn (default 5); "
-                         "prints every round's ratio and the fastest-vs-fastest one")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per page size (default 5)")
+    ap.add_argument("--timer", choices=["cpu", "wall"], default="cpu",
+                    help="cpu (default): the thread's CPU time, so time spent waiting for a core on a shared, "
+                         "overloaded machine counts on neither side; wall: time.perf_counter")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1: the slot bookkeeping ops are small, and extra "
                          "threads only add contention on a busy machine)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    TIMER[0] = time.thread_time if args.timer == "cpu" else time.perf_counter
+    page_sizes = [int(x) for x in args.page_sizes.split(",")] if args.baseline == "sglang" else [1]
 
     prompts = load_prompts(args.trace, args.requests)
-    as_lists = [p.tolist() for p in prompts]
     tokens = sum(len(p) for p in prompts)
     print(f"trace: {len(prompts)} requests, {tokens:,} prompt tokens, capacity {args.capacity:,} slots")
+    inputs = {"radix": prompts}
+    if args.baseline == "sglang":
+        inputs["sglang"] = [array("q", p.tobytes()) for p in prompts]   # SGLang's RadixKey holds array('q')
+        run_whole("sglang", [array("q", range(8))], 64)   # download + import the wheel before any clock starts
+    else:
+        inputs["loop"] = [p.tolist() for p in prompts]
 
     SlotAllocator(4)  # the first CPU allocator loads the compiled free() kernel: do it before any clock starts
-    # The 61M token ids held as Python lists for the baseline would make every full GC pass walk
-    # them, landing pauses on whichever side happens to be running: park them.
+    # Token ids held as Python objects (the loop's lists) would make every full GC pass walk them,
+    # landing pauses on whichever side happens to be running: park them.
     gc.collect()
     gc.freeze()
 
     if args.profile:
-        prof = cProfile.Profile()
-        prof.runcall(run_whole, "radix", prompts, args.capacity)
+        prof = cProfile.Profile(TIMER[0])
+        prof.runcall(run_whole, "radix", prompts, args.capacity, page_sizes[0])
         pstats.Stats(prof).sort_stats("tottime").print_stats(20)
         return 0
-
-    rounds = []
-    for r in range(args.rounds):  # alternate who goes first, so a drift of the shared machine hits both
-        got = {}
-        for side in (("radix", "loop") if r % 2 == 0 else ("loop", "radix")):
-            got[side] = run_whole(side, prompts if side == "radix" else as_lists, args.capacity)
-        assert got["radix"]["result"] == got["loop"]["result"], f"the two caches disagree: {got}"
-        rounds.append(got)
-        print(f"round {r + 1}: RadixCache {got['radix']['seconds']:6.2f} s, per-token loop "
-              f"{got['loop']['seconds']:6.2f} s, speed-up {got['loop']['seconds'] / got['radix']['seconds']:5.1f}x")
-
-    res = rounds[0]["radix"]["result"]
-    print(f"hit tokens {res['hit']:,} ({res['hit'] / tokens:.1%}), evicted {res['evicted']:,}, "
-          f"cached at end {res['cached']:,} (identical in both)")
-    # Each side's fastest round is its run least disturbed by other work on the machine.
-    fast = min((g["radix"] for g in rounds), key=lambda x: x["seconds"])
-    slow = min((g["loop"] for g in rounds), key=lambda x: x["seconds"])
-    ratios = sorted(g["loop"]["seconds"] / g["radix"]["seconds"] for g in rounds)
-    print(f"fastest of {len(rounds)} rounds, each side:")
-    for name, side in (("RadixCache (vectorised)", fast), ("per-token loop baseline", slow)):
-        print(f"{name}: {side['seconds']:8.2f} s ({side['setup']:.2f} s of it building the empty cache) "
-              f"{tokens / side['seconds']:14,.0f} tokens/s")
-    print(f"speed-up: {slow['seconds'] / fast['seconds']:.1f}x fastest vs fastest; per round "
-          f"{', '.join(f'{x:.1f}x' for x in ratios)} (median {ratios[len(ratios) // 2]:.1f}x)")
-    print("per phase, fastest rounds (seconds: radix / loop = speed-up):")
-    ph_fast, ph_slow = fast["phases"], slow["phases"]
-    for ph in PHASES:
-        print(f"  {ph:7s} {ph_fast[ph]:7.2f} / {ph_slow[ph]:7.2f} = {ph_slow[ph] / max(ph_fast[ph], 1e-9):6.1f}x")
-    mi_fast, mi_slow = ph_fast["match"] + ph_fast["insert"], ph_slow["match"] + ph_slow["insert"]
-    print(f"  match+insert {mi_fast:.2f} / {mi_slow:.2f} = {mi_slow / mi_fast:.1f}x "
-          f"({tokens / mi_fast:,.0f} vs {tokens / mi_slow:,.0f} tokens/s)")
+    summary = {ps: compare(args.baseline, inputs, args.capacity, ps, args.rounds, tokens) for ps in page_sizes}
+    print("\nsummary, fastest vs fastest: " + ", ".join(f"page {ps}: {x:.2f}x" for ps, x in summary.items()))
     return 0
 
 

@@ -41,8 +41,9 @@ class SlotAllocator:
     How it stays cheap per slot: `free_pages` is the window `[_head, _tail)` of an ever-growing
     sequence of positions, kept in a ring buffer twice the pool's size. `_pos[p]` is the position at
     which page p was last appended, so page p is free exactly when `_pos[p] >= _head`. `alloc` only
-    advances `_head`: no per-slot bookkeeping at all. `free` checks and appends in one pass
-    (`core/slot_kernels.py` on a CPU pool, a few torch ops on an accelerator).
+    advances `_head` and copies the pages out: no per-slot bookkeeping at all (with pages, one compiled
+    pass expands them to slots). `free` checks and appends in one pass, one check per page, so a paged
+    free stays page-granular (`core/slot_kernels.py` on a CPU pool, a few torch ops on an accelerator).
     """
 
     def __init__(self, num_slots: int, device: Union[str, torch.device] = "cpu", page_size: int = 1,
@@ -118,6 +119,10 @@ class SlotAllocator:
         self._pristine = False
         if self.use_kernel and self.page_size == 1:  # a copy: the ring region is reused later
             slots = torch.from_numpy(self._ring_np[start:start + num_pages].copy())
+        elif self.use_kernel:
+            out = np.empty(n, dtype=np.int64)
+            slot_kernels.take(self._ring_np, start, num_pages, self.page_size, out)
+            slots = torch.from_numpy(out)
         else:
             slots = self._pages_to_slots(self._ring[start:start + num_pages])
         if self.on_event is not None:
@@ -129,7 +134,7 @@ class SlotAllocator:
         if isinstance(indices, torch.Tensor):
             if indices.dtype is torch.int64 and indices.dim() == 1 and (indices.is_cpu if self.use_kernel
                                                                          else indices.device == self.device):
-                return indices.detach()  # the common case, without conversions
+                return indices  # the common case, without conversions (an int64 tensor never needs grad)
             if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype is torch.bool:
                 raise ValueError(f"free() needs integer slot indices, got a {indices.dtype} tensor")
             return indices.detach().to(device=self.device, dtype=torch.int64).reshape(-1)
@@ -161,8 +166,15 @@ class SlotAllocator:
         slots = self._index_tensor(indices)
         if slots.shape[0] == 0:
             return  # callers free "whatever was left over", which is often nothing
-        pages = slots if self.page_size == 1 else self._slots_to_pages(slots)
-        k = pages.shape[0]
+        ps = self.page_size
+        if self.use_kernel:     # the kernel checks whole pages itself, in the same pass as the rest
+            if slots.shape[0] % ps:
+                self._slots_to_pages(slots)        # raises the "not whole pages" error
+            pages = None
+            k = slots.shape[0] // ps
+        else:
+            pages = slots if ps == 1 else self._slots_to_pages(slots)
+            k = pages.shape[0]
         if k > self.num_pages:
             raise ValueError(f"free() got {k} pages but the pool has {self.num_pages}: a slot is repeated (double free)")
         if self._tail - self._base + k > 2 * self.num_pages:  # out of room at the back: move the live part
@@ -171,12 +183,17 @@ class SlotAllocator:
             self._base = self._head
         end = self._tail - self._base
         if self.use_kernel:
-            code, i = slot_kernels.mark_free(pages.numpy(), self._pos_np, self._ring_np, end, self._head,
-                                             self._tail, self.num_pages)
+            s = slots.numpy()
+            code, i = slot_kernels.mark_free(s, ps, self._pos_np, self._ring_np, end, self._head, self._tail,
+                                             self.num_pages)
+            if code == slot_kernels.NOT_WHOLE:
+                self._slots_to_pages(slots)        # raises the "not whole pages" error
+            page = int(s[i * ps]) // ps if code != slot_kernels.OK else 0
         else:
             code, i = self._mark_free_torch(pages, end)
+            page = int(pages[i]) if code != slot_kernels.OK else 0
         if code != slot_kernels.OK:
-            raise self._free_error(code, int(pages[i]))
+            raise self._free_error(code, page)
         self._tail += k
         self._pristine = False
         if self.on_event is not None:
