@@ -28,7 +28,7 @@ STATE_COLOURS = {             # far apart on purpose (the tests hold every pair 
     "padding": "#374151",
     "never_written": "#ffffff",
     "free_stale": "#fde68a",  # pale yellow: free, but the old KV is still there (struck through)
-    "evictable": "#f4a7a7",   # cached and evictable: the red of the tree's evictable outline, pale
+    "evictable": "#f87171",   # cached and evictable: the red of the tree's evictable outline, lighter
     "locked": "#7c8797",      # the tree's grey for locked, darker
     "in_use": "#60a5fa",      # blue: a running request writes here
 }
