@@ -80,7 +80,7 @@ def live_body(client: EngineClient, cfg) -> None:
     ss = st.session_state
     flash_box = st.container()
     kpi_box = st.empty()
-    left, right = st.columns([1, 2.05], gap="medium")
+    left, right = st.columns([1.2, 2], gap="medium")
     with left:
         prompt_panel(client)
     ss["_drawn_version"] = client.version()
@@ -89,7 +89,9 @@ def live_body(client: EngineClient, cfg) -> None:
     store.sync(client, snap)
     tt = decoder(ss, client, snap, cfg.model)
     flash = ss.pop("flash", None)
-    if flash:
+    if flash and flash[0] == "success":
+        st.toast(flash[1], icon=":material/check_circle:")    # no banner pushing the tree down
+    elif flash:
         getattr(flash_box, flash[0])(flash[1])
     err = client.last_error()
     if err:
@@ -135,7 +137,7 @@ def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected
 
 def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: Optional[str]) -> None:
     ss = st.session_state
-    c0, c1, c2 = st.columns([3.2, 1.5, 1.5], vertical_alignment="center")
+    c0, c1, c2 = st.columns([4.3, 1.6, 1.6], vertical_alignment="center")
     view = c0.segmented_control("View", VIEWS, default=VIEWS[0], key="live_view",
                                 label_visibility="collapsed") or VIEWS[0]
     if view == "Radix tree":

@@ -74,11 +74,11 @@ def prompt_panel(client: EngineClient) -> None:
     with st.form("prompt", clear_on_submit=False, border=True):
         text = st.text_area("Prompt", placeholder="Type a prompt, then Send. Send it again, or a variation, "
                             "and watch the shared prefix light up in the tree.", height=84)
-        m, n, c, pr = st.columns([1.5, 1, 1, 1])
-        mode = m.radio("Mode", ["Chat", "Raw completion"], horizontal=True,
-                       help="Chat wraps your text in the instruct model's chat template")
+        mode = st.radio("Mode", ["Chat", "Raw completion"], horizontal=True, label_visibility="collapsed",
+                        help="Chat wraps your text in the instruct model's chat template")
+        n, c, pr = st.columns(3)
         max_new = n.number_input("Max new tokens", value=24, step=1, min_value=None, max_value=None)
-        copies = c.number_input("Copies in flight", value=1, step=1, min_value=None, max_value=None,
+        copies = c.number_input("Copies", value=1, step=1, min_value=None, max_value=None,
                                 help=f"Send the prompt this many times at once (1-{MAX_COPIES})")
         priority = pr.number_input("Priority", value=0, step=1, min_value=None, max_value=None,
                                    help="SamplingParams.priority: the 'priority' eviction policy keeps "
@@ -93,7 +93,7 @@ def prompt_panel(client: EngineClient) -> None:
             namespace = st.text_input("Cache namespace (extra_key)", "",
                                       help="Requests share cached prefixes only within one namespace "
                                            "(SGLang's extra_key, e.g. one per LoRA or tenant)")
-        b1, b2, b3 = st.columns([1, 2.2, 1.2], vertical_alignment="bottom")
+        b1, b2, b3 = st.columns([0.8, 1.7, 1.1], vertical_alignment="bottom")
         sent = b1.form_submit_button("Send", type="primary", width="stretch")
         preset = b2.selectbox("Preset", list(PRESETS), label_visibility="collapsed")
         run_preset = b3.form_submit_button("Run preset", width="stretch",

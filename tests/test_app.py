@@ -135,7 +135,7 @@ def test_preset_runs_with_the_values_in_the_form(app):
     next(s for s in app.selectbox if s.label == "Preset").set_value("The article's four prompts")
     button(app, "Run preset").click()
     app.run()
-    assert any("Sent 4 requests" in s.value for s in app.success)
+    assert any("Sent 4 requests" in t.value for t in app.toast)
     rows = wait_rows(app, 7)
     assert list(rows["new"][:4]) == [2, 2, 2, 2]
 
@@ -148,7 +148,7 @@ def test_bad_max_new_tokens_is_a_message_not_a_silent_send(app, value, message):
     send(app, "Why my code is slow", max_new=value)
     assert not app.exception
     assert [e.value for e in app.error if message in e.value], [e.value for e in app.error]
-    assert not app.success            # the previous "Sent ..." banner is gone
+    assert not app.success and not app.toast   # no "Sent ..." message left beside the error
     app.run()
     assert len(request_rows(app)) == 7   # nothing was queued
 
