@@ -3,6 +3,7 @@ import streamlit as st
 
 from core.walkthrough import ARTICLE_POOL_SLOTS
 from radixui.heap import eviction_table
+from radixui.highlights import ghosts_from_events
 from radixui.layout_css import COMPACT_CSS
 from radixui.narrate import article_token_note, explain_step
 from radixui.slots import slot_row_figure
@@ -52,6 +53,7 @@ else:
 left, right = st.columns([3, 2])
 with left:
     st.plotly_chart(tree_figure(snap.cache, tt, step_highlights(step.events), width=760,
+                                ghosts=ghosts_from_events(step.events, steps=1),
                                 title=f"Radix tree at time {step.time if step.time is not None else '–'}"),
                     width="stretch", key=f"wt_tree_{st.session_state.wt_step}")
 with right:

@@ -189,6 +189,7 @@ def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):
         own.append(c)
         _wait_idle(pg)
     root = pg.locator(CHART).get_by_text("root", exact=True).first
+    root.wait_for(timeout=60_000)
     box = root.bounding_box()
     scroll = pg.evaluate("() => [window.scrollY, document.querySelector('[data-testid=stMain]')?.scrollTop || 0]")
     pg.screenshot(path=str(ARTIFACTS / "live_after_send.png"))
