@@ -225,19 +225,22 @@ def test_view_switch_within_half_a_second(page, server):
 def test_idle_tab_costs_under_a_tenth_of_a_core(page, server):
     pg = page
     _wait_idle(pg)
-    pg.wait_for_timeout(5000)   # let reruns queued behind a loaded machine finish
+    pg.wait_for_timeout(12000)   # let reruns queued behind a loaded machine finish
     browser_pid = _chromium_pid()
-    span = 8.0
-    s0, b0 = _tree_cpu(server["pid"]), _tree_cpu(browser_pid) if browser_pid else 0.0
-    t0 = time.perf_counter()
-    pg.wait_for_timeout(span * 1000)
-    wall = time.perf_counter() - t0
-    s1, b1 = _tree_cpu(server["pid"]), _tree_cpu(browser_pid) if browser_pid else 0.0
-    server_pct, browser_pct = 100 * (s1 - s0) / wall, 100 * (b1 - b0) / wall
-    FIGURES["idle tab CPU"] = (f"server {server_pct:.1f} % + browser {browser_pct:.1f} % of a core over {wall:.1f} s "
-                               f"(browser pid {browser_pid}); target < 10 %")
+    windows = []
+    for _ in range(3):   # median of three 5-s windows: a loaded machine adds spikes of its own
+        s0, b0 = _tree_cpu(server["pid"]), _tree_cpu(browser_pid) if browser_pid else 0.0
+        t0 = time.perf_counter()
+        pg.wait_for_timeout(5000)
+        wall = time.perf_counter() - t0
+        s1, b1 = _tree_cpu(server["pid"]), _tree_cpu(browser_pid) if browser_pid else 0.0
+        windows.append((100 * (s1 - s0) / wall, 100 * (b1 - b0) / wall))
+    total = statistics.median(sv + bv for sv, bv in windows)
+    FIGURES["idle tab CPU"] = ("median %.1f %% of a core (server + browser per 5-s window: %s); target < 10 %%; "
+                               "load average %.1f" % (total, ", ".join(f"{sv:.0f}+{bv:.0f}" for sv, bv in windows),
+                                                      os.getloadavg()[0]))
     assert browser_pid is not None
-    assert server_pct + browser_pct < 10.0
+    assert total < 10.0, windows
 
 
 def _parent(pid: int) -> int:
