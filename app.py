@@ -1,11 +1,16 @@
 """RadixAttention, live: `streamlit run app.py`.
 
-One engine runs in its own thread (held with st.cache_resource, shared by every tab); the
-pages only read its snapshots and call its public methods.
+The pages reach the engine only through `radixui.state.get_client()`: an engine in this process
+(its own thread, shared by every tab), or `python -m core.server` when RADIX_ENGINE_URL is set.
 """
+import pathlib
+
 import streamlit as st
 
-st.set_page_config(page_title="RadixAttention live", page_icon=":material/account_tree:", layout="wide")
+ICON = str(pathlib.Path(__file__).parent / "radixui" / "static" / "favicon.png")  # local: works offline
+
+st.set_page_config(page_title="RadixAttention live", page_icon=ICON, layout="wide",
+                   initial_sidebar_state="collapsed")
 
 pages = [
     st.Page("radixui/pages/live.py", title="Live", icon=":material/account_tree:", default=True),

@@ -1,10 +1,11 @@
 """How long the dashboard takes to build its two heaviest figures, on the CPU.
 
 Question: does one refresh stay interactive on a big cache? Budget: under 100 ms per figure for
-(a) the radix tree of a 2,000-node cache (real RadixCache, collapsed to the 150-node budget) and
+(a) the radix tree of a 2,000-node cache (real RadixCache, collapsed to the 150-node budget; also
+with 20 eviction ghosts drawn) and
 (b) the layers x slots K-norm heatmap of a 100,000-slot, 30-layer pool (downsampled to 2,000
 columns). Prints the median of several runs and PASS/FAIL, plus what serialising the figure to
-JSON costs (st.plotly_chart pays that on every redraw) and, for information, the overview icicle.
+JSON costs (st.plotly_chart pays that on every redraw) and, for information, the overview treemap.
 
     .venv/bin/python benchmarks/bench_ui.py [--runs 15]
 """
@@ -115,10 +116,14 @@ def main() -> int:
     cache = build_tree(2000)
     snap = cache.snapshot()
     pool = build_pool()
+    from radixui.highlights import Ghost
+    leaves = [n for n in snap.nodes if n.is_leaf][:20]
+    ghosts = tuple(Ghost(10**6 + i, n.id, n.token_ids[:4], n.slots[:4], 0.0, 1.0, i % 3) for i, n in enumerate(leaves))
     rows = [  # (name, builder, held to the budget)
         (f"tree figure, {len(snap.nodes):,}-node cache", lambda: tree_figure(snap, token_text), True),
+        (f"tree figure + {len(ghosts)} eviction ghosts", lambda: tree_figure(snap, token_text, ghosts=ghosts), True),
         (f"K-norm heatmap, {pool.num_slots:,} slots x {pool.num_layers} layers", lambda: kv_heatmap(pool), True),
-        (f"tree overview (icicle), {len(snap.nodes):,} nodes", lambda: tree_overview(snap, token_text), False),
+        (f"tree overview (treemap), {len(snap.nodes):,} nodes", lambda: tree_overview(snap, token_text), False),
     ]
     ok = True
     print(f"{'figure':<50} {'build ms':>9} {'to_json ms':>11}  budget {BUDGET_MS:.0f} ms (build)")

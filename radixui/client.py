@@ -55,6 +55,15 @@ class EngineClient(Protocol):
     def step(self) -> bool:
         """One scheduler step in step mode; False when there was nothing to do."""
 
+    def token_bytes(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's raw bytes as hex (JSON-friendly), so labels decode whole runs: byte-level
+        BPE splits "Ü" over two tokens that decode to "�" one at a time."""
+
+    def request_tokens(self, rid: str) -> Optional[dict]:
+        """{"prompt_ids": [...], "output_ids": [...]} of a request still listed in the snapshot, or
+        None: the page walks the tree with them to highlight the path the request matched and
+        inserted."""
+
 
 class InProcessClient:
     """An engine in this process, held by an `EngineHolder` (rebuilds swap the engine)."""
@@ -112,3 +121,16 @@ class InProcessClient:
 
     def step(self) -> bool:
         return self._engine.step()
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[str]:
+        from radixui.token_bytes import token_bytes
+        tok = self._engine.tokenizer
+        if tok is None:
+            return [str(int(t)).encode().hex() for t in token_ids]
+        return [b.hex() for b in token_bytes(tok, token_ids)]
+
+    def request_tokens(self, rid: str) -> Optional[dict]:
+        req = self._engine._requests.get(rid)  # the engine keeps the last 200 finished requests
+        if req is None:
+            return None
+        return {"prompt_ids": [int(t) for t in req.prompt_ids], "output_ids": [int(t) for t in req.output_ids]}

@@ -1,15 +1,17 @@
-"""Sidebar controls of the Live page: engine settings (rebuild), reset, refresh and step mode."""
+"""Sidebar controls of the Live page: engine settings (rebuild), reset, refresh and step mode.
+Everything goes through the EngineClient, so the same sidebar drives a local or a remote engine."""
 from __future__ import annotations
 
 import streamlit as st
 
 from core.eviction import DESCRIPTIONS, POLICIES
 from core.scheduler import SCHEDULE_POLICIES
-from radixui.state import EngineConfig, EngineHolder
+from radixui.client import EngineClient
+from radixui.state import EngineConfig
 
 
-def engine_settings(holder: EngineHolder) -> None:
-    cfg = holder.config or EngineConfig()
+def engine_settings(client: EngineClient) -> None:
+    cfg = client.config() or EngineConfig()
     with st.sidebar.form("engine_settings"):
         st.markdown("**Engine** (applying rebuilds it)")
         model = st.text_input("Model", cfg.model, help="'default' (SmolLM2-135M-Instruct), a local Hugging Face "
@@ -27,7 +29,7 @@ def engine_settings(holder: EngineHolder) -> None:
                                eviction_policy=policy, schedule_policy=sched,
                                max_running_requests=cfg.max_running_requests,
                                max_prefill_tokens=cfg.max_prefill_tokens, disable_radix_cache=no_cache)
-            err = holder.rebuild(new)
+            err = client.rebuild(new)
             if err:
                 st.session_state.flash = ("error", f"Engine not changed: {err}")
             else:
@@ -35,27 +37,27 @@ def engine_settings(holder: EngineHolder) -> None:
                 st.session_state.pop("tt_seq", None)
 
 
-def live_controls(holder: EngineHolder) -> tuple[bool, float]:
-    """Returns (live refresh on, refresh interval s). Step mode stops the loop thread."""
-    engine = holder.get()
+def live_controls(client: EngineClient) -> tuple[bool, float]:
+    """Returns (live refresh on, poll interval s). Step mode stops the engine loop."""
     sb = st.sidebar
     sb.markdown("**View**")
     live = sb.toggle("Live refresh", value=True, help="Pause to freeze the views while you read them")
-    interval = sb.select_slider("Refresh every", options=[0.5, 1.0, 2.0, 5.0], value=0.5, format_func=lambda s: f"{s:g} s")
-    step_mode = sb.toggle("Step mode", value=not engine.running,
+    interval = sb.select_slider("Check for changes every", options=[0.25, 0.5, 1.0, 2.0], value=0.5,
+                                format_func=lambda s: f"{s:g} s",
+                                help="The page polls a cheap version number and redraws only when the engine changed")
+    stepping = client.is_stepping()
+    step_mode = sb.toggle("Step mode", value=stepping,
                           help="Stop the engine thread and advance one scheduler step per click")
-    if step_mode and engine.running:
-        engine.stop()
-    elif not step_mode and not engine.running:
-        engine.start()
+    if step_mode != stepping:
+        client.set_step_mode(step_mode)
     if step_mode and sb.button("Step", width="stretch", help="One scheduler step: admit, batch, sample, cache"):
-        if not engine.step():
+        if not client.step():
             st.session_state.flash = ("info", "Nothing to do: no request is waiting or running.")
     if sb.button("Reset cache", width="stretch"):
-        try:
-            engine.reset_cache()
+        err = client.reset_cache()
+        if err:
+            st.session_state.flash = ("error", err)
+        else:
             st.session_state.pop("tt_seq", None)
             st.session_state.flash = ("success", "Cache reset: the tree is empty and every slot is free.")
-        except ValueError as exc:
-            st.session_state.flash = ("error", str(exc))
     return live, interval

@@ -74,3 +74,30 @@ def render_kpis(st: Any, metrics: Mapping[str, Any], columns: int = 5) -> None:
         cols = st.columns(columns)
         for col, (label, value, help_) in zip(cols, tiles[start:start + columns]):
             col.metric(label, value, help=help_)
+
+
+def kpi_line(metrics: Mapping[str, Any], step: Optional[int] = None) -> str:
+    """Every KPI in one line of HTML (one element, so all numbers change together, from one
+    snapshot: a tile can never show a newer engine step than its neighbour)."""
+    from radixui.fmt import html_escape
+    cells = [f"<span class='kpi' title='{html_escape(help_)}'><span class='kpi-l'>{html_escape(label)}</span> "
+             f"<b class='kpi-v'>{html_escape(value)}</b></span>" for label, value, help_ in kpis(metrics)]
+    if step is not None:
+        cells.append(f"<span class='kpi kpi-step' title='The engine step these numbers are from'>step {int(step)}</span>")
+    return "<div class='kpi-line' data-testid='kpi-line'>" + "".join(cells) + "</div>"
+
+
+def sglang_status(metrics: Mapping[str, Any]) -> str:
+    """SGLang's scheduler log line, from the same numbers: `#running-req: 1, #queue-req: 0,
+    #token: 38, token usage: 0.04, cache hit rate: 45.2%, gen throughput (token/s): 12.3`."""
+    m = metrics or {}
+    used = None
+    num, free = _num(m, "num_slots"), _num(m, "free_slots")
+    if num is not None and free is not None:
+        used = num - free
+    usage = _num(m, "token_usage")
+    tps = _num(m, "decode_tokens_per_s")
+    return (f"#running-req: {_count(_num(m, 'running'))}, #queue-req: {_count(_num(m, 'waiting'))}, "
+            f"#token: {_count(used)}, token usage: {MISSING if usage is None else f'{usage:.2f}'}, "
+            f"cache hit rate: {_pct(_num(m, 'hit_rate'))}, "
+            f"gen throughput (token/s): {MISSING if tps is None else f'{tps:.2f}'}")

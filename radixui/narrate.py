@@ -51,3 +51,48 @@ def explain_step(events: Sequence[Event], cache: CacheSnapshot, pool: PoolView, 
         pieces = ", ".join(f"{s} ('{clean(token_text([int(pool.slot_tokens[s])]))}')" for s in stale[:8])
         lines.append(f"**Stale slots.** Free but still holding old KV until a later alloc overwrites them: {pieces}.")
     return lines
+
+
+def word_groups(tokens: Sequence[str]) -> list[list[str]]:
+    """Token pieces grouped into the words they spell: a piece that starts with a space (or the
+    first piece) starts a word (" won", "'t" -> one word "won't")."""
+    groups: list[list[str]] = []
+    for t in tokens:
+        if not groups or t.startswith((" ", "\n", "\t")):
+            groups.append([t])
+        else:
+            groups[-1].append(t)
+    return groups
+
+
+def article_token_note(tokens: Sequence[str], cached_tokens: int, events: Sequence[Event]) -> Optional[str]:
+    """Why this step's slot numbers differ from the article's, when they do: the article counts
+    one token per word, this model's tokenizer splits some words in two or more. Computed from
+    the step itself (its token pieces, cached count and alloc/evict events)."""
+    groups = word_groups(tokens)
+    split = [g for g in groups if len(g) > 1]
+    if not split:
+        return None
+    n_cached_words, seen = 0, 0
+    for g in groups:
+        if seen + len(g) > cached_tokens:
+            break
+        seen += len(g)
+        n_cached_words += 1
+    new_tokens = len(tokens) - cached_tokens
+    new_words = len(groups) - n_cached_words
+    names = ", ".join("'" + "".join(g).strip() + "' is " + " + ".join(f"'{p}'" for p in g) for g in split)
+    line = (f"**Why this differs from the article.** The article counts one token per word; this model's "
+            f"tokenizer splits some words: {names}. So the prompt is {len(tokens)} tokens, not {len(groups)}, "
+            f"and {new_tokens} new tokens need slots where the article needs {new_words}")
+    alloc = next((e for e in events if e.kind == "alloc"), None)
+    freed = [s for e in events if e.kind == "evict" for s in e.slots]
+    if alloc is not None:
+        article = list(alloc.slots[:new_words])
+        line += f": alloc({len(alloc.slots)}) takes {slot_list(alloc.slots)} where the article's takes {slot_list(article)}"
+        if freed:
+            here = [s for s in freed if s not in alloc.slots]
+            there = [s for s in freed if s not in article]
+            line += (f", so {'only ' if len(here) < len(there) else ''}{slot_list(here) if here else 'no slot'} "
+                     f"{'stays' if len(here) == 1 else 'stay'} free but stale (the article: {slot_list(there)})")
+    return line + "."

@@ -7,10 +7,15 @@ FILL = {
     "matched": "#2f7fd8",    # blue: matched this step
     "locked": "#9ca3af",     # grey: locked by a running request
     "collapsed": "#e5e7eb",
+    "evicted": "#fecaca",    # pale red ghost: evicted in the last few steps, fading
 }
-OVERVIEW_FILL = {"root": "#e5e7eb", "cached": "#dbe4f0", "evictable": "#f8d4d4"}
+# the overview's boxes: pale fills under dark text (contrast >= 4.5, checked by the tests)
+OVERVIEW_FILL = {"root": "#f3f4f6", "cached": "#dbeafe", "evictable": "#fee2e2", "inserted": "#bbf7d0",
+                 "matched": "#bfdbfe", "locked": "#e5e7eb"}
+OVERVIEW_TEXT = "#111827"
 OUTLINE = "#374151"
 EVICTABLE_OUTLINE = "#dc2626"  # red: evictable leaf
+GHOST_OUTLINE = "#dc2626"
 SPLIT_RING = "#6d28d9"
 VICTIM = "#dc2626"
 EDGE = "#9ca3af"
@@ -20,5 +25,6 @@ LEGEND_NAMES = {
     "locked": "locked",
     "cached": "cached",
     "collapsed": "collapsed subtrees (+N)",
+    "evicted": "evicted (fading)",
 }
 STATE_ORDER = ("inserted", "matched", "locked", "cached")

@@ -1,50 +1,114 @@
-"""Prompt entry: raw completion or chat, sampling controls, presets; several requests in flight."""
+"""The compact prompt bar: text, mode, sampling, priority, cache namespace, presets.
+
+Send and "Run preset" are both submit buttons of one form, so a preset runs with the values in
+the form (max new tokens, temperature, ...) as they are on screen, not as they were at the last
+Send. Number fields have no browser-side limits: an out-of-range value reaches `form_params`,
+which names the field and the range, instead of the browser silently refusing the click.
+"""
 from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional, Union
 
 import streamlit as st
 
-from core.engine import Engine
 from core.sampling import SamplingParams
+from radixui.client import EngineClient
 from radixui.presets import PRESETS, SYSTEM_PROMPT
 
+MAX_COPIES = 64
 
-def _submit_all(engine: Engine, prompts: list, params: SamplingParams) -> None:
+
+def _whole(name: str, value: Any, lo: int, hi: Optional[int] = None) -> int:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and float(value).is_integer() and value >= lo and (hi is None or value <= hi)
+    if not ok:
+        span = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+        raise ValueError(f"{name} must be a whole number {span}; got {value!r}. Change it and send again.")
+    return int(value)
+
+
+def _real(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+        raise ValueError(f"{name} must be {'above' if lo_open else 'at least'} {lo:g} and at most {hi:g}; "
+                         f"got {value!r}. Change it and send again.")
+    return float(value)
+
+
+def form_params(max_new: Any, temperature: Any, top_p: Any, top_k: Any, copies: Any,
+                priority: Any) -> tuple[SamplingParams, int]:
+    """The form's fields as SamplingParams and a copy count; ValueError naming the bad field."""
+    params = SamplingParams(max_new_tokens=_whole("Max new tokens", max_new, 1),
+                            temperature=_real("Temperature", temperature, 0.0, 2.0),
+                            top_p=_real("Top p", top_p, 0.0, 1.0, lo_open=True),
+                            top_k=_whole("Top k", top_k, 0), priority=_whole("Priority", priority, -10**6, 10**6))
+    return params, _whole("Copies", copies, 1, MAX_COPIES)
+
+
+def build_prompt(text: str, mode: str, system: str) -> Union[str, list]:
+    if mode == "Chat":
+        return ([{"role": "system", "content": system}] if system.strip() else []) + [{"role": "user", "content": text}]
+    return text
+
+
+def submit_all(client: EngineClient, prompts: list, params: SamplingParams, extra_key: Optional[str]) -> None:
+    """Submit every prompt; the rids go to session_state (the table shows them at once, before
+    the engine's next snapshot); the first rejection stops and is shown as an error."""
+    mine = st.session_state.setdefault("my_requests", {})
     sent = 0
     for p in prompts:
         try:
-            engine.submit(p, params)
-            sent += 1
+            rid = client.submit(p, params, extra_key=extra_key)
         except ValueError as exc:
-            st.session_state.flash = ("error", f"Request rejected: {exc}")
+            st.session_state.flash = ("error", f"Request rejected: {exc}" + (f" ({sent} sent before it)" if sent else ""))
             return
+        mine[rid] = (p if isinstance(p, str) else p[-1]["content"], time.time())
+        sent += 1
     st.session_state.flash = ("success", f"Sent {sent} request{'s' if sent != 1 else ''}.")
 
 
-def prompt_panel(engine: Engine) -> None:
+def prompt_panel(client: EngineClient) -> None:
     with st.form("prompt", clear_on_submit=False, border=True):
-        c1, c2 = st.columns([3, 1])
-        mode = c2.radio("Mode", ["Chat", "Raw completion"], horizontal=False,
+        text = st.text_area("Prompt", placeholder="Type a prompt, then Send. Send it again, or a variation, "
+                            "and watch the shared prefix light up in the tree.", height=84)
+        mode = st.radio("Mode", ["Chat", "Raw completion"], horizontal=True, label_visibility="collapsed",
                         help="Chat wraps your text in the instruct model's chat template")
-        system = c2.text_input("System prompt (chat)", SYSTEM_PROMPT)
-        text = c1.text_area("Prompt", placeholder="Type a prompt, then Send. Send it again, or a variation, "
-                            "and watch the shared prefix light up in the tree.", height=110)
-        s1, s2, s3, s4, s5 = st.columns(5)
-        max_new = s1.number_input("Max new tokens", 1, 512, 24)
-        temp = s2.number_input("Temperature", 0.0, 2.0, 0.0, 0.1, help="0 = greedy")
-        top_p = s3.number_input("Top p", 0.01, 1.0, 1.0, 0.05)
-        top_k = s4.number_input("Top k", 0, 1000, 0, help="0 = off")
-        copies = s5.number_input("Copies in flight", 1, 16, 1, help="Send the prompt this many times at once")
-        sent = st.form_submit_button("Send", type="primary")
-    params = SamplingParams(max_new_tokens=int(max_new), temperature=float(temp), top_p=float(top_p),
-                            top_k=int(top_k))
-    if sent:
-        if not text.strip():
-            st.session_state.flash = ("error", "Empty prompt: type some text before sending.")
-        else:
-            prompt = ([{"role": "system", "content": system}] if system.strip() else []) + \
-                [{"role": "user", "content": text}] if mode == "Chat" else text
-            _submit_all(engine, [prompt] * int(copies), params)
-    p1, p2 = st.columns([3, 1])
-    preset = p1.selectbox("Preset", list(PRESETS), label_visibility="collapsed")
-    if p2.button("Run preset", width="stretch"):
-        _submit_all(engine, PRESETS[preset][1], params)
+        n, c, pr = st.columns(3)
+        max_new = n.number_input("Max new tokens", value=24, step=1, min_value=None, max_value=None)
+        copies = c.number_input("Copies", value=1, step=1, min_value=None, max_value=None,
+                                help=f"Send the prompt this many times at once (1-{MAX_COPIES})")
+        priority = pr.number_input("Priority", value=0, step=1, min_value=None, max_value=None,
+                                   help="SamplingParams.priority: the 'priority' eviction policy keeps "
+                                        "high-priority prefixes longer")
+        with st.expander("Sampling, system prompt, cache namespace"):
+            s1, s2, s3 = st.columns(3)
+            temp = s1.number_input("Temperature", value=0.0, step=0.1, min_value=None, max_value=None,
+                                   help="0 = greedy")
+            top_p = s2.number_input("Top p", value=1.0, step=0.05, min_value=None, max_value=None)
+            top_k = s3.number_input("Top k", value=0, step=1, min_value=None, max_value=None, help="0 = off")
+            system = st.text_input("System prompt (chat)", SYSTEM_PROMPT)
+            namespace = st.text_input("Cache namespace (extra_key)", "",
+                                      help="Requests share cached prefixes only within one namespace "
+                                           "(SGLang's extra_key, e.g. one per LoRA or tenant)")
+        b1, b2, b3 = st.columns([0.8, 1.7, 1.1], vertical_alignment="bottom")
+        sent = b1.form_submit_button("Send", type="primary", width="stretch")
+        preset = b2.selectbox("Preset", list(PRESETS), label_visibility="collapsed")
+        run_preset = b3.form_submit_button("Run preset", width="stretch",
+                                           help="Send the preset's prompts with the values in this form")
+    if not (sent or run_preset):
+        return
+    try:
+        params, n_copies = form_params(max_new, temp, top_p, top_k, copies, priority)
+    except ValueError as exc:
+        st.session_state.flash = ("error", str(exc))
+        return
+    extra_key = namespace.strip() or None
+    if run_preset:
+        submit_all(client, list(PRESETS[preset][1]), params, extra_key)
+    elif not text.strip():
+        st.session_state.flash = ("error", "Empty prompt: type some text before sending.")
+    else:
+        submit_all(client, [build_prompt(text, mode, system)] * n_copies, params, extra_key)

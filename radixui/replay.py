@@ -283,6 +283,14 @@ class Replayer:
         """Slot states and tokens after every event with seq <= `seq` (k_norms None)."""
         return self._model_at(seq).pool(num_layers)
 
+    def extend(self, events: Iterable[EventLike]) -> None:
+        """Append later events (the checkpoints taken so far stay valid)."""
+        for e in events:
+            s = int(ev_get(e, "seq", 0))
+            if s > self.last_seq:
+                self.events.append(e)
+                self.seqs.append(s)
+
     def events_between(self, after: int, upto: int) -> list:
         """Events with after < seq <= upto (to highlight what one step did)."""
         return [e for e, s in zip(self.events, self.seqs) if after < s <= upto]

@@ -19,17 +19,18 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from core.snapshot import EVICTABLE, FREE_STALE, IN_USE, LOCKED, SLOT_STATES, CacheSnapshot, PoolView
+from core.snapshot import (EVICTABLE, FREE_STALE, IN_USE, LOCKED, NEVER_WRITTEN, PADDING, SLOT_STATES,
+                           CacheSnapshot, PoolView)
 from radixui.fmt import TokenText, clean, html_escape, resolve_token_text, shorten, slot_list
 from radixui.plot import figure
 
-STATE_COLOURS = {
-    "padding": "#4b5563",
-    "never_written": "#f9fafb",
-    "free_stale": "#e5e7eb",
-    "evictable": "#f4a7a7",   # cached and evictable: the red of the tree's evictable outline, pale
-    "locked": "#9ca3af",      # the tree's grey for locked
-    "in_use": "#f59e0b",
+STATE_COLOURS = {             # far apart on purpose (the tests hold every pair >= 80 apart in RGB)
+    "padding": "#374151",
+    "never_written": "#ffffff",
+    "free_stale": "#fde68a",  # pale yellow: free, but the old KV is still there (struck through)
+    "evictable": "#f87171",   # cached and evictable: the red of the tree's evictable outline, lighter
+    "locked": "#7c8797",      # the tree's grey for locked, darker
+    "in_use": "#60a5fa",      # blue: a running request writes here
 }
 STATE_LABELS = {
     "padding": "padding (never handed out)",
@@ -45,6 +46,16 @@ _RANK = np.array([OCCUPANCY_ORDER.index(s) for s in SLOT_STATES], dtype=np.int8)
 _UNRANK = np.array([SLOT_STATES.index(s) for s in OCCUPANCY_ORDER], dtype=np.int8)     # rank -> code
 OCCUPIED = (EVICTABLE, LOCKED, IN_USE)
 MAX_COLS = 2000
+ROW_CELLS = 160   # the slot row draws up to this many cells (text only where a cell is wide enough)
+
+
+def written_range(pool: PoolView, margin: int = 4, min_slots: int = 16) -> tuple[int, int]:
+    """[0, hi): the slots ever written plus a few free ones after them, so the default view zooms
+    to where the KV is instead of a pool that is mostly never written."""
+    size = len(pool.states)
+    written = np.flatnonzero((pool.states != NEVER_WRITTEN) & (pool.states != PADDING))
+    hi = int(written[-1]) + 1 + margin if len(written) else 0
+    return 0, min(size, max(hi, min_slots))
 
 
 def _state_colorscale() -> list:
@@ -81,6 +92,22 @@ def slot_owners(cache: CacheSnapshot, size: int) -> np.ndarray:
     return owners
 
 
+def _slot_texts(pool: PoolView, cache: CacheSnapshot, tt: TokenText, lo: int, hi: int) -> list[str]:
+    """Each slot's token as text. With a decoder that knows token bytes (`tt.pieces`), a slot in a
+    tree node is decoded in the context of its node's run, so a character split over two tokens
+    shows whole on the slot that completes it ("·" on the one before) instead of "�" twice."""
+    toks = pool.slot_tokens
+    out = {s: clean(tt([int(toks[s])])) if toks[s] >= 0 else "" for s in range(lo, hi)}
+    pieces = getattr(tt, "pieces", None)
+    if pieces is not None:
+        for n in cache.nodes:
+            if n.slots and n.slots[-1] >= lo and n.slots[0] < hi:
+                for s, text in zip(n.slots, pieces(n.token_ids)):
+                    if lo <= s < hi and toks[s] >= 0:
+                        out[s] = clean(text)
+    return [out[s] for s in range(lo, hi)]
+
+
 # ----- (a) the slot row ----------------------------------------------------------------------------
 def slot_table(pool: PoolView, cache: CacheSnapshot, token_text: Optional[TokenText] = None,
                lo: Optional[int] = None, hi: Optional[int] = None) -> pd.DataFrame:
@@ -94,7 +121,7 @@ def slot_table(pool: PoolView, cache: CacheSnapshot, token_text: Optional[TokenT
     df = pd.DataFrame({
         "slot": np.arange(lo, hi),
         "token_id": toks.astype(np.int64),
-        "text": [clean(tt([int(t)])) if t >= 0 else "" for t in toks],
+        "text": _slot_texts(pool, cache, tt, lo, hi),
         "node": pd.array([int(o) if o >= 0 else None for o in owners], dtype="Int64"),
         "state": [SLOT_STATES[int(c)] for c in codes],
     })
@@ -103,7 +130,7 @@ def slot_table(pool: PoolView, cache: CacheSnapshot, token_text: Optional[TokenT
 
 
 def slot_row_figure(pool: PoolView, cache: CacheSnapshot, token_text: Optional[TokenText] = None,
-                    lo: Optional[int] = None, hi: Optional[int] = None, max_cells: int = 64,
+                    lo: Optional[int] = None, hi: Optional[int] = None, max_cells: int = ROW_CELLS,
                     width: int = 1200, title: Optional[str] = None) -> go.Figure:
     """The article's slot row: one cell per slot in [lo, hi) (at most `max_cells`, from lo), coloured
     by state, holding its token text (struck through when free but stale), the owning node under
@@ -114,16 +141,16 @@ def slot_row_figure(pool: PoolView, cache: CacheSnapshot, token_text: Optional[T
     hi = min(hi, lo + max_cells)
     df = slot_table(pool, cache, tt, lo, hi)
     n = len(df)
-    cell_px = max(8.0, (width - 40) / n)
-    chars = max(1, int((cell_px - 6) / 7))
+    cell_px = max(2.0, (width - 40) / n)
+    chars = int((cell_px - 6) / 7)   # 0: cells too narrow for text (hover still has it)
     codes = pool.states[lo:hi].astype(float)
     texts, hovers = [], []
     for r in df.itertuples(index=False):
-        label = html_escape(shorten(r.text, chars)) if r.text else ""
+        label = html_escape(shorten(r.text, chars)) if r.text and chars >= 1 else ""
         if r.stale and label:
             label = f"<s>{label}</s>"
         texts.append(label)
-        owner = f"node {int(r.node)}" if r.node is not pd.NA and not pd.isna(r.node) else "no node"
+        owner = f"tree node #{int(r.node)}" if r.node is not pd.NA and not pd.isna(r.node) else "no tree node"
         hovers.append(f"slot {r.slot}<br>{STATE_LABELS[r.state]}<br>"
                       + (f"token {r.token_id}: '{html_escape(r.text)}'" if r.token_id >= 0 else "never written")
                       + f"<br>{owner}")
@@ -144,7 +171,8 @@ def slot_row_figure(pool: PoolView, cache: CacheSnapshot, token_text: Optional[T
             bx += [x[i] - 0.42, x[i] - 0.42, x[j] + 0.42, x[j] + 0.42, None]
             by += [-0.62, -0.7, -0.7, -0.62, None]
             lx.append((x[i] + x[j]) / 2)
-            lt.append(f"node {int(owners[i])}" if (j - i + 1) * cell_px >= 52 else f"{int(owners[i])}")
+            label = f"#{int(owners[i])}"   # the number in that node's circle in the tree
+            lt.append(label if (j - i + 1) * cell_px >= 7 * len(label) else "")
         i = j + 1
     traces.append(dict(type="scatter", x=bx, y=by, mode="lines", line=dict(color="#374151", width=1.5),
                        hoverinfo="skip", showlegend=False, name="owners"))
@@ -153,7 +181,8 @@ def slot_row_figure(pool: PoolView, cache: CacheSnapshot, token_text: Optional[T
                        hoverinfo="skip", showlegend=False, name="owner labels"))
     traces += _legend_entries()
     free = cache.free_slots()
-    notes = [f"free_pages (front is handed out next): {slot_list(free)}"
+    notes = ["#N under a run: tree node N holds those slots",
+             f"free_pages (front is handed out next): {slot_list(free)}"
              if free else "free_pages: [] (no free slot: the next alloc must evict)"]
     if cut:
         notes.append(f"showing slots {lo}–{hi - 1}; narrow the range to see others")
@@ -171,6 +200,9 @@ def slot_row_figure(pool: PoolView, cache: CacheSnapshot, token_text: Optional[T
                           text=" · ".join(notes))],
         meta=dict(lo=lo, hi=hi),
     )
+    if n > 64:   # every slot numbered only while the numbers fit
+        keep = x[::int(np.ceil(n / 32))]
+        layout["xaxis"].update(tickvals=keep, ticktext=[str(s) for s in keep])
     if title:
         layout["title"] = dict(text=title, x=0.01, font=dict(size=15))
     return figure(traces, layout)
@@ -220,7 +252,9 @@ def kv_heatmap(pool: PoolView, lo: Optional[int] = None, hi: Optional[int] = Non
                    customdata=names.reshape(1, -1), name="states",
                    hovertemplate=f"slot %{{x}}{bin_note}<br>%{{customdata}}<extra></extra>")]
     if b.k_max is not None:
-        traces.append(dict(type="heatmap", x=x, y=np.arange(pool.num_layers), z=b.k_max, xaxis="x", yaxis="y",
+        # never-written slots hold no KV: blank (NaN), not the colour of a zero norm
+        z = np.where((b.states == NEVER_WRITTEN) | (b.states == PADDING), np.nan, b.k_max)
+        traces.append(dict(type="heatmap", x=x, y=np.arange(pool.num_layers), z=z, xaxis="x", yaxis="y",
                            colorscale="Viridis", zmin=0, name="k_norms",
                            colorbar=dict(title=dict(text="‖K‖", side="right"), thickness=12, len=0.8, y=0.4),
                            hovertemplate=f"slot %{{x}}{bin_note}<br>layer %{{y}}<br>‖K‖ %{{z:.3g}}<extra></extra>"))

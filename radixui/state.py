@@ -15,12 +15,13 @@ from core.model import ModelRunner
 from core.walkthrough import WalkthroughStep, run_walkthrough
 
 DEFAULT_MODEL = os.environ.get("RADIX_MODEL", "default")
+DEFAULT_POOL_SLOTS = int(os.environ.get("RADIX_POOL_SLOTS", "1024"))  # a small pool shows eviction sooner
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL
-    pool_slots: int = 1024
+    pool_slots: int = DEFAULT_POOL_SLOTS
     page_size: int = 1
     eviction_policy: str = "lru"
     schedule_policy: str = "lpm"

@@ -14,23 +14,23 @@ small subtrees into "+N" nodes (a node budget, a depth limit, and columns wide e
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import plotly.graph_objects as go
 
 from core.snapshot import CacheSnapshot, NodeView
-from radixui.events import EventLike, ev_get, ev_kind
 from radixui.fmt import (TokenText, clean, fit_runs, fmt_time, html_escape, resolve_token_text, shorten,
                          slot_runs)
-from radixui.palette import (EDGE, EVICTABLE_OUTLINE, FILL, LEGEND_NAMES, OUTLINE, OVERVIEW_FILL, SPLIT_RING,
+from radixui.highlights import Ghost, Highlights, node_state, step_highlights
+from radixui.palette import (EDGE, EVICTABLE_OUTLINE, FILL, GHOST_OUTLINE, LEGEND_NAMES, OUTLINE, SPLIT_RING,
                              STATE_ORDER, VICTIM)
 from radixui.layout import MAX_DEPTH, NODE_BUDGET, Folding, snapshot_graph, tidy_layout, visible_tree
+from radixui.overview import tree_overview
 from radixui.plot import figure
 
 __all__ = ["Highlights", "step_highlights", "node_state", "tree_figure", "tree_overview", "edge_label",
            "node_label", "node_hover", "wrap_label", "snapshot_graph", "tidy_layout", "visible_tree",
-           "NODE_BUDGET", "MAX_DEPTH", "FILL", "LEGEND_NAMES", "OUTLINE", "EVICTABLE_OUTLINE"]
+           "NODE_BUDGET", "MAX_DEPTH", "FILL", "LEGEND_NAMES", "OUTLINE", "EVICTABLE_OUTLINE", "Ghost"]
 
 
 MARKER_SIZE = 20
@@ -39,68 +39,26 @@ LEVEL_PX = 118     # pixels from one level to the next
 CHAR_PX = 6.8      # average width of one character of the 12 px label font
 
 
-@dataclass(frozen=True)
-class Highlights:
-    """Node ids that changed in "this step" (a window of events), for colouring."""
-    inserted: frozenset = frozenset()
-    matched: frozenset = frozenset()
-    split: frozenset = frozenset()
-    evicted: frozenset = frozenset()
-    # (node id, token ids, slots) of each evicted node, to name it once it is gone from the tree
-    evicted_nodes: tuple = ()
-
-
-def step_highlights(events: Iterable[EventLike]) -> Highlights:
-    """Highlights from the events of one step: inserts -> green, match paths -> blue, both halves of
-    every split -> dashed, evicted nodes listed (and dropped from the other sets)."""
-    inserted, matched, split, evicted = set(), set(), set(), set()
-    evicted_nodes = []
-    for e in events:
-        kind = ev_kind(e)
-        if kind == "insert":
-            inserted.add(int(ev_get(e, "node")))
-        elif kind == "match":
-            matched.update(int(n) for n in (ev_get(e, "path") or ()))
-        elif kind == "split":
-            split.update((int(ev_get(e, "node")), int(ev_get(e, "new_parent"))))
-        elif kind == "evict":
-            nid = int(ev_get(e, "node"))
-            evicted.add(nid)
-            evicted_nodes.append((nid, tuple(ev_get(e, "token_ids") or ()), tuple(ev_get(e, "slots") or ())))
-        elif kind == "reset":
-            inserted, matched, split, evicted, evicted_nodes = set(), set(), set(), set(), []
-    gone = frozenset(evicted)
-    return Highlights(frozenset(inserted - gone), frozenset(matched - gone), frozenset(split - gone),
-                      gone, tuple(evicted_nodes))
-
-
-def node_state(node: NodeView, highlights: Optional[Highlights] = None) -> str:
-    """Fill category of a node: root, inserted, matched, locked or cached (first that applies)."""
-    if node.parent is None:
-        return "root"
-    h = highlights or Highlights()
-    if node.id in h.inserted:
-        return "inserted"
-    if node.id in h.matched:
-        return "matched"
-    if node.lock_ref > 0:
-        return "locked"
-    return "cached"
-
-
 # ----- labels ----------------------------------------------------------------------------------
 def wrap_label(text: str, width: int, max_lines: int = 2) -> list[str]:
-    """Up to `max_lines` lines of at most `width` characters, broken at spaces where possible;
-    a longer text ends its last line with "…"."""
+    """Up to `max_lines` lines of at most `width` characters, broken at spaces only: a word never
+    splits across lines (one longer than a line is shortened with "…"), and a longer text ends
+    its last line with "…"."""
     text = clean(text)
     width = max(1, width)
     if len(text) <= width:
         return [text]
-    lines = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+    words = [w if len(w) <= width else shorten(w, width) for w in text.split(" ") if w]
+    lines = textwrap.wrap(" ".join(words), width, break_long_words=False, break_on_hyphens=False) or [""]
     if len(lines) <= max_lines:
         return lines
     head = lines[:max_lines - 1]
-    return head + [shorten(" ".join(lines[max_lines - 1:]), width)]
+    out = ""
+    for w in " ".join(lines[max_lines - 1:]).split(" "):
+        if len(out) + bool(out) + len(w) > width - 1:
+            break
+        out = f"{out} {w}" if out else w
+    return head + [out + "…" if out else shorten(lines[max_lines - 1], width)]
 
 
 def edge_label(token_ids: Sequence[int], token_text: TokenText, width: int, max_lines: int = 2) -> str:
@@ -138,7 +96,15 @@ def node_hover(n: NodeView, token_text: TokenText, state: str, is_victim: bool =
 
 
 # ----- figure ----------------------------------------------------------------------------------
-def _legend_traces() -> list:
+GHOST_OPACITY = (0.95, 0.6, 0.35)
+
+
+def _ghost_colour(age: int) -> str:
+    """Ghost text and outline: red fading towards grey with age."""
+    return ("#dc2626", "#e98b8b", "#f3c4c4")[min(age, 2)]
+
+
+def _legend_traces(ghosts: bool = False) -> list:
     def entry(name: str, **marker) -> dict:
         return dict(type="scatter", x=[None], y=[None], mode="markers", name=name, showlegend=True,
                     hoverinfo="skip", marker=marker)
@@ -148,18 +114,21 @@ def _legend_traces() -> list:
     out.append(entry("just split", size=15, symbol="circle-open-dot", color=SPLIT_RING,
                      line=dict(color=SPLIT_RING, width=1.5)))
     out.append(entry("next victim", size=12, symbol="x-thin", color=VICTIM, line=dict(color=VICTIM, width=3)))
+    if ghosts:
+        out.append(entry(LEGEND_NAMES["evicted"] + " ", size=13, color=FILL["evicted"],
+                         line=dict(color=GHOST_OUTLINE, width=2)))
     return out
 
 
 def _group() -> dict:
-    return {k: [] for k in ("x", "y", "text", "hover", "line", "lw", "sym", "ids")}
+    return {k: [] for k in ("x", "y", "text", "hover", "line", "lw", "sym", "ids", "op")}
 
 
 def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
                 highlights: Optional[Highlights] = None, focus: Optional[int] = None,
                 node_budget: int = NODE_BUDGET, max_depth: Optional[int] = MAX_DEPTH,
                 width: int = 1200, min_column_px: float = 80, height: Optional[int] = None,
-                title: Optional[str] = None) -> go.Figure:
+                title: Optional[str] = None, ghosts: Sequence[Ghost] = ()) -> go.Figure:
     """The radix tree as a plotly figure (see the module docstring for the encoding).
 
     token_text: decodes a run of token ids (default: the ids themselves).
@@ -170,6 +139,8 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
     width: the pixel width the figure will get (it autosizes); with `min_column_px` it caps the
         columns, folding more nodes until every column can carry a label.
     height: pixels; by default 118 per level.
+    ghosts: nodes evicted lately (`ghosts_from_events`), drawn where they were, fading with age,
+        with their slots struck through (those slots are free now, their KV stale).
     """
     tt = resolve_token_text(token_text)
     h = highlights or Highlights()
@@ -178,12 +149,24 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
     for n in snapshot.nodes:
         if n.parent is not None:
             children[n.parent].append(n.id)
+    ghost_age: dict = {}
+    pending = [g for g in ghosts if g.id not in views]
+    while pending:
+        placed = [g for g in pending if g.parent in views]
+        if not placed:
+            break
+        for g in placed:
+            views[g.id] = g.view()
+            children[g.parent].append(g.id)
+            children[g.id] = []
+            ghost_age[g.id] = g.age
+        pending = [g for g in pending if g.id not in views]
     root = snapshot.root_id if focus is None else focus
     if root not in views:
         raise ValueError(f"node {focus} is not in the tree (evicted, or from another snapshot); "
                          f"pick one of the ids shown in the tree")
     victim = snapshot.eviction_order[0] if snapshot.eviction_order else None
-    keep = [n for n in (*h.inserted, *h.matched, *h.split, victim) if n is not None and n in views]
+    keep = [n for n in (*h.inserted, *h.matched, *h.split, victim, *ghost_age) if n is not None and n in views]
     folding = Folding(children, views, root, max_depth)
     max_cols = max(1.0, (width - 20) / min_column_px)
     budget = node_budget
@@ -207,7 +190,7 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
     labels = chars >= 3
 
     # edge labels first: how many lines each child's label takes decides where its stroke stops
-    lx, ly, lt, lh, lines = [], [], [], [], {}
+    lx, ly, lt, lh, lc, lines = [], [], [], [], [], {}
     for p, c in disp.edges:
         cx, cy = pos[c]
         if isinstance(c, tuple):
@@ -219,7 +202,9 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
         else:
             v = disp.nodes[c]["view"]
             lt.append(edge_label(v.token_ids, tt, chars) if labels else "")
-            lh.append(f"node {v.id}: " + html_escape(shorten(clean(tt(v.token_ids)), 300)))
+            lh.append(("evicted " if c in ghost_age else "") + f"node {v.id}: "
+                      + html_escape(shorten(clean(tt(v.token_ids)), 300)))
+        lc.append(_ghost_colour(ghost_age[c]) if c in ghost_age else "#111827")
         lines[c] = (lt[-1].count("<br>") + 1) if lt[-1] else 0
         lx.append(cx)
         ly.append(cy)
@@ -227,23 +212,31 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
     # edges: elbows from under the parent's slot label to a bar, along it, down to the child's text
     ex: list = []
     ey: list = []
+    gx: list = []
+    gy: list = []
     r_px = LABEL_MARKER / 2   # labels start this far from a node's centre
     for p, c in disp.edges:
         (px, py), (cx, cy) = pos[p], pos[c]
         top = py - (r_px + (4 if p == root else 4 + 1.25 * font + 4)) * u
         bar = py - 0.40
         bottom = cy + (r_px + 4 + 1.25 * font * lines[c]) * u
-        ex += [px, px, cx, cx, None]
-        ey += [top, bar, bar, min(bottom, bar - 0.02), None]
+        xs, ys = (gx, gy) if c in ghost_age else (ex, ey)
+        xs += [px, px, cx, cx, None]
+        ys += [top, bar, bar, min(bottom, bar - 0.02), None]
     traces: list = [dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color=EDGE, width=1.6),
                          hoverinfo="skip", showlegend=False, name="edges")]
+    if gx:
+        traces.append(dict(type="scatter", x=gx, y=gy, mode="lines", hoverinfo="skip", showlegend=False,
+                           line=dict(color=GHOST_OUTLINE, width=1.4, dash="dot"), name="ghost edges"))
     traces.append(dict(type="scatter", x=lx, y=ly, mode="markers+text", text=lt, textposition="top center",
-                       textfont=dict(size=font, color="#111827"), hovertext=lh, hoverinfo="text",
+                       textfont=dict(size=font, color=lc), hovertext=lh, hoverinfo="text",
                        marker=dict(size=LABEL_MARKER, opacity=0), showlegend=False, name="edge text"))
 
     # nodes, one trace per fill state; the slot label sits under each node
     groups: dict[str, dict] = {}
     split_xy, victim_xy = [], None
+    ids_x, ids_y, ids_t, ids_c = [], [], [], []   # node ids, printed inside the circles
+    ghosts_by_id = {g.id: g for g in ghosts}
     for n in disp.nodes:
         x, y = pos[n]
         if isinstance(n, tuple):
@@ -253,6 +246,17 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
             g["hover"].append(f"{a['hidden']} hidden nodes, {a['tokens']:,} tokens: "
                               f"focus node {n[1]} or raise the node budget to see them")
             g["line"].append(OUTLINE); g["lw"].append(1.0); g["sym"].append("square")
+        elif n in ghost_age:
+            v = disp.nodes[n]["view"]
+            g = groups.setdefault("evicted", _group())
+            g["text"].append(f"<s>{html_escape(node_label(v.slots, chars))}</s>" if labels else "")
+            g["hover"].append(f"<b>node {v.id}, evicted</b> at time {fmt_time(ghosts_by_id[n].evicted_at)} · "
+                              f"{len(v.token_ids)} tokens<br>text: {html_escape(shorten(clean(tt(v.token_ids)), 200))}"
+                              f"<br>slots {html_escape(slot_runs(v.slots, max_runs=12))} went back to free_pages "
+                              f"(their KV stays, stale, until a later alloc overwrites it)")
+            g["line"].append(_ghost_colour(ghost_age[n])); g["lw"].append(2.0); g["sym"].append("circle")
+            g["op"].append(GHOST_OPACITY[min(ghost_age[n], len(GHOST_OPACITY) - 1)])
+            ids_x.append(x); ids_y.append(y); ids_t.append(str(v.id)); ids_c.append(_ghost_colour(ghost_age[n]))
         else:
             v = disp.nodes[n]["view"]
             state = node_state(v, h)
@@ -262,13 +266,18 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
             g["line"].append(EVICTABLE_OUTLINE if v.evictable else OUTLINE)
             g["lw"].append(3.2 if v.evictable else 1.5)
             g["sym"].append("circle")
+            if v.parent is not None:
+                ids_x.append(x); ids_y.append(y); ids_t.append(str(v.id))
+                ids_c.append("#ffffff" if state in ("inserted", "matched", "locked") else "#111827")
             if v.id in h.split:
                 split_xy.append((x, y))
             if v.id == victim:
                 victim_xy = (x, y)
         g["x"].append(x); g["y"].append(y); g["ids"].append(str(n) if not isinstance(n, tuple) else f"+{n[1]}")
+        if len(g["op"]) < len(g["x"]):
+            g["op"].append(1.0)
     sx, sy, st_ = [], [], []
-    for state in ("root", "collapsed", *reversed(STATE_ORDER)):
+    for state in ("root", "collapsed", "evicted", *reversed(STATE_ORDER)):
         g = groups.get(state)
         if not g:
             continue
@@ -279,14 +288,17 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
             textfont=dict(size=font - 1, color="#374151", family="monospace"), customdata=g["ids"],
             hovertext=g["hover"], hoverinfo="text", name=LEGEND_NAMES.get(state, state), showlegend=False,
             marker=dict(size=14 if state in ("root", "collapsed") else MARKER_SIZE, color=FILL[state],
-                        symbol=g["sym"], line=dict(color=g["line"], width=g["lw"]))))
+                        symbol=g["sym"], line=dict(color=g["line"], width=g["lw"]), opacity=g["op"])))
         if not root_text:
             sx += g["x"]; sy += g["y"]; st_ += g["text"]
     # slot labels under the nodes, from a wider invisible marker so they clear the split ring
     traces.append(dict(type="scatter", x=sx, y=sy, mode="markers+text", text=st_, textposition="bottom center",
                        textfont=dict(size=font - 1, color="#374151", family="monospace"), hoverinfo="skip",
                        marker=dict(size=LABEL_MARKER, opacity=0), showlegend=False, name="slots"))
-    traces.extend(_legend_traces())
+    traces.append(dict(type="scatter", x=ids_x, y=ids_y, mode="text", text=ids_t, textposition="middle center",
+                       textfont=dict(size=9 if font >= 12 else 8, color=ids_c), hoverinfo="skip",
+                       showlegend=False, name="node ids"))
+    traces.extend(_legend_traces(bool(ghost_age)))
 
     ring = MARKER_SIZE / 2 + 3.5
     shapes = [dict(type="circle", xref="x", yref="y", xsizemode="pixel", ysizemode="pixel",
@@ -343,42 +355,3 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
     return figure(traces, layout)
 
 
-# ----- overview ----------------------------------------------------------------------------------
-def tree_overview(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
-                  highlights: Optional[Highlights] = None, kind: str = "icicle",
-                  height: int = 420, label_chars: int = 24, max_depth: int = 6) -> go.Figure:
-    """Every node as a box sized by the tokens in its subtree (plotly icicle or treemap), coloured
-    like the tree (evictable leaves pale red); `max_depth` levels at once, click a box to go deeper.
-    Box ids are the node ids as strings, so a click can set the tree's `focus`."""
-    if kind not in ("icicle", "treemap"):
-        raise ValueError(f"kind must be 'icicle' or 'treemap', got {kind!r}")
-    tt = resolve_token_text(token_text)
-    h = highlights or Highlights()
-    nodes = snapshot.nodes
-    tokens = {n.id: len(n.token_ids) for n in nodes}
-    for n in reversed(nodes):
-        if n.parent is not None:
-            tokens[n.parent] += tokens[n.id]
-    ids = [str(n.id) for n in nodes]
-    parents = ["" if n.parent is None else str(n.parent) for n in nodes]
-    labels, colours, hover = [], [], []
-    for n in nodes:
-        state = node_state(n, h)
-        if n.parent is None:
-            labels.append(f"root · {tokens[n.id]:,} tokens")
-        else:
-            labels.append(html_escape(shorten(clean(tt(n.token_ids)), label_chars)) or f"node {n.id}")
-        colours.append(OVERVIEW_FILL.get(state, FILL.get(state)) if not (state == "cached" and n.evictable)
-                       else OVERVIEW_FILL["evictable"])
-        hover.append(f"node {n.id} · {len(n.token_ids)} tokens · subtree {tokens[n.id]:,} tokens<br>"
-                     f"slots {html_escape(slot_runs(n.slots, max_runs=4))} · last_access_time "
-                     f"{fmt_time(n.last_access_time)} · lock_ref {n.lock_ref}")
-    trace = dict(type=kind, ids=ids, parents=parents, labels=labels, values=[max(tokens[n.id], 0) for n in nodes],
-                branchvalues="total", hovertext=hover, hoverinfo="text",
-                marker=dict(colors=colours, line=dict(color="#ffffff", width=1)),
-                textfont=dict(size=12), maxdepth=max_depth)
-    if kind == "icicle":
-        trace["tiling"] = dict(orientation="v")
-    layout = dict(height=height, margin=dict(l=4, r=4, t=28, b=4),
-                  title=dict(text="Overview: boxes sized by tokens (click to zoom)", x=0.01, font=dict(size=13)))
-    return figure([trace], layout)

@@ -64,8 +64,15 @@ def test_event_table_filters_kinds_and_limits(walk):
 def test_style_tints_split_and_evict_rows(walk):
     cache, tok, _ = walk
     df = event_table(list(cache.events), tok.token_text)
-    html = style_event_table(df).to_html()
-    assert HIGHLIGHT_COLOURS["split"] in html and HIGHLIGHT_COLOURS["evict"] in html
+    styler = style_event_table(df)
+    styler._compute()
+    tint = {}   # row -> the background colours its cells got
+    for (row, _col), props in styler.ctx.items():
+        tint.setdefault(row, set()).update(v for k, v in props if k == "background-color")
+    for row, kind in enumerate(df["kind"]):
+        want = {HIGHLIGHT_COLOURS[kind]} if kind in ("split", "evict") else set()
+        assert tint.get(row, set()) == want, (row, kind, tint.get(row))
+    assert sorted(df["kind"][[r for r, c in tint.items() if c]]) == ["evict", "split", "split"]
 
 
 def test_event_counts(walk):

@@ -1,5 +1,3 @@
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,7 +7,7 @@ from core.snapshot import (EVICTABLE, FREE_STALE, IN_USE, LOCKED, NEVER_WRITTEN,
 from radixui.plot import validate
 from radixui.replay import empty_snapshot
 from radixui.slots import (MAX_COLS, OCCUPANCY_ORDER, STATE_COLOURS, bin_slots, kv_heatmap, occupied_mask,
-                           slot_owners, slot_row_figure, slot_table)
+                           slot_owners, slot_row_figure, slot_table, written_range)
 
 
 def trace(fig, name):
@@ -65,8 +63,10 @@ def test_slot_row_figure_cells_text_and_strike_through(walk):
     assert texts[8] == "<s>runs</s>" and texts[9] == "<s>out</s>"          # free but stale
     assert [SLOT_STATES[int(c)] for c in cells.z[0]] == ["padding"] + ["evictable"] * 7 + ["free_stale"] * 2 + \
         ["evictable"] * 2
-    assert list(trace(fig, "owner labels").text) == ["node 2", "node 4", "node 1", "node 6", "node 5"]
+    # "#N" under every run, as in the tree's circles: never "node 2" in one place and "6" in another
+    assert list(trace(fig, "owner labels").text) == ["#2", "#4", "#1", "#6", "#5"]
     notes = " ".join(a.text for a in fig.layout.annotations)
+    assert "#N under a run: tree node N holds those slots" in notes
     assert "free_pages (front is handed out next): [8,9]" in notes
     assert [t.name for t in fig.data if t.showlegend] == [
         "padding (never handed out)", "never written", "free, stale KV", "cached, evictable",
@@ -76,7 +76,7 @@ def test_slot_row_figure_cells_text_and_strike_through(walk):
 def test_slot_row_time_2_pool_is_full(walk):
     _, tok, steps = walk
     fig = slot_row_figure(steps[2].pool, steps[2].snapshot, tok.token_text)
-    assert "free_pages: []" in fig.layout.annotations[0].text
+    assert "free_pages: []" in fig.layout.annotations[0].text.split(" · ")[1]
     assert "GPU" in trace(fig, "slots").text[0][6]
 
 
@@ -85,6 +85,25 @@ def test_slot_row_caps_cells(walk):
     fig = slot_row_figure(pool, empty_snapshot(1000), max_cells=64, lo=100)
     assert len(trace(fig, "slots").x) == 64 and trace(fig, "slots").x[0] == 100
     assert "showing slots 100–163" in fig.layout.annotations[0].text
+
+
+def test_slot_row_draws_more_than_64_slots_and_drops_text_that_cannot_fit():
+    pool = big_pool(1000, 2, occupied=tuple(range(1, 151)))
+    pool.slot_tokens[1:151] = 7
+    fig = slot_row_figure(pool, empty_snapshot(1000), lo=0, hi=150, token_text=lambda ids: "tok")
+    cells = trace(fig, "slots")
+    assert len(cells.x) == 150
+    assert set(cells.text[0]) == {""}             # 7.7 px a cell: no text, hover keeps it
+    assert "token 7: 'tok'" in cells.customdata[0][5]
+    fig = slot_row_figure(pool, empty_snapshot(1000), lo=0, hi=20, token_text=lambda ids: "tok")
+    assert list(trace(fig, "slots").text[0][1:4]) == ["tok"] * 3
+
+
+def test_written_range_zooms_to_the_slots_that_hold_kv():
+    pool = big_pool(1000, 2, occupied=(5, 120))
+    assert written_range(pool) == (0, 125)           # the last written slot + 4 free ones
+    assert written_range(big_pool(1000, 2, occupied=())) == (0, 16)
+    assert written_range(big_pool(10, 2, occupied=(9,))) == (0, 11)
 
 
 # ----- the heatmap -------------------------------------------------------------------------------
@@ -100,6 +119,7 @@ def test_heatmap_shape_and_values_full_resolution(walk):
     expected = np.zeros((3, 12), dtype=np.float32)
     for layer in range(3):
         expected[layer, 1:] = 10 * layer + np.arange(1, 12)
+    expected[:, 0] = np.nan   # padding holds no KV: blank, not the colour of a zero norm
     np.testing.assert_array_equal(z, expected)
     assert list(k.x) == list(range(12)) and list(k.y) == [0, 1, 2]
     strip = trace(fig, "states")
@@ -113,7 +133,8 @@ def test_heatmap_slot_range_is_full_resolution():
     k = trace(fig, "k_norms")
     assert list(k.x) == list(range(50_000, 50_010))
     assert np.asarray(k.z).shape == (30, 10)
-    assert np.asarray(k.z)[0].tolist() == [0, 6.0] + [0] * 8
+    z = np.asarray(k.z, dtype=float)[0]
+    assert z[1] == 6.0 and np.isnan(np.delete(z, 1)).all()   # never written: blank, not zero
 
 
 def test_downsampling_keeps_every_occupied_slot_visible():
@@ -156,16 +177,18 @@ def test_heatmap_without_kv_shows_states_only():
     assert "no KV buffer" in " ".join(a.text for a in fig.layout.annotations)
 
 
-def test_state_colours_cover_every_state():
+def test_state_colours_cover_every_state_and_are_far_apart():
     assert set(STATE_COLOURS) == set(SLOT_STATES)
-    assert len(set(STATE_COLOURS.values())) == len(SLOT_STATES)
+    rgb = {k: np.array([int(v[i:i + 2], 16) for i in (1, 3, 5)]) for k, v in STATE_COLOURS.items()}
+    gaps = {(a, b): float(np.linalg.norm(rgb[a] - rgb[b])) for a in rgb for b in rgb if a < b}
+    assert min(gaps.values()) >= 80, min(gaps.items(), key=lambda kv: kv[1])
+    # never written, free-but-stale and cached were near-identical greys before
+    assert gaps[("free_stale", "never_written")] >= 80 and gaps[("evictable", "free_stale")] >= 80
 
 
-def test_heatmap_of_100k_slots_is_fast():
-    pool = big_pool()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        kv_heatmap(pool)
-        times.append(time.perf_counter() - t0)
-    assert sorted(times)[1] < 0.3  # the 100 ms budget is checked by benchmarks/bench_ui.py
+def test_heatmap_of_100k_slots_is_bounded():
+    """The drawn size is bounded whatever the pool (the build time is benchmarks/bench_ui.py's)."""
+    fig = kv_heatmap(big_pool())
+    k = np.asarray(trace(fig, "k_norms").z)
+    assert k.shape == (30, 1961) and fig.layout.meta["bin_width"] == 51
+    assert np.asarray(trace(fig, "states").z).shape == (1, 1961)

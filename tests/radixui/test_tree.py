@@ -1,5 +1,4 @@
 import itertools
-import time
 
 import networkx as nx
 import numpy as np
@@ -91,7 +90,11 @@ def fig2(walk):
 
 
 def test_figure_is_valid_plotly(fig2):
-    validate(fig2)
+    """Every trace survives plotly's full validation unchanged: same types, names and points."""
+    checked = validate(fig2)
+    assert [(t.type, t.name) for t in checked.data] == [(t.type, t.name) for t in fig2.data]
+    assert checked.to_dict() == fig2.to_dict()
+    assert checked.layout.height == fig2.layout.height and checked.layout.meta == fig2.layout.meta
 
 
 def test_node_and_edge_counts(fig2):
@@ -301,23 +304,20 @@ def test_visible_tree_keeps_highlighted_deep_nodes(big):
     assert deepest in disp and nx.has_path(disp, 0, deepest)
 
 
-def test_big_tree_figure_is_bounded_and_fast(big):
+def test_big_tree_figure_is_bounded(big):
+    """The drawn size is bounded (the build time is benchmarks/bench_ui.py's to measure)."""
     snap, tt = big
     h = Highlights(inserted=frozenset({snap.nodes[-1].id}))
     fig = tree_figure(snap, tt, h)
     validate(fig)
     nodes = nodes_by_id(fig)
     assert str(snap.nodes[-1].id) in nodes
-    assert len([k for k in nodes if not k.startswith("+")]) <= 150
+    real = [k for k in nodes if not k.startswith("+")]
+    assert len(snap.nodes) >= 2000 and len(real) <= 150
+    assert sum(len(t.x) for t in fig.data if t.name == "edges") <= 5 * len(nodes)   # 5 points an edge
     assert any(k.startswith("+") for k in nodes)
     assert "folded" in " ".join(a.text for a in fig.layout.annotations)
     assert fig.layout.meta["chars"] >= 6           # columns stay wide enough for labels
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        tree_figure(snap, tt, h)
-        times.append(time.perf_counter() - t0)
-    assert sorted(times)[1] < 0.3  # the 100 ms budget is checked by benchmarks/bench_ui.py
 
 
 def test_focus_draws_one_subtree(walk):
@@ -338,8 +338,10 @@ def test_overview_sizes_boxes_by_subtree_tokens(walk):
     assert values == {"0": 11, "2": 11, "4": 6, "1": 2, "5": 2, "3": 4}
     parents = dict(zip(t.ids, t.parents))
     assert parents == {"0": "", "2": "0", "4": "2", "1": "4", "5": "4", "3": "2"}
-    assert dict(zip(t.ids, t.labels))["3"] == "GPU memory runs out"
-    assert validate(tree_overview(steps[2].snapshot, kind="treemap")).data[0].type == "treemap"
+    assert dict(zip(t.ids, t.labels))["3"] == "#3 GPU memory runs out"
+    assert dict(zip(t.ids, t.text))["4"] == "6 tok"
+    assert t.type == "treemap"
+    assert validate(tree_overview(steps[2].snapshot, kind="icicle")).data[0].type == "icicle"
     with pytest.raises(ValueError):
         tree_overview(steps[2].snapshot, kind="pie")
 
@@ -349,3 +351,87 @@ def test_empty_tree_draws_the_root_alone():
     fig = tree_figure(empty_snapshot(8))
     validate(fig)
     assert set(nodes_by_id(fig)) == {"0"}
+
+
+# ----- issue 11: readable overview, whole words, ids in circles, ghosts, request paths ---------------
+def _luminance(hex_colour: str) -> float:
+    def ch(c: float) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * ch(r) + 0.7152 * ch(g) + 0.0722 * ch(b)
+
+
+def test_overview_text_is_dark_on_pale_boxes(walk):
+    _, tok, steps = walk
+    t = tree_overview(steps[3].snapshot, tok.token_text, step_highlights(steps[3].events)).data[0]
+    text = t.insidetextfont.color
+    assert t.textfont.color == text == "#111827"
+    for fill in set(t.marker.colors):
+        hi, lo = sorted((_luminance(fill), _luminance(text)), reverse=True)
+        assert (hi + 0.05) / (lo + 0.05) >= 4.5, fill     # WCAG AA for normal text
+
+
+def test_wrap_label_never_breaks_inside_a_word():
+    assert wrap_label("Why my code throws errors", 8) == ["Why my", "code…"]
+    assert wrap_label("throws errors", 9) == ["throws", "errors"]
+    lines = wrap_label("internationalization is long", 10)
+    assert lines[0] == "internati…" and all(len(x) <= 10 for x in lines)
+    for width in range(4, 30):
+        for line in wrap_label("the cache keeps every prefix it has computed", width):
+            assert len(line) <= width
+            assert all(w in "the cache keeps every prefix it has computed".split() or w.endswith("…")
+                       for w in line.split())
+
+
+def test_node_ids_are_printed_in_their_circles(fig2):
+    ids = trace(fig2, "node ids")
+    nodes = nodes_by_id(fig2)
+    assert sorted(ids.text) == sorted(k for k in nodes if k != "0")
+    for nid, x, y in zip(ids.text, ids.x, ids.y):
+        assert (x, y) == nodes[nid][1:3]
+
+
+def test_evicted_node_stays_as_a_ghost_with_its_slots(walk):
+    from radixui.highlights import ghosts_from_events
+    _, tok, steps = walk
+    events = [e for s in steps for e in s.events]
+    ghosts = ghosts_from_events(events)
+    assert [(g.id, g.parent, g.slots, g.age) for g in ghosts] == [(3, 2, (6, 7, 8, 9), 0)]
+    fig = tree_figure(steps[3].snapshot, tok.token_text, step_highlights(steps[3].events), ghosts=ghosts)
+    nodes = nodes_by_id(fig)
+    assert nodes["3"][0] == LEGEND_NAMES["evicted"]
+    assert nodes["3"][2] == nodes["2"][2] - 1          # drawn where it was: a child of node 2
+    t = trace(fig, "slots")
+    slots = dict(zip(zip(t.x, t.y), t.text))
+    assert slots[nodes["3"][1:3]] == "<s>6–9</s>"
+    assert len(trace(fig, "ghost edges").x) == 5
+    assert trace(fig, LEGEND_NAMES["evicted"]).marker.opacity[0] == 0.95
+    # without ghosts the node is simply gone
+    assert "3" not in nodes_by_id(tree_figure(steps[3].snapshot, tok.token_text))
+
+
+def test_ghosts_fade_over_tree_steps_and_vanish():
+    from core.events import EvictEvent, InsertEvent, ResetEvent
+    from radixui.highlights import GHOST_STEPS, ghosts_from_events
+    ev = [EvictEvent(seq=1, time=1, node=5, parent=0, token_ids=(1,), slots=(3,), last_access_time=0,
+                     policy_key=(0,))]
+    later = [InsertEvent(seq=1 + i, time=1 + i, node=10 + i, parent=0, token_ids=(9,), slots=(4,))
+             for i in range(1, GHOST_STEPS + 1)]
+    assert [g.age for g in ghosts_from_events(ev + later[:1])] == [1]
+    assert [g.age for g in ghosts_from_events(ev + later[:GHOST_STEPS - 1])] == [GHOST_STEPS - 1]
+    assert ghosts_from_events(ev + later) == ()
+    assert ghosts_from_events(ev + [ResetEvent(seq=9, time=1)]) == ()
+
+
+def test_request_path_is_matched_then_inserted(walk):
+    from radixui.highlights import request_highlights, request_path
+    _, tok, steps = walk
+    snap = steps[3].snapshot
+    ids = tok.encode("Why my code won't compile")
+    assert [n.id for n in request_path(snap, ids)] == [2, 4, 6]
+    h = request_highlights(snap, ids, cached_tokens=3)
+    assert h.matched == {2, 4} and h.inserted == {6}
+    h = request_highlights(snap, tok.encode("Why my code is slow"), cached_tokens=0)
+    assert h.matched == set() and h.inserted == {2, 4, 5}
+    assert request_path(snap, tok.encode("Unseen words")) == []

@@ -1,0 +1,221 @@
+"""The Live page's body: prompt bar and request table on the left, the chosen view on the right,
+KPIs in one line above; all drawn from one snapshot taken after this run's submissions."""
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+import streamlit as st
+
+from core.snapshot import EngineSnapshot
+from radixui.client import EngineClient
+from radixui.events import EVENT_KINDS, ev_get, ev_kind, event_table, style_event_table
+from radixui.heap import eviction_figure, eviction_table
+from radixui.highlights import TREE_KINDS, Highlights, ghosts_from_events, request_highlights, step_highlights
+from radixui.hit_chart import hit_rate_figure
+from radixui.live_data import cached_figure, decoder, event_store
+from radixui.metrics import kpi_line, sglang_status
+from radixui.prompt_panel import prompt_panel
+from radixui.slots import kv_heatmap, slot_row_figure, written_range
+from radixui.tree import tree_figure, tree_overview
+
+VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
+TREE_WIDTH = 900      # px the tree gets at 1400 px with the sidebar closed
+TREE_MAX_HEIGHT = 620  # so the whole tree stays on a 900 px screen
+TABLE_COLUMNS = ["request", "state", "cached / prompt", "new", "TTFT from submit (s)", "output", "path"]
+
+
+def request_table(snap: EngineSnapshot, pending: dict, selected: Optional[str]) -> pd.DataFrame:
+    """Newest first. Requests this tab submitted that the snapshot does not list yet (the engine
+    is mid-step) show as "submitted"; `path` marks the request whose path the tree shows."""
+    listed = {r.rid for r in snap.requests}
+    rows = [{"request": rid, "state": "submitted", "cached / prompt": "", "new": None, "TTFT from submit (s)": None,
+             "output": f"({text[:40]})", "path": ""} for rid, (text, _) in reversed(list(pending.items()))
+            if rid not in listed]
+    for r in reversed(snap.requests):
+        rows.append({"request": r.rid, "state": r.state,
+                     "cached / prompt": "" if r.state == "waiting" else f"{r.cached_tokens} / {r.prompt_tokens}",
+                     "new": r.output_tokens, "TTFT from submit (s)": None if r.ttft is None else round(r.ttft, 3),
+                     "output": r.output_text if not r.error else f"error: {r.error}",
+                     "path": "◀ in tree" if r.rid == selected else ""})
+    df = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    df["new"] = df["new"].astype("Int64")
+    return df
+
+
+def last_tree_step(events: list) -> list:
+    """The events of the latest step that changed the tree, so its colours stay until the next change
+    (decode steps only allocate slots and would otherwise wash the highlights out at once)."""
+    changed = [ev_get(e, "time") for e in events if ev_kind(e) in TREE_KINDS]
+    return [e for e in events if changed and ev_get(e, "time") == changed[-1]]
+
+
+def chunked_prefill_note(snap: EngineSnapshot, max_prefill_tokens: int) -> Optional[str]:
+    """Why a long prompt is several nodes: prefill runs in chunks of max_prefill_tokens and each
+    finished chunk is inserted into the tree before the next one runs (SGLang's chunked prefill)."""
+    long = [r for r in snap.requests if r.prompt_tokens > max_prefill_tokens]
+    if not long:
+        return None
+    r = long[-1]
+    chunks = -(-r.prompt_tokens // max_prefill_tokens)
+    return (f"Request {r.rid}'s prompt has {r.prompt_tokens:,} tokens, more than max prefill "
+            f"({max_prefill_tokens:,}): it is prefilled in {chunks} chunks and each chunk is inserted into the "
+            f"tree as it finishes, so the prompt shows as {chunks} nodes in a chain (chunked prefill).")
+
+
+def _selected_rid(ss) -> Optional[str]:
+    """The rid the user clicked, from the table drawn last run (row indexes refer to it)."""
+    try:
+        rows = list(ss["req_table"]["selection"]["rows"])
+    except (KeyError, TypeError):
+        rows = []
+    shown = ss.get("_table_rids", [])
+    if rows != ss.get("_last_rows"):
+        ss["_last_rows"] = rows
+        ss["_selected_rid"] = shown[rows[0]] if rows and rows[0] < len(shown) else None
+    return ss.get("_selected_rid")
+
+
+def live_body(client: EngineClient, cfg) -> None:
+    ss = st.session_state
+    flash_box = st.container()
+    kpi_box = st.empty()
+    left, right = st.columns([1.2, 2], gap="medium")
+    with left:
+        prompt_panel(client)
+    ss["_drawn_version"] = client.version()
+    snap = client.snapshot()                      # after this run's submissions: one engine step for all
+    store = event_store(ss)
+    store.sync(client, snap)
+    tt = decoder(ss, client, snap, cfg.model)
+    flash = ss.pop("flash", None)
+    if flash and flash[0] == "success":
+        st.toast(flash[1], icon=":material/check_circle:")    # no banner pushing the tree down
+    elif flash:
+        getattr(flash_box, flash[0])(flash[1])
+    err = client.last_error()
+    if err:
+        flash_box.warning(f"The engine recovered from an error: {err}")
+    kpi_box.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang'>{sglang_status(snap.metrics)}</div>",
+                     unsafe_allow_html=True)
+    selected = _selected_rid(ss)
+    with left:
+        pending = ss.setdefault("my_requests", {})
+        df = request_table(snap, pending, selected)
+        ss["_table_rids"] = list(df["request"])
+        with st.expander(f"Requests ({len(df)}) · click a row to show its path in the tree", expanded=True):
+            if df.empty:
+                st.caption("No requests yet: type a prompt and press Send, or run a preset.")
+            else:
+                st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 6 + 3),
+                             on_select="rerun", selection_mode="single-row", key="req_table",
+                             column_config={"TTFT from submit (s)": st.column_config.NumberColumn(
+                                 help="Seconds from submit to the first token: includes the time the request "
+                                      "waited in the queue (in step mode, until you pressed Step)"),
+                                 "output": st.column_config.TextColumn(width="medium")})
+            if client.is_stepping():
+                st.caption("Step mode: TTFT counts from submit, so it includes the wait for your Step clicks.")
+        st.plotly_chart(cached_figure(ss, "hits", (snap.step, snap.seq, len(snap.requests)),
+                                      lambda: hit_rate_figure(snap.requests)),
+                        width="stretch", key="hit_chart", config={"displayModeBar": False})
+    with right:
+        views(client, snap, tt, store, cfg, selected)
+
+
+def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected: Optional[str]):
+    if selected:
+        req = next((r for r in snap.requests if r.rid == selected), None)
+        fetch = getattr(client, "request_tokens", None)   # a client without it: no path, latest step
+        toks = fetch(selected) if req is not None and fetch is not None else None
+        if toks:
+            ids = toks["prompt_ids"] + toks["output_ids"]
+            h = request_highlights(snap.cache, ids, req.cached_tokens)
+            return h, (f"Path of request **{selected}**: blue = the {req.cached_tokens} prompt tokens it matched in "
+                       f"the cache, green = what it inserted. Click its row again to go back to the latest step.")
+    return step_highlights(last_tree_step(store.recent())), None
+
+
+def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: Optional[str]) -> None:
+    ss = st.session_state
+    c0, c1, c2 = st.columns([4.3, 1.6, 1.6], vertical_alignment="center")
+    view = c0.segmented_control("View", VIEWS, default=VIEWS[0], key="live_view",
+                                label_visibility="collapsed") or VIEWS[0]
+    if view == "Radix tree":
+        shape = c1.radio("Draw", ["Tree", "Overview"], key="tree_view", horizontal=True,
+                         label_visibility="collapsed", help="Overview: boxes sized by the tokens under each node")
+        ids = [n.id for n in snap.cache.nodes]
+        root = snap.cache.root_id
+        if ss.get("tree_focus") not in ids:
+            ss["tree_focus"] = root                # never None: the box always names its choice
+        focus = c2.selectbox("Focus on subtree", ids, key="tree_focus", label_visibility="collapsed",
+                             format_func=lambda i: "whole tree" if i == root else f"subtree of node {i}")
+        hl, note = _tree_highlights(client, snap, store, selected)
+        ghosts = ghosts_from_events(store.recent()) if not selected else ()
+        if shape == "Tree":
+            def build():
+                f = tree_figure(snap.cache, tt, hl, focus=None if focus == root else focus, width=TREE_WIDTH,
+                                ghosts=ghosts)
+                if f.layout.height > TREE_MAX_HEIGHT:
+                    f = tree_figure(snap.cache, tt, hl, focus=None if focus == root else focus, width=TREE_WIDTH,
+                                    ghosts=ghosts, height=TREE_MAX_HEIGHT)
+                return f
+            fig = cached_figure(ss, "tree", (snap.seq, focus, hl, ghosts), build)
+        else:
+            fig = cached_figure(ss, "overview", (snap.seq, hl), lambda: tree_overview(snap.cache, tt, hl))
+        st.plotly_chart(fig, width="stretch", key="tree_chart", config={"displayModeBar": False})
+        if note:
+            st.caption(note)
+        chunk = chunked_prefill_note(snap, cfg.max_prefill_tokens)
+        if chunk:
+            st.caption(chunk)
+    elif view == "Slot pool":
+        size = snap.pool.num_slots + snap.pool.page_size
+        zoom = c1.toggle("Written slots only", True, key="slot_zoom",
+                         help="Zoom to the slots that have ever held KV (most of a fresh pool never has)")
+        if zoom:
+            lo, hi = written_range(snap.pool)
+        else:
+            lo, hi = st.slider("Slot range", 0, size, (0, size), key="slot_range")
+        st.plotly_chart(cached_figure(ss, "row", (snap.step, snap.seq, lo, hi),
+                                      lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi)),
+                        width="stretch", key="slot_row", config={"displayModeBar": False})
+        st.plotly_chart(cached_figure(ss, "heat", (snap.step, snap.seq, lo, hi), lambda: kv_heatmap(snap.pool, lo, hi)),
+                        width="stretch", key="heatmap", config={"displayModeBar": False})
+    elif view == "Eviction heap":
+        st.caption(f"Policy `{snap.cache.policy}`: the order evict() would take nodes, next victim first.")
+        st.plotly_chart(cached_figure(ss, "heap", (snap.seq,), lambda: eviction_figure(snap.cache, tt)),
+                        width="stretch", key="heap_chart", config={"displayModeBar": False})
+        st.dataframe(eviction_table(snap.cache, tt, limit=200), hide_index=True, width="stretch")
+    elif view == "Event log":
+        kinds = st.multiselect("Event types", list(EVENT_KINDS), default=list(EVENT_KINDS), key="log_kinds")
+        df = event_table(store.recent(2000), tt, kinds=kinds, limit=300)
+        st.dataframe(style_event_table(df), hide_index=True, width="stretch", height=420)
+    elif view == "Time travel":
+        time_travel(snap, tt, store)
+
+
+def time_travel(snap: EngineSnapshot, tt, store) -> None:
+    events = store.events
+    if not events:
+        st.info("No events yet: send a prompt, then slide through its history here.")
+        return
+    if not store.complete:
+        st.warning("The event ring has dropped older events; time travel covers only the cache since a reset.")
+        return
+    rp = store.replayer_for(snap)
+    first, last = int(ev_get(events[0], "seq")), int(ev_get(events[-1], "seq"))
+    seq = st.slider("After event", first, last, last, key="tt_seq") if last > first else last
+    past = rp.at(seq)
+    ev = events[seq - first]
+    st.markdown(f"**Event {seq}** at time {ev_get(ev, 'time'):g}: {ev_kind(ev)}")
+    key = ("tt", seq, first)
+    st.plotly_chart(cached_figure(st.session_state, "tt_tree", key,
+                                  lambda: tree_figure(past, tt, step_highlights([ev]), width=TREE_WIDTH)),
+                    width="stretch", key="tt_tree", config={"displayModeBar": False})
+    st.plotly_chart(cached_figure(st.session_state, "tt_row", key,
+                                  lambda: slot_row_figure(rp.pool_at(seq, snap.pool.num_layers), past, tt,
+                                                          *written_range(rp.pool_at(seq)))),
+                    width="stretch", key="tt_row", config={"displayModeBar": False})
+
+
+__all__ = ["live_body", "request_table", "chunked_prefill_note", "last_tree_step", "Highlights"]
