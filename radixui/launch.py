@@ -14,8 +14,10 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the dashboard's demo scale (radixui.state.EngineConfig): a pool small enough to see every slot
-SERVER_FLAGS = ["--pool-slots", "1024", "--max-running-requests", "16", "--max-prefill-tokens", "1024"]
+# the dashboard's demo scale (radixui.state.EngineConfig): a pool small enough to see every slot;
+# RADIX_POOL_SLOTS=160 make run gives a demo that evicts within a few prompts
+SERVER_FLAGS = ["--pool-slots", os.environ.get("RADIX_POOL_SLOTS", "1024"), "--max-running-requests", "16",
+                "--max-prefill-tokens", "1024"]
 
 
 def _port_busy(port: int) -> bool:
