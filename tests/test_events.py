@@ -68,7 +68,7 @@ def test_events_are_frozen_typed_and_json_serialisable():
     d = e.to_dict()
     assert d["kind"] == "evict" and d["slots"] == (6, 7)
     assert json.loads(json.dumps(d))["policy_key"] == [1.0]
-    assert set(ev.EVENT_TYPES) == {"match", "split", "insert", "alloc", "free", "evict", "lock", "unlock", "reset"}
+    assert set(ev.EVENT_TYPES) == {"match", "split", "insert", "alloc", "free", "evict", "lock", "unlock", "touch", "reset"}
     assert all(cls.kind == k for k, cls in ev.EVENT_TYPES.items())
 
 
