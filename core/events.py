@@ -108,6 +108,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
+POOL_KINDS = frozenset({"alloc", "free", "reset"})
+
 # What an event costs in memory, roughly: the object and its fields, plus per element of a tuple
 # field a pointer and (token ids and slots are mostly > 256, so not cached) an int object.
 EVENT_BASE_BYTES = 200
@@ -141,6 +143,8 @@ class EventLog:
         self._sizes: deque[int] = deque()
         self._bytes = 0
         self._seq = 0
+        self.last_tree_seq = 0      # seq of the last event that changed the tree (not alloc/free)
+        self.last_pool_seq = 0      # seq of the last alloc, free or reset
         self._lock = threading.Lock()
 
     @property
@@ -158,6 +162,10 @@ class EventLog:
         with self._lock:
             self._seq += 1
             ev = cls(seq=self._seq, time=time, **fields)
+            if cls.kind in POOL_KINDS:
+                self.last_pool_seq = self._seq
+            if cls.kind not in POOL_KINDS or cls.kind == "reset":
+                self.last_tree_seq = self._seq
             size = event_bytes(ev)
             self._events.append(ev)
             self._sizes.append(size)
