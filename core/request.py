@@ -125,6 +125,19 @@ class RequestHandle:
                                f"(is the engine loop started? call Engine.start() or Engine.step())")
         return self._req.completion()
 
+    def stream_available(self) -> str:
+        """The streamed text that has arrived and not been read yet, without waiting."""
+        parts = []
+        while True:
+            try:
+                piece = self._req.stream_queue.get_nowait()
+            except queue.Empty:
+                return "".join(parts)
+            if piece is None:
+                self._req.stream_queue.put(None)  # keep the end marker for stream()
+                return "".join(parts)
+            parts.append(piece)
+
     def stream(self, timeout: Optional[float] = None) -> Iterator[str]:
         """Text deltas as tokens arrive; ends when the request finishes or is aborted."""
         while True:
