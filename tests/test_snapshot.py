@@ -139,6 +139,10 @@ def test_incremental_snapshot_equals_a_full_rebuild_under_random_operations():
             if new is not None:
                 n = cache.insert(key, torch.cat([m.indices, new]))
                 alloc.free(torch.cat([m.indices, new])[m.indices.numel():n])
+        elif op < 0.45:   # an insert with no match before it: its walk alone stamps the path
+            value = alloc.alloc(len(key))
+            if value is not None:
+                alloc.free(value[:cache.insert(key, value, priority=rng.randrange(3))])
         elif op < 0.5:
             m = cache.match_prefix(key)
             if m.indices.numel():
