@@ -54,18 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     handles: list = []
     engine = None
     try:
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
+                                priority=args.priority)
+        params.validate()            # before the model loads: a bad flag costs nothing
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
         engine = Engine(args.model, pool_slots=args.pool_slots, page_size=args.page_size,
                         eviction_policy=args.eviction_policy, schedule_policy=args.schedule_policy,
                         device=args.device, max_running_requests=args.max_running_requests,
                         max_prefill_tokens=args.max_prefill_tokens, disable_radix_cache=args.disable_radix_cache)
-        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
-                                priority=args.priority)
         prompts = args.prompt
         if args.chat:
             sys_msg = [{"role": "system", "content": args.system}] if args.system else []
             prompts = [sys_msg + [{"role": "user", "content": p}] for p in prompts]
-        params.validate()            # every check before the first prompt is queued
         for p in prompts:            # all validated before the first runs: a bad one queues nothing
             engine.tokenize(p)
         _run(engine, prompts, params, handles, args.all_at_once)
