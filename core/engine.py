@@ -138,7 +138,7 @@ class Engine:
         try:
             for p in prompts:
                 handles.append(self.submit(p, params))
-            while self._thread is None and not all(h.done() for h in handles):
+            while not self.running and not all(h.done() for h in handles):
                 if deadline is not None and time.perf_counter() > deadline:
                     raise TimeoutError(f"generate did not finish within {timeout} s; the requests were aborted")
                 if not self.step() and not all(h.done() for h in handles):
