@@ -26,6 +26,7 @@ from core.request import ABORTED, FINISHED, RUNNING, WAITING, Request
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 LPM_FALLBACK_WAITING = 128      # SGLang: above this many waiting requests lpm schedules as fcfs
 IN_BATCH_PREFIX_TOKENS = 32     # SGLang's IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD
+MAX_HELD_PER_STEP = LPM_FALLBACK_WAITING  # hold-back checks stop here, so a step costs O(128), not O(queue)
 
 
 @dataclass
@@ -228,6 +229,7 @@ class Scheduler:
         items: list[ScheduledItem] = []
         order, lens = self._order_waiting()
         in_flight = self._in_flight()
+        held = 0
         for req in order:
             if len(self.running) >= self.max_running_requests or budget <= 0:
                 break
@@ -237,6 +239,9 @@ class Scheduler:
                     cached = self.cache.peek_prefix_len(self._key(req, len(req.fill_ids) - 1))
                 if self._hold_back(req, cached or 0, in_flight):
                     self.held_back += 1
+                    held += 1
+                    if held >= MAX_HELD_PER_STEP:
+                        break   # a step never scans a huge queue: the rest wait their turn anyway
                     continue
                 item = self._admit_one(req, budget)
             except Exception as exc:  # this request fails, the others are admitted
