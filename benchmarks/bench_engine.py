@@ -182,6 +182,11 @@ def decode_rates(runner: ModelRunner, hf, prompts: list[list[int]], new_tokens: 
                     times[(kind, n)].append(fn(n))
         rate = {kind: batch * (new_tokens - 1) / max(1e-9, min(times[(kind, new_tokens)]) - min(times[(kind, 1)]))
                 for kind in ("engine", "hf")}
+        noisy = [k for k in ("engine", "hf")
+                 if min(times[(k, new_tokens)]) - min(times[(k, 1)]) < 0.05 * min(times[(k, new_tokens)])]
+        if noisy:  # the prefill in time(1) swamped the decode difference: no figure rather than a wrong one
+            print(f"{f'batch {batch}':20s}  too noisy to measure ({', '.join(noisy)}); raise --decode-tokens")
+            continue
         eng, h = rate["engine"], rate["hf"]
         print(f"{f'batch {batch}':20s}{eng:14.1f}{h:19.1f}{eng / h:12.2f}x")
 
