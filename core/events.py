@@ -1,16 +1,17 @@
 """Typed cache events in a bounded, sequence-numbered log: the dashboard is drawn from these.
 
-Every mutation of the cache (match, split, insert, alloc, free, evict, lock, unlock) appends
+Every mutation of the cache (match, split, insert, touch, alloc, free, evict, lock, unlock) appends
 one event with a global increasing `seq` and the logical `time`, so a viewer can ask "what
 happened since seq N" and replay history (time travel) without touching the cache itself.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Optional
+from typing import Any, ClassVar, Iterator, Optional
 
 
 @dataclass(frozen=True)
@@ -89,31 +90,71 @@ class UnlockEvent(Event):
 
 
 @dataclass(frozen=True)
+class TouchEvent(Event):
+    """An insert that added nothing still stamps its path (time travel must see that touch)."""
+    node: int
+    path: tuple[int, ...]
+    kind: ClassVar[str] = "touch"
+
+
+@dataclass(frozen=True)
 class ResetEvent(Event):
     kind: ClassVar[str] = "reset"
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (MatchEvent, SplitEvent, InsertEvent, AllocEvent, FreeEvent,
-                              EvictEvent, LockEvent, UnlockEvent, ResetEvent)
+                              EvictEvent, LockEvent, UnlockEvent, TouchEvent, ResetEvent)
 }
 
 
-class EventLog:
-    """A ring of the last `capacity` events. `seq` keeps counting past the ring's end."""
+POOL_KINDS = frozenset({"alloc", "free", "reset"})
 
-    def __init__(self, capacity: int = 100_000, enabled: bool = True) -> None:
+# What an event costs in memory, roughly: the object and its fields, plus per element of a tuple
+# field a pointer and (token ids and slots are mostly > 256, so not cached) an int object.
+EVENT_BASE_BYTES = 200
+BYTES_PER_ELEMENT = 36
+DEFAULT_BUDGET_BYTES = 64 * 2**20
+
+
+def event_bytes(e: Event) -> int:
+    """An estimate of the memory `e` holds (exact enough to bound a log by; no sys.getsizeof walk)."""
+    n = 0
+    for name in _TUPLE_FIELDS.get(type(e), ()):
+        n += len(getattr(e, name))
+    return EVENT_BASE_BYTES + BYTES_PER_ELEMENT * n
+
+
+class EventLog:
+    """The most recent events, at most `capacity` of them and about `budget_bytes` of memory
+    (a 2,000-token insert holds ~70 kB, so counting events alone does not bound memory).
+    `seq` keeps counting past what fell off. Reads cost O(events returned)."""
+
+    def __init__(self, capacity: int = 100_000, enabled: bool = True,
+                 budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         if capacity < 1:
             raise ValueError(f"EventLog capacity must be >= 1, got {capacity}")
+        if budget_bytes < 1:
+            raise ValueError(f"EventLog budget_bytes must be >= 1, got {budget_bytes}")
         self.capacity = capacity
+        self.budget_bytes = budget_bytes
         self.enabled = enabled
-        self._events: deque[Event] = deque(maxlen=capacity)
+        self._events: deque[Event] = deque()
+        self._sizes: deque[int] = deque()
+        self._bytes = 0
         self._seq = 0
+        self.last_tree_seq = 0      # seq of the last event that changed the tree (not alloc/free)
+        self.last_pool_seq = 0      # seq of the last alloc, free or reset
         self._lock = threading.Lock()
 
     @property
     def last_seq(self) -> int:
         return self._seq
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated memory the kept events hold."""
+        return self._bytes
 
     def append(self, cls: type[Event], time: float, **fields: Any) -> Optional[Event]:
         if not self.enabled:
@@ -121,21 +162,41 @@ class EventLog:
         with self._lock:
             self._seq += 1
             ev = cls(seq=self._seq, time=time, **fields)
+            if cls.kind in POOL_KINDS:
+                self.last_pool_seq = self._seq
+            if cls.kind not in POOL_KINDS or cls.kind == "reset":
+                self.last_tree_seq = self._seq
+            size = event_bytes(ev)
             self._events.append(ev)
+            self._sizes.append(size)
+            self._bytes += size
+            while len(self._events) > 1 and (len(self._events) > self.capacity or self._bytes > self.budget_bytes):
+                self._events.popleft()
+                self._bytes -= self._sizes.popleft()
             return ev
 
-    def since(self, seq: int) -> list[Event]:
-        """Events with a sequence number greater than `seq` still in the ring, oldest first."""
+    def since(self, seq: int, limit: Optional[int] = None) -> list[Event]:
+        """Events with a sequence number greater than `seq` still kept, oldest first (the first
+        `limit` of them when given). Walks from the newest end: O(events after seq)."""
         with self._lock:
-            if not self._events or self._events[-1].seq <= seq:
+            events = self._events
+            if not events or events[-1].seq <= seq:
                 return []
-            first = self._events[0].seq
-            start = max(0, seq + 1 - first)
-            return list(self._events)[start:]
+            first = events[0].seq
+            count = len(events) - max(0, seq + 1 - first)   # seqs are consecutive in the log
+            out = list(itertools.islice(reversed(events), count))
+        out.reverse()
+        return out if limit is None else out[:max(0, limit)]
 
     def __len__(self) -> int:
         return len(self._events)
 
-    def __iter__(self) -> Iterable[Event]:
+    def __iter__(self) -> Iterator[Event]:
         with self._lock:
             return iter(list(self._events))
+
+
+_TUPLE_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls) if f.name in ("path", "token_ids", "slots", "policy_key"))
+    for cls in EVENT_TYPES.values()
+}

@@ -207,6 +207,8 @@ class RadixCache:
         node = path[-1] if path else self.root_node
         if pos < size:
             self._add_leaf(node, key[pos:], value[pos:], now, priority)
+        elif self.events.enabled:  # nothing added, but the path was stamped: record the touch
+            self.events.append(ev.TouchEvent, now, node=node.id, path=self._path(node))
         return pos
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:

@@ -6,7 +6,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -54,6 +54,7 @@ class Request:
         self.tree_len = 0
         self.last_node: Optional[TreeNode] = None
         self.cached_tokens: Optional[int] = None
+        self.admissions: list[int] = []  # cached tokens found at each admission (re-admission after retraction too)
         self.admit_order = 0
         self.counted = False        # admitted once: counted in the hit-rate metrics
         self.submit_time = time.perf_counter()
@@ -86,6 +87,24 @@ class Request:
                           error=self.error)
 
 
+def stream_safe_len(text: str, stop: Sequence[str], finished: bool) -> int:
+    """How much of `text` can be streamed now: all of it once finished; before that, everything
+    but an incomplete UTF-8 tail (decoded as U+FFFD) and the longest suffix that could still grow
+    into a stop string. Holding back only that keeps the stream a prefix of the final text."""
+    if finished:
+        return len(text)
+    end = len(text)
+    while end and text[end - 1] == "\ufffd" and len(text) - end < 4:  # a UTF-8 character is at most 4 bytes
+        end -= 1
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, end), hold, -1):
+            if text.endswith(s[:k], 0, end):
+                hold = k
+                break
+    return end - hold
+
+
 class RequestHandle:
     """What `Engine.submit` returns: wait for the result or stream the text as it comes."""
 
@@ -96,11 +115,28 @@ class RequestHandle:
     def done(self) -> bool:
         return self._req.done.is_set()
 
+    def partial_text(self) -> str:
+        """The text generated so far (all of it once done): what Ctrl-C in the CLI prints."""
+        return self._req.output_text
+
     def result(self, timeout: Optional[float] = None) -> Completion:
         if not self._req.done.wait(timeout):
             raise TimeoutError(f"request {self.rid} did not finish within {timeout} s "
                                f"(is the engine loop started? call Engine.start() or Engine.step())")
         return self._req.completion()
+
+    def stream_available(self) -> str:
+        """The streamed text that has arrived and not been read yet, without waiting."""
+        parts = []
+        while True:
+            try:
+                piece = self._req.stream_queue.get_nowait()
+            except queue.Empty:
+                return "".join(parts)
+            if piece is None:
+                self._req.stream_queue.put(None)  # keep the end marker for stream()
+                return "".join(parts)
+            parts.append(piece)
 
     def stream(self, timeout: Optional[float] = None) -> Iterator[str]:
         """Text deltas as tokens arrive; ends when the request finishes or is aborted."""

@@ -2,22 +2,31 @@
 
 One `schedule()` call builds a mixed batch: running requests first (a decode is one new
 token; a chunked prefill continues within the token budget), then waiting requests in
-policy order (`lpm` = longest prefix match first, as SGLang; `fcfs`). Slots come from the
-allocator; when it runs dry, `RadixCache.evict` frees unlocked leaves, and if decoding still
-cannot continue the newest running request is retracted (its computed tokens stay cached).
+policy order (`lpm` = longest prefix match first, as SGLang, falling back to `fcfs` above
+128 waiting, where sorting costs more than it saves and starves unique prompts). As SGLang's
+in-batch prefix caching does, a waiting request that shares 32+ not-yet-cached prefix tokens
+with one admitted this step (or still prefilling) is held back a step, so it hits the cache
+instead of computing the same prefix twice. Slots come from the allocator; when it runs dry,
+`RadixCache.evict` frees unlocked leaves, and if decoding still cannot continue the newest
+running request is retracted (its computed tokens stay cached).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from core.memory import SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
+from core.radix_node import common_len
 from core.request import ABORTED, FINISHED, RUNNING, WAITING, Request
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
+LPM_FALLBACK_WAITING = 128      # SGLang: above this many waiting requests lpm schedules as fcfs
+IN_BATCH_PREFIX_TOKENS = 32     # SGLang's IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD
+MAX_HELD_PER_STEP = LPM_FALLBACK_WAITING  # hold-back checks stop here, so a step costs O(128), not O(queue)
 
 
 @dataclass
@@ -43,6 +52,8 @@ class Scheduler:
         self.running: list[Request] = []
         self._admit_counter = 0
         self.retractions = 0
+        self.held_back = 0             # admissions deferred a step by in-batch prefix sharing
+        self.failed: list[tuple[Request, BaseException]] = []  # requests a step could not serve
 
     # ----- slots -----------------------------------------------------------------------------
     def _alloc(self, req: Request, n: int) -> Optional[torch.Tensor]:
@@ -146,55 +157,123 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: r.admit_order):
             if req not in self.running:
                 continue  # retracted while making room for an older request
-            remaining = len(req.fill_ids) - req.computed
-            n = 1 if remaining == 1 else min(remaining, budget)
-            if n <= 0:
+            try:
+                item, budget = self._continue(req, items, budget)
+            except Exception as exc:  # this request fails, the others run
+                items = [it for it in items if it.req is not req]
+                self._fail(req, exc)
                 continue
-            slots = self._alloc(req, n)
-            while slots is None and len(self.running) > 1:
-                victim = self._retract_newest()
-                items = [it for it in items if it.req is not victim]
-                if victim is req:
-                    break
-                slots = self._alloc(req, n)
-            if slots is None:
-                continue
-            if remaining > 1:
-                budget -= n
-            items.append(ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots))
+            if item is not None:
+                items.append(item)
         items.extend(self._admit(budget))
         return items
 
-    def _order_waiting(self) -> list[Request]:
-        if self.policy == "fcfs" or len(self.waiting) < 2:
-            return list(self.waiting)
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """Take `req` out of the queues, give back what it holds (uncached: its K/V may be half
+        written) and hand it to the engine to complete with the error."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        try:
+            self.release(req, cache_kv=False)
+        finally:
+            self.failed.append((req, exc))
+
+    def take_failed(self) -> list[tuple[Request, BaseException]]:
+        out, self.failed = self.failed, []
+        return out
+
+    def _continue(self, req: Request, items: list[ScheduledItem], budget: int):
+        """The next item of a running request (one decode token or the next prefill chunk)."""
+        remaining = len(req.fill_ids) - req.computed
+        n = 1 if remaining == 1 else min(remaining, budget)
+        if n <= 0:
+            return None, budget
+        slots = self._alloc(req, n)
+        while slots is None and len(self.running) > 1:
+            victim = self._retract_newest()
+            items[:] = [it for it in items if it.req is not victim]
+            if victim is req:
+                break
+            slots = self._alloc(req, n)
+        if slots is None:
+            return None, budget
+        if remaining > 1:
+            budget -= n
+        return ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots), budget
+
+    def _order_waiting(self) -> tuple[list[Request], dict[int, int]]:
+        """Waiting requests in admission order, and the cached prefix length of those it measured."""
+        if self.policy == "fcfs" or len(self.waiting) < 2 or len(self.waiting) > LPM_FALLBACK_WAITING:
+            return list(self.waiting), {}
         lens = {id(r): self.cache.peek_prefix_len(self._key(r, len(r.fill_ids) - 1)) for r in self.waiting}
-        return sorted(self.waiting, key=lambda r: -lens[id(r)])  # stable: FCFS among equals
+        return sorted(self.waiting, key=lambda r: -lens[id(r)]), lens  # stable: FCFS among equals
+
+    def _in_flight(self) -> list[tuple[np.ndarray, Optional[str]]]:
+        """Prompts still being prefilled: a waiting request sharing their prefix waits for the cache."""
+        return [(np.asarray(r.prompt_ids, dtype=np.int64), r.extra_key) for r in self.running
+                if r.computed < len(r.prompt_ids)]
+
+    def _hold_back(self, req: Request, cached: int, in_flight: list[tuple[np.ndarray, Optional[str]]]) -> bool:
+        """True if `req` shares 32+ uncached prefix tokens with a prompt being computed now."""
+        if self.cache.disable or not in_flight:
+            return False
+        ids = np.asarray(req.fill_ids[:-1], dtype=np.int64)
+        if ids.shape[0] - cached < IN_BATCH_PREFIX_TOKENS:
+            return False
+        return any(extra == req.extra_key and common_len(other, ids, 1) - cached >= IN_BATCH_PREFIX_TOKENS
+                   for other, extra in in_flight)
 
     def _admit(self, budget: int) -> list[ScheduledItem]:
-        items = []
-        for req in self._order_waiting():
+        items: list[ScheduledItem] = []
+        order, lens = self._order_waiting()
+        in_flight = self._in_flight()
+        held = 0
+        for req in order:
             if len(self.running) >= self.max_running_requests or budget <= 0:
                 break
-            m = self.cache.match_prefix(self._key(req, len(req.fill_ids) - 1))
-            self._lock(req, m.last_node)
-            n = min(len(req.fill_ids) - int(m.indices.numel()), budget)
-            req.kv_slots, req.tree_len = m.indices, int(m.indices.numel())
-            slots = self._alloc(req, n)
-            if slots is None:
-                self._unlock(req)
-                req.kv_slots, req.tree_len = req.kv_slots[:0], 0
+            try:
+                cached = lens.get(id(req))
+                if cached is None and in_flight and not self.cache.disable:
+                    cached = self.cache.peek_prefix_len(self._key(req, len(req.fill_ids) - 1))
+                if self._hold_back(req, cached or 0, in_flight):
+                    self.held_back += 1
+                    held += 1
+                    if held >= MAX_HELD_PER_STEP:
+                        break   # a step never scans a huge queue: the rest wait their turn anyway
+                    continue
+                item = self._admit_one(req, budget)
+            except Exception as exc:  # this request fails, the others are admitted
+                self._fail(req, exc)
+                continue
+            if item is None:
                 break
-            if req.cached_tokens is None:
-                req.cached_tokens = min(req.tree_len, len(req.prompt_ids))
-            self.waiting.remove(req)
-            req.state = RUNNING
-            self._admit_counter += 1
-            req.admit_order = self._admit_counter
-            self.running.append(req)
-            budget -= n
-            items.append(ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots))
+            budget -= len(item.tokens)
+            items.append(item)
+            in_flight.append((np.asarray(req.prompt_ids, dtype=np.int64), req.extra_key))
         return items
+
+    def _admit_one(self, req: Request, budget: int) -> Optional[ScheduledItem]:
+        """Match `req`'s prefix, lock it and give it slots for its first chunk; None if the pool is full."""
+        m = self.cache.match_prefix(self._key(req, len(req.fill_ids) - 1))
+        self._lock(req, m.last_node)
+        n = min(len(req.fill_ids) - int(m.indices.numel()), budget)
+        req.kv_slots, req.tree_len = m.indices, int(m.indices.numel())
+        slots = self._alloc(req, n)
+        if slots is None:
+            self._unlock(req)
+            req.kv_slots, req.tree_len = req.kv_slots[:0], 0
+            return None
+        if req.cached_tokens is None:
+            req.cached_tokens = min(req.tree_len, len(req.prompt_ids))
+        req.admissions.append(req.tree_len)
+        self.waiting.remove(req)
+        req.state = RUNNING
+        self._admit_counter += 1
+        req.admit_order = self._admit_counter
+        self.running.append(req)
+        return ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots)
 
     def commit(self, item: ScheduledItem) -> bool:
         """Record a computed item; True when the request's whole fill is computed (sample now)."""

@@ -6,6 +6,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_runner():
+    import os
+
     from core.model import ModelRunner
 
-    return ModelRunner("default", device="cpu")
+    return ModelRunner("default", device=os.environ.get("RADIX_TEST_DEVICE", "cpu"))  # scripts/gpu_check.sh

@@ -10,7 +10,8 @@ import torch
 
 from core.engine import Engine
 from core.request import ABORTED, FINISHED, RUNNING, WAITING
-from core.sampling import SamplingParams
+from core.radix_cache import RadixKey
+from core.sampling import SamplingParams, sample
 from tests.tiny_models import CONFIGS, reference_greedy, tiny_pair
 
 
@@ -65,7 +66,7 @@ def test_greedy_equals_generate_with_mixed_batches(family):
 
 def test_cache_off_gives_same_tokens_and_no_hits():
     ref, runner = tiny_pair("llama")
-    prompts = _prompts(5, shared=24, seed=2)
+    prompts = _prompts(5, shared=40, seed=2)
     outs = {}
     for disable in (False, True):
         e = Engine(runner, pool_slots=400, disable_radix_cache=disable)
@@ -73,10 +74,13 @@ def test_cache_off_gives_same_tokens_and_no_hits():
         _no_leak(e)
         if disable:
             assert e.cache.total_size() == 0 and e.allocator.available() == 400
-    assert [c.token_ids for c in outs[False]] == [c.token_ids for c in outs[True]]
+    assert [c.token_ids for c in outs[False]] == [c.token_ids for c in outs[True]] == \
+        [reference_greedy(ref, p, 8) for p in prompts]
     assert [c.cached_tokens for c in outs[True]] == [0] * 5
-    # lpm runs all five in one batch; none was cached when they were admitted together
-    assert sum(c.cached_tokens for c in outs[False]) == 0
+    # cache on: the first computes the 40-token system prompt, the other four (held back a step by
+    # in-batch prefix sharing) read it from the cache: the "same tokens" above compare real hits
+    on = [c.cached_tokens for c in outs[False]]
+    assert on[0] == 0 and all(c >= 40 for c in on[1:])
 
 
 def test_fully_cached_prompt_recomputes_only_its_last_token():
@@ -106,15 +110,41 @@ def test_paged_engine_matches_generate(page_size):
 
 
 def test_retraction_when_decoding_runs_out_of_slots():
-    """A pool that cannot hold every running request to the end: the newest is retracted,
-    its tokens stay cached, and re-admission hits them. Outputs stay exact."""
+    """A pool that cannot hold every running request to the end: the newest is retracted, its
+    computed tokens go into the tree (the same step evicts from them only what the older request
+    needs), and re-admission hits exactly what the tree still holds (its prompt at least).
+    Outputs stay exact."""
     ref, runner = tiny_pair("llama")
-    e = Engine(runner, pool_slots=48, max_prefill_tokens=64)
+    e = Engine(runner, pool_slots=64, max_prefill_tokens=64)
     prompts = _prompts(3, shared=0, seed=5)
     prompts = [p + [7] * (12 - len(p)) for p in prompts]  # 12 tokens each
     handles = [e.submit(p, SamplingParams(max_new_tokens=14)) for p in prompts]
-    _drain(e)
-    assert e.scheduler.retractions >= 1
+    retracted = []          # the victims, each retracted at least once
+    readmissions = 0
+    while e.has_work():
+        before = e.scheduler.retractions
+        seq = e.cache.events.last_seq
+        running = {r.rid: (r.computed, list(r.fill_ids[:r.computed]), set(r.kv_slots.tolist()))
+                   for r in e.scheduler.running}
+        # what re-admission will find: the tree's cached prefix of each retracted request, now
+        peeks = {r.rid: e.cache.peek_prefix_len(RadixKey(r.fill_ids[:-1])) for r in retracted
+                 if r in e.scheduler.waiting}
+        seen = {r.rid: len(r.admissions) for r in retracted}
+        e.step()
+        e.check_invariants()
+        for r in retracted:
+            if len(r.admissions) > seen[r.rid]:
+                assert r.admissions[-1] == peeks[r.rid] > 0     # the re-admission hit its cached tokens
+                readmissions += 1
+        if e.scheduler.retractions > before:
+            victim = next(r for r in e.scheduler.waiting if r.rid in running)
+            computed, ids, slots = running[victim.rid]
+            # its computed tokens went into the tree, not back to free_pages; what is missing now is
+            # exactly what the same step evicted of them to make room for the older request
+            evicted = {s for ev in e.events_since(seq) if ev.kind == "evict" for s in ev.slots} & slots
+            assert e.cache.peek_prefix_len(RadixKey(ids)) == computed - len(evicted) >= len(victim.prompt_ids)
+            retracted.append(victim)
+    assert e.scheduler.retractions >= 1 and readmissions >= e.scheduler.retractions
     for p, h in zip(prompts, handles):
         assert h.result(0).token_ids == reference_greedy(ref, p, 14)
     _no_leak(e)
@@ -201,15 +231,61 @@ def test_bad_engine_config():
 
 
 def test_seeded_sampling_is_reproducible_and_differs_from_greedy():
-    _, runner = tiny_pair("qwen3")
-    e = Engine(runner, pool_slots=300)
+    ref, runner = tiny_pair("qwen3")
+    e = Engine(runner, pool_slots=600)
     p = _prompts(1, shared=8, seed=7)[0]
     params = SamplingParams(max_new_tokens=12, temperature=1.5, top_k=50, top_p=0.9, seed=1234)
     a = e.generate([p], params)[0].token_ids
     b = e.generate([p], params)[0].token_ids
     g = e.generate([p], SamplingParams(max_new_tokens=12))[0].token_ids
     assert a == b and a != g
+    others = [e.generate([p], SamplingParams(max_new_tokens=12, temperature=1.5, seed=s))[0].token_ids
+              for s in (1, 2, 3)]
+    assert len({tuple(x) for x in others + [a]}) == 4        # different seeds, different samples
     _no_leak(e)
+
+
+@torch.no_grad()
+def _ref_logits(ref, ids: list[int]) -> torch.Tensor:
+    return ref(torch.tensor([ids])).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (0, 0.3), (5, 0.5)])
+def test_every_sampled_token_is_inside_top_k_and_top_p(top_k, top_p):
+    """Each token the engine samples is among the top_k most likely and inside the top_p nucleus
+    of the stock model's own next-token distribution (at temperature 1.3) at that position."""
+    ref, runner = tiny_pair("llama")
+    e = Engine(runner, pool_slots=800)
+    prompts = _prompts(4, shared=4, seed=11)
+    outs = e.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.3, top_k=top_k, top_p=top_p, seed=5))
+    checked = 0
+    for p, c in zip(prompts, outs):
+        for i, tok in enumerate(c.token_ids):
+            probs = torch.softmax(_ref_logits(ref, p + c.token_ids[:i]) / 1.3, dim=-1)
+            order = torch.argsort(probs, descending=True).tolist()
+            rank = order.index(tok)
+            if top_k:
+                assert rank < top_k
+            kept = probs[order[:top_k]] if top_k else probs[order]
+            kept = kept / kept.sum()
+            mass_before = float(kept[:rank].sum())   # the nucleus keeps tokens until the mass reaches top_p
+            assert mass_before < top_p + 1e-5
+            checked += 1
+    assert checked == 48
+    _no_leak(e)
+
+
+def test_top_k_sampling_covers_exactly_the_top_k():
+    """Many draws from one row: top_k=4 yields exactly the 4 largest logits, each often."""
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9, 0.0, 1.8, 1.7, -3.0]])
+    params = SamplingParams(temperature=1.0, top_k=4, seed=0).frozen()
+    g = params.make_generator(torch.device("cpu"))
+    draws = [sample(logits, [params], [g])[0] for _ in range(400)]
+    assert set(draws) == {1, 3, 5, 6}
+    nucleus = SamplingParams(temperature=1.0, top_p=0.5, seed=0).frozen()
+    g = nucleus.make_generator(torch.device("cpu"))
+    # softmax mass: 1 -> 0.263, 3 -> 0.238, 5 -> 0.215 ...: the smallest set reaching 0.5 is {1, 3}
+    assert set(sample(logits, [nucleus], [g])[0] for _ in range(400)) == {1, 3}
 
 
 def test_eight_threads_48_requests_while_the_loop_runs():

@@ -111,3 +111,26 @@ def test_bad_input_on_the_real_model(smollm2_runner):
         e.submit([{"role": "user"}])
     assert e.generate(["Hello"], SamplingParams(max_new_tokens=2))[0].finish_reason == "length"
     e.check_invariants()
+
+
+SYSTEM_118 = (SYSTEM + " Keep every answer under forty words, cite the SGLang scheduler or radix cache by name when "
+              "it applies, and say when you are unsure. When a question mentions memory, give the size in GiB "
+              "and in token slots; when it mentions speed, give tokens per")
+
+
+def test_eight_simultaneous_chats_sharing_a_118_token_system_prompt_hit_the_cache(smollm2_runner):
+    """Issue 10: all 8 submitted together. In-batch prefix sharing admits the first and holds
+    the other 7 back one step, so they read the shared prefix from the cache. Greedy outputs
+    equal those with the cache off."""
+    chats = [[{"role": "system", "content": SYSTEM_118}, {"role": "user", "content": q}] for q in QUESTIONS[:8]]
+    params = SamplingParams(max_new_tokens=8)
+    on = Engine(smollm2_runner, pool_slots=4096)
+    ids = [on.tokenize(c)[0] for c in chats]
+    assert min(_lcp(ids[0], x) for x in ids[1:]) == 118      # the real chat template's shared prefix
+    got = on.generate(chats, params)
+    off = Engine(smollm2_runner, pool_slots=4096, disable_radix_cache=True).generate(chats, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in off]
+    assert sum(c.cached_tokens >= 100 for c in got) >= 7
+    assert [c.cached_tokens for c in got] == [0] + [_lcp(x[:-1], ids[0]) for x in ids[1:]]
+    assert all(c.cached_tokens == 0 for c in off)
+    on.check_invariants()

@@ -68,7 +68,7 @@ def test_events_are_frozen_typed_and_json_serialisable():
     d = e.to_dict()
     assert d["kind"] == "evict" and d["slots"] == (6, 7)
     assert json.loads(json.dumps(d))["policy_key"] == [1.0]
-    assert set(ev.EVENT_TYPES) == {"match", "split", "insert", "alloc", "free", "evict", "lock", "unlock", "reset"}
+    assert set(ev.EVENT_TYPES) == {"match", "split", "insert", "alloc", "free", "evict", "lock", "unlock", "touch", "reset"}
     assert all(cls.kind == k for k, cls in ev.EVENT_TYPES.items())
 
 
@@ -132,3 +132,57 @@ def test_dashboard_polling_sees_each_event_once():
     assert kinds == [["match", "alloc", "insert"],
                      ["split", "match", "lock", "alloc", "insert", "unlock"],
                      ["match", "alloc", "insert"]]
+
+
+# ----- issue 10, item 10: bounded in bytes, O(new) reads, every touch recorded -----------------------------
+def test_log_is_bounded_in_bytes_not_only_in_count():
+    log = ev.EventLog(capacity=100_000, budget_bytes=2_000_000)
+    big = tuple(range(1000, 3000))                     # a 2,000-token insert
+    for i in range(500):
+        log.append(ev.InsertEvent, time=i, node=i, parent=0, token_ids=big, slots=big)
+    assert log.nbytes <= 2_000_000 and len(log) == 2_000_000 // ev.event_bytes(log.since(499)[0])
+    assert log.nbytes == len(log) * ev.event_bytes(log.since(499)[0])
+    assert [e.seq for e in log.since(0)] == list(range(501 - len(log), 501))   # the newest survive, in order
+    log.append(ev.ResetEvent, time=0)
+    assert log.since(500)[0].kind == "reset" and log.last_seq == 501
+
+
+def test_engine_default_event_budget_is_well_under_100_mb():
+    from core.engine import DEFAULT_EVENT_BUDGET_BYTES
+    assert DEFAULT_EVENT_BUDGET_BYTES <= 32 * 2**20
+
+
+def test_since_costs_what_it_returns():
+    import time
+    log = ev.EventLog(capacity=100_000)
+    for i in range(100_000):
+        log.append(ev.FreeEvent, time=0, slots=(i,))
+
+    def best(fn, n=5):
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return min(out)
+
+    assert [e.seq for e in log.since(99_990)] == list(range(99_991, 100_001))
+    assert [e.seq for e in log.since(99_990, limit=3)] == [99_991, 99_992, 99_993]
+    recent, everything = best(lambda: log.since(99_990)), best(lambda: log.since(0))
+    assert recent * 50 < everything      # 10 events vs 100,000: no copy of the whole log
+
+
+def test_an_insert_that_adds_nothing_records_its_touch():
+    t = [1]
+    alloc = SlotAllocator(8)
+    cache = RadixCache(alloc, clock=lambda: t[0])
+    cache.insert(RadixKey([1, 2, 3]), alloc.alloc(3))
+    t[0] = 5
+    seq = cache.events.last_seq
+    dup = alloc.alloc(2)
+    assert cache.insert(RadixKey([1, 2]), dup) == 2          # nothing new: a split and a touch
+    touch = [e for e in cache.events.since(seq) if e.kind == "touch"]
+    assert len(touch) == 1 and touch[0].time == 5
+    node = cache.snapshot().node(touch[0].node)
+    assert node.token_ids == (1, 2) and node.last_access_time == 5 and touch[0].path == (node.id,)
+    alloc.free(dup)

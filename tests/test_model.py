@@ -71,11 +71,17 @@ def test_default_model_greedy_matches_generate(runner, stock):
     assert out == expected.tolist()
 
 
-def test_gguf_path_and_folder_reuse_the_cache(runner):
+def test_gguf_path_and_folder_reuse_the_cache(runner, monkeypatch):
     folder = resolve_model("default")
     gguf = model_mod._default_gguf()
-    assert resolve_model(str(gguf)) == folder  # same cache folder, no second conversion
+    mtime = (folder / "config.json").stat().st_mtime_ns
+    conversions = []
+    monkeypatch.setattr(model_mod, "_convert_gguf", lambda *a: conversions.append(a))
+    assert resolve_model(str(gguf)) == folder  # same cache folder...
+    assert resolve_model("default") == folder
     assert resolve_model(str(folder)) == folder  # a checkpoint folder is used as is
+    assert conversions == []                     # ...and no second conversion
+    assert (folder / "config.json").stat().st_mtime_ns == mtime
 
 
 def test_unknown_model_path_says_what_to_pass(tmp_path):

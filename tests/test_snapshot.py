@@ -115,3 +115,58 @@ def test_pool_and_engine_views_serialise():
     d = json.loads(json.dumps(eng.to_dict()))
     assert d["token_text"] == {"1": "a"} and d["pool"]["k_norms"] == [[1.0] * 5] * 2
     assert d["requests"][0]["rid"] == "r0" and d["cache"]["seq"] == eng.seq
+
+
+def test_incremental_snapshot_equals_a_full_rebuild_under_random_operations():
+    """After every random match / insert / lock / unlock / evict / reset, the incrementally built
+    snapshot equals one built from scratch (the memo dropped)."""
+    import random
+
+    from core.snapshot import snapshot_cache
+    rng = random.Random(0)
+    t = [0]
+    alloc = SlotAllocator(200)
+    cache = RadixCache(alloc, eviction_policy="lru", clock=lambda: t[0])
+    locked = []
+    for step in range(400):
+        t[0] += rng.random() < 0.5
+        op = rng.random()
+        key = RadixKey([rng.randrange(1, 5) for _ in range(rng.randrange(1, 9))])
+        if op < 0.35:
+            m = cache.match_prefix(key)
+            need = len(key) - m.indices.numel()
+            new = alloc.alloc(need) if need else m.indices[:0]
+            if new is not None:
+                n = cache.insert(key, torch.cat([m.indices, new]))
+                alloc.free(torch.cat([m.indices, new])[m.indices.numel():n])
+        elif op < 0.45:   # an insert with no match before it: its walk alone stamps the path
+            value = alloc.alloc(len(key))
+            if value is not None:
+                alloc.free(value[:cache.insert(key, value, priority=rng.randrange(3))])
+        elif op < 0.5:
+            m = cache.match_prefix(key)
+            if m.indices.numel():
+                cache.inc_lock_ref(m.last_node)
+                locked.append(m.last_node)
+        elif op < 0.6 and locked:
+            cache.dec_lock_ref(locked.pop(rng.randrange(len(locked))))
+        elif op < 0.75:
+            cache.evict(rng.randrange(1, 10))
+        elif op < 0.77 and not locked:
+            cache.reset()
+        else:
+            cache.match_prefix(key)
+        got = cache.snapshot()
+        cache.__dict__.pop("_snapshot_memo")
+        fresh = snapshot_cache(cache)
+        assert got.to_dict() == fresh.to_dict(), step
+        assert tuple(got.eviction_order) == tuple(n.id for n in cache.eviction_order())
+        assert cache.snapshot() is not got or got.to_dict() == fresh.to_dict()
+
+
+def test_snapshot_with_nothing_changed_is_the_same_object():
+    cache, _, _ = built()
+    a = cache.snapshot()
+    assert cache.snapshot() is a
+    cache.match_prefix(RadixKey([1, 2], "tenant"))
+    assert cache.snapshot() is not a

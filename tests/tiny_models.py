@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
@@ -26,7 +27,8 @@ def tiny_pair(family: str, seed: int = 0) -> tuple[torch.nn.Module, ModelRunner]
     ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
     ref.generation_config.eos_token_id = None
     ref.generation_config.pad_token_id = 0
-    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device="cpu")
+    # scripts/gpu_check.sh sets RADIX_TEST_DEVICE=cuda; the reference model stays on the CPU
+    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device=os.environ.get("RADIX_TEST_DEVICE", "cpu"))
 
 
 @torch.no_grad()
