@@ -150,6 +150,22 @@ class Engine:
                 self.abort(h.rid)
             raise
 
+    def request_tokens(self, rid: str) -> Optional[dict]:
+        """{"prompt_ids", "output_ids"} of a request still in the table (the last finished ones stay),
+        or None: a viewer walks the tree with them to show the path the request matched."""
+        with self._table_lock:
+            req = self._requests.get(rid)
+            if req is None:
+                return None
+            return {"prompt_ids": [int(t) for t in req.prompt_ids], "output_ids": [int(t) for t in req.output_ids]}
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Each token's raw bytes, so a viewer decodes whole runs (byte-level BPE splits characters)."""
+        from core.token_bytes import token_bytes
+        if self.tokenizer is None:
+            return [str(int(t)).encode() for t in token_ids]
+        return token_bytes(self.tokenizer, token_ids)
+
     def abort(self, rid: str) -> bool:
         """Release everything request `rid` holds, at any stage. False if it is unknown or done."""
         with self._lock:

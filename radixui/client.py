@@ -123,14 +123,7 @@ class InProcessClient:
         return self._engine.step()
 
     def token_bytes(self, token_ids: Sequence[int]) -> list[str]:
-        from radixui.token_bytes import token_bytes
-        tok = self._engine.tokenizer
-        if tok is None:
-            return [str(int(t)).encode().hex() for t in token_ids]
-        return [b.hex() for b in token_bytes(tok, token_ids)]
+        return [b.hex() for b in self._engine.token_bytes(token_ids)]
 
     def request_tokens(self, rid: str) -> Optional[dict]:
-        req = self._engine._requests.get(rid)  # the engine keeps the last 200 finished requests
-        if req is None:
-            return None
-        return {"prompt_ids": [int(t) for t in req.prompt_ids], "output_ids": [int(t) for t in req.output_ids]}
+        return self._engine.request_tokens(rid)

@@ -89,6 +89,21 @@ class HttpClient:
             raise RuntimeError(f"submit failed: {self._message(r)}")
         return r.json()["rid"]
 
+    def token_bytes(self, token_ids) -> list[str]:
+        out: list[str] = []
+        ids = [t.item() if hasattr(t, "item") else t for t in token_ids]   # numpy ints as JSON; the server checks types
+        for i in range(0, len(ids), 50_000):          # core.server.state_routes.MAX_TOKEN_IDS a call
+            out += self._json("POST", "/state/token_bytes", json={"ids": ids[i:i + 50_000]})["bytes"]
+        return out
+
+    def request_tokens(self, rid: str) -> Optional[dict]:
+        r = self._request("GET", f"/state/requests/{rid}/tokens")
+        if r.status_code == 404:
+            return None
+        if r.status_code >= 400:
+            raise RuntimeError(f"GET /state/requests/{rid}/tokens failed: {self._message(r)}")
+        return r.json()
+
     def abort(self, rid: str) -> bool:
         return bool(self._json("POST", f"/state/requests/{rid}/abort")["aborted"])
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, MutableMapping, Optional
 from core.snapshot import EngineSnapshot
 from radixui.events import ev_get, ev_kind
 from radixui.replay import Replayer, empty_snapshot
-from radixui.token_bytes import TokenDecoder
+from core.token_bytes import TokenDecoder
 
 MAX_EVENTS = 100_000   # the engine's ring; time travel covers at most this many events
 FETCH = 20_000

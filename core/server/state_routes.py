@@ -63,6 +63,9 @@ def events_after(engine: Engine, since: int, limit: int) -> list[Event]:
         return list(itertools.islice(ring, start, start + limit))
 
 
+MAX_TOKEN_IDS = 50_000
+
+
 def router(host: EngineHost, read_body) -> APIRouter:
     r = APIRouter(prefix="/state")
     cache: dict[str, Any] = {"snap": None, "body": b""}
@@ -127,6 +130,22 @@ def router(host: EngineHost, read_body) -> APIRouter:
         except ValueError as exc:
             raise classify(host, prompt, params, exc) from exc
         return {"rid": h.rid}
+
+    @r.get("/requests/{rid}/tokens")
+    async def request_tokens(rid: str):
+        toks = host.engine.request_tokens(rid)
+        if toks is None:
+            raise APIError(404, f"no request {rid!r} in the engine's table (it keeps the last finished ones)")
+        return toks
+
+    @r.post("/token_bytes")
+    async def token_bytes(request: Request):
+        ids = (await body_json(request)).get("ids")
+        if not isinstance(ids, list) or len(ids) > MAX_TOKEN_IDS or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < host.engine.runner.vocab_size for t in ids):
+            raise APIError(400, f"send {{\"ids\": [token ids]}}: at most {MAX_TOKEN_IDS:,} integers in "
+                                f"0..{host.engine.runner.vocab_size - 1}", "ids")
+        return {"bytes": [b.hex() for b in await asyncio.to_thread(host.engine.token_bytes, ids)]}
 
     @r.post("/requests/{rid}/abort")
     async def abort(rid: str):

@@ -8,7 +8,7 @@ from radixui.layout_css import COMPACT_CSS
 from radixui.narrate import article_token_note, explain_step
 from radixui.slots import slot_row_figure
 from radixui.state import get_client, get_walkthrough
-from radixui.token_bytes import TokenDecoder
+from core.token_bytes import TokenDecoder
 from radixui.tree import step_highlights, tree_figure
 
 st.markdown(COMPACT_CSS, unsafe_allow_html=True)

@@ -114,3 +114,21 @@ def test_unreachable_server_names_the_url():
     client = HttpClient("http://127.0.0.1:9", timeout=2)
     with pytest.raises(ConnectionError, match=r"no engine server answers at http://127.0.0.1:9"):
         client.version()
+
+
+def test_request_tokens_and_token_bytes_over_http(tiny):
+    c = HttpClient(tiny.url)
+    try:
+        rid = c.submit(PROMPT, SamplingParams(max_new_tokens=3))
+        wait_until(lambda: tiny.engine.request_tokens(rid) is not None
+                   and len(tiny.engine.request_tokens(rid)["output_ids"]) == 3)
+        got = c.request_tokens(rid)
+        assert got == tiny.engine.request_tokens(rid) and got["prompt_ids"] == PROMPT
+        assert c.request_tokens("no-such-rid") is None
+        # the tiny model has no tokenizer: a token's bytes are its id written out
+        assert c.token_bytes([5, 17, 127]) == ["35", "3137", "313237"]
+        for bad in ([128], [-1], ["5"], [True]):
+            with pytest.raises(ValueError, match="at most 50,000 integers in 0..127"):
+                c.token_bytes(bad)
+    finally:
+        c.close()

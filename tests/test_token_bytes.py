@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from radixui.token_bytes import BYTE_ALPHABET, PENDING, TokenDecoder, token_bytes
+from core.token_bytes import BYTE_ALPHABET, PENDING, TokenDecoder, token_bytes
 
 TEXT = "Ünïcödé 🚀 won't"
 
