@@ -176,7 +176,7 @@ def test_warm_start_first_chart_within_5_s(page, browser, server):
     FIGURES["warm start, first chart"] = (f"median {wall:.2f} s wall, {own:.2f} CPU s of the page, over {len(tries)} "
                                           f"new tabs ({', '.join(f'{c[0]:.1f}/{c[1]:.1f}' for _, c in tries)}); "
                                           f"target < 5 s; load average {os.getloadavg()[0]:.1f}")
-    assert own < 5.0, tries
+    assert wall < 5.0, tries     # the target is what a person waits: wall time (CPU seconds printed beside)
 
 
 def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):
@@ -200,7 +200,7 @@ def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):
     FIGURES["tree root after Send"] = f"y = {box['y']:.0f} px of {VIEWPORT['height']}, scroll {scroll}"
     assert scroll == [0, 0]
     assert 0 < box["y"] and box["y"] + box["height"] < VIEWPORT["height"]
-    assert med_own < 0.5, list(zip(times, own))
+    assert med < 0.5, list(zip(times, own))
     _wait_idle(pg)
     _no_errors(pg)
 
@@ -218,7 +218,7 @@ def test_view_switch_within_half_a_second(page, server):
     med, med_own = statistics.median(times), statistics.median(own)
     FIGURES["view switch"] = (f"median {med:.2f} s wall, {med_own:.2f} CPU s of the page, over {len(times)} "
                               f"switches; target < 0.5 s; load average {os.getloadavg()[0]:.1f}")
-    assert med_own < 0.5, list(zip(times, own))
+    assert med < 0.5, list(zip(times, own))
     _no_errors(pg)
 
 
