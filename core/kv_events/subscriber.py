@@ -70,7 +70,7 @@ class KVEventSubscriber:
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread.ident is not None:   # not when Ctrl-C beat its start
             self._thread.join(timeout)
             self._thread = None
         self._sub.close(linger=0)
