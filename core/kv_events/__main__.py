@@ -27,9 +27,9 @@ def _record(args) -> int:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     start = time.monotonic()
-    print(f"recording {args.endpoint} (topic {args.topic!r}, replay {args.replay or 'none'}) to {args.out}; "
-          f"Ctrl-C stops", file=sys.stderr)
-    try:
+    try:   # the line below says Ctrl-C works: print it inside the try that catches Ctrl-C
+        print(f"recording {args.endpoint} (topic {args.topic!r}, replay {args.replay or 'none'}) to {args.out}; "
+              f"Ctrl-C stops", file=sys.stderr)
         sub.start()
         if args.replay:
             sub.catch_up()

@@ -4,11 +4,19 @@ Pure bookkeeping, no sockets (the subscriber and a recording's replay both drive
 applies a frame when it is the next one; when frames are missing it holds the frame and returns
 the `Gap`, the caller fetches the missing batches (the engine's replay socket) and hands them to
 `resolve`, which applies what came back in order and marks the gap recovered or not.
+
+Every frame arrives by one path, "live" (`offer`) or "replay" (`resolve`, `catch_up`), and is
+kept in `arrivals` (the latest ones). A seq is applied once, by whichever copy comes first in
+order; every other copy of an applied batch is a duplicate: a live frame that a catch-up already
+replayed, a replayed batch that had arrived live (the held frame that opened the gap, or batches
+published while the replay was served), a batch a replay returned twice. So, for the applied
+seqs, `duplicates` == sum over seqs of (copies received - 1).
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
@@ -39,6 +47,7 @@ class StreamFollower:
         self.gaps: list[Gap] = []
         self.batches = 0
         self.duplicates = 0
+        self.arrivals: deque = deque(maxlen=10_000)   # (seq, "live" | "replay") of each frame, in order
         self.dp_ranks: set = set()
         self.last_ts: Optional[float] = None   # the latest batch's own timestamp
         self.last_recv: Optional[float] = None  # wall clock when the latest frame arrived
@@ -52,6 +61,7 @@ class StreamFollower:
         """Apply the frame if it is next; return a Gap (frame held) when some are missing."""
         with self.lock:
             self.last_recv = time.time()
+            self.arrivals.append((seq, "live"))
             if self.last_seq is not None and seq <= self.last_seq:
                 if not self._restarted(seq, payload):
                     self.duplicates += 1
@@ -71,10 +81,10 @@ class StreamFollower:
             return None
 
     def _restarted(self, seq: int, payload: bytes) -> bool:
-        """A seq at or below the last one is a duplicate (a late replay) unless its batch is newer than
-        every batch applied: then the publisher started over (even if its seq 0 was lost)."""
-        if seq == 0 and self.last_seq > 0:
-            return True
+        """A seq at or below the last one is a duplicate (a late copy, live or replayed) unless its
+        batch is newer than every batch applied: then the publisher started over (even if its seq 0
+        was lost). Seq 0 follows the same rule: a live copy of seq 0 that a catch-up already applied
+        is a duplicate, not a restart (taking it for one would clear the tree and apply it all twice)."""
         try:
             ts = decode_batch(payload).ts
         except DecodeError:
@@ -84,20 +94,47 @@ class StreamFollower:
     def resolve(self, gap: Gap, replayed: Iterable[tuple[int, bytes, bytes]]) -> None:
         """Apply batches a replay returned (any order, duplicates fine), then the held frame."""
         with self.lock:
-            for seq, payload, topic in sorted(replayed, key=lambda f: f[0]):
-                if self.last_seq is not None and seq <= self.last_seq:
-                    continue
-                if seq != (0 if self.last_seq is None else self.last_seq + 1):
-                    break   # the replay buffer no longer holds the start of the gap
-                self._apply(seq, payload, topic)
-                gap.replayed += 1
+            gap.replayed += self._absorb(replayed)
             gap.recovered = self.last_seq is not None and self.last_seq >= gap.end
             if not gap.recovered:
                 self.suspect_since = gap.start if self.suspect_since is None else self.suspect_since
             held, self._held = self._held, None
-            if held is not None and (self.last_seq is None or held[0] > self.last_seq):
-                self._apply(*held)
+            if held is not None:
+                if self.last_seq is None or held[0] > self.last_seq:
+                    self._apply(*held)
+                else:
+                    self.duplicates += 1   # the replay gave this batch back too: applied once, from there
             self.changed.notify_all()
+
+    def catch_up(self, replayed: Iterable[tuple[int, bytes, bytes]]) -> Optional[Gap]:
+        """Apply a replay from seq 0 taken when joining a running stream. Returns the "joined late"
+        gap it filled, or None when the replay was empty or live frames got here first (then what
+        it returned is applied if next, and counted as duplicates if already applied)."""
+        with self.lock:
+            frames = list(replayed)
+            if self.last_seq is not None or self._held is not None or not frames:
+                self._absorb(frames)
+                self.changed.notify_all()
+                return None
+            gap = Gap(0, max(f[0] for f in frames), time.time(), "joined late")
+            self.gaps.append(gap)
+            self.resolve(gap, frames)
+            return gap
+
+    def _absorb(self, replayed: Iterable[tuple[int, bytes, bytes]]) -> int:
+        """Apply replayed frames in seq order from the next expected one; returns how many applied."""
+        applied, stopped = 0, False
+        for seq, payload, topic in sorted(replayed, key=lambda f: f[0]):
+            self.arrivals.append((seq, "replay"))
+            if self.last_seq is not None and seq <= self.last_seq:
+                self.duplicates += 1
+                continue
+            if stopped or seq != (0 if self.last_seq is None else self.last_seq + 1):
+                stopped = True   # the replay buffer no longer holds the start of the gap
+                continue
+            self._apply(seq, payload, topic)
+            applied += 1
+        return applied
 
     def _apply(self, seq: int, payload: bytes, topic: bytes) -> None:
         self.last_seq = seq

@@ -5,7 +5,10 @@ A thread follows the cache's event log (core/events.py) and turns each new slice
 page), an eviction BlockRemoved, a reset AllBlocksCleared. A split changes no block (nodes hold
 whole pages, so both halves keep their pages and hashes); it only moves hashes in our mirror.
 Consecutive stores that continue one chain, and consecutive removals, coalesce as SGLang's
-KVCacheEventRecorder does. Frames and the replay ROUTER follow ZmqEventPublisher exactly.
+KVCacheEventRecorder does. Frames and the replay ROUTER follow ZmqEventPublisher exactly. The
+socket is an XPUB rather than a PUB: the same wire to every SUB, but it hands us each
+subscription, so `wait_for_subscribers` can tell when a subscriber really hears the next batch
+(a PUB drops what it sends before a SUB's subscription reached it, and nothing says when that is).
 
 If the log ring has dropped events the thread never read (it fell more than `event_capacity`
 events behind), it resyncs: AllBlocksCleared, then the whole tree from a snapshot.
@@ -66,8 +69,10 @@ class KVEventPublisher:
         self.errors: list[str] = []
         self._own_ctx = context is None
         self._ctx = context if context is not None else zmq.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)   # every subscription, not only a topic's first
+        self.subscriptions = 0        # subscribe messages seen (one per SUB connection and topic)
         self._pub.set_hwm(hwm)
         self._replay = None
         try:
@@ -119,6 +124,18 @@ class KVEventPublisher:
                 self._cv.wait(left)
         return self.last_seq
 
+    def wait_for_subscribers(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Block until `count` subscriptions have reached the socket: every batch sent after that
+        reaches those subscribers (start a scenario, a test, a recording after it). False on timeout."""
+        end = time.monotonic() + timeout
+        with self._cv:
+            while self.subscriptions < count:
+                left = end - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cv.wait(min(left, 0.05))
+            return True
+
     def close(self) -> None:
         if self._stop.is_set():
             return
@@ -157,6 +174,7 @@ class KVEventPublisher:
                     self._cv.wait(max(0.0, min(0.05, next_publish - time.monotonic())))
                 want = self._wanted
             try:
+                self._read_subscriptions()
                 self._serve_replay()
                 if want > self._done or time.monotonic() >= next_publish:
                     next_publish = time.monotonic() + self.interval
@@ -167,6 +185,17 @@ class KVEventPublisher:
                 time.sleep(0.05)
             with self._cv:
                 self._done = max(self._done, want)
+                self._cv.notify_all()
+
+    def _read_subscriptions(self) -> None:
+        """Count the SUBs' subscribe messages (b"\x01" + topic); unsubscribes change nothing."""
+        seen = 0
+        while self._pub.poll(0):
+            msg = self._pub.recv()
+            seen += msg[:1] == b"\x01"
+        if seen:
+            with self._cv:
+                self.subscriptions += seen
                 self._cv.notify_all()
 
     def _serve_replay(self) -> None:

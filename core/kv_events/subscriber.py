@@ -49,6 +49,9 @@ class KVEventSubscriber:
         self._own_ctx = context is None
         self._ctx = context if context is not None else zmq.Context()
         self._stop = threading.Event()
+        self._catch_up_lock = threading.Lock()
+        self._caught_up = False
+        self.catch_up_gap: Optional[Gap] = None
         self._thread: Optional[threading.Thread] = None
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -67,7 +70,7 @@ class KVEventSubscriber:
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread.ident is not None:   # not when Ctrl-C beat its start
             self._thread.join(timeout)
             self._thread = None
         self._sub.close(linger=0)
@@ -81,20 +84,17 @@ class KVEventSubscriber:
         self.close()
 
     def catch_up(self) -> Optional[Gap]:
-        """Ask the replay socket for everything from seq 0 (call before the first live batch, e.g.
-        right after connecting to a running engine): the tree starts complete, not mid-stream."""
-        if self.replay_endpoint is None:
-            return None
-        with self.follower.lock:
-            if self.follower.last_seq is not None:
-                return None
-        frames = self._replay(0)
-        if not frames:
-            return None
-        gap = Gap(0, frames[-1][0], time.time(), "joined late")
-        self.follower.gaps.append(gap)
-        self.follower.resolve(gap, frames)
-        return gap
+        """Ask the replay socket for everything from seq 0 once (right after connecting to a running
+        engine): the tree starts complete, not mid-stream. Returns the "joined late" gap it filled.
+        Done once per subscriber: `start()` does it in the thread, and a call from another thread
+        waits for that one and returns its gap (two catch-ups would race each other and the live
+        frames, and log the same gap twice)."""
+        with self._catch_up_lock:
+            if not self._caught_up:
+                frames = self._replay(0) if self.replay_endpoint is not None else []
+                self.catch_up_gap = self.follower.catch_up(frames)
+                self._caught_up = True
+            return self.catch_up_gap
 
     # ----- the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import msgspec
 import pytest
@@ -106,15 +105,16 @@ def test_our_publisher_sends_what_sglang_sends_for_the_same_tree():
     cache = RadixCache(SlotAllocator(64, page_size=4), page_size=4)
     # interval: publish only on flush(), so both inserts land in one batch as in SGLang's step
     pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, interval=3600)
+    assert pub.flush() == 0   # AllBlocksCleared, before the SUB exists: the catch-up brings it
     sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint).start()
     try:
-        time.sleep(0.2)
-        pub.flush()
+        assert sub.catch_up().end == 0 and pub.wait_for_subscribers(1, 10.0)
         cache.insert(RadixKey(list(range(1, 9))), cache.allocator.alloc(8))
         m = cache.match_prefix(RadixKey(list(range(1, 13))))
         cache.insert(RadixKey(list(range(1, 13))), torch.cat([m.indices, cache.allocator.alloc(4)]))
         seq = pub.flush()
-        assert sub.follower.wait_for(seq, 5.0) and sub.follower.status()["exact"]
+        assert seq == 1 and sub.follower.wait_for(seq, 5.0) and sub.follower.status()["exact"]
+        assert list(sub.follower.arrivals) == [(0, "replay"), (1, "live")]   # both inserts: one batch
         ours = decode_batch(pub._buffer[-1][1]).events
         assert all(isinstance(e, BlockStored) for e in ours)
         assert [msgspec.msgpack.encode(e) for e in ours] == [msgspec.msgpack.encode(e) for e in sglang_events]

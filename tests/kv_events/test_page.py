@@ -3,7 +3,6 @@ recording; bad addresses and files are messages, never tracebacks."""
 from __future__ import annotations
 
 import pathlib
-import time
 
 import torch
 from streamlit.testing.v1 import AppTest
@@ -33,12 +32,15 @@ def _close_source() -> None:
 
 def test_live_endpoint_shows_the_tree_and_exact_status():
     cache = RadixCache(SlotAllocator(64, page_size=2), page_size=2)
-    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL)
+    # publish only on flush(): batch 0 the empty tree, batch 1 both inserts, on every run
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, interval=3600)
     try:
+        assert pub.flush() == 0
         cache.insert(RadixKey([5, 6, 7, 8]), cache.allocator.alloc(4))
         m = cache.match_prefix(RadixKey([5, 6, 9, 9]))
         cache.insert(RadixKey([5, 6, 9, 9]), torch.cat([m.indices, cache.allocator.alloc(2)]))
         seq = pub.flush()
+        assert seq == 1
         at = _page()
         assert [t.value for t in at.title] == ["KV events"] and at.info   # asks for an address
         at.text_input(key="kv_endpoint").input(pub.endpoint)
@@ -95,16 +97,18 @@ def test_a_dropped_batch_is_shown_then_filled_by_replay():
     pub2 = KVEventPublisher(RadixCache(SlotAllocator(64, page_size=2), page_size=2), endpoint=LOCAL,
                             replay_endpoint=LOCAL)
     try:
-        pub.flush()
+        assert pub.flush() == 0 and pub2.flush() == 0   # batch 0 of each goes out before any SUB exists
         at = _page()
         at.text_input(key="kv_endpoint").input(pub.endpoint).run()
         at.toggle(key="kv_live").set_value(False).run()
         from radixui.kv_source import get_holder
         sub = get_holder().sub
-        time.sleep(0.3)
+        assert pub.wait_for_subscribers(1, 10.0)   # the page's SUB hears every batch from here
+        cache.insert(RadixKey([9, 9]), cache.allocator.alloc(2))
+        assert sub.follower.wait_for(pub.flush(), 5.0)   # batch 1, heard live
+        pub.drop_next = 1                                  # armed before the insert: batch 2 is the one lost
         cache.insert(RadixKey([1, 2]), cache.allocator.alloc(2))
-        pub.drop_next = 1
-        pub.flush()
+        assert pub.flush() == 2
         cache.insert(RadixKey([1, 2, 3, 4]), torch.cat([cache.match_prefix(RadixKey([1, 2])).indices,
                                                         cache.allocator.alloc(2)]))
         assert sub.follower.wait_for(pub.flush(), 5.0)
@@ -113,21 +117,29 @@ def test_a_dropped_batch_is_shown_then_filled_by_replay():
         assert any("missing since seq" in e.value and "not recovered" in e.value for e in at.error), \
             [e.value for e in at.error]
         assert {m.label: m.value for m in at.metric}["Orphans"] == "1"
+        assert [(g.start, g.end, g.reason, g.recovered) for g in sub.follower.gaps] == \
+            [(0, 0, "joined late", False), (2, 2, "missing batches", False)]
         # the same loss with a replay socket: filled, and the page says so
         at.text_input(key="kv_endpoint").input(pub2.endpoint)
         at.text_input(key="kv_replay").input(pub2.replay_endpoint).run()
         sub2 = get_holder().sub
-        time.sleep(0.3)
+        assert sub2.catch_up().end == 0 and pub2.wait_for_subscribers(1, 10.0)
         c2 = pub2.cache
         c2.insert(RadixKey([1, 2]), c2.allocator.alloc(2))
+        assert sub2.follower.wait_for(pub2.flush(), 5.0)
         pub2.drop_next = 1
-        pub2.flush()
         c2.insert(RadixKey([5, 6]), c2.allocator.alloc(2))
+        assert pub2.flush() == 2
+        c2.insert(RadixKey([5, 6, 7, 8]), torch.cat([c2.match_prefix(RadixKey([5, 6])).indices,
+                                                     c2.allocator.alloc(2)]))
         assert sub2.follower.wait_for(pub2.flush(), 5.0)
         at.run()
         assert not at.exception and not at.error
         assert any("filled from the replay socket" in s.value for s in at.success)
         assert {m.label: m.value for m in at.metric}["Orphans"] == "0"
+        assert [(g.start, g.end, g.reason, g.recovered, g.replayed) for g in sub2.follower.gaps] == \
+            [(0, 0, "joined late", True, 1), (2, 2, "missing batches", True, 2)]
+        assert sub2.follower.batches == 4 and sub2.follower.duplicates == 1   # batch 3: live and replayed
     finally:
         _close_source()
         pub.close()

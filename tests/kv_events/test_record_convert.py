@@ -53,6 +53,7 @@ def test_record_show_convert_from_the_command_line(tmp_path):
             deadline = time.monotonic() + 30
             while (not out.exists() or out.stat().st_size <= 9) and time.monotonic() < deadline:
                 time.sleep(0.05)   # the recorder has caught up on batch 0 from the replay socket
+            assert pub.wait_for_subscribers(1, 30.0)   # ... and hears every later batch live
             for p in PROMPTS[:6]:
                 _insert(cache, p)
                 pub.flush()
@@ -82,18 +83,23 @@ def test_record_show_convert_from_the_command_line(tmp_path):
 def test_trace_holds_the_stored_prompts_and_answers_what_if_bigger(tmp_path):
     cache = RadixCache(SlotAllocator(16, page_size=PS), page_size=PS)   # small: prompts evict each other
     rec = Recorder(tmp_path / "ev.bin")
-    with KVEventPublisher(cache, endpoint=LOCAL) as pub:
+    with KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL) as pub:
         from core.kv_events.subscriber import KVEventSubscriber
         from core.kv_events.follower import StreamFollower
-        sub = KVEventSubscriber(pub.endpoint, follower=StreamFollower(on_frame=rec))
+        assert pub.flush() == 0
+        sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint,
+                                follower=StreamFollower(on_frame=rec))
         sub.start()
-        time.sleep(0.3)
+        assert sub.catch_up().end == 0 and pub.wait_for_subscribers(1, 10.0)
         for _ in range(2):
             for p in PROMPTS:
                 _insert(cache, p)
                 assert sub.follower.wait_for(pub.flush(), 5.0)
         sub.close()
+        assert sub.follower.gaps[1:] == [] and sub.follower.duplicates == 0 and sub.errors == []
+        last = pub.last_seq
     rec.close()
+    assert [f.seq for f in read_recording(tmp_path / "ev.bin")] == list(range(last + 1))   # the whole stream
     summary = convert_recording(tmp_path / "ev.bin", tmp_path / "t.jsonl")
     wl = load_trace(tmp_path / "t.jsonl")
     prompts = [r.prompt_ids().tolist() for r in wl.requests]
@@ -153,10 +159,8 @@ def test_ctrl_c_stops_record_cleanly(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
                              "--out", str(out)], stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)
+        line = proc.stderr.readline()     # printed inside the try that turns Ctrl-C into a clean stop
+        assert line.startswith("recording tcp://127.0.0.1:9") and out.exists(), line
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
     finally:
@@ -165,6 +169,22 @@ def test_ctrl_c_stops_record_cleanly(tmp_path):
             proc.wait()
     assert proc.returncode == 0 and "0 batches recorded" in err and "Traceback" not in err
     assert list(read_recording(out)) == []      # a valid, empty recording
+
+
+def test_ctrl_c_before_the_thread_starts_still_closes(monkeypatch):
+    """Ctrl-C landing inside start(), after the thread object exists but before it runs: close()
+    (the recorder's finally) must close the sockets, not fail joining a thread never started."""
+    import threading
+    from core.kv_events.subscriber import KVEventSubscriber
+    sub = KVEventSubscriber("tcp://127.0.0.1:9")
+    def interrupted(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sub.start()
+    monkeypatch.undo()
+    sub.close()
+    assert sub._sub.closed and sub._ctx.closed
 
 
 def test_bad_addresses_are_clear_errors():

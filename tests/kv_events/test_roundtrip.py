@@ -32,9 +32,11 @@ def test_rebuilt_tree_equals_radix_tree_every_step(runner, page_size):
     engine = Engine(runner, pool_slots=pool, page_size=page_size, max_prefill_tokens=64, max_running_requests=3)
     pub = attach_publisher(engine, '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", '
                                    '"replay_endpoint": "tcp://127.0.0.1:0"}')
-    pub.flush()   # batch 0 (AllBlocksCleared) is out before anyone listens: the subscriber catches up on it
+    assert pub.flush() == 0   # batch 0 (AllBlocksCleared) is out before anyone listens: the subscriber catches up on it
     sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint).start()
     try:
+        catch_up = sub.catch_up()
+        assert pub.wait_for_subscribers(1, 10.0)   # from here every batch reaches the SUB live
         stems = [[rng.randrange(1, 128) for _ in range(n)] for n in (unit, 2 * unit, 3 * unit + 1)]
         steps = evicted_steps = 0
         flushed = False
@@ -64,9 +66,11 @@ def test_rebuilt_tree_equals_radix_tree_every_step(runner, page_size):
         st = sub.follower.status()
         print("steps", steps, "evicting steps", evicted_steps)
         assert flushed and evicted_steps >= 3, (evicted_steps, steps)
-        # every gap (the catch-up on batch 0, a batch sent before the SUB was connected) was filled
-        assert all(g.recovered for g in sub.follower.gaps) and sub.follower.gaps[0].reason == "joined late"
-        assert st["exact"] and st["batches"] == pub.last_seq + 1 and st["duplicates"] >= 0
+        # the one gap is the catch-up on batch 0; every later batch came live, once
+        assert [(g.start, g.end, g.reason, g.recovered) for g in sub.follower.gaps] == [(0, 0, "joined late", True)]
+        assert sub.follower.gaps == [catch_up]
+        assert st["exact"] and st["batches"] == pub.last_seq + 1 and st["duplicates"] == 0
+        assert list(sub.follower.arrivals) == [(0, "replay")] + [(s, "live") for s in range(1, pub.last_seq + 1)]
         assert sub.follower.tree.clears == 2       # the publisher's first batch, then the flush
         assert sub.follower.tree.removed_total > 0 and sub.follower.tree.unknown_removals == 0
         assert pub.errors == [] and sub.errors == []
@@ -82,9 +86,12 @@ def test_engine_thread_and_client_threads_with_vllm_hashes(runner):
     engine = Engine(runner, pool_slots=96, page_size=4, max_prefill_tokens=64, max_running_requests=4)
     pub = attach_publisher(engine, '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", '
                                    '"replay_endpoint": "tcp://127.0.0.1:0", "hash": "vllm"}')
+    assert pub.flush() == 0
     sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint).start()
-    engine.start()
     try:
+        catch_up = sub.catch_up()
+        assert pub.wait_for_subscribers(1, 10.0)
+        engine.start()
         stem = list(range(10, 22))
         def client(k: int) -> None:
             rng = random.Random(k)
@@ -106,7 +113,11 @@ def test_engine_thread_and_client_threads_with_vllm_hashes(runner):
             assert tree.prefixes() == radix_prefixes(snap)
             assert tree_hashes(tree) == radix_hashes(snap, "vllm")
             assert all(isinstance(k[1], bytes) and len(k[1]) == 32 for k in tree.blocks)
-        assert all(g.recovered for g in sub.follower.gaps) and pub.errors == []
+        # batch 0 by the catch-up, every later one live and once, however the threads interleaved
+        f = sub.follower
+        assert f.gaps == [catch_up] and (catch_up.end, catch_up.recovered) == (0, True)
+        assert pub.errors == [] and sub.errors == [] and f.batches == pub.last_seq + 1 and f.duplicates == 0
+        assert list(f.arrivals) == [(0, "replay")] + [(s, "live") for s in range(1, pub.last_seq + 1)]
         assert engine.cache.evicted_tokens > 0      # 96 slots: the 16 prompts evicted each other
     finally:
         engine.stop()
