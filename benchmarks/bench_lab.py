@@ -22,7 +22,7 @@ from core.lab.replay import replay                       # noqa: E402
 from core.lab.sweep import OPTIMAL, run_sweep            # noqa: E402
 from core.lab.traces import load_mooncake                # noqa: E402
 
-TRACE = ROOT / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+TRACE = ROOT / "data" / "mooncake" / "synthetic_trace.jsonl.gz"   # shipped with the project
 PAGE = 512
 CAPACITIES_PAGES = [1000, 2000, 4000, 6000, 12000, 24000]
 POLICIES = ["lru", "lfu", "fifo", "slru"]

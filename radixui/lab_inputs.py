@@ -9,10 +9,10 @@ from typing import Any, Callable, Optional
 
 from core.lab.optimal import capacity_pages
 from core.lab.sweep import parse_capacities, parse_policies
-from core.lab.traces import load_trace
+from core.lab.traces import MOONCAKE_SYNTHETIC, load_trace
 from core.lab.workloads import Workload, make_workload, workload_params
 
-MOONCAKE_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+MOONCAKE_TRACE = Path(MOONCAKE_SYNTHETIC)   # shipped with the project: data/mooncake/README.md
 MOONCAKE_PAGE_SIZE = 512
 MOONCAKE_CAPACITIES = "1000p, 3000p, 6000p, 12000p, 24000p"
 

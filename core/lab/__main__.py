@@ -1,6 +1,6 @@
 """Command line of the capacity lab.
 
-    python -m core.lab sweep --trace ../shared/data/mooncake/synthetic_trace.jsonl --page-size 512 \\
+    python -m core.lab sweep --trace data/mooncake/synthetic_trace.jsonl.gz --page-size 512 \\
         --capacities 1000p,2000p,4000p,6000p,12000p,24000p --policies lru,lfu,fifo,slru --out results/mooncake
     python -m core.lab sweep --workload generated-shared-prefix -p num_groups=16 -p order=grouped \\
         --capacities 4k,16k,64k --policies all --out results/gsp
