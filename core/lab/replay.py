@@ -9,24 +9,48 @@ at its timestamp, inserts its prompt at once (SGLang's `cache_unfinished_req`: l
 hit it) and keeps its path locked and its slots held until it finishes, timestamp + modeled
 duration later; then its output is inserted as above.
 
+Two levels, the same numbers (tests/lab/test_replay.py holds them equal on every policy):
+- level="page" keys the tree by page: one id per page (`core.lab.pages.request_pages`, a trie id that
+  names the page and its whole prefix), one slot per page, so the work per request scales with its
+  pages, not its tokens. A page-level node splits, ages and is evicted exactly where the token-level
+  node would, so every hit, eviction and rejection is the same.
+- level="token" expands every page into its tokens (a Mooncake block into 512 ids) and keys the tree
+  by token, with the tree's own page_size: what the engine's cache does. Kept as the reference.
+"auto" is "page" for page_size > 1 and "token" for page_size 1 (where they are the same thing).
+
 A request whose slots cannot be found even after evicting everything evictable (its prompt is
 larger than the pool, or running requests hold the rest) is *rejected*: counted with zero hits,
 nothing inserted. The clock ticks once per arrival and once per finish.
+
+A pool larger than the workload can ever fill (`pool_pages_needed`) is replayed at that size: no
+policy evicts anything there, so the result equals the larger pool's, and "80G" never allocates
+80 billion slots. `ReplayResult.pool_pages` says what was allocated.
+
+Seams for a second tier (a host pool behind the device pool), page level only, `host=`:
+- `host.on_evict(page_ids)`: the device pool just evicted these pages (trie ids, so each id stands
+  for its whole prefix and a flat dict keyed by id is a correct cache of prefixes);
+- `host.match(page_ids) -> int`: after the device matched its prefix, how many of the following
+  prompt pages the host holds (consecutive from the first). They count as `host_hit_tokens`, not
+  as device hits, and still take device slots (they are loaded back), so the device flow is unchanged.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
+import numpy as np
 import torch
 
 from core.eviction import POLICIES
 from core.lab.optimal import capacity_pages
-from core.lab.pages import ARRIVE, Overlap, event_order
+from core.lab.pages import ARRIVE, Overlap, PageTrace, event_order, request_pages
 from core.lab.workloads import Request, Workload
 from core.memory import SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
+
+LEVELS = ("auto", "page", "token")
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,9 @@ class ReplayResult:
     evicted_tokens: int
     rejected: int            # requests that found no room (see the module docstring)
     seconds: float
+    pool_pages: int = 0      # pages actually allocated: capacity_pages, or fewer when that is all the workload can fill
+    level: str = "page"
+    host_hit_tokens: int = 0  # prompt tokens a second tier served (0 without one)
 
     @property
     def hit_rate(self) -> float:
@@ -58,19 +85,134 @@ class ReplayResult:
         return {**asdict(self), "hit_rate": self.hit_rate, "tokens_saved": self.tokens_saved}
 
 
+class HostTier(Protocol):
+    """What the replay asks of a second tier (see the module docstring)."""
+
+    def on_evict(self, page_ids: np.ndarray) -> None: ...
+
+    def match(self, page_ids: np.ndarray) -> int: ...
+
+
 def check_policy(policy: str) -> str:
     if policy not in POLICIES:
         raise ValueError(f"unknown eviction policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     return policy
 
 
+def check_page_size(page_size: int) -> int:
+    if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)) or page_size < 1:
+        raise ValueError(f"page_size must be a positive integer (tokens per page), got {page_size!r}")
+    return int(page_size)
+
+
+def _ceil_div(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+def pool_pages_needed(workload: Workload, page_size: int, overlap: Optional[Overlap] = None,
+                      distinct: Optional[int] = None) -> int:
+    """Pages a pool needs so that no policy ever evicts: the `distinct` whole pages the tree can hold (when
+    not given, all whole cached pages of every request: an upper bound) plus the most pages the running
+    requests hold at once. Any larger pool replays to the same numbers."""
+    page_size = check_page_size(page_size)
+    held = [_ceil_div(r.cached_len, page_size) for r in workload.requests]
+    tree = distinct if distinct is not None else sum(r.cached_len // page_size for r in workload.requests)
+    if overlap is None:
+        return tree + max(held)
+    peak = running = 0
+    for kind, i in event_order(workload, overlap):
+        running += held[i] if kind == ARRIVE else -held[i]
+        peak = max(peak, running)
+    return tree + peak
+
+
+# Policies whose key of a node never decreases while it stays in the tree (access times, hit counts and
+# priorities only grow; creation times never change): a heap kept across evict calls stays valid for them.
+MONOTONE_POLICIES = frozenset({"lru", "lfu", "fifo", "filo", "priority", "slru"})
+
+
+class _EvictableLeaves(set):
+    """`RadixCache.evictable_leaves`, which also pushes every leaf that becomes evictable onto a heap."""
+
+    def __init__(self, cache: "_LabCache") -> None:
+        super().__init__()
+        self.cache = cache
+
+    def add(self, node) -> None:
+        if node not in self:
+            super().add(node)
+            heapq.heappush(self.cache._lazy_heap, (self.cache.policy(node), node))
+
+
+class _LabCache(RadixCache):
+    """The engine's RadixCache with two additions for the replay:
+
+    - `on_evict(keys)`, called for every evicted leaf (the host tier's seam);
+    - for policies in MONOTONE_POLICIES, `evict` keeps its heap from one call to the next instead of
+      rebuilding it over every evictable leaf each time (the rebuild was the largest cost of a point).
+      Entries are checked when popped: a node no longer evictable is skipped, a node whose key has grown
+      since it was pushed goes back with its current key. Keys never shrink, so the smallest entry whose key
+      is current is the smallest (key, node) among evictable leaves: exactly the leaf RadixCache.evict picks.
+      The page-level replay uses it and the token-level replay (plain RadixCache) is held equal to it by
+      tests/lab/test_replay.py on every policy.
+    """
+
+    on_evict: Optional[Callable[[np.ndarray], None]] = None
+
+    def reset(self) -> None:
+        self._lazy_heap: list = []
+        super().reset()
+        if self.policy_name in MONOTONE_POLICIES:
+            leaves = _EvictableLeaves(self)
+            for n in self.evictable_leaves:
+                leaves.add(n)
+            self.evictable_leaves = leaves
+
+    def _delete_leaf(self, node, policy_key):
+        if self.on_evict is not None:
+            self.on_evict(node.key.token_ids)
+        return super()._delete_leaf(node, policy_key)
+
+    def evict(self, num_tokens: int) -> int:
+        if not isinstance(self.evictable_leaves, _EvictableLeaves):
+            return super().evict(num_tokens)
+        if num_tokens <= 0:
+            return 0
+        heap, leaves, policy = self._lazy_heap, self.evictable_leaves, self.policy
+        pop, push = heapq.heappop, heapq.heappush
+        freed = 0
+        while freed < num_tokens and heap:
+            key, node = pop(heap)
+            if node not in leaves:
+                continue                      # locked, no longer a leaf, or gone: its entry is stale
+            now = policy(node)
+            if now != key:
+                push(heap, (now, node))       # touched since it was pushed
+                continue
+            freed += self._delete_leaf(node, key)   # a parent left childless is added (and pushed) here
+        return freed
+
+
 class _Replayer:
-    def __init__(self, capacity_tokens: int, policy: str, page_size: int, check: bool) -> None:
-        self.pages = capacity_pages(capacity_tokens, page_size)
+    """Works in *units*: tokens (level "token", the tree's page_size = page_size) or pages (level "page",
+    tree page_size 1, one slot per page). `unit` tokens per unit turns counts back into tokens."""
+
+    def __init__(self, workload: Workload, pool_pages: int, policy: str, page_size: int, page_level: bool,
+                 check: bool, pages: Optional[list], host: Optional[HostTier]) -> None:
+        self.workload = workload
         self.page_size = page_size
-        self.alloc = SlotAllocator(self.pages * page_size, page_size=page_size)
-        self.cache = RadixCache(self.alloc, page_size=page_size, eviction_policy=check_policy(policy),
-                                record_events=False)
+        self.page_level = page_level
+        self.unit = page_size if page_level else 1
+        tree_page = 1 if page_level else page_size
+        self.alloc = SlotAllocator(pool_pages * (1 if page_level else page_size), page_size=tree_page)
+        cls = _LabCache if page_level else RadixCache   # the token level is the engine's cache, untouched
+        self.cache = cls(self.alloc, page_size=tree_page, eviction_policy=check_policy(policy), record_events=False)
+        self.pages = pages
+        self.host = host
+        if host is not None:
+            if not page_level:
+                raise ValueError("a host tier needs the page-level replay (level='page')")
+            self.cache.on_evict = host.on_evict
         self.frees = 0
         chained = self.alloc.on_event
 
@@ -81,15 +223,18 @@ class _Replayer:
                 chained(kind, slots)
         self.alloc.on_event = count
         self.check = check
-        self.evictions = self.evicted_tokens = self.rejected = self.hits = 0
-        self.running: dict[int, tuple] = {}    # rid -> (locked node, slots, prompt pages' length)
+        self.evictions = self.evicted_tokens = self.rejected = self.hits = self.host_hits = 0
+        self.running: dict[int, tuple] = {}    # rid -> (locked node, slots, units in the tree)
         self._empty = torch.empty(0, dtype=torch.int64)
 
-    def _aligned(self, n: int) -> int:
-        return n - n % self.page_size
-
-    def _ceil(self, n: int) -> int:
-        return -(-n // self.page_size) * self.page_size
+    def _units(self, i: int, r: Request) -> tuple[np.ndarray, int, int, int]:
+        """(keys, whole prompt units, whole cached units, units to hold) of request i."""
+        ps = self.page_size
+        if self.page_level:
+            ids, n_prompt = self.pages[i]
+            return ids, n_prompt, ids.shape[0], _ceil_div(r.cached_len, ps)
+        return (r.cached_ids(), r.prompt_len - r.prompt_len % ps, r.cached_len - r.cached_len % ps,
+                _ceil_div(r.cached_len, ps) * ps)
 
     def _alloc(self, n: int) -> Optional[torch.Tensor]:
         if n == 0:
@@ -97,7 +242,7 @@ class _Replayer:
         slots = self.alloc.alloc(n)
         if slots is None:
             before = self.frees
-            self.evicted_tokens += self.cache.evict(n - self.alloc.available())
+            self.evicted_tokens += self.cache.evict(n - self.alloc.available()) * self.unit
             self.evictions += self.frees - before
             slots = self.alloc.alloc(n)
         return slots
@@ -106,48 +251,56 @@ class _Replayer:
         if slots.numel():
             self.alloc.free(slots)
 
-    def arrive(self, r: Request, keep_running: bool) -> None:
-        cache = self.cache
-        seq = r.cached_ids()             # prompt + output - 1; the prompt is its head
-        prompt = seq[:r.prompt_len]
-        n_prompt = self._aligned(r.prompt_len)
-        m = cache.match_prefix(RadixKey(prompt[:n_prompt], r.extra_key))
+    def _host_hits(self, keys: np.ndarray, hit: int, n_prompt: int) -> int:
+        """Seam: prompt pages after the device's `hit` that a second tier serves (0 without one)."""
+        if self.host is None or hit >= n_prompt:
+            return 0
+        return min(int(self.host.match(keys[hit:n_prompt])), n_prompt - hit)
+
+    def arrive(self, i: int, keep_running: bool) -> None:
+        cache, r = self.cache, self.workload.requests[i]
+        keys, n_prompt, n_cached, need = self._units(i, r)
+        prompt = RadixKey._of(keys[:n_prompt], r.extra_key)
+        m = cache.match_prefix(prompt)
         hit = int(m.indices.numel())
+        extra = self._host_hits(keys, hit, n_prompt)
         cache.inc_lock_ref(m.last_node)
-        slots = self._alloc(self._ceil(r.cached_len) - hit)
+        slots = self._alloc(need - hit)
         if slots is None:
             cache.dec_lock_ref(m.last_node)
             self.rejected += 1
             return
-        self.hits += hit
+        self.hits += hit * self.unit
+        self.host_hits += extra * self.unit
         value = torch.cat([m.indices, slots]) if hit else slots
         # cache_unfinished_req: the prompt goes into the tree when its prefill ends, as the engine does;
         # the request keeps it locked until it finishes
         if n_prompt > hit:
-            cached = cache.insert(RadixKey(prompt[:n_prompt], r.extra_key), value[:n_prompt])
+            cached = cache.insert(prompt, value[:n_prompt])
             self._free(value[hit:cached])
-            m2 = cache.match_prefix(RadixKey(prompt[:n_prompt], r.extra_key))
+            m2 = cache.match_prefix(prompt)
             cache.inc_lock_ref(m2.last_node)
             cache.dec_lock_ref(m.last_node)
             m = m2
             value = torch.cat([m.indices, value[n_prompt:]])
+        in_tree = int(m.indices.numel())
         if not keep_running:
-            self._finish(r, m.last_node, value, int(m.indices.numel()), seq)
+            self._finish(r, m.last_node, value, in_tree, keys, n_cached)
             return
-        self.running[r.rid] = (m.last_node, value, int(m.indices.numel()))
+        self.running[r.rid] = (m.last_node, value, in_tree)
         self._check()
 
-    def finish(self, r: Request) -> None:
+    def finish(self, i: int) -> None:
+        r = self.workload.requests[i]
         if r.rid in self.running:       # rejected requests never ran
             node, value, in_tree = self.running.pop(r.rid)
-            self._finish(r, node, value, in_tree)
+            keys, _, n_cached, _ = self._units(i, r)
+            self._finish(r, node, value, in_tree, keys, n_cached)
 
-    def _finish(self, r: Request, node, value: torch.Tensor, in_tree: int, seq=None) -> None:
+    def _finish(self, r: Request, node, value: torch.Tensor, in_tree: int, keys: np.ndarray, n_cached: int) -> None:
         """cache_finished_req: insert prompt + output - 1 (whole pages), free duplicates and the tail."""
-        n_cached = self._aligned(r.cached_len)
         if n_cached > in_tree:
-            seq = r.cached_ids() if seq is None else seq
-            cached = self.cache.insert(RadixKey(seq[:n_cached], r.extra_key), value[:n_cached])
+            cached = self.cache.insert(RadixKey._of(keys[:n_cached], r.extra_key), value[:n_cached])
             self._free(value[in_tree:cached])
         self._free(value[max(n_cached, in_tree):])
         self.cache.dec_lock_ref(node)
@@ -161,39 +314,60 @@ class _Replayer:
 
 def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_size: int = 1,
            overlap: Optional[Overlap] = None, check_invariants: bool = False,
-           progress: Optional[Callable[[int, int], None]] = None) -> ReplayResult:
+           progress: Optional[Callable[[int, int], None]] = None, *, level: str = "auto",
+           trace: Optional[PageTrace] = None, host: Optional[HostTier] = None) -> ReplayResult:
     """Replay `workload` through a RadixCache of `capacity_tokens` slots (rounded down to whole pages).
 
     progress(done, total) is called about every 1% of the events (an arrival and a finish per request).
+    level: "page", "token" or "auto" (see the module docstring). trace: the workload's PageTrace at this
+    page size, when the caller has it (a sweep builds it once), so the page ids are not derived again.
+    host: a second tier (see the module docstring).
     """
     t0 = time.perf_counter()
-    rep = _Replayer(capacity_tokens, policy, page_size, check_invariants)
+    page_size = check_page_size(page_size)
+    check_policy(policy)
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    want = capacity_pages(capacity_tokens, page_size)
+    order = event_order(workload, overlap)     # checks the timestamps before any work
+    page_level = level == "page" or (level == "auto" and page_size > 1)
+    if trace is not None and (trace.page_size != page_size or trace.requests is None):
+        trace = None
+    pages = None
+    if page_level:
+        pages = trace.requests if trace is not None else request_pages(workload, page_size)
+    distinct = trace.num_distinct if trace is not None else None
+    if page_level and trace is None:
+        distinct = int(np.unique(np.concatenate([ids for ids, _ in pages])).shape[0])
+    needed = pool_pages_needed(workload, page_size, overlap, distinct)
+    pool = max(1, min(want, needed))
+    rep = _Replayer(workload, pool, policy, page_size, page_level, check_invariants, pages, host)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # the tensors are small: intra-op threads only add contention (10x on 2 cores)
     try:
-        _run(rep, workload, overlap, progress)
+        _run(rep, order, overlap is not None, progress)
     finally:
         torch.set_num_threads(threads)
-    return ReplayResult(policy=policy, capacity_tokens=int(capacity_tokens), capacity_pages=rep.pages,
+    return ReplayResult(policy=policy, capacity_tokens=int(capacity_tokens), capacity_pages=want,
                         page_size=page_size, overlap=overlap is not None, requests=len(workload),
                         prompt_tokens=workload.prompt_tokens, hit_tokens=rep.hits, evictions=rep.evictions,
                         evicted_tokens=rep.evicted_tokens, rejected=rep.rejected,
-                        seconds=time.perf_counter() - t0)
+                        seconds=time.perf_counter() - t0, pool_pages=pool,
+                        level="page" if page_level else "token", host_hit_tokens=rep.host_hits)
 
 
-def _run(rep: _Replayer, workload: Workload, overlap: Optional[Overlap],
+def _run(rep: _Replayer, order: list[tuple[int, int]], overlapped: bool,
          progress: Optional[Callable[[int, int], None]]) -> None:
-    reqs = workload.requests
-    order = event_order(workload, overlap)
     every = max(1, len(order) // 100)
     tick = rep.cache.tick
+    total = len(order)
     for j, (kind, i) in enumerate(order):
         tick()
         if kind == ARRIVE:
-            rep.arrive(reqs[i], overlap is not None)
-        elif overlap is not None:
-            rep.finish(reqs[i])
+            rep.arrive(i, overlapped)
+        elif overlapped:
+            rep.finish(i)
         if progress is not None and j % every == 0:
-            progress(j, len(order))
+            progress(j, total)
     if progress is not None:
-        progress(len(order), len(order))
+        progress(total, total)

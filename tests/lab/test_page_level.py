@@ -1,0 +1,85 @@
+"""The page-level replay (one tree slot per page) gives exactly the token-level replay's numbers (the engine's
+own RadixCache keyed by token): every policy, page size, capacity, overlap or not, generated or traced."""
+from __future__ import annotations
+
+import pytest
+
+from core.eviction import POLICIES
+from core.lab.optimal import Bounds
+from core.lab.pages import Overlap, page_trace
+from core.lab.replay import pool_pages_needed, replay
+from core.lab.workloads import few_shot, generated_shared_prefix, multi_turn_chat, tree_of_thought
+
+ALL = list(POLICIES)
+
+
+def numbers(r):
+    return (r.hit_tokens, r.evictions, r.evicted_tokens, r.rejected, r.capacity_pages, r.prompt_tokens)
+
+
+def generated(rate=None):
+    return [
+        generated_shared_prefix(num_groups=5, prompts_per_group=4, system_prompt_len=61, question_len=9,
+                                output_len=7, order="shuffled", seed=3, request_rate=rate),
+        multi_turn_chat(num_sessions=4, turns=3, system_prompt_len=21, user_len=6, output_len=10, seed=2,
+                        request_rate=rate),
+        few_shot(num_requests=24, num_tasks=3, examples_len=50, question_len=6, output_len=4, seed=1,
+                 request_rate=rate),
+        tree_of_thought(num_problems=2, branching=2, depth=3, problem_len=30, step_len=3, thought_len=8, seed=4,
+                        request_rate=rate),
+    ]
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 8, 16])
+@pytest.mark.parametrize("overlap", [None, Overlap(ms_per_output_token=15.0)], ids=["sequential", "overlap"])
+def test_page_level_equals_token_level_on_generated_workloads(page_size, overlap):
+    for w in generated(rate=None if overlap is None else 25.0):
+        for pages in (2, 5, 13, 40):
+            for policy in ALL:
+                cap = pages * page_size
+                tok = replay(w, cap, policy, page_size, overlap, level="token")
+                pag = replay(w, cap, policy, page_size, overlap, level="page", check_invariants=(pages == 5))
+                assert (tok.level, pag.level) == ("token", "page")
+                assert numbers(pag) == numbers(tok), (w.name, page_size, pages, policy)
+
+
+@pytest.mark.parametrize("page_size", [512, 1024, 256])
+def test_page_level_equals_token_level_on_trace_slices(mooncake, page_size):
+    """512: a page is a block; 1024: two blocks (still no expansion); 256: half a block (expanded to tokens)."""
+    for start in (0, 2000):
+        w = mooncake.slice(start, start + 100)
+        trace = page_trace(w, page_size)
+        for pages in (60, 400):
+            for policy in ALL:
+                cap = pages * page_size
+                tok = replay(w, cap, policy, page_size, level="token")
+                assert numbers(replay(w, cap, policy, page_size, level="page")) == numbers(tok), (start, pages, policy)
+                assert numbers(replay(w, cap, policy, page_size, trace=trace)) == numbers(tok)
+
+
+def test_page_level_equals_token_level_with_overlap_on_a_trace_slice(mooncake):
+    w = mooncake.slice(500, 700)
+    ov = Overlap(ms_per_output_token=40.0, ms_per_prompt_token=0.05)
+    for pages in (150, 700):
+        for policy in ("lru", "lfu", "mru", "slru"):
+            tok = replay(w, pages * 512, policy, 512, ov, level="token")
+            assert numbers(replay(w, pages * 512, policy, 512, ov)) == numbers(tok), (pages, policy)
+
+
+def test_a_pool_beyond_what_the_workload_can_fill_is_not_allocated(mooncake):
+    """'1000G' on a 50-request trace: replayed with the pages the workload can use, with the same numbers."""
+    w = mooncake.slice(0, 50)
+    b = Bounds(w, 512)
+    need = pool_pages_needed(w, 512, distinct=b.distinct_pages)
+    assert need == b.distinct_pages + max(-(-r.cached_len // 512) for r in w.requests)
+    huge = replay(w, 10 ** 12, "lru", 512)
+    assert huge.pool_pages == need and huge.capacity_pages == 10 ** 12 // 512
+    exact = replay(w, need * 512, "lru", 512, level="token")
+    assert numbers(huge)[:4] == numbers(exact)[:4] == (b.infinite().hit_tokens, 0, 0, 0)
+    assert replay(w, 10 ** 12, "lru", 512, level="token").pool_pages <= sum(-(-r.cached_len // 512) for r in w.requests) * 2
+
+
+def test_progress_inside_a_point_reaches_the_end(mooncake):
+    seen = []
+    replay(mooncake.slice(0, 300), 500 * 512, "lru", 512, progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (600, 600) and len(seen) >= 100 and [d for d, _ in seen] == sorted(d for d, _ in seen)
