@@ -12,6 +12,7 @@ Ctrl-C stops the workers at once (exit 130, nothing written).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Optional, Sequence
 
@@ -52,16 +53,6 @@ def _tokenizer(name: Optional[str]):
     return lambda text: tok(text, add_special_tokens=False)["input_ids"]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     from core.lab.workloads import GENERATORS
     ap = argparse.ArgumentParser(prog="python -m core.lab", description=(
@@ -81,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Hugging Face tokenizer for text traces (only the tokenizer is loaded)")
     sw.add_argument("--skip-bad-lines", action="store_true",
                     help="skip malformed trace lines and count them instead of stopping at the first")
-    sw.add_argument("--limit", type=_positive_int, help="read only the first N requests of the trace")
+    sw.add_argument("--limit", type=int, help="read only the first N requests of the trace")
     sw.add_argument("--capacities", required=True,
                     help="comma-separated pool sizes: tokens (3072000, 3M, 512k) or pages (6000p)")
     sw.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, or 'all': {', '.join(POLICIES)}")
@@ -140,7 +131,14 @@ def _check_args(args) -> None:
     if args.page_size is not None and args.page_size < 1:
         raise ValueError(f"--page-size must be a positive number of tokens per page (512 for Mooncake traces), "
                          f"got {args.page_size}")
-    check_target(args.target)
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be a positive number of requests to read, got {args.limit} "
+                         f"(leave it out to read the whole trace)")
+    try:
+        check_target(args.target)
+    except ValueError:
+        raise ValueError(f"--target must be a fraction of the infinite-capacity hit rate in (0, 1], such as 0.9; "
+                         f"got {args.target}") from None
     parse_capacities(args.capacities, args.page_size or 1)
     parse_policies(args.policies)
     if args.out:
@@ -239,4 +237,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 130:   # Ctrl-C: stop now, without seconds of interpreter teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
