@@ -198,12 +198,13 @@ PointProgress = Callable[[dict, float], None]
 
 
 def _init_worker(workload: Workload, page_size: int, overlap: Optional[Overlap], trace: Optional[PageTrace],
-                 queue=None) -> None:
+                 level: str = "auto", queue=None) -> None:
     import torch
     torch.set_num_threads(1)
     if queue is not None:   # a pool worker: Ctrl-C is the parent's to handle (it terminates us)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _W.update(workload=workload, page_size=page_size, overlap=overlap, trace=trace, bounds=None, queue=queue)
+    _W.update(workload=workload, page_size=page_size, overlap=overlap, trace=trace, bounds=None, queue=queue,
+              level=level)
 
 
 def _task(kind: str, capacity: int, policy: Optional[str], report: Optional[PointProgress] = None):
@@ -217,7 +218,7 @@ def _task(kind: str, capacity: int, policy: Optional[str], report: Optional[Poin
         report = lambda t, f: queue.put((t["policy"], t["capacity_tokens"], f))  # noqa: E731
     progress = None if report is None else (lambda done, total: report(task, done / total if total else 1.0))
     return replay(_W["workload"], capacity, policy, _W["page_size"], _W["overlap"], progress=progress,
-                  trace=_W["trace"])
+                  trace=_W["trace"], level=_W["level"])
 
 
 def _row(res: Union[ReplayResult, BoundResult]) -> dict:
@@ -229,11 +230,12 @@ def _row(res: Union[ReplayResult, BoundResult]) -> dict:
 def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policies: Sequence[str] = ("lru",),
               page_size: int = 1, overlap: Optional[Overlap] = None, workers: int = 2, with_optimal: bool = True,
               progress: Optional[Progress] = None, mp_context: Optional[str] = None,
-              point_progress: Optional[PointProgress] = None) -> SweepResult:
+              point_progress: Optional[PointProgress] = None, level: str = "auto") -> SweepResult:
     """Replay every (capacity, policy) point, plus the optimum at each capacity and the infinite rate.
 
     capacities are tokens (or strings such as '3M', '6000p', see parse_capacity), rounded down to
     whole pages. workers <= 1 runs everything in this process; otherwise a ProcessPoolExecutor.
+    level: the replay's ("auto", "page" or "token"; see core.lab.replay: the same numbers either way).
     """
     t0 = time.perf_counter()
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
@@ -257,7 +259,7 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
             progress(len(results), total, _row(res))
 
     if workers <= 1 or total == 1:
-        _init_worker(workload, page_size, overlap, bounds.trace)
+        _init_worker(workload, page_size, overlap, bounds.trace, level)
         _W["bounds"] = bounds
         try:
             for t in tasks:
@@ -265,7 +267,8 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         finally:
             _W.clear()
     else:
-        _run_pool(tasks, workers, mp_context, (workload, page_size, overlap, bounds.trace), done, point_progress)
+        _run_pool(tasks, workers, mp_context, (workload, page_size, overlap, bounds.trace, level), done,
+                  point_progress)
     points = sorted((r for r in results if isinstance(r, ReplayResult)),
                     key=lambda r: (pols.index(r.policy), r.capacity_tokens))
     optimal = sorted((r for r in results if isinstance(r, BoundResult)), key=lambda b: b.capacity_tokens)
