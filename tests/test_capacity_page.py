@@ -160,7 +160,7 @@ def test_skip_malformed_lines_counts_them():
     assert len(wl) == 2 and wl.skipped_lines == 1 and wl.name == "t.jsonl"
     with pytest.raises(ValueError, match=r"t.jsonl, line 2: .*tick “Skip malformed lines”"):
         li.read_uploaded_trace(b"[1, 2, 3]\nnot json\n", "t.jsonl")
-    with pytest.raises(ValueError, match="not a UTF-8 text file"):
+    with pytest.raises(ValueError, match=r"t.jsonl, line 1: .*not UTF-8 text \(byte 0xff at column 1\)"):
         li.read_uploaded_trace(b"\xff\xfe\x00", "t.jsonl")
 
 
