@@ -158,6 +158,7 @@ class _LabCache(RadixCache):
     """
 
     on_evict: Optional[Callable[[np.ndarray], None]] = None
+    evicted_nodes = 0
 
     def reset(self) -> None:
         self._lazy_heap: list = []
@@ -171,6 +172,7 @@ class _LabCache(RadixCache):
     def _delete_leaf(self, node, policy_key):
         if self.on_evict is not None:
             self.on_evict(node.key.token_ids)
+        self.evicted_nodes += 1
         return super()._delete_leaf(node, policy_key)
 
     def evict(self, num_tokens: int) -> int:
@@ -214,14 +216,17 @@ class _Replayer:
                 raise ValueError("a host tier needs the page-level replay (level='page')")
             self.cache.on_evict = host.on_evict
         self.frees = 0
-        chained = self.alloc.on_event
+        if page_level:
+            self.alloc.on_event = None      # no events are recorded; evictions are counted by _LabCache
+        else:
+            chained = self.alloc.on_event
 
-        def count(kind: str, slots: torch.Tensor) -> None:
-            if kind == "free":
-                self.frees += 1
-            if chained is not None:
-                chained(kind, slots)
-        self.alloc.on_event = count
+            def count(kind: str, slots: torch.Tensor) -> None:
+                if kind == "free":
+                    self.frees += 1
+                if chained is not None:
+                    chained(kind, slots)
+            self.alloc.on_event = count
         self.check = check
         self.evictions = self.evicted_tokens = self.rejected = self.hits = self.host_hits = 0
         self.running: dict[int, tuple] = {}    # rid -> (locked node, slots, units in the tree)
@@ -241,9 +246,9 @@ class _Replayer:
             return self._empty
         slots = self.alloc.alloc(n)
         if slots is None:
-            before = self.frees
+            before = self.cache.evicted_nodes if self.page_level else self.frees
             self.evicted_tokens += self.cache.evict(n - self.alloc.available()) * self.unit
-            self.evictions += self.frees - before
+            self.evictions += (self.cache.evicted_nodes if self.page_level else self.frees) - before
             slots = self.alloc.alloc(n)
         return slots
 
