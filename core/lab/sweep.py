@@ -290,18 +290,22 @@ def _run_pool(tasks: list, workers: int, mp_context: Optional[str], initargs: tu
                                initargs=(*initargs, q))
     ok = False
     try:
+        def drain(timeout: float) -> None:
+            while True:
+                try:
+                    policy, capacity, fraction = q.get(timeout=timeout) if timeout else q.get_nowait()
+                except queue_mod.Empty:
+                    return
+                if point_progress is not None:
+                    point_progress({"policy": policy, "capacity_tokens": capacity}, fraction)
+
         pending = {pool.submit(_task, *t) for t in tasks}
         while pending:
             finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            while True:
-                try:
-                    policy, capacity, fraction = q.get_nowait()
-                except queue_mod.Empty:
-                    break
-                if point_progress is not None:
-                    point_progress({"policy": policy, "capacity_tokens": capacity}, fraction)
+            drain(0)
             for f in finished:
                 done(f.result())
+        drain(0.05)     # a worker's last reports can trail its result
         ok = True
     finally:
         if ok:

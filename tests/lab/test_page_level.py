@@ -3,12 +3,14 @@ own RadixCache keyed by token): every policy, page size, capacity, overlap or no
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.eviction import POLICIES
 from core.lab.optimal import Bounds
 from core.lab.pages import Overlap, page_trace
 from core.lab.replay import pool_pages_needed, replay
-from core.lab.workloads import few_shot, generated_shared_prefix, multi_turn_chat, tree_of_thought
+from core.lab.workloads import Request, Workload, few_shot, generated_shared_prefix, multi_turn_chat, tree_of_thought
 
 ALL = list(POLICIES)
 
@@ -83,3 +85,23 @@ def test_progress_inside_a_point_reaches_the_end(mooncake):
     seen = []
     replay(mooncake.slice(0, 300), 500 * 512, "lru", 512, progress=lambda d, t: seen.append((d, t)))
     assert seen[-1] == (600, 600) and len(seen) >= 100 and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+@st.composite
+def small_workloads(draw):
+    reqs = []
+    for i in range(draw(st.integers(1, 8))):
+        prompt = draw(st.lists(st.integers(0, 3), min_size=1, max_size=14))
+        out = draw(st.lists(st.integers(0, 3), min_size=1, max_size=6))
+        extra = draw(st.sampled_from([None, None, "a"]))
+        reqs.append(Request(prompt, output=out, timestamp=float(draw(st.integers(0, 40))) + 8 * i, extra_key=extra))
+    return Workload("small", reqs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(small_workloads(), st.integers(1, 10), st.sampled_from(ALL), st.sampled_from([1, 2, 3, 4]), st.booleans())
+def test_property_page_level_equals_token_level(w, pages, policy, page_size, overlap):
+    ov = Overlap(ms_per_output_token=5.0) if overlap else None
+    tok = replay(w, pages * page_size, policy, page_size, ov, level="token")
+    assert numbers(replay(w, pages * page_size, policy, page_size, ov, level="page", check_invariants=True)) \
+        == numbers(tok)

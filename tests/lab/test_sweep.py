@@ -106,3 +106,17 @@ def test_parsers():
 def test_bad_sweep_input(call, msg):
     with pytest.raises(ValueError, match=msg):
         call(few_shot(num_requests=3, examples_len=10, question_len=2))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_running_point_reports_its_progress(workers):
+    from core.lab.workloads import multi_turn_chat
+    w = multi_turn_chat(num_sessions=8, turns=4, system_prompt_len=64, user_len=8, output_len=16)
+    seen = []
+    res = run_sweep(w, [256, 1024], ["lru", "lfu"], workers=workers, with_optimal=False,
+                    point_progress=lambda task, f: seen.append((task["policy"], task["capacity_tokens"], f)))
+    assert {(p, c) for p, c, _ in seen} == {(p.policy, p.capacity_tokens) for p in res.points}
+    for key in {(p, c) for p, c, _ in seen}:
+        fractions = [f for p, c, f in seen if (p, c) == key]
+        assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) >= 10
+        assert 0.0 <= fractions[0] < 0.1
