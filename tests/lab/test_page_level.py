@@ -105,3 +105,32 @@ def test_property_page_level_equals_token_level(w, pages, policy, page_size, ove
     tok = replay(w, pages * page_size, policy, page_size, ov, level="token")
     assert numbers(replay(w, pages * page_size, policy, page_size, ov, level="page", check_invariants=True)) \
         == numbers(tok)
+
+
+def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
+    """The seam for a second tier: on_evict gets the trie ids of every evicted page, match() is asked for the
+    prompt pages after the device's hit; what it serves counts apart, and the device flow does not change."""
+    class Host:
+        def __init__(self):
+            self.held, self.asked = [], []
+
+        def on_evict(self, ids):
+            self.held += ids.tolist()
+
+        def match(self, ids):
+            self.asked.append(ids.tolist())
+            n = 0
+            while n < len(ids) and int(ids[n]) in self.held:
+                n += 1
+            return n
+
+    a, b = list(range(8)), list(range(10, 18))
+    w = Workload("ab", [Request(a, 1), Request(b, 1), Request(a, 1)])
+    host = Host()
+    r = replay(w, 8, "lru", 4, host=host)     # a pool of 2 pages of 4: b evicts a, a comes back
+    plain = replay(w, 8, "lru", 4)
+    assert numbers(r) == numbers(plain) and (r.hit_tokens, r.evictions, r.evicted_tokens) == (0, 2, 16)
+    assert sorted(host.held) == [0, 1, 2, 3] and r.host_hit_tokens == 8   # a's 2 pages, then b's (ids 2, 3)
+    assert host.asked == [[0, 1], [2, 3], [0, 1]]
+    with pytest.raises(ValueError, match="page-level"):
+        replay(w, 8, "lru", 4, level="token", host=host)
