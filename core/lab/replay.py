@@ -183,16 +183,33 @@ class _LabCache(RadixCache):
         heap, leaves, policy = self._lazy_heap, self.evictable_leaves, self.policy
         pop, push = heapq.heappop, heapq.heappush
         freed = 0
-        while freed < num_tokens and heap:
-            key, node = pop(heap)
-            if node not in leaves:
-                continue                      # locked, no longer a leaf, or gone: its entry is stale
-            now = policy(node)
-            if now != key:
-                push(heap, (now, node))       # touched since it was pushed
-                continue
-            freed += self._delete_leaf(node, key)   # a parent left childless is added (and pushed) here
+        allocator, batch = self.allocator, _FreeBatch()
+        self.allocator = batch        # _delete_leaf frees into the batch: one allocator.free for the whole call
+        try:
+            while freed < num_tokens and heap:
+                key, node = pop(heap)
+                if node not in leaves:
+                    continue                      # locked, no longer a leaf, or gone: its entry is stale
+                now = policy(node)
+                if now != key:
+                    push(heap, (now, node))       # touched since it was pushed
+                    continue
+                freed += self._delete_leaf(node, key)   # a parent left childless is added (and pushed) here
+        finally:
+            self.allocator = allocator
+            if batch.values:              # the same slots in the same order as one free per leaf
+                allocator.free(batch.values[0] if len(batch.values) == 1 else torch.cat(batch.values))
         return freed
+
+
+class _FreeBatch:
+    """Stands in for the allocator during one evict: collects what _delete_leaf frees."""
+
+    def __init__(self) -> None:
+        self.values: list = []
+
+    def free(self, value: torch.Tensor) -> None:
+        self.values.append(value)
 
 
 class _Replayer:
