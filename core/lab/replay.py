@@ -65,18 +65,22 @@ def check_policy(policy: str) -> str:
 
 
 class _Replayer:
-    def __init__(self, capacity_tokens: int, policy: str, page_size: int, check: bool) -> None:
+    def __init__(self, capacity_tokens: int, policy: str, page_size: int, check: bool, host=None) -> None:
         self.pages = capacity_pages(capacity_tokens, page_size)
         self.page_size = page_size
         self.alloc = SlotAllocator(self.pages * page_size, page_size=page_size)
         self.cache = RadixCache(self.alloc, page_size=page_size, eviction_policy=check_policy(policy),
                                 record_events=False)
         self.frees = 0
+        self.host = host              # optional second tier (core.lab.host_tier.HostTier)
+        self._evicting = False
         chained = self.alloc.on_event
 
         def count(kind: str, slots: torch.Tensor) -> None:
             if kind == "free":
                 self.frees += 1
+                if self._evicting and host is not None:
+                    host.evicted(slots)
             if chained is not None:
                 chained(kind, slots)
         self.alloc.on_event = count
@@ -97,7 +101,11 @@ class _Replayer:
         slots = self.alloc.alloc(n)
         if slots is None:
             before = self.frees
-            self.evicted_tokens += self.cache.evict(n - self.alloc.available())
+            self._evicting = True
+            try:
+                self.evicted_tokens += self.cache.evict(n - self.alloc.available())
+            finally:
+                self._evicting = False
             self.evictions += self.frees - before
             slots = self.alloc.alloc(n)
         return slots
@@ -114,10 +122,14 @@ class _Replayer:
         m = cache.match_prefix(RadixKey(prompt[:n_prompt], r.extra_key))
         hit = int(m.indices.numel())
         cache.inc_lock_ref(m.last_node)
+        if self.host is not None:
+            self.host.lookup(r, hit)
         slots = self._alloc(self._ceil(r.cached_len) - hit)
         if slots is None:
             cache.dec_lock_ref(m.last_node)
             self.rejected += 1
+            if self.host is not None:
+                self.host.reject(r)
             return
         self.hits += hit
         value = torch.cat([m.indices, slots]) if hit else slots
@@ -125,6 +137,8 @@ class _Replayer:
         # the request keeps it locked until it finishes
         if n_prompt > hit:
             cached = cache.insert(RadixKey(prompt[:n_prompt], r.extra_key), value[:n_prompt])
+            if self.host is not None:
+                self.host.placed(r, value[cached:n_prompt], cached, n_prompt)
             self._free(value[hit:cached])
             m2 = cache.match_prefix(RadixKey(prompt[:n_prompt], r.extra_key))
             cache.inc_lock_ref(m2.last_node)
@@ -148,6 +162,8 @@ class _Replayer:
         if n_cached > in_tree:
             seq = r.cached_ids() if seq is None else seq
             cached = self.cache.insert(RadixKey(seq[:n_cached], r.extra_key), value[:n_cached])
+            if self.host is not None:
+                self.host.placed(r, value[cached:n_cached], cached, n_cached)
             self._free(value[in_tree:cached])
         self._free(value[max(n_cached, in_tree):])
         self.cache.dec_lock_ref(node)
@@ -161,13 +177,16 @@ class _Replayer:
 
 def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_size: int = 1,
            overlap: Optional[Overlap] = None, check_invariants: bool = False,
-           progress: Optional[Callable[[int, int], None]] = None) -> ReplayResult:
+           progress: Optional[Callable[[int, int], None]] = None, host=None) -> ReplayResult:
     """Replay `workload` through a RadixCache of `capacity_tokens` slots (rounded down to whole pages).
 
     progress(done, total) is called about every 1% of the events (an arrival and a finish per request).
+    host: an optional second tier behind the pool (core.lab.host_tier.HostTier), told of evictions
+    (evicted(slots)), of each device match (lookup(request, hit tokens); reject(request) when it
+    then finds no room) and of pages entering the tree (placed(request, slots, lo, hi)).
     """
     t0 = time.perf_counter()
-    rep = _Replayer(capacity_tokens, policy, page_size, check_invariants)
+    rep = _Replayer(capacity_tokens, policy, page_size, check_invariants, host)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # the tensors are small: intra-op threads only add contention (10x on 2 cores)
     try:
