@@ -50,6 +50,7 @@ def _tokenizer(name: Optional[str]):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from core.lab.plan_cli import CAPACITY_HELP, add_host_flags, add_size_parser, add_unit_flags
     from core.lab.workloads import GENERATORS
     ap = argparse.ArgumentParser(prog="python -m core.lab", description=(
         "Capacity lab: replay a workload through the real RadixCache at several pool sizes and eviction "
@@ -69,8 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--skip-bad-lines", action="store_true",
                     help="skip malformed trace lines and count them instead of stopping at the first")
     sw.add_argument("--limit", type=int, help="read only the first N requests of the trace")
-    sw.add_argument("--capacities", required=True,
-                    help="comma-separated pool sizes: tokens (3072000, 3M, 512k) or pages (6000p)")
+    sw.add_argument("--capacities", required=True, help=CAPACITY_HELP)
     sw.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, or 'all': {', '.join(POLICIES)}")
     sw.add_argument("--page-size", type=int, default=1, help="tokens per page (512 for Mooncake block traces)")
     sw.add_argument("--overlap", action="store_true",
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report the smallest capacity reaching this fraction of the infinite-capacity rate")
     sw.add_argument("--out", metavar="DIR", help="write results.csv, results.json and chart.html here")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_unit_flags(sw)
+    add_host_flags(sw)
+    add_size_parser(sub)
     sub.add_parser("workloads", help="list the workload generators and their parameters")
     return ap
 
@@ -101,16 +104,19 @@ def _load(args) -> "Workload":  # noqa: F821
 
 def cmd_sweep(args) -> int:
     from core.lab.pages import Overlap
-    from core.lab.sweep import parse_capacities, parse_policies, run_sweep
+    from core.lab import plan_cli
+    from core.lab.sweep import parse_policies, run_sweep
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
-    caps = parse_capacities(args.capacities, args.page_size)     # fail fast, before reading a trace
+    kv = plan_cli.model_of(args)
+    caps = plan_cli.parse_sweep_capacities(args, kv)     # fail fast, before reading a trace
     pols = parse_policies(args.policies)
     workload = _load(args)
     overlap = Overlap(args.ms_per_output_token, args.ms_per_prompt_token) if args.overlap else None
     s = workload.summary()
     print(f"workload {s['name']}: {s['requests']:,} requests, {s['prompt_tokens']:,} prompt tokens"
           + (f", {workload.skipped_lines} malformed line(s) skipped" if workload.skipped_lines else ""))
+    caps = plan_cli.cap_to_workload(caps, workload, args.page_size, overlap)
     bar = None
     if not args.quiet:
         from tqdm import tqdm
@@ -125,23 +131,15 @@ def cmd_sweep(args) -> int:
     finally:
         if bar is not None:
             bar.close()
-    import pandas as pd
-    df = res.table()
-    with pd.option_context("display.max_rows", 500, "display.width", 160):
-        print(df[["policy", "capacity_tokens", "capacity_pages", "hit_rate", "optimal_hit_rate", "gap_to_optimal",
-                  "evictions", "evicted_tokens", "rejected", "seconds"]].to_string(index=False, float_format="%.4f"))
-    print(f"\ninfinite-capacity hit rate: {res.infinite_hit_rate:.4f}   "
-          f"({res.distinct_pages:,} distinct pages of {res.page_size}; sweep {res.seconds:.1f} s)")
-    print(f"smallest swept capacity reaching {args.target:.0%} of it:")
-    for name, cap in res.capacity_to_reach(args.target).items():
-        where = "not reached" if cap is None else f"{cap:,} tokens ({cap // res.page_size:,} pages)"
-        print(f"  {name:>9}: {where}")
+    plan_cli.print_sweep(args, res, kv)
+    hosts = plan_cli.host_rows(args, workload, res, kv, overlap)
     if args.out:
         paths = res.save(args.out)
+        plan_cli.save_extras(paths, kv, hosts)
         try:   # the chart builder draws with plotly, so it lives with the dashboard (core never imports plotly)
             from radixui.lab_plot import hit_rate_figure
             chart = paths["csv"].parent / "chart.html"
-            hit_rate_figure(res).write_html(chart, include_plotlyjs="cdn")
+            hit_rate_figure(res, kv=kv).write_html(chart, include_plotlyjs=True)   # embedded: works offline
             paths["chart"] = chart
         except ImportError:
             pass
@@ -161,6 +159,9 @@ def cmd_workloads(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "size":
+            from core.lab.plan_cli import cmd_size
+            return cmd_size(args, _load)
         return {"sweep": cmd_sweep, "workloads": cmd_workloads}[args.command](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -23,7 +23,9 @@ def test_sweep_of_a_generated_workload(tmp_path, capsys):
     assert "infinite-capacity hit rate" in out and "smallest swept capacity reaching 90%" in out
     assert {p.name for p in tmp_path.iterdir()} == {"results.csv", "results.json", "chart.html"}
     data = json.loads((tmp_path / "results.json").read_text())
-    assert data["policies"] == ["lru", "lfu"] and data["capacities"] == [80, 160, 1000]
+    # 1k is beyond the workload's 388 distinct pages + the running request's tail page: capped, with a note
+    assert data["policies"] == ["lru", "lfu"] and data["capacities"] == [80, 160, 389]
+    assert "note: capacity 1,000 tokens capped at 389 tokens" in out
 
 
 def test_sweep_of_a_mooncake_slice_in_pages(mooncake_path, tmp_path, capsys):
