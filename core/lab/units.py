@@ -213,7 +213,8 @@ def fmt_capacity(tokens: int, page_size: int = 1, kv: Optional[ModelKV] = None) 
     if page_size > 1:
         s += f" = {tokens // page_size:,} pages of {page_size}"
     if kv is not None:
-        s += f" = {kv.gib(tokens):,.2f} GiB of {kv.name} KV"
+        g = kv.gib(tokens)
+        s += f" = {g:,.2f} GiB of {kv.name} KV" if g >= 1 else f" = {g:.3g} GiB of {kv.name} KV"
     return s
 
 
