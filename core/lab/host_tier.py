@@ -33,8 +33,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from core.lab import pages as _pages
 from core.lab.optimal import capacity_pages
-from core.lab.pages import Overlap, _request_pages
+from core.lab.pages import Overlap
 from core.lab.replay import ReplayResult, replay
 from core.lab.units import ModelKV
 from core.lab.workloads import Request, Workload
@@ -61,7 +62,9 @@ class HostTier:
         self.policy = check_write_policy(write_policy)
         self.ps = page_size
         self.capacity = int(host_pages)
-        self.ids = [ids for ids, _ in _request_pages(workload, page_size)]   # per request: its page ids
+        per_request = getattr(_pages, "request_pages", None) or getattr(_pages, "_request_pages")
+        self.ids = [ids.tolist() if hasattr(ids, "tolist") else list(ids)     # per request: its page ids
+                    for ids, _ in per_request(workload, page_size)]
         self.slot_page = np.full(device_slots + page_size + 1, -1, dtype=np.int64)
         self.on_device: set[int] = set()
         self.host: dict[int, tuple[int, int]] = {}     # page -> (last use, -depth): its recency key
@@ -124,6 +127,8 @@ class HostTier:
             self._write(page)
 
     # ----- the hook (called by core.lab.replay) -----------------------------------------------------
+    # In page ids: lookup, reject, placed_pages, on_evict. A token-level replay (slots, not ids) calls
+    # placed(r, slots, lo, hi) and evicted(slots), which name the pages through the slots they occupy.
     def lookup(self, r: Request, device_hit_tokens: int) -> int:
         """After the device match: touch the hit pages, find the host hits after them (pinned until
         the request is placed or rejected). Returns host-hit tokens."""
@@ -153,16 +158,19 @@ class HostTier:
 
     def placed(self, r: Request, slots: torch.Tensor, lo: int, hi: int) -> None:
         """Tokens [lo, hi) of the request's cached sequence (whole pages) entered the device tree at `slots`."""
+        if hi > lo:
+            first = slots[::self.ps].numpy() if isinstance(slots, torch.Tensor) else np.asarray(slots)[::self.ps]
+            self.slot_page[first] = self.ids[r.rid][lo // self.ps:hi // self.ps]
+        self.placed_pages(r, lo // self.ps, hi // self.ps)
+
+    def placed_pages(self, r: Request, lo: int, hi: int) -> None:
+        """Pages [lo, hi) of the request's cached sequence entered the device tree."""
         self._pending.pop(r.rid, None)
         if hi <= lo:
             return
         self.t += 1
-        ids = self.ids[r.rid]
-        first = slots[::self.ps].numpy() if isinstance(slots, torch.Tensor) else np.asarray(slots)[::self.ps]
-        k0 = lo // self.ps
-        pages = ids[k0:hi // self.ps]
-        self.slot_page[first] = pages
-        for k, p in enumerate(pages, k0):
+        pages = self.ids[r.rid][lo:hi]
+        for k, p in enumerate(pages, lo):
             self.on_device.add(p)
             self._touch(p, k)
             self.uses.setdefault(p, 0)
@@ -173,7 +181,11 @@ class HostTier:
     def evicted(self, slots: torch.Tensor) -> None:
         """The device freed these slots by eviction (whole pages of evicted nodes)."""
         first = slots[::self.ps].numpy() if isinstance(slots, torch.Tensor) else np.asarray(slots)[::self.ps]
-        for p in self.slot_page[first].tolist():
+        self.on_evict(self.slot_page[first])
+
+    def on_evict(self, page_ids) -> None:
+        """The device evicted these pages (ids; a node's pages in order)."""
+        for p in (page_ids.tolist() if hasattr(page_ids, "tolist") else page_ids):
             if p < 0:
                 continue
             if self.policy == "write_back":
