@@ -26,7 +26,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tree-of-thought": dict(num_problems=3, branching=3, depth=3, problem_len=128, step_len=16, thought_len=32),
 }
 PRESET_CAPACITIES = {
-    "generated-shared-prefix": "512, 1k, 2k, 3k, 4k",
+    "generated-shared-prefix": "512, 1k, 2k, 3k",
     "multi-turn-chat": "256, 512, 1k, 2k",
     "few-shot": "256, 512, 1k, 2k",
     "tree-of-thought": "256, 384, 512, 1k",

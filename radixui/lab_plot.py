@@ -73,7 +73,8 @@ def hit_rate_figure(result: SweepResult, log_x: Optional[bool] = None, title: Op
         title=title or f"Prefix-cache hit rate vs pool size: {name}, page size {ps} token{'s' if ps > 1 else ''}",
         xaxis=xaxis,
         yaxis=dict(title="hit rate (hit prompt tokens / prompt tokens)", tickformat=".0%", rangemode="tozero"),
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, title=dict(text=f"policy (page size {ps}):")),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0,
+                    title=dict(text=f"policy (page size {ps}):", side="left")),
         hovermode="closest",
         margin=dict(l=60, r=20, t=80, b=50))
     return fig
