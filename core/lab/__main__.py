@@ -4,6 +4,9 @@
         --capacities 1000p,2000p,4000p,6000p,12000p,24000p --policies lru,lfu,fifo,slru --out results/mooncake
     python -m core.lab sweep --workload generated-shared-prefix -p num_groups=16 -p order=grouped \\
         --capacities 4k,16k,64k --policies all --out results/gsp
+    python -m core.lab sweep --trace data/mooncake/synthetic_trace.jsonl.gz --capacities 20GiB,40GiB,80GiB \
+        --model-config llama-3.1-8b --host-capacity 200GiB   # bytes of KV, a host tier behind the pool
+    python -m core.lab size --trace data/mooncake/synthetic_trace.jsonl.gz --target 0.9   # by search
     python -m core.lab workloads          # the generators and their parameters
 
 Every bad input is one line on stderr ("error: ...", exit 2) before any work is done, never a traceback;
@@ -14,9 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from core.eviction import POLICIES
+
+if TYPE_CHECKING:
+    from core.lab.units import ModelKV
 
 DEFAULT_POLICIES = "lru,lfu,fifo,slru"
 
@@ -54,6 +60,7 @@ def _tokenizer(name: Optional[str]):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from core.lab.plan_cli import CAPACITY_HELP, add_host_flags, add_size_parser, add_unit_flags
     from core.lab.workloads import GENERATORS
     ap = argparse.ArgumentParser(prog="python -m core.lab", description=(
         "Capacity lab: replay a workload through the real RadixCache at several pool sizes and eviction "
@@ -73,8 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--skip-bad-lines", action="store_true",
                     help="skip malformed trace lines and count them instead of stopping at the first")
     sw.add_argument("--limit", type=int, help="read only the first N requests of the trace")
-    sw.add_argument("--capacities", required=True,
-                    help="comma-separated pool sizes: tokens (3072000, 3M, 512k) or pages (6000p)")
+    sw.add_argument("--capacities", required=True, help=CAPACITY_HELP)
     sw.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, or 'all': {', '.join(POLICIES)}")
     sw.add_argument("--page-size", type=int, default=None,
                     help="tokens per page; default: the block size of a block trace (512 for Mooncake), else 1")
@@ -89,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report the smallest capacity reaching this fraction of the infinite-capacity rate")
     sw.add_argument("--out", metavar="DIR", help="write results.csv, results.json and chart.html here")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_unit_flags(sw)
+    add_host_flags(sw)
+    add_size_parser(sub)
     sub.add_parser("workloads", help="list the workload generators and their parameters")
     return ap
 
@@ -123,8 +132,9 @@ def _page_size(args, workload) -> int:
     return args.page_size
 
 
-def _check_args(args) -> None:
-    """Everything that can be checked before the trace is read or any point runs."""
+def _check_args(args) -> Optional[ModelKV]:
+    """Everything that can be checked before the trace is read or any point runs; returns the model."""
+    from core.lab import plan_cli
     from core.lab.sweep import check_target, parse_capacities, parse_policies, prepare_out_dir
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
@@ -139,19 +149,23 @@ def _check_args(args) -> None:
     except ValueError:
         raise ValueError(f"--target must be a fraction of the infinite-capacity hit rate in (0, 1], such as 0.9; "
                          f"got {args.target}") from None
-    parse_capacities(args.capacities, args.page_size or 1)
+    kv = plan_cli.model_of(args)
+    parse_capacities(args.capacities, args.page_size or 1, kv)
     parse_policies(args.policies)
+    plan_cli.check_host_args(args, kv)
     if args.out:
         prepare_out_dir(args.out)
+    return kv
 
 
 def cmd_sweep(args) -> int:
     from core.lab.pages import Overlap
+    from core.lab import plan_cli
     from core.lab.sweep import parse_capacities, parse_policies, run_sweep
-    _check_args(args)                                   # fail fast, before reading a trace
+    kv = _check_args(args)                              # fail fast, before reading a trace
     workload = _load(args)
     page_size = _page_size(args, workload)
-    caps = parse_capacities(args.capacities, page_size)
+    caps = parse_capacities(args.capacities, page_size, kv)
     pols = parse_policies(args.policies)
     overlap = Overlap(args.ms_per_output_token, args.ms_per_prompt_token) if args.overlap else None
     s = workload.summary()
@@ -185,29 +199,15 @@ def cmd_sweep(args) -> int:
     finally:
         if bar is not None:
             bar.close()
-    import pandas as pd
-    df = res.table()
-    with pd.option_context("display.max_rows", 500, "display.width", 160):
-        print(df[["policy", "capacity_tokens", "capacity_pages", "hit_rate", "optimal_hit_rate", "gap_to_optimal",
-                  "evictions", "evicted_tokens", "rejected", "seconds"]].to_string(index=False, float_format="%.4f"))
-    print(f"\ninfinite-capacity hit rate: {res.infinite_hit_rate:.4f}   "
-          f"({res.distinct_pages:,} distinct pages of {res.page_size}; sweep {res.seconds:.1f} s)")
-    capped = sorted({(p.capacity_pages, p.pool_pages) for p in res.points if p.pool_pages < p.capacity_pages})
-    if capped:
-        need = capped[0][1]
-        print(f"note: {', '.join(f'{c:,}' for c, _ in capped)} pages exceed the {need:,} pages this workload can "
-              f"ever fill; those points were replayed with {need:,} pages (no policy evicts there, so the numbers "
-              f"are those of any larger pool)")
-    print(f"smallest swept capacity reaching {args.target:.0%} of it:")
-    for name, cap in res.capacity_to_reach(args.target).items():
-        where = "not reached" if cap is None else f"{cap:,} tokens ({cap // res.page_size:,} pages)"
-        print(f"  {name:>9}: {where}")
+    plan_cli.print_sweep(args, res, kv)
+    hosts = plan_cli.host_rows(args, workload, res, kv, overlap)
     if args.out:
         paths = res.save(args.out, args.target)
+        plan_cli.save_extras(paths, kv, hosts)
         try:   # the chart builder draws with plotly, so it lives with the dashboard (core never imports plotly)
             from radixui.lab_plot import hit_rate_figure
             chart = paths["csv"].parent / "chart.html"
-            hit_rate_figure(res).write_html(chart, include_plotlyjs=True)   # plotly.js inline: works offline
+            hit_rate_figure(res, kv=kv).write_html(chart, include_plotlyjs=True)   # plotly.js inline: works offline
             paths["chart"] = chart
         except ImportError:
             pass
@@ -227,6 +227,9 @@ def cmd_workloads(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "size":
+            from core.lab.plan_cli import cmd_size
+            return cmd_size(args, _load, _page_size)
         return {"sweep": cmd_sweep, "workloads": cmd_workloads}[args.command](args)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

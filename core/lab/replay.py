@@ -26,12 +26,17 @@ A pool larger than the workload can ever fill (`pool_pages_needed`) is replayed 
 policy evicts anything there, so the result equals the larger pool's, and "80G" never allocates
 80 billion slots. `ReplayResult.pool_pages` says what was allocated.
 
-Seams for a second tier (a host pool behind the device pool), page level only, `host=`:
-- `host.on_evict(page_ids)`: the device pool just evicted these pages (trie ids, so each id stands
-  for its whole prefix and a flat dict keyed by id is a correct cache of prefixes);
-- `host.match(page_ids) -> int`: after the device matched its prefix, how many of the following
-  prompt pages the host holds (consecutive from the first). They count as `host_hit_tokens`, not
-  as device hits, and still take device slots (they are loaded back), so the device flow is unchanged.
+Seam for a second tier (a host pool behind the device pool), page level only, `host=` (a `HostTier`;
+core/lab/host_tier.py is the HiCache-like one). All pages are named by trie id, so each id stands for its
+whole prefix and a flat dict keyed by id is a correct cache of prefixes; `i` is the request's index:
+- `host.on_arrive(i, page_ids)`: request i arrived and the device matched these prompt pages;
+- `host.match(page_ids) -> int`: then, how many of the following prompt pages the host holds (consecutive
+  from the first). They count as `host_hit_tokens`, not as device hits, and still take device slots (they
+  are loaded back), so the device flow is unchanged;
+- `host.on_reject(i)`: request i then found no room (nothing it matched counts);
+- `host.on_insert(i, page_ids, depth)`: these pages of request i (the first at `depth` in its sequence)
+  just entered the device tree (its prompt at arrival, its output when it finishes);
+- `host.on_evict(page_ids)`: the device pool just evicted these pages (one node's, in order).
 """
 from __future__ import annotations
 
@@ -86,11 +91,17 @@ class ReplayResult:
 
 
 class HostTier(Protocol):
-    """What the replay asks of a second tier (see the module docstring)."""
+    """What the replay tells a second tier and asks of it (see the module docstring)."""
 
-    def on_evict(self, page_ids: np.ndarray) -> None: ...
+    def on_arrive(self, i: int, page_ids: np.ndarray) -> None: ...
 
     def match(self, page_ids: np.ndarray) -> int: ...
+
+    def on_reject(self, i: int) -> None: ...
+
+    def on_insert(self, i: int, page_ids: np.ndarray, depth: int) -> None: ...
+
+    def on_evict(self, page_ids: np.ndarray) -> None: ...
 
 
 def check_policy(policy: str) -> str:
@@ -187,11 +198,19 @@ class _Replayer:
         if slots.numel():
             self.alloc.free(slots)
 
-    def _host_hits(self, keys: np.ndarray, hit: int, n_prompt: int) -> int:
-        """Seam: prompt pages after the device's `hit` that a second tier serves (0 without one)."""
-        if self.host is None or hit >= n_prompt:
+    def _host_hits(self, i: int, keys: np.ndarray, hit: int, n_prompt: int) -> int:
+        """Seam: tell the host of the device's `hit`; prompt pages after it that the host serves (0 without one)."""
+        if self.host is None:
+            return 0
+        self.host.on_arrive(i, keys[:hit])
+        if hit >= n_prompt:
             return 0
         return min(int(self.host.match(keys[hit:n_prompt])), n_prompt - hit)
+
+    def _inserted(self, i: int, keys: np.ndarray, lo: int, hi: int) -> None:
+        """Seam: pages [lo, hi) of request i entered the device tree."""
+        if self.host is not None and hi > lo:
+            self.host.on_insert(i, keys[lo:hi], lo)
 
     def arrive(self, i: int, keep_running: bool) -> None:
         cache, r = self.cache, self.workload.requests[i]
@@ -199,12 +218,14 @@ class _Replayer:
         prompt = RadixKey._of(keys[:n_prompt], r.extra_key)
         m = cache.match_prefix(prompt)
         hit = int(m.indices.numel())
-        extra = self._host_hits(keys, hit, n_prompt)
+        extra = self._host_hits(i, keys, hit, n_prompt)
         cache.inc_lock_ref(m.last_node)
         slots = self._alloc(need - hit)
         if slots is None:
             cache.dec_lock_ref(m.last_node)
             self.rejected += 1
+            if self.host is not None:
+                self.host.on_reject(i)
             return
         self.hits += hit * self.unit
         self.host_hits += extra * self.unit
@@ -213,6 +234,7 @@ class _Replayer:
         # the request keeps it locked until it finishes
         if n_prompt > hit:
             cached = cache.insert(prompt, value[:n_prompt])
+            self._inserted(i, keys, cached, n_prompt)
             self._free(value[hit:cached])
             m2 = cache.match_prefix(prompt)
             cache.inc_lock_ref(m2.last_node)
@@ -221,7 +243,7 @@ class _Replayer:
             value = torch.cat([m.indices, value[n_prompt:]])
         in_tree = int(m.indices.numel())
         if not keep_running:
-            self._finish(r, m.last_node, value, in_tree, keys, n_cached)
+            self._finish(i, m.last_node, value, in_tree, keys, n_cached)
             return
         self.running[r.rid] = (m.last_node, value, in_tree)
         self._check()
@@ -231,12 +253,14 @@ class _Replayer:
         if r.rid in self.running:       # rejected requests never ran
             node, value, in_tree = self.running.pop(r.rid)
             keys, _, n_cached, _ = self._units(i, r)
-            self._finish(r, node, value, in_tree, keys, n_cached)
+            self._finish(i, node, value, in_tree, keys, n_cached)
 
-    def _finish(self, r: Request, node, value: torch.Tensor, in_tree: int, keys: np.ndarray, n_cached: int) -> None:
+    def _finish(self, i: int, node, value: torch.Tensor, in_tree: int, keys: np.ndarray, n_cached: int) -> None:
         """cache_finished_req: insert prompt + output - 1 (whole pages), free duplicates and the tail."""
         if n_cached > in_tree:
-            cached = self.cache.insert(RadixKey._of(keys[:n_cached], r.extra_key), value[:n_cached])
+            extra_key = self.workload.requests[i].extra_key
+            cached = self.cache.insert(RadixKey._of(keys[:n_cached], extra_key), value[:n_cached])
+            self._inserted(i, keys, cached, n_cached)
             self._free(value[in_tree:cached])
         self._free(value[max(n_cached, in_tree):])
         self.cache.dec_lock_ref(node)

@@ -12,8 +12,9 @@ second while a point is running (the workers report through a queue), so a long 
 Ctrl-C (KeyboardInterrupt) stops the workers at once (they ignore SIGINT themselves, so only the
 calling process reports it) and propagates; nothing is written.
 
-Capacities are parsed in one place, `parse_capacity` (a units module can extend it), and rounded down
-to whole pages by `parse_capacities`, so two capacities in the same page count give one row.
+Capacities are parsed in one place, `parse_capacity` (tokens, pages), which `core.lab.units.parse_capacity`
+extends with bytes of a model's KV (80GiB), and rounded down to whole pages by `parse_capacities`, so two
+capacities in the same page count give one row.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from core.eviction import POLICIES
 from core.lab.optimal import BoundResult, Bounds, capacity_pages
 from core.lab.pages import Overlap, PageTrace
 from core.lab.replay import ReplayResult, check_policy, replay
+from core.lab import units
 from core.lab.workloads import Workload
 
 Progress = Callable[[int, int, dict], None]
@@ -56,13 +58,16 @@ def parse_capacity(text: Union[str, int], page_size: int = 1) -> int:
     return tokens
 
 
-def parse_capacities(spec: Union[str, Iterable[Union[str, int]]], page_size: int = 1) -> list[int]:
+def parse_capacities(spec: Union[str, Iterable[Union[str, int]]], page_size: int = 1,
+                      kv: Optional[units.ModelKV] = None) -> list[int]:
     """A comma-separated string or a list; each rounded down to whole pages (the pool's real size), sorted,
-    duplicates dropped (1000 and 1001 tokens in pages of 16 are the same 62-page pool: one row)."""
+    duplicates dropped (1000 and 1001 tokens in pages of 16 are the same 62-page pool: one row). With `kv`
+    (a model's KV bytes per token) items may be bytes too: see core.lab.units.parse_capacity."""
     items = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
     if not items:
         raise ValueError("give at least one capacity")
-    return sorted({capacity_pages(parse_capacity(s, page_size), page_size) * page_size for s in items})
+    # units.parse_capacity reads bytes and hands tokens and pages back to parse_capacity above
+    return sorted({capacity_pages(units.parse_capacity(s, page_size, kv), page_size) * page_size for s in items})
 
 
 def parse_policies(spec: Union[str, Iterable[str]]) -> list[str]:
@@ -137,6 +142,17 @@ class SweepResult:
             caps = sorted(c for n, c, h in series if n == name and h >= target - 1e-12)
             out[name] = caps[0] if caps else None
         return out
+
+    def capped_note(self) -> Optional[str]:
+        """The points whose pool the replay capped at what the workload can ever fill (`pool_pages`, see
+        core.lab.replay), in one sentence; None when there are none."""
+        capped = sorted({(p.capacity_pages, p.pool_pages) for p in self.points if p.pool_pages < p.capacity_pages})
+        if not capped:
+            return None
+        need = capped[0][1]
+        return (f"{', '.join(f'{c:,}' for c, _ in capped)} pages exceed the {need:,} pages this workload can ever "
+                f"fill; those points were replayed with {need:,} pages (no policy evicts there, so the numbers are "
+                f"those of any larger pool)")
 
     def to_json(self, target: float = 0.9) -> dict[str, Any]:
         """Everything, with the smallest swept capacity reaching `target` of the infinite-capacity rate."""

@@ -28,6 +28,18 @@ def test_sweep_of_a_generated_workload(tmp_path, capsys):
     html = (tmp_path / "chart.html").read_text()
     # plotly.js is inside the file (about 3.5 MB), so the chart draws offline; no script tag loads it from a CDN
     assert len(html) > 1_000_000 and re.search(r"<script[^>]*\bsrc=", html) is None
+    # 1k is beyond what the workload can fill: its 388 distinct tokens (4 x 64 system + 12 x (8 question + 3
+    # cached output), counted below from the sequences) plus the longest request (75) held while it runs
+    from core.lab.workloads import generated_shared_prefix
+    w = generated_shared_prefix(num_groups=4, prompts_per_group=3, system_prompt_len=64, question_len=8,
+                                output_len=4, order="grouped")
+    distinct = len({tuple(r.cached_ids()[:k].tolist()) for r in w.requests for k in range(1, r.cached_len + 1)})
+    need = distinct + max(r.cached_len for r in w.requests)
+    assert (distinct, need) == (388, 388 + 75)
+    assert f"note: 1,000 pages exceed the {need:,} pages this workload can ever fill" in out
+    big = [p for p in data["points"] if p["capacity_tokens"] == 1000]
+    assert [p["pool_pages"] for p in big] == [need, need] and all(p["evictions"] == 0 for p in big)
+    assert [p["hit_tokens"] for p in big] == [data["infinite"]["hit_tokens"]] * 2
 
 
 def test_sweep_of_a_mooncake_slice_in_pages(mooncake_path, mooncake, tmp_path, capsys):

@@ -108,14 +108,15 @@ def test_property_page_level_equals_token_level(w, pages, policy, page_size, ove
 
 
 def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
-    """The seam for a second tier: on_evict gets the trie ids of every evicted page, match() is asked for the
-    prompt pages after the device's hit; what it serves counts apart, and the device flow does not change."""
+    """The seam for a second tier: on_arrive gets the device's hit pages, match() is asked for the prompt pages
+    after it, on_insert gets the pages entering the tree, on_reject a request that found no room, on_evict the
+    trie ids of every evicted page; what it serves counts apart, and the device flow does not change."""
     class Host:
         def __init__(self):
-            self.held, self.asked = [], []
+            self.held, self.asked, self.calls = [], [], []
 
-        def on_evict(self, ids):
-            self.held += ids.tolist()
+        def on_arrive(self, i, ids):
+            self.calls.append(("arrive", i, ids.tolist()))
 
         def match(self, ids):
             self.asked.append(ids.tolist())
@@ -123,6 +124,16 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
             while n < len(ids) and int(ids[n]) in self.held:
                 n += 1
             return n
+
+        def on_reject(self, i):
+            self.calls.append(("reject", i))
+
+        def on_insert(self, i, ids, depth):
+            self.calls.append(("insert", i, ids.tolist(), depth))
+
+        def on_evict(self, ids):
+            self.held += ids.tolist()
+            self.calls.append(("evict", ids.tolist()))
 
     a, b = list(range(8)), list(range(10, 18))
     w = Workload("ab", [Request(a, 1), Request(b, 1), Request(a, 1)])
@@ -132,5 +143,20 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
     assert numbers(r) == numbers(plain) and (r.hit_tokens, r.evictions, r.evicted_tokens) == (0, 2, 16)
     assert sorted(host.held) == [0, 1, 2, 3] and r.host_hit_tokens == 8   # a's 2 pages, then b's (ids 2, 3)
     assert host.asked == [[0, 1], [2, 3], [0, 1]]
+    assert host.calls == [("arrive", 0, []), ("insert", 0, [0, 1], 0),
+                          ("arrive", 1, []), ("evict", [0, 1]), ("insert", 1, [2, 3], 0),
+                          ("arrive", 2, []), ("evict", [2, 3]), ("insert", 2, [0, 1], 0)]
     with pytest.raises(ValueError, match="page-level"):
         replay(w, 8, "lru", 4, level="token", host=host)
+
+    # a device hit (a's 2 pages, ids 0, 1), then a new prompt page (2) and an output page (3, at finish); a
+    # prompt of 5 pages in a pool of 4 evicts the chain leaf first ([3], [2], [0, 1]) and is still rejected
+    w = Workload("hit-reject", [Request(a, 1), Request(a + [50] * 4, output=[60] * 5), Request(list(range(20, 40)), 1)])
+    host = Host()
+    r = replay(w, 16, "lru", 4, host=host)
+    assert numbers(r) == numbers(replay(w, 16, "lru", 4))
+    assert (r.hit_tokens, r.rejected, r.evictions, r.evicted_tokens, r.host_hit_tokens) == (8, 1, 3, 16, 0)
+    assert host.asked == [[0, 1], [2], [4, 5, 6, 7, 8]]
+    assert host.calls == [("arrive", 0, []), ("insert", 0, [0, 1], 0),
+                          ("arrive", 1, [0, 1]), ("insert", 1, [2], 2), ("insert", 1, [3], 3),
+                          ("arrive", 2, []), ("evict", [3]), ("evict", [2]), ("evict", [0, 1]), ("reject", 2)]
