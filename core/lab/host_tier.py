@@ -19,8 +19,9 @@ the identity `core.lab.pages` uses):
   allocates anyway, so the device side (its evictions, its hits) is the same as without the tier.
   If the request is then rejected (no room), nothing it found counts.
 
-Times: one tick per lookup and per placement. The estimate of time (`ttft`) is per request, each
-alone: prefill of the tokens not hit at `prefill_tokens_per_s`, plus moving the host hits over the
+Recency: one tick per arrival (on_arrive) and per placement (on_insert).
+
+The estimate of time (`ttft`) is per request, each alone: prefill of the tokens not hit at `prefill_tokens_per_s`, plus moving the host hits over the
 host link at `bandwidth_gbps` (serial; SGLang overlaps the load with compute layer by layer, so
 the real TTFT is lower, between the two).
 """

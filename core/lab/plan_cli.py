@@ -41,7 +41,7 @@ def add_host_flags(p: argparse.ArgumentParser) -> None:
                         "(PCIe 4.0 x16 ~25)")
     p.add_argument("--prefill-rate", type=float, default=DEFAULT_PREFILL_TOKENS_PER_S, metavar="TOKENS_PER_S",
                    help="with --host-capacity and --model-config: prefill throughput for the TTFT estimate "
-                        "(default: an 8B model on one H100-class GPU, order of magnitude; measure yours)")
+                        "; the default is an 8B model on one H100-class GPU, order of magnitude: measure yours")
 
 
 def model_of(args) -> Optional[ModelKV]:

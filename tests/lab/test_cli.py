@@ -176,6 +176,15 @@ def test_dev_zero_is_refused_without_running_out_of_memory(capsys):
                "--trace", "/dev/zero", "--capacities", "4p")
 
 
+def test_host_tier_flags_fail_fast(capsys):
+    fails_fast(capsys, "cannot read capacity 'lots'", *GSP, "--capacities", "64", "--host-capacity", "lots")
+    fails_fast(capsys, "capacity '1GiB' is in bytes: give a model", *GSP, "--capacities", "64", "--host-capacity", "1GiB")
+    fails_fast(capsys, "--host-bandwidth must be a positive number, got nan", *GSP, "--capacities", "64",
+               "--host-capacity", "1k", "--host-bandwidth", "nan")
+    fails_fast(capsys, "--prefill-rate must be a positive number, got 0.0", *GSP, "--capacities", "64",
+               "--host-capacity", "1k", "--prefill-rate", "0")
+
+
 def test_capacities_in_the_same_page_give_one_row(tmp_path, capsys):
     assert main(["sweep", *GSP, "--capacities", "64,65,79,80", "--page-size", "16", "--policies", "lru",
                  "--workers", "1", "--quiet", "--out", str(tmp_path)]) == 0

@@ -114,3 +114,20 @@ def test_size_subcommand_bad_input_exits_2(capsys):
     assert "--target must be a fraction" in capsys.readouterr().err
     assert main(["size", "--workload", "few-shot", "--kv-dtype", "fp8", "--workers", "1"]) == 2
     assert "--kv-dtype needs --model-config" in capsys.readouterr().err
+
+
+def test_size_on_a_block_trace_defaults_to_its_block_size(mooncake_path, mooncake, tmp_path, capsys):
+    assert main(["size", "--trace", str(mooncake_path), "--limit", "60", "--policies", "lru", "--workers", "1",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "page size 512 tokens: the trace's block size" in out
+    want = size(mooncake.slice(0, 60), ["lru"], TARGET, 512)
+    assert all("  " + a.describe() in out for a in want)
+    data = json.loads((tmp_path / "size.json").read_text())
+    assert data["page_size"] == 512 and [a["capacity_tokens"] for a in data["answers"]] == [a.capacity_tokens for a in want]
+    assert main(["size", "--trace", str(mooncake_path), "--limit", "5", "--page-size", "64", "--workers", "1"]) == 2
+    assert "--page-size 64 is smaller than this block trace's 512-token blocks" in capsys.readouterr().err
+    (tmp_path / "f").write_text("")
+    assert main(["size", "--workload", "few-shot", "--out", str(tmp_path / "f"), "--workers", "1"]) == 2
+    cap = capsys.readouterr()
+    assert "is a file; give a directory" in cap.err and "workload" not in cap.out     # before any work
