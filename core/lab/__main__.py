@@ -4,7 +4,7 @@
         --capacities 1000p,2000p,4000p,6000p,12000p,24000p --policies lru,lfu,fifo,slru --out results/mooncake
     python -m core.lab sweep --workload generated-shared-prefix -p num_groups=16 -p order=grouped \\
         --capacities 4k,16k,64k --policies all --out results/gsp
-    python -m core.lab sweep --trace data/mooncake/synthetic_trace.jsonl.gz --capacities 20GiB,40GiB,80GiB \
+    python -m core.lab sweep --trace data/mooncake/synthetic_trace.jsonl.gz --capacities 20GiB,40GiB,80GiB \\
         --model-config llama-3.1-8b --host-capacity 200GiB   # bytes of KV, a host tier behind the pool
     python -m core.lab size --trace data/mooncake/synthetic_trace.jsonl.gz --target 0.9   # by search
     python -m core.lab workloads          # the generators and their parameters
