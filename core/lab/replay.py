@@ -56,6 +56,7 @@ from core.memory import SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
 
 LEVELS = ("auto", "page", "token")
+HOST_METHODS = ("on_arrive", "match", "on_reject", "on_insert", "on_evict")   # HostTier's, in call order
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,10 @@ def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_s
     check_policy(policy)
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    missing = [m for m in HOST_METHODS if host is not None and not callable(getattr(host, m, None))]
+    if missing:
+        raise ValueError(f"host= must implement core.lab.replay.HostTier ({', '.join(HOST_METHODS)}); "
+                         f"{type(host).__name__} lacks {', '.join(missing)}")
     want = capacity_pages(capacity_tokens, page_size)
     order = event_order(workload, overlap)     # checks the timestamps before any work
     page_level = level == "page" or (level == "auto" and page_size > 1)

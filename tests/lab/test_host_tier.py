@@ -9,10 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.lab.host_tier import WRITE_POLICIES, replay_with_host
+from core.lab.host_tier import WRITE_POLICIES, HostTier, replay_with_host
 from core.lab.optimal import Bounds
 from core.lab.pages import Overlap
-from core.lab.replay import replay
+from core.lab.replay import HOST_METHODS, replay
+from core.lab.replay import HostTier as HostTierProtocol
 from core.lab.units import load_model_config
 from core.lab.workloads import Request, Workload, few_shot, generated_shared_prefix, multi_turn_chat, tree_of_thought
 from core.memory import SlotAllocator
@@ -236,6 +237,14 @@ def test_two_requests_one_prefix_evicted_to_host_then_loaded_back():
     assert t["ttft_p50_device_only"] == pytest.approx(0.040) and t["ttft_p50_with_host"] == pytest.approx(0.040)
     assert t["ttft_p99_with_host"] == pytest.approx(np.percentile([0.040, 0.040, 0.001 + load], 99))
     assert replay_with_host(w, 48, 64, "lru", 1, write_policy="write_through_selective").host_hit_tokens == 0
+
+
+def test_the_tier_is_the_replays_seam():
+    """HostTier implements the page-level replay's Protocol, method for method and argument for argument."""
+    import inspect
+    for m in HOST_METHODS:
+        want = list(inspect.signature(getattr(HostTierProtocol, m)).parameters)
+        assert list(inspect.signature(getattr(HostTier, m)).parameters) == want, m
 
 
 def test_bad_input():

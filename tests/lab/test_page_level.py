@@ -148,6 +148,9 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
                           ("arrive", 2, []), ("evict", [2, 3]), ("insert", 2, [0, 1], 0)]
     with pytest.raises(ValueError, match="page-level"):
         replay(w, 8, "lru", 4, level="token", host=host)
+    with pytest.raises(ValueError, match="host= must implement core.lab.replay.HostTier .*; object lacks on_arrive, "
+                                         "match, on_reject, on_insert, on_evict"):
+        replay(w, 8, "lru", 4, host=object())
 
     # a device hit (a's 2 pages, ids 0, 1), then a new prompt page (2) and an output page (3, at finish); a
     # prompt of 5 pages in a pool of 4 evicts the chain leaf first ([3], [2], [0, 1]) and is still rejected
