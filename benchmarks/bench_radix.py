@@ -1,6 +1,6 @@
 """How fast is the radix cache? Replay the Mooncake trace through RadixCache and through SGLang's own radix cache.
 
-Each request of ../shared/data/mooncake/synthetic_trace.jsonl becomes a prompt: every hash id h is
+Each request of data/mooncake/synthetic_trace.jsonl.gz becomes a prompt: every hash id h is
 expanded to the 512 distinct token ids h*512 .. h*512+511 and the prompt is cut to input_length.
 Both caches run the engine's flow for a finished request, LRU, at page size 1 and 16:
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import gzip
 import json
 import pstats
 import sys
@@ -49,7 +50,7 @@ from benchmarks.loop_radix import LoopRun, _add_phases  # noqa: E402
 from core.memory import SlotAllocator  # noqa: E402
 from core.radix_cache import RadixCache, RadixKey  # noqa: E402
 
-TRACE = ROOT / "../shared/data/mooncake/synthetic_trace.jsonl"
+TRACE = ROOT / "data/mooncake/synthetic_trace.jsonl.gz"   # shipped with the project (data/mooncake/README.md)
 BLOCK = 512
 PHASES = ("match", "insert", "slots", "lock")  # slots: alloc + evict + free + building the value
 TIMER = [time.thread_time]  # --timer: this thread's CPU time (default) or wall time (time.perf_counter)
@@ -58,7 +59,7 @@ TIMER = [time.thread_time]  # --timer: this thread's CPU time (default) or wall 
 def load_prompts(path: Path, limit: Optional[int]) -> list[np.ndarray]:
     out = []
     offsets = np.arange(BLOCK, dtype=np.int64)
-    with open(path) as f:
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         for line in f:
             if limit is not None and len(out) >= limit:
                 break

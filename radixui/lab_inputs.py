@@ -9,10 +9,11 @@ from typing import Any, Callable, Optional
 
 from core.lab.optimal import capacity_pages
 from core.lab.sweep import parse_capacities, parse_policies
-from core.lab.traces import load_trace
+from core.lab.traces import MOONCAKE_SYNTHETIC, load_trace
+from core.lab.units import ModelKV, load_model_config, parse_capacity, shipped_models
 from core.lab.workloads import Workload, make_workload, workload_params
 
-MOONCAKE_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+MOONCAKE_TRACE = Path(MOONCAKE_SYNTHETIC)   # shipped with the project: data/mooncake/README.md
 MOONCAKE_PAGE_SIZE = 512
 MOONCAKE_CAPACITIES = "1000p, 3000p, 6000p, 12000p, 24000p"
 
@@ -25,7 +26,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tree-of-thought": dict(num_problems=3, branching=3, depth=3, problem_len=128, step_len=16, thought_len=32),
 }
 PRESET_CAPACITIES = {
-    "generated-shared-prefix": "512, 1k, 2k, 3k, 4k",
+    "generated-shared-prefix": "512, 1k, 2k, 3k",
     "multi-turn-chat": "256, 512, 1k, 2k",
     "few-shot": "256, 512, 1k, 2k",
     "tree-of-thought": "256, 384, 512, 1k",
@@ -42,6 +43,16 @@ PARAM_HELP = {
     "order": "the order in which the requests arrive",
 }
 DEFAULT_POLICIES = ["lru", "lfu", "fifo", "slru"]
+TOKENS_ONLY = "none (tokens only)"
+MODEL_CHOICES = [TOKENS_ONLY] + list(shipped_models())
+KV_DTYPES = ["as in the config", "fp8", "bf16", "fp16", "fp32"]
+
+
+def model_choice(choice: str, kv_dtype: str = KV_DTYPES[0]) -> Optional[ModelKV]:
+    """The page's model selector: None for tokens only, else the shipped config (KV dtype overridden)."""
+    if choice == TOKENS_ONLY:
+        return None
+    return load_model_config(choice, None if kv_dtype == KV_DTYPES[0] else kv_dtype)
 
 
 def preset_params(name: str) -> dict[str, Any]:
@@ -98,17 +109,28 @@ def suggest_capacities(workload: Workload, page_size: int = 1, points: int = 5) 
     return ", ".join(str(c) for c in caps)
 
 
-def parse_sweep_inputs(capacities: str, policies: list[str], page_size: int) -> tuple[list[int], list[str]]:
-    """The page's capacity text, policy choice and page size, checked; ValueError with a message otherwise."""
+def parse_sweep_inputs(capacities: str, policies: list[str], page_size: int,
+                       kv: Optional[ModelKV] = None) -> tuple[list[int], list[str]]:
+    """The page's capacity text (tokens, pages, or GiB/GB with a model), policy choice and page size, checked;
+    ValueError with a message otherwise."""
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page size must be a positive whole number of tokens, got {page_size!r}")
     if not policies:
         raise ValueError("pick at least one eviction policy")
     pols = parse_policies(list(policies))
-    caps = parse_capacities(capacities, page_size)
+    caps = parse_capacities(capacities, page_size, kv)
     for c in caps:
         capacity_pages(c, page_size)
     return caps, pols
+
+
+def parse_host_capacity(text: str, page_size: int, kv: Optional[ModelKV]) -> int:
+    """The host tier's size: tokens, pages or GiB/GB (with a model); 0 allowed (no host tier)."""
+    if not str(text).strip():
+        raise ValueError("give the host tier's size (tokens, pages, or GiB with a model), e.g. 64k or 200GiB")
+    if str(text).strip() == "0":
+        return 0
+    return parse_capacity(str(text), page_size, kv)
 
 
 def fmt_tokens(n: int) -> str:

@@ -1,18 +1,28 @@
 """Command line of the capacity lab.
 
-    python -m core.lab sweep --trace ../shared/data/mooncake/synthetic_trace.jsonl --page-size 512 \\
+    python -m core.lab sweep --trace data/mooncake/synthetic_trace.jsonl.gz --page-size 512 \\
         --capacities 1000p,2000p,4000p,6000p,12000p,24000p --policies lru,lfu,fifo,slru --out results/mooncake
     python -m core.lab sweep --workload generated-shared-prefix -p num_groups=16 -p order=grouped \\
         --capacities 4k,16k,64k --policies all --out results/gsp
+    python -m core.lab sweep --trace data/mooncake/synthetic_trace.jsonl.gz --capacities 20GiB,40GiB,80GiB \\
+        --model-config llama-3.1-8b --host-capacity 200GiB   # bytes of KV, a host tier behind the pool
+    python -m core.lab size --trace data/mooncake/synthetic_trace.jsonl.gz --target 0.9   # by search
     python -m core.lab workloads          # the generators and their parameters
+
+Every bad input is one line on stderr ("error: ...", exit 2) before any work is done, never a traceback;
+Ctrl-C stops the workers at once (exit 130, nothing written).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from core.eviction import POLICIES
+
+if TYPE_CHECKING:
+    from core.lab.units import ModelKV
 
 DEFAULT_POLICIES = "lru,lfu,fifo,slru"
 
@@ -50,6 +60,7 @@ def _tokenizer(name: Optional[str]):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from core.lab.plan_cli import CAPACITY_HELP, add_host_flags, add_size_parser, add_unit_flags
     from core.lab.workloads import GENERATORS
     ap = argparse.ArgumentParser(prog="python -m core.lab", description=(
         "Capacity lab: replay a workload through the real RadixCache at several pool sizes and eviction "
@@ -69,10 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--skip-bad-lines", action="store_true",
                     help="skip malformed trace lines and count them instead of stopping at the first")
     sw.add_argument("--limit", type=int, help="read only the first N requests of the trace")
-    sw.add_argument("--capacities", required=True,
-                    help="comma-separated pool sizes: tokens (3072000, 3M, 512k) or pages (6000p)")
+    sw.add_argument("--capacities", required=True, help=CAPACITY_HELP)
     sw.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, or 'all': {', '.join(POLICIES)}")
-    sw.add_argument("--page-size", type=int, default=1, help="tokens per page (512 for Mooncake block traces)")
+    sw.add_argument("--page-size", type=int, default=None,
+                    help="tokens per page; default: the block size of a block trace (512 for Mooncake), else 1")
     sw.add_argument("--overlap", action="store_true",
                     help="overlap requests by timestamp: running requests hold locks and slots until they finish")
     sw.add_argument("--ms-per-output-token", type=float, default=20.0,
@@ -84,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="report the smallest capacity reaching this fraction of the infinite-capacity rate")
     sw.add_argument("--out", metavar="DIR", help="write results.csv, results.json and chart.html here")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_unit_flags(sw)
+    add_host_flags(sw)
+    add_size_parser(sub)
     sub.add_parser("workloads", help="list the workload generators and their parameters")
     return ap
 
@@ -99,49 +113,101 @@ def _load(args) -> "Workload":  # noqa: F821
     return make_workload(args.workload, **_params(args.param))
 
 
-def cmd_sweep(args) -> int:
-    from core.lab.pages import Overlap
-    from core.lab.sweep import parse_capacities, parse_policies, run_sweep
+def _page_size(args, workload) -> int:
+    """--page-size, or the default: a block trace's block size (its hash ids name whole blocks), else 1.
+    A page smaller than a block only multiplies the pages (and the memory: ~25 GB for Mooncake at 1)
+    while nothing below a block can be shared, so it is refused with the fix."""
+    blocks = {r.block_size for r in workload.requests if r.hash_ids is not None}
+    block = max(blocks) if blocks else None
+    if args.page_size is None:
+        if block is None:
+            return 1
+        print(f"page size {block} tokens: the trace's block size (one hash id per {block}-token block)")
+        return block
+    if block is not None and args.page_size < block:
+        raise ValueError(f"--page-size {args.page_size} is smaller than this block trace's {block}-token blocks: "
+                         f"each hash id stands for a whole block, so smaller pages share nothing more and cost "
+                         f"{block // args.page_size}x the pages; use --page-size {block} (the default for block "
+                         f"traces) or a multiple of it")
+    return args.page_size
+
+
+def _check_args(args) -> Optional[ModelKV]:
+    """Everything that can be checked before the trace is read or any point runs; returns the model."""
+    from core.lab import plan_cli
+    from core.lab.sweep import check_target, parse_capacities, parse_policies, prepare_out_dir
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
-    caps = parse_capacities(args.capacities, args.page_size)     # fail fast, before reading a trace
-    pols = parse_policies(args.policies)
+    if args.page_size is not None and args.page_size < 1:
+        raise ValueError(f"--page-size must be a positive number of tokens per page (512 for Mooncake traces), "
+                         f"got {args.page_size}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be a positive number of requests to read, got {args.limit} "
+                         f"(leave it out to read the whole trace)")
+    try:
+        check_target(args.target)
+    except ValueError:
+        raise ValueError(f"--target must be a fraction of the infinite-capacity hit rate in (0, 1], such as 0.9; "
+                         f"got {args.target}") from None
+    kv = plan_cli.model_of(args)
+    parse_capacities(args.capacities, args.page_size or 1, kv)
+    parse_policies(args.policies)
+    plan_cli.check_host_args(args, kv)
+    if args.out:
+        prepare_out_dir(args.out)
+    return kv
+
+
+def cmd_sweep(args) -> int:
+    from core.lab.pages import Overlap
+    from core.lab import plan_cli
+    from core.lab.sweep import parse_capacities, parse_policies, run_sweep
+    kv = _check_args(args)                              # fail fast, before reading a trace
     workload = _load(args)
+    page_size = _page_size(args, workload)
+    caps = parse_capacities(args.capacities, page_size, kv)
+    pols = parse_policies(args.policies)
     overlap = Overlap(args.ms_per_output_token, args.ms_per_prompt_token) if args.overlap else None
     s = workload.summary()
     print(f"workload {s['name']}: {s['requests']:,} requests, {s['prompt_tokens']:,} prompt tokens"
           + (f", {workload.skipped_lines} malformed line(s) skipped" if workload.skipped_lines else ""))
     bar = None
+    finished, running = [0], {}
     if not args.quiet:
         from tqdm import tqdm
-        bar = tqdm(total=len(caps) * (len(pols) + (0 if args.no_optimal else 1)), unit="point")
+        bar = tqdm(total=len(caps) * (len(pols) + (0 if args.no_optimal else 1)), unit="point",
+                   bar_format="{l_bar}{bar}| {n:.1f}/{total} points [{elapsed}<{remaining}]{postfix}")
+
+    def show() -> None:
+        bar.n = finished[0] + sum(running.values())
+        bar.refresh()
 
     def progress(done: int, total: int, row: dict) -> None:
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"{row['policy']}@{row['capacity_tokens']:,}: {row['hit_rate']:.1%}")
+            running.pop((row["policy"], row["capacity_tokens"]), None)
+            finished[0] = done
+            bar.set_postfix_str(f"{row['policy']}@{row['capacity_tokens']:,}: {row['hit_rate']:.1%}", refresh=False)
+            show()
+
+    def point_progress(task: dict, fraction: float) -> None:
+        if bar is not None and fraction < 1:
+            running[(task["policy"], task["capacity_tokens"])] = fraction
+            show()
     try:
-        res = run_sweep(workload, caps, pols, args.page_size, overlap, args.workers, not args.no_optimal, progress)
+        res = run_sweep(workload, caps, pols, page_size, overlap, args.workers, not args.no_optimal, progress,
+                        point_progress=point_progress)
     finally:
         if bar is not None:
             bar.close()
-    import pandas as pd
-    df = res.table()
-    with pd.option_context("display.max_rows", 500, "display.width", 160):
-        print(df[["policy", "capacity_tokens", "capacity_pages", "hit_rate", "optimal_hit_rate", "gap_to_optimal",
-                  "evictions", "evicted_tokens", "rejected", "seconds"]].to_string(index=False, float_format="%.4f"))
-    print(f"\ninfinite-capacity hit rate: {res.infinite_hit_rate:.4f}   "
-          f"({res.distinct_pages:,} distinct pages of {res.page_size}; sweep {res.seconds:.1f} s)")
-    print(f"smallest swept capacity reaching {args.target:.0%} of it:")
-    for name, cap in res.capacity_to_reach(args.target).items():
-        where = "not reached" if cap is None else f"{cap:,} tokens ({cap // res.page_size:,} pages)"
-        print(f"  {name:>9}: {where}")
+    plan_cli.print_sweep(args, res, kv)
+    hosts = plan_cli.host_rows(args, workload, res, kv, overlap)
     if args.out:
-        paths = res.save(args.out)
+        paths = res.save(args.out, args.target)
+        plan_cli.save_extras(paths, kv, hosts)
         try:   # the chart builder draws with plotly, so it lives with the dashboard (core never imports plotly)
             from radixui.lab_plot import hit_rate_figure
             chart = paths["csv"].parent / "chart.html"
-            hit_rate_figure(res).write_html(chart, include_plotlyjs="cdn")
+            hit_rate_figure(res, kv=kv).write_html(chart, include_plotlyjs=True)   # plotly.js inline: works offline
             paths["chart"] = chart
         except ImportError:
             pass
@@ -161,11 +227,22 @@ def cmd_workloads(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "size":
+            from core.lab.plan_cli import cmd_size
+            return cmd_size(args, _load, _page_size)
         return {"sweep": cmd_sweep, "workloads": cmd_workloads}[args.command](args)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: the workers were stopped and nothing was written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 130:   # Ctrl-C: stop now, without seconds of interpreter teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -72,7 +72,8 @@ def event_order(workload: Workload, overlap: Optional[Overlap]) -> list[tuple[in
 
 @dataclass
 class PageTrace:
-    """The page accesses of a workload in time order (numpy arrays of one length)."""
+    """The page accesses of a workload in time order (numpy arrays of one length), and per request its
+    page ids (what the page-level replay keys the radix tree with)."""
 
     page_size: int
     pages: np.ndarray        # int64 page id of each access
@@ -81,17 +82,20 @@ class PageTrace:
     prompt_tokens: int       # all prompt tokens of the workload (the hit-rate denominator)
     num_distinct: int        # distinct pages touched
     max_request_pages: int   # most pages one request caches (prompt + output - 1, whole pages)
+    requests: Optional[list] = None   # per request: (int64 ids of its whole cached pages, prompt pages)
 
     def __len__(self) -> int:
         return int(self.pages.shape[0])
 
 
 class _PageIds:
-    """Gives each distinct (parent page, page content) a small integer id, i.e. a trie of pages."""
+    """Gives each distinct (parent page, page content) a small integer id, i.e. a trie of pages: an id
+    names a page *and its whole prefix*, so equal ids at any position mean an identical prefix."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
         self.roots: dict = {}
+        self.count = 0
 
     def root(self, extra_key: Optional[str]) -> int:
         return self.roots.setdefault(extra_key, -1 - len(self.roots))
@@ -102,41 +106,52 @@ class _PageIds:
             k = (parent, c)
             p = ids.get(k)
             if p is None:
-                p = ids[k] = len(ids)
+                p = ids[k] = self.count
+                self.count += 1
             out.append(p)
             parent = p
         return out
 
     def fresh(self, n: int) -> list[int]:
-        """`n` pages known to be unique (a request's own output ids): no lookup needed."""
-        start = len(self.ids)
-        for j in range(n):
-            self.ids[("fresh", start + j)] = start + j
+        """`n` pages known to be unique (they hold a request's own fresh output ids): no lookup needed."""
+        start = self.count
+        self.count += n
         return list(range(start, start + n))
 
 
-def _request_pages(workload: Workload, page_size: int) -> list[tuple[list[int], int]]:
-    """Per request: ids of the whole pages of prompt + output - 1, and how many of them are prompt pages."""
+def _block_contents(r, n_prompt: int, page_size: int) -> Optional[list]:
+    """The contents of a block request's whole prompt pages straight from its hash ids (no token expansion):
+    a page of k blocks is the k hash ids. None when the page size is not a multiple of the block size."""
+    if r.hash_ids is None or r._output is not None or page_size % r.block_size:
+        return None
+    k = page_size // r.block_size
+    h = r.hash_ids[:n_prompt * k]
+    return h.tolist() if k == 1 else [tuple(row) for row in h.reshape(n_prompt, k).tolist()]
+
+
+def request_pages(workload: Workload, page_size: int) -> list[tuple[np.ndarray, int]]:
+    """Per request: int64 ids of the whole pages of prompt + output - 1, and how many of them are prompt pages.
+
+    Block requests whose page size is a multiple of their block size never expand to tokens: their prompt
+    pages come from the hash ids, and every later page holds fresh output ids (plus the partial last block)
+    and so is unique to the request. Anything else expands to tokens and names each page by its bytes."""
     trie = _PageIds()
-    fast = all(r.hash_ids is not None and r.block_size == page_size and r._output is None
-               for r in workload.requests)
     out = []
     for r in workload.requests:
         n_prompt = r.prompt_len // page_size
         n_cached = r.cached_len // page_size
         root = trie.root(r.extra_key)
-        if fast:
-            # block h at a position is the page; later pages hold the request's own fresh output ids
-            ids = trie.walk(root, r.hash_ids[:n_prompt].tolist()) + trie.fresh(n_cached - n_prompt)
+        blocks = _block_contents(r, n_prompt, page_size)
+        if blocks is not None:
+            ids = trie.walk(root, blocks) + trie.fresh(n_cached - n_prompt)
         else:
             toks = r.cached_ids()[:n_cached * page_size]
             if page_size == 1:
                 contents = toks.tolist()
             else:
-                rows = toks.reshape(n_cached, page_size)
-                contents = [row.tobytes() for row in rows]
+                contents = [row.tobytes() for row in toks.reshape(n_cached, page_size)]
             ids = trie.walk(root, contents)
-        out.append((ids, n_prompt))
+        out.append((np.asarray(ids, dtype=np.int64), n_prompt))
     return out
 
 
@@ -144,7 +159,7 @@ def page_trace(workload: Workload, page_size: int, overlap: Optional[Overlap] = 
     """The workload's page accesses in event order (see the module docstring)."""
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
-    per_req = _request_pages(workload, page_size)
+    per_req = request_pages(workload, page_size)
     chunks_p, chunks_c, chunks_d = [], [], []
     for kind, i in event_order(workload, overlap):
         ids, n_prompt = per_req[i]
@@ -152,12 +167,12 @@ def page_trace(workload: Workload, page_size: int, overlap: Optional[Overlap] = 
             sel, lo = ids[:n_prompt], 0
         else:
             sel, lo = ids[n_prompt:], n_prompt
-        if sel:
-            chunks_p.append(np.asarray(sel, dtype=np.int64))
-            chunks_c.append(np.full(len(sel), kind == ARRIVE))
-            chunks_d.append(np.arange(lo, lo + len(sel), dtype=np.int64))
+        if sel.shape[0]:
+            chunks_p.append(sel)
+            chunks_c.append(np.full(sel.shape[0], kind == ARRIVE))
+            chunks_d.append(np.arange(lo, lo + sel.shape[0], dtype=np.int64))
     cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt))
     pages = cat(chunks_p, np.int64)
     return PageTrace(page_size=page_size, pages=pages, counted=cat(chunks_c, bool), depth=cat(chunks_d, np.int64),
                      prompt_tokens=workload.prompt_tokens, num_distinct=int(np.unique(pages).shape[0]),
-                     max_request_pages=max(len(ids) for ids, _ in per_req))
+                     max_request_pages=max(ids.shape[0] for ids, _ in per_req), requests=per_req)

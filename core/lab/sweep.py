@@ -6,7 +6,15 @@
     res.save("out/")             # results.csv + results.json
 
 `progress(done, total, row)` is called in the calling process after each finished point (the
-CLI feeds tqdm with it, the dashboard st.progress).
+CLI feeds tqdm with it, the dashboard st.progress); `point_progress(task, fraction)` a few times a
+second while a point is running (the workers report through a queue), so a long point is not silent.
+
+Ctrl-C (KeyboardInterrupt) stops the workers at once (they ignore SIGINT themselves, so only the
+calling process reports it) and propagates; nothing is written.
+
+Capacities are parsed in one place, `parse_capacity` (tokens, pages), which `core.lab.units.parse_capacity`
+extends with bytes of a model's KV (80GiB), and rounded down to whole pages by `parse_capacities`, so two
+capacities in the same page count give one row.
 """
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ import json
 import math
 import os
 import re
+import signal
+import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -24,6 +34,7 @@ from core.eviction import POLICIES
 from core.lab.optimal import BoundResult, Bounds, capacity_pages
 from core.lab.pages import Overlap, PageTrace
 from core.lab.replay import ReplayResult, check_policy, replay
+from core.lab import units
 from core.lab.workloads import Workload
 
 Progress = Callable[[int, int, dict], None]
@@ -47,12 +58,16 @@ def parse_capacity(text: Union[str, int], page_size: int = 1) -> int:
     return tokens
 
 
-def parse_capacities(spec: Union[str, Iterable[Union[str, int]]], page_size: int = 1) -> list[int]:
-    """A comma-separated string or a list; sorted, duplicates dropped."""
+def parse_capacities(spec: Union[str, Iterable[Union[str, int]]], page_size: int = 1,
+                      kv: Optional[units.ModelKV] = None) -> list[int]:
+    """A comma-separated string or a list; each rounded down to whole pages (the pool's real size), sorted,
+    duplicates dropped (1000 and 1001 tokens in pages of 16 are the same 62-page pool: one row). With `kv`
+    (a model's KV bytes per token) items may be bytes too: see core.lab.units.parse_capacity."""
     items = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
     if not items:
         raise ValueError("give at least one capacity")
-    return sorted({parse_capacity(s, page_size) for s in items})
+    # units.parse_capacity reads bytes and hands tokens and pages back to parse_capacity above
+    return sorted({capacity_pages(units.parse_capacity(s, page_size, kv), page_size) * page_size for s in items})
 
 
 def parse_policies(spec: Union[str, Iterable[str]]) -> list[str]:
@@ -128,7 +143,20 @@ class SweepResult:
             out[name] = caps[0] if caps else None
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def capped_note(self) -> Optional[str]:
+        """The points whose pool the replay capped at what the workload can ever fill (`pool_pages`, see
+        core.lab.replay), in one sentence; None when there are none."""
+        capped = sorted({(p.capacity_pages, p.pool_pages) for p in self.points if p.pool_pages < p.capacity_pages})
+        if not capped:
+            return None
+        need = capped[0][1]
+        return (f"{', '.join(f'{c:,}' for c, _ in capped)} pages exceed the {need:,} pages this workload can ever "
+                f"fill; those points were replayed with {need:,} pages (no policy evicts there, so the numbers are "
+                f"those of any larger pool)")
+
+    def to_json(self, target: float = 0.9) -> dict[str, Any]:
+        """Everything, with the smallest swept capacity reaching `target` of the infinite-capacity rate."""
+        target = check_target(target)
         return {
             "workload": self.workload, "page_size": self.page_size, "overlap": self.overlap,
             "capacities": self.capacities, "policies": self.policies, "seconds": self.seconds,
@@ -136,17 +164,42 @@ class SweepResult:
             "infinite": self.infinite.to_dict(),
             "optimal": [b.to_dict() for b in self.optimal],
             "points": [p.to_dict() for p in self.points],
-            "capacity_for_90pct_of_infinite": self.capacity_to_reach(0.9),
+            "target_fraction_of_infinite": target,
+            "capacity_to_reach_target": self.capacity_to_reach(target),
         }
 
-    def save(self, out_dir: Union[str, os.PathLike]) -> dict[str, Path]:
+    def save(self, out_dir: Union[str, os.PathLike], target: float = 0.9) -> dict[str, Path]:
         """Write results.csv (the table) and results.json (everything) into `out_dir`."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        out = prepare_out_dir(out_dir)
         paths = {"csv": out / "results.csv", "json": out / "results.json"}
         self.table().to_csv(paths["csv"], index=False)
-        paths["json"].write_text(json.dumps(self.to_json(), indent=2, default=_json_default))
+        paths["json"].write_text(json.dumps(self.to_json(target), indent=2, default=_json_default))
         return paths
+
+
+def check_target(target: float) -> float:
+    """A fraction of the infinite-capacity rate: a number in (0, 1]."""
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target) \
+            or not 0 < target <= 1:
+        raise ValueError(f"target must be a fraction of the infinite-capacity hit rate in (0, 1], such as 0.9; "
+                         f"got {target!r}")
+    return float(target)
+
+
+def prepare_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
+    """Create `out_dir` and prove it writable now, before any work is done (a sweep must not be lost)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {os.fspath(out)!r} is a file; give a directory to write results.csv, "
+                         f"results.json and chart.html into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write_test_"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write results into {os.fspath(out)!r}: {e.strerror or e}; "
+                         f"give a directory you can write to") from None
+    return out
 
 
 def _json_default(o: Any) -> Any:
@@ -157,20 +210,31 @@ def _json_default(o: Any) -> Any:
 
 # ----- workers -----------------------------------------------------------------------------------
 _W: dict[str, Any] = {}
+PointProgress = Callable[[dict, float], None]
 
 
-def _init_worker(workload: Workload, page_size: int, overlap: Optional[Overlap], trace: Optional[PageTrace]) -> None:
+def _init_worker(workload: Workload, page_size: int, overlap: Optional[Overlap], trace: Optional[PageTrace],
+                 level: str = "auto", queue=None) -> None:
     import torch
     torch.set_num_threads(1)
-    _W.update(workload=workload, page_size=page_size, overlap=overlap, trace=trace, bounds=None)
+    if queue is not None:   # a pool worker: Ctrl-C is the parent's to handle (it terminates us)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _W.update(workload=workload, page_size=page_size, overlap=overlap, trace=trace, bounds=None, queue=queue,
+              level=level)
 
 
-def _task(kind: str, capacity: int, policy: Optional[str]):
+def _task(kind: str, capacity: int, policy: Optional[str], report: Optional[PointProgress] = None):
     if kind == OPTIMAL:
         if _W["bounds"] is None:
             _W["bounds"] = Bounds(_W["workload"], _W["page_size"], _W["overlap"], trace=_W["trace"])
         return _W["bounds"].optimal(capacity)
-    return replay(_W["workload"], capacity, policy, _W["page_size"], _W["overlap"])
+    task = {"policy": policy, "capacity_tokens": capacity}
+    queue = _W.get("queue")
+    if report is None and queue is not None:
+        report = lambda t, f: queue.put((t["policy"], t["capacity_tokens"], f))  # noqa: E731
+    progress = None if report is None else (lambda done, total: report(task, done / total if total else 1.0))
+    return replay(_W["workload"], capacity, policy, _W["page_size"], _W["overlap"], progress=progress,
+                  trace=_W["trace"], level=_W["level"])
 
 
 def _row(res: Union[ReplayResult, BoundResult]) -> dict:
@@ -181,11 +245,13 @@ def _row(res: Union[ReplayResult, BoundResult]) -> dict:
 
 def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policies: Sequence[str] = ("lru",),
               page_size: int = 1, overlap: Optional[Overlap] = None, workers: int = 2, with_optimal: bool = True,
-              progress: Optional[Progress] = None, mp_context: Optional[str] = None) -> SweepResult:
+              progress: Optional[Progress] = None, mp_context: Optional[str] = None,
+              point_progress: Optional[PointProgress] = None, level: str = "auto") -> SweepResult:
     """Replay every (capacity, policy) point, plus the optimum at each capacity and the infinite rate.
 
     capacities are tokens (or strings such as '3M', '6000p', see parse_capacity), rounded down to
     whole pages. workers <= 1 runs everything in this process; otherwise a ProcessPoolExecutor.
+    level: the replay's ("auto", "page" or "token"; see core.lab.replay: the same numbers either way).
     """
     t0 = time.perf_counter()
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
@@ -209,23 +275,16 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
             progress(len(results), total, _row(res))
 
     if workers <= 1 or total == 1:
-        _init_worker(workload, page_size, overlap, bounds.trace)
+        _init_worker(workload, page_size, overlap, bounds.trace, level)
         _W["bounds"] = bounds
         try:
             for t in tasks:
-                done(_task(*t))
+                done(_task(*t, report=point_progress))
         finally:
             _W.clear()
     else:
-        import multiprocessing as mp
-        ctx = mp.get_context(mp_context) if mp_context else None
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(workload, page_size, overlap, bounds.trace)) as pool:
-            pending = {pool.submit(_task, *t) for t in tasks}
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    done(f.result())
+        _run_pool(tasks, workers, mp_context, (workload, page_size, overlap, bounds.trace, level), done,
+                  point_progress)
     points = sorted((r for r in results if isinstance(r, ReplayResult)),
                     key=lambda r: (pols.index(r.policy), r.capacity_tokens))
     optimal = sorted((r for r in results if isinstance(r, BoundResult)), key=lambda b: b.capacity_tokens)
@@ -233,3 +292,47 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
                        overlap=None if overlap is None else asdict(overlap), capacities=caps, policies=pols,
                        points=points, infinite=bounds.infinite(), optimal=optimal,
                        distinct_pages=bounds.distinct_pages, seconds=time.perf_counter() - t0)
+
+
+def _run_pool(tasks: list, workers: int, mp_context: Optional[str], initargs: tuple, done: Callable,
+              point_progress: Optional[PointProgress]) -> None:
+    """The tasks in a process pool; running points report through a queue. On any exit but success
+    (Ctrl-C included) the workers are terminated at once instead of finishing their points."""
+    import multiprocessing as mp
+    import queue as queue_mod
+    ctx = mp.get_context(mp_context) if mp_context else mp.get_context()
+    q = ctx.Queue()
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                               initargs=(*initargs, q))
+    ok = False
+    try:
+        def drain(timeout: float) -> None:
+            while True:
+                try:
+                    policy, capacity, fraction = q.get(timeout=timeout) if timeout else q.get_nowait()
+                except queue_mod.Empty:
+                    return
+                if point_progress is not None:
+                    point_progress({"policy": policy, "capacity_tokens": capacity}, fraction)
+
+        pending = {pool.submit(_task, *t) for t in tasks}
+        while pending:
+            finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            drain(0)
+            for f in finished:
+                done(f.result())
+        drain(0.05)     # a worker's last reports can trail its result
+        ok = True
+    finally:
+        if ok:
+            pool.shutdown(wait=True)
+        else:
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(timeout=5)
+        q.close()
+        q.join_thread()

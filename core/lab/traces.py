@@ -11,32 +11,88 @@ Plain JSONL lines, one request each, any of:
 with optional "output_ids" (or "output" text), "output_len" / "output_length", "timestamp", "extra_key".
 Texts need a `tokenizer(text) -> list[int]` passed in: the lab never loads a model itself.
 
-Malformed lines raise ValueError naming the file and line number; with on_error="skip" they are
-skipped and counted in `Workload.skipped_lines` instead.
+Malformed lines (bad JSON, bad fields, bytes that are not UTF-8) raise ValueError naming the file and
+line number; with on_error="skip" they are skipped and counted in `Workload.skipped_lines` instead.
+A file starting with the gzip magic is read through gzip, whatever its name (the bundled trace is
+data/mooncake/synthetic_trace.jsonl.gz).
+
+Hash ids are renumbered densely at load (first appearance = 0, 1, 2, ...): traces keyed by 64-bit
+content hashes would otherwise collide with the ids the replay gives outputs, wrap in int64 or not
+fit it at all. Equal ids stay equal and different ids stay different, so every hit rate is unchanged.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
-from typing import Any, Callable, Iterator, Optional, Union
+import zlib
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
 
 from core.lab.workloads import Request, Workload
 
 MOONCAKE_BLOCK = 512
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Shipped with the project (Apache-2.0, see data/mooncake/README.md): the lab page, the tests and the benchmarks read it.
+MOONCAKE_SYNTHETIC = os.path.join(ROOT, "data", "mooncake", "synthetic_trace.jsonl.gz")
 Tokenizer = Callable[[str], list]
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def _lines(path: PathLike) -> Iterator[tuple[int, str]]:
+# A line longer than this is not a trace line (a binary file, /dev/zero): stop instead of running out of memory.
+MAX_LINE_BYTES = 64 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _open(path: PathLike) -> tuple[BinaryIO, BinaryIO]:
+    """(stream, file): the file as bytes, gunzipped on the fly when it starts with the gzip magic (any name)."""
     try:
-        f = open(path, "r", encoding="utf-8")
+        f = open(path, "rb")
     except OSError as e:
         raise ValueError(f"cannot read trace {os.fspath(path)!r}: {e.strerror or e}") from None
-    with f:
-        for lineno, line in enumerate(f, 1):
+    try:
+        if f.peek(2)[:2] == GZIP_MAGIC:
+            return gzip.GzipFile(fileobj=f, mode="rb"), f   # closing the GzipFile leaves f open
+    except OSError as e:
+        f.close()
+        raise ValueError(f"cannot read trace {os.fspath(path)!r}: {e.strerror or e}") from None
+    return f, f
+
+
+def _lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw bytes) of every non-blank line. Decoding is the caller's, so a bad byte is a
+    malformed line like any other (named, skippable); a runaway line is an error that cannot be skipped."""
+    name = os.fspath(path)
+    f, raw = _open(path)
+    try:
+        lineno = 0
+        while True:
+            try:
+                line = f.readline(MAX_LINE_BYTES + 1)
+            except (OSError, EOFError, zlib.error) as e:
+                raise ValueError(f"cannot read trace {name!r} after line {lineno}: {e}") from None
+            if not line:
+                return
+            lineno += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise ValueError(f"{name}, line {lineno}: longer than {MAX_LINE_BYTES >> 20} MiB without a line "
+                                 f"break; this is not a JSONL trace (one JSON request per line)")
             if line.strip():
                 yield lineno, line
+    finally:
+        f.close()
+        raw.close()
+
+
+def _decode(line: bytes) -> Any:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg})") from None
 
 
 def _int(obj: dict, name: str, minimum: int, required: bool = True) -> Optional[int]:
@@ -68,21 +124,25 @@ def _int_list(v: Any, name: str, allow_empty: bool = False) -> list:
     return v
 
 
+def check_limit(limit: Optional[int]) -> Optional[int]:
+    """`limit` requests to read: None (all) or a positive integer."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive number of requests (or None for all), got {limit!r}")
+    return limit
+
+
 def _parse(path: PathLike, on_error: str, parse_line: Callable[[Any], Request], kind: str,
            limit: Optional[int]) -> tuple[list[Request], int]:
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    check_limit(limit)
     reqs: list[Request] = []
     skipped = 0
     for lineno, line in _lines(path):
         if limit is not None and len(reqs) >= limit:
             break
         try:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"not valid JSON ({e.msg})") from None
-            reqs.append(parse_line(obj))
+            reqs.append(parse_line(_decode(line)))
         except ValueError as e:
             if on_error == "skip":
                 skipped += 1
@@ -97,7 +157,10 @@ def _parse(path: PathLike, on_error: str, parse_line: Callable[[Any], Request], 
 
 def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] = None,
                   block_size: int = MOONCAKE_BLOCK) -> Workload:
-    """Read a Mooncake JSONL trace into a block-trace workload (hash id h -> ids h*512 .. h*512+511)."""
+    """Read a Mooncake JSONL trace into a block-trace workload (hash id h -> ids h*512 .. h*512+511).
+
+    Hash ids are renumbered densely in order of first appearance (see the module docstring)."""
+    dense: dict[int, int] = {}
 
     def parse(obj: Any) -> Request:
         if not isinstance(obj, dict):
@@ -114,6 +177,7 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
         if len(ids) != want:
             raise ValueError(f"input_length {n_in} needs ceil({n_in}/{block_size}) = {want} hash_ids, "
                              f"the line has {len(ids)}")
+        ids = [dense.setdefault(h, len(dense)) for h in ids]
         return Request(None, n_out, ts, hash_ids=ids, input_len=n_in, block_size=block_size)
 
     reqs, skipped = _parse(path, on_error, parse, "Mooncake", limit)
@@ -168,19 +232,28 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
     return Workload(os.path.basename(os.fspath(path)), reqs, {"format": "jsonl"}, skipped)
 
 
+DETECT_LINES = 100
+
+
+def detect_format(path: PathLike) -> str:
+    """"mooncake" when the first line that parses as JSON (of the first DETECT_LINES) has hash_ids, else
+    "jsonl". A malformed first line does not decide: the loader then reports or skips it as usual."""
+    for k, (_, line) in enumerate(_lines(path)):
+        if k >= DETECT_LINES:
+            break
+        try:
+            first = _decode(line)
+        except ValueError:
+            continue
+        return "mooncake" if isinstance(first, dict) and "hash_ids" in first else "jsonl"
+    return "jsonl"
+
+
 def load_trace(path: PathLike, fmt: str = "auto", tokenizer: Optional[Tokenizer] = None,
                on_error: str = "raise", limit: Optional[int] = None) -> Workload:
-    """Read a trace; fmt "auto" picks Mooncake when the first line has hash_ids, else plain JSONL."""
+    """Read a trace; fmt "auto" picks Mooncake when the first valid line has hash_ids, else plain JSONL."""
     if fmt == "auto":
-        fmt = "jsonl"
-        for _, line in _lines(path):
-            try:
-                first = json.loads(line)
-            except json.JSONDecodeError:
-                first = None
-            if isinstance(first, dict) and "hash_ids" in first:
-                fmt = "mooncake"
-            break
+        fmt = detect_format(path)
     if fmt == "mooncake":
         return load_mooncake(path, on_error, limit)
     if fmt == "jsonl":

@@ -8,6 +8,11 @@ prompt can contain them; otherwise each request gets fresh ids that occur nowher
 Block traces (Mooncake) do not carry tokens, only one hash id per 512-token block; a request
 built with `hash_ids` expands block h to the ids h*block_size .. h*block_size+block_size-1
 on demand, so a 61M-token trace costs only its hash ids in memory.
+
+Id spaces: token ids must be below OUTPUT_ID_BASE (2^50), where the fresh output ids start. Hash ids
+may be anything that fits int64 (the loader renumbers traces densely first); a `Workload` renumbers
+its block requests' hash ids densely when the largest would expand past MAX_EXPANDED_HASH, so
+h*block_size can neither reach the output ids nor wrap.
 """
 from __future__ import annotations
 
@@ -19,6 +24,22 @@ import numpy as np
 # Fresh output ids live far above any vocabulary and any expanded block id, one range per request.
 OUTPUT_ID_BASE = 1 << 50
 OUTPUT_ID_STRIDE = 1 << 24
+MAX_EXPANDED_HASH = 1 << 32   # hash ids at or above this (times a block size up to 2^18) are renumbered
+
+
+def _id_array(ids: Any, what: str, below: Optional[int] = None) -> np.ndarray:
+    """Ids as a 1-D int64 array; a ValueError (not numpy's OverflowError) for ids out of range."""
+    try:
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+    except (OverflowError, TypeError, ValueError):
+        raise ValueError(f"{what} must be integers below 2^63; load traces with load_mooncake, which "
+                         f"renumbers hash ids of any size") from None
+    if arr.size and int(arr.min()) < 0:
+        raise ValueError(f"{what} must be non-negative, found {int(arr.min())}")
+    if below is not None and arr.size and int(arr.max()) >= below:
+        raise ValueError(f"{what}: id {int(arr.max())} is too large (token ids are vocabulary indices, "
+                         f"below 2^{below.bit_length() - 1})")
+    return arr
 
 
 class Request:
@@ -34,7 +55,9 @@ class Request:
         if (prompt is None) == (hash_ids is None):
             raise ValueError("a Request needs exactly one of prompt (token ids) or hash_ids (block trace)")
         if hash_ids is not None:
-            self.hash_ids = np.asarray(hash_ids, dtype=np.int64).reshape(-1)
+            self.hash_ids = _id_array(hash_ids, "hash_ids")
+            if isinstance(block_size, bool) or int(block_size) != block_size or not 1 <= block_size <= 1 << 18:
+                raise ValueError(f"block_size must be an integer from 1 to 2^18, got {block_size!r}")
             self.block_size = int(block_size)
             full = self.hash_ids.shape[0] * self.block_size
             self.prompt_len = full if input_len is None else int(input_len)
@@ -43,13 +66,13 @@ class Request:
                                  f"{self.block_size} tokens (expected {full - self.block_size + 1}..{full})")
             self._prompt = None
         else:
-            self._prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
+            self._prompt = _id_array(prompt, "prompt token ids", OUTPUT_ID_BASE)
             self.hash_ids = None
             self.block_size = 0
             self.prompt_len = int(self._prompt.shape[0])
             if self.prompt_len == 0:
                 raise ValueError("a Request needs a non-empty prompt")
-        self._output = None if output is None else np.asarray(output, dtype=np.int64).reshape(-1)
+        self._output = None if output is None else _id_array(output, "output token ids", OUTPUT_ID_BASE)
         if self._output is not None:
             output_len = int(self._output.shape[0])
         if isinstance(output_len, bool) or int(output_len) != output_len or output_len < 0:
@@ -116,6 +139,7 @@ class Workload:
             raise ValueError(f"workload {self.name!r} has no requests")
         for i, r in enumerate(self.requests):
             r.rid = i   # fresh output ids are keyed by position, so they never collide
+        _renumber_hash_ids(self.requests)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -141,6 +165,21 @@ class Workload:
         return {"name": self.name, "requests": len(self), "prompt_tokens": self.prompt_tokens,
                 "output_tokens": sum(r.output_len for r in self.requests),
                 "timestamps": self.has_timestamps, **self.params}
+
+
+def _renumber_hash_ids(reqs: list[Request]) -> None:
+    """Dense hash ids (sorted order) for the block requests, when any would expand past MAX_EXPANDED_HASH.
+    A bijection on the ids, so prefix sharing and every hit rate stay as they were; the Request objects get
+    new arrays (the caller's arrays are not written)."""
+    blocks = [r for r in reqs if r.hash_ids is not None]
+    if not blocks or max(int(r.hash_ids.max()) for r in blocks) < MAX_EXPANDED_HASH:
+        return
+    _, inverse = np.unique(np.concatenate([r.hash_ids for r in blocks]), return_inverse=True)
+    at = 0
+    for r in blocks:
+        n = r.hash_ids.shape[0]
+        r.hash_ids = inverse[at:at + n].astype(np.int64)
+        at += n
 
 
 def _copy(r: Request) -> Request:

@@ -10,8 +10,10 @@ from core.eviction import DESCRIPTIONS, POLICIES
 from core.lab.sweep import run_sweep
 from core.lab.traces import load_mooncake
 from core.lab.pages import Overlap
+from core.lab.units import add_bytes_columns, fmt_capacity
 from core.lab.workloads import GENERATORS
 from radixui import lab_inputs as li
+from radixui.lab_planner import host_section, size_section
 from radixui.lab_plot import hit_rate_figure
 from radixui.state import DEFAULT_MODEL, get_holder, get_runner
 
@@ -108,12 +110,21 @@ st.caption(f"**{workload.name}**: {len(workload):,} requests, {workload.prompt_t
 # ----- 2. the sweep -----------------------------------------------------------------------------
 c1, c2 = st.columns(2)
 c3, c4, c5, c6 = st.columns(4)
+c7, c8, _ = st.columns([2, 1, 1])
+model_name = c7.selectbox("Model (sizes the KV cache in bytes)", li.MODEL_CHOICES, key="cap_model",
+                          help="with a model, capacities may be given in GiB or GB and every table shows GiB; "
+                               "bytes per token from its published config.json (MLA models by their latent)")
+kv_dtype = c8.selectbox("KV dtype", li.KV_DTYPES, key="cap_kv_dtype", disabled=model_name == li.TOKENS_ONLY)
+kv = li.model_choice(model_name, kv_dtype)
+if kv is not None:
+    c7.caption(kv.describe())
 page_size = int(c3.number_input("Page size (tokens)", min_value=1, value=default_ps, step=1,
                                 key=f"cap_ps_{source_key}",
                                 help="the cache shares whole pages only; 512 makes block traces fast"))
 caps_text = c1.text_input("Pool capacities", value=default_caps or li.suggest_capacities(workload, page_size),
                           key=f"cap_caps_{source_key}",
-                          help="comma-separated: tokens (4096, 4k, 3M) or pages (6000p)")
+                          help="comma-separated: tokens (4096; 4k = 4,000 tokens, 3M = 3,000,000 tokens), pages "
+                               "(6000p), or with a model bytes of KV memory (20GiB, 40GB)")
 policies = c2.multiselect("Eviction policies", list(POLICIES), default=li.DEFAULT_POLICIES, key="cap_policies",
                           help="; ".join(f"**{p}**: {d}" for p, d in DESCRIPTIONS.items()))
 big = workload.prompt_tokens > 1_000_000
@@ -131,11 +142,11 @@ ms_out = c6.number_input("ms per output token", min_value=0.0, value=20.0, step=
 run = st.button("Run the sweep", type="primary", key="cap_run")
 
 signature = (source_key, json.dumps(workload.summary(), default=str), caps_text, tuple(policies), page_size,
-             overlap_on, ms_out)
+             overlap_on, ms_out, model_name, kv_dtype)
+overlap = Overlap(ms_per_output_token=ms_out) if overlap_on else None
 if run:
     try:
-        caps, pols = li.parse_sweep_inputs(caps_text, policies, page_size)
-        overlap = Overlap(ms_per_output_token=ms_out) if overlap_on else None
+        caps, pols = li.parse_sweep_inputs(caps_text, policies, page_size, kv)
         bar = st.progress(0.0, text="Replaying...")
 
         def progress(done: int, total: int, row: dict) -> None:
@@ -163,20 +174,27 @@ m[0].metric("Infinite-capacity hit rate", f"{inf:.1%}", help="every prompt token
 m[1].metric("Distinct pages", f"{res.distinct_pages:,}", help=f"pages of {res.page_size} tokens the workload touches")
 m[2].metric("Points replayed", f"{len(res.points) + len(res.optimal):,}")
 m[3].metric("Sweep time", f"{res.seconds:.1f} s")
-st.plotly_chart(hit_rate_figure(res), width="stretch", key="cap_chart")
+if res.capped_note():
+    st.info(f"Note: {res.capped_note()}.")
+st.plotly_chart(hit_rate_figure(res, kv=kv), width="stretch", key="cap_chart")
 
-st.markdown(f"**Smallest swept capacity reaching 90 % of the infinite-capacity hit rate** ({0.9 * inf:.1%})")
-reach = [{"policy": p, "capacity_tokens": c, "capacity_pages": None if c is None else c // res.page_size,
+st.markdown(f"**Smallest swept capacity reaching 90 % of the infinite-capacity hit rate** ({0.9 * inf:.1%}); "
+            "the search below finds it between the swept points")
+reach = [{"policy": p, "capacity": "not at the swept capacities" if c is None else fmt_capacity(c, res.page_size, kv),
+          "capacity_tokens": c, "capacity_pages": None if c is None else c // res.page_size,
+          **({"capacity_gib": None if c is None else kv.gib(c)} if kv else {}),
           "reached": "yes" if c is not None else "no: not at the swept capacities"}
          for p, c in res.capacity_to_reach(0.9).items()]
 st.dataframe(reach, hide_index=True, key="cap_reach",
-             column_config={"capacity_tokens": INT, "capacity_pages": INT})
+             column_config={"capacity_tokens": INT, "capacity_pages": INT,
+                            "capacity_gib": st.column_config.NumberColumn(format="%.3f GiB")})
 
-table = res.table()
+table = add_bytes_columns(res.table(), kv)
 st.markdown("**Every point** (the optimum's rows are the offline bound at each capacity)")
 st.dataframe(table, hide_index=True, width="stretch", key="cap_table",
              column_config={**{c: INT for c in ("capacity_tokens", "capacity_pages", "hit_tokens", "tokens_saved",
-                                                "prompt_tokens", "evicted_tokens")},
+                                                "prompt_tokens", "evicted_tokens", "capacity_bytes")},
+                            "capacity_gib": st.column_config.NumberColumn(format="%.3f GiB"),
                             "hit_rate": PCT, "optimal_hit_rate": PCT, "gap_to_optimal": PCT,
                             "fraction_of_infinite": PCT, "seconds": st.column_config.NumberColumn(format="%.2f")})
 d1, d2, _ = st.columns([1, 1, 4])
@@ -184,7 +202,14 @@ d1.download_button("Download CSV", table.to_csv(index=False), "capacity_lab.csv"
 d2.download_button("Download JSON", json.dumps(res.to_json(), indent=2, default=lambda o: o.item()), "capacity_lab.json",
                    "application/json", key="cap_json")
 
-# ----- 4. through the real model (off the main path: it loads the model) ------------------------
+# ----- 4. the planner: smallest pool by search, and a host tier ---------------------------------
+st.divider()
+res_overlap = Overlap(**res.overlap) if res.overlap else None     # as the sweep ran, not as the widgets say now
+size_section(workload, res.policies, res.page_size, res_overlap, kv, workers, signature)
+st.divider()
+host_section(workload, res, res_overlap, kv, signature)
+
+# ----- 5. through the real model (off the main path: it loads the model) ------------------------
 st.divider()
 st.subheader("Through the real model")
 st.caption("Runs the workload's prompts (token ids folded into the model's vocabulary) through the engine twice, "

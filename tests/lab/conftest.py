@@ -5,13 +5,15 @@ from pathlib import Path
 
 import pytest
 
-MOONCAKE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+from core.lab.traces import MOONCAKE_SYNTHETIC
+
+MOONCAKE = Path(MOONCAKE_SYNTHETIC)
 
 
 @pytest.fixture(scope="session")
 def mooncake_path() -> Path:
     if not MOONCAKE.exists():
-        pytest.fail(f"the Mooncake trace is missing at {MOONCAKE} (see ../shared/data/mooncake/README.md)")
+        pytest.fail(f"the Mooncake trace is missing at {MOONCAKE} (it ships with the project: data/mooncake/README.md)")
     return MOONCAKE
 
 

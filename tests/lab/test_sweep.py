@@ -79,13 +79,18 @@ def test_save_writes_csv_and_json(result, tmp_path):
     data = json.loads(paths["json"].read_text())
     assert data["infinite"]["hit_rate"] == result.infinite_hit_rate
     assert len(data["points"]) == 12 and len(data["optimal"]) == 4
-    assert data["capacity_for_90pct_of_infinite"] == result.capacity_to_reach(0.9)
+    assert data["target_fraction_of_infinite"] == 0.9
+    assert data["capacity_to_reach_target"] == result.capacity_to_reach(0.9)
+    data = json.loads(result.save(tmp_path / "out50", target=0.5)["json"].read_text())
+    assert data["target_fraction_of_infinite"] == 0.5
+    assert data["capacity_to_reach_target"] == result.capacity_to_reach(0.5) == {"lru": 288, "lfu": 288, "mru": 288, OPTIMAL: 144}
 
 
 def test_parsers():
     assert parse_capacity("3M") == 3_000_000 and parse_capacity("512k") == 512_000
     assert parse_capacity("6000p", 512) == 3_072_000 and parse_capacity(" 1.5k ") == 1500
     assert parse_capacities("4k, 1k,4k") == [1000, 4000]
+    assert parse_capacities("1000,1001,1007,1008", page_size=16) == [992, 1008]   # 62 pages twice: one row
     assert parse_policies("all") == ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
     assert parse_policies("lfu,lru,lfu") == ["lfu", "lru"]
 
@@ -101,3 +106,17 @@ def test_parsers():
 def test_bad_sweep_input(call, msg):
     with pytest.raises(ValueError, match=msg):
         call(few_shot(num_requests=3, examples_len=10, question_len=2))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_running_point_reports_its_progress(workers):
+    from core.lab.workloads import multi_turn_chat
+    w = multi_turn_chat(num_sessions=8, turns=4, system_prompt_len=64, user_len=8, output_len=16)
+    seen = []
+    res = run_sweep(w, [256, 1024], ["lru", "lfu"], workers=workers, with_optimal=False,
+                    point_progress=lambda task, f: seen.append((task["policy"], task["capacity_tokens"], f)))
+    assert {(p, c) for p, c, _ in seen} == {(p.policy, p.capacity_tokens) for p in res.points}
+    for key in {(p, c) for p, c, _ in seen}:
+        fractions = [f for p, c, f in seen if (p, c) == key]
+        assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) >= 10
+        assert 0.0 <= fractions[0] < 0.1

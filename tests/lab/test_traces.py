@@ -106,3 +106,62 @@ def test_unknown_format_and_on_error(tmp_path):
         load_trace(p, fmt="csv")
     with pytest.raises(ValueError, match="on_error"):
         load_jsonl(p, on_error="ignore")
+
+
+# 64-bit content hashes: 2^41 * 512 = 2^50 is where the replay's fresh output ids start, 2^55 * 512 wraps int64
+# onto 5 * 512, and 2^64 - 1 does not fit int64 at all. Renumbered densely at load, none of them collides.
+BIG = [5, 1 << 41, (1 << 55) + 5, (1 << 64) - 1, (1 << 63) + 9]
+
+
+def hashed_trace(ids):
+    return [{"timestamp": 0, "input_length": 512, "output_length": 600, "hash_ids": [ids[0]]},  # outputs 2^50..
+            {"timestamp": 1, "input_length": 1024, "output_length": 2, "hash_ids": [ids[0], ids[1]]},
+            {"timestamp": 2, "input_length": 512, "output_length": 2, "hash_ids": [ids[2]]},
+            {"timestamp": 3, "input_length": 1024, "output_length": 2, "hash_ids": [ids[3], ids[4]]},
+            {"timestamp": 4, "input_length": 1024, "output_length": 2, "hash_ids": [ids[3], ids[4]]}]
+
+
+def test_64_bit_hash_ids_give_the_hit_rates_of_the_same_trace_renumbered(tmp_path):
+    from core.eviction import POLICIES
+    from core.lab.optimal import Bounds
+    from core.lab.replay import replay
+    big = load_mooncake(write(tmp_path, hashed_trace(BIG), "big.jsonl"))
+    small = load_mooncake(write(tmp_path, hashed_trace([0, 1, 2, 3, 4]), "small.jsonl"))
+    assert [r.hash_ids.tolist() for r in big.requests] == [[0], [0, 1], [2], [3, 4], [3, 4]]
+    # true answer: request 1 hits block 5 (512 tokens), request 4 hits both blocks of request 3 (1024)
+    for w in (big, small):
+        b = Bounds(w, 512)
+        assert b.infinite().hit_tokens == 1536 and b.optimal(3 * 512).hit_tokens == 1536
+        for policy in POLICIES:
+            for cap in (2, 4, 8):
+                assert replay(w, cap * 512, policy, 512).hit_tokens == replay(small, cap * 512, policy, 512).hit_tokens
+        assert replay(w, 8 * 512, "lru", 512).hit_tokens == 1536
+
+
+def test_block_requests_with_huge_hash_ids_are_renumbered_by_the_workload():
+    from core.lab.workloads import Request, Workload
+    w = Workload("x", [Request(hash_ids=[1 << 60, 3], input_len=1024), Request(hash_ids=[1 << 60], input_len=512)])
+    assert [r.hash_ids.tolist() for r in w.requests] == [[1, 0], [1]]
+    with pytest.raises(ValueError, match="below 2\\^63"):
+        Request(hash_ids=[1 << 64], input_len=512)
+    with pytest.raises(ValueError, match="too large"):
+        Request([1, 1 << 50])            # a token id in the output-id range
+
+
+def test_gzipped_trace_reads_like_the_plain_one(tmp_path):
+    import gzip
+    plain = write(tmp_path, [MC, {**MC, "hash_ids": [1, 3]}])
+    gz = tmp_path / "t.data"            # detected by the gzip magic, not the name
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    a, b = load_trace(plain), load_trace(gz)
+    assert b.params["format"] == "mooncake"
+    assert [r.hash_ids.tolist() for r in a.requests] == [r.hash_ids.tolist() for r in b.requests] == [[0, 1], [0, 2]]
+
+
+def test_bundled_trace_is_the_published_file(mooncake_path):
+    import gzip
+    import hashlib
+    assert mooncake_path.name == "synthetic_trace.jsonl.gz" and mooncake_path.parent.name == "mooncake"
+    digest = hashlib.sha256(gzip.decompress(mooncake_path.read_bytes())).hexdigest()
+    assert digest == "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"
+    assert "Apache License" in (mooncake_path.parent / "LICENSE").read_text()

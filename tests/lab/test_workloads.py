@@ -79,10 +79,16 @@ def test_block_request_expands_hash_ids_and_fresh_outputs():
 
 
 def test_timestamps_from_request_rate():
-    w = few_shot(num_requests=50, request_rate=10.0)
-    ts = [r.timestamp for r in w.requests]
-    assert ts[0] == 0.0 and all(b >= a for a, b in zip(ts, ts[1:])) and w.has_timestamps
-    assert 2000 < ts[-1] < 9000            # ~49 gaps of 100 ms on average
+    """Poisson arrivals at 10 requests/s: 4,000 gaps average 100 ms within 5% (the standard error is 1.6%) and
+    spread like an exponential (standard deviation = mean), not evenly; the first request arrives at 0."""
+    w = few_shot(num_requests=4001, examples_len=4, question_len=1, output_len=1, request_rate=10.0)
+    ts = np.array([r.timestamp for r in w.requests])
+    gaps = np.diff(ts)
+    assert ts[0] == 0.0 and (gaps >= 0).all() and w.has_timestamps
+    assert 95.0 < gaps.mean() < 105.0
+    assert 0.9 < gaps.std() / gaps.mean() < 1.1
+    assert abs(np.median(gaps) - 100.0 * np.log(2)) < 6.0     # exponential median: mean * ln 2
+    assert few_shot(num_requests=5).has_timestamps is False
 
 
 def test_concat_keeps_phases_in_order():
@@ -112,7 +118,24 @@ def test_bad_parameters_raise_value_error(call, msg):
 
 
 def test_every_generator_runs_with_defaults_listed():
+    """Each generator builds with exactly the defaults workload_params lists, to the request count and prompt
+    lengths its parameters imply."""
+    expect = {
+        "generated-shared-prefix": lambda p: (p["num_groups"] * p["prompts_per_group"],
+                                              {p["system_prompt_len"] + p["question_len"]}),
+        "multi-turn-chat": lambda p: (p["num_sessions"] * p["turns"],
+                                      {p["system_prompt_len"] + t * (p["user_len"] + p["output_len"]) + p["user_len"]
+                                       for t in range(p["turns"])}),
+        "few-shot": lambda p: (p["num_requests"], {p["examples_len"] + p["question_len"]}),
+        "tree-of-thought": lambda p: (p["num_problems"] * sum(p["branching"] ** k for k in range(p["depth"])),
+                                      {p["problem_len"] + p["step_len"] + k * (p["thought_len"] + p["step_len"])
+                                       for k in range(p["depth"])}),
+    }
+    assert set(expect) == set(GENERATORS)
     for name in GENERATORS:
-        assert "seed" in workload_params(name)
-    w = make_workload("tree-of-thought", num_problems=1, depth=2)
-    assert len(w) == 1 + 3
+        params = workload_params(name)
+        assert "seed" in params and params["request_rate"] is None
+        w = make_workload(name, **params)
+        n, lengths = expect[name](params)
+        assert len(w) == n and {r.prompt_len for r in w.requests} == lengths, name
+        assert all(w.params[k] == v for k, v in params.items() if k in w.params), name

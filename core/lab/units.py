@@ -1,0 +1,200 @@
+"""Model-aware units: a pool is sized in bytes of GPU memory, the cache counts tokens.
+
+A model's Hugging Face `config.json` fixes the KV bytes of one token:
+- multi-head / grouped-query attention (Llama, Qwen, SmolLM): K and V per layer,
+  2 x num_hidden_layers x num_key_value_heads x head_dim x dtype bytes
+  (head_dim = hidden_size / num_attention_heads when the config has none);
+- multi-head latent attention (DeepSeek-V2/V3, `kv_lora_rank` in the config): one compressed
+  latent plus the decoupled RoPE key per layer, as SGLang's MLATokenToKVPool and vLLM store it,
+  (kv_lora_rank + qk_rope_head_dim) x num_hidden_layers x dtype bytes.
+
+Capacities then read as `80GiB` / `80GB` (bytes -> whole tokens, rounded down) besides tokens
+(`3M` = 3,000,000 tokens, `512k` = 512,000 tokens, `1G` = 10^9 tokens) and pages (`6000p`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
+GIB = 1 << 30
+GB = 10 ** 9
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
+               "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+               "int8": 1}
+_BYTE_UNITS = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": GB, "tb": 10 ** 12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": GIB, "tib": 1 << 40}
+
+
+@dataclass(frozen=True)
+class ModelKV:
+    """What one token of KV cache costs for a model."""
+
+    name: str
+    num_layers: int
+    kv_heads: int            # MLA: 1 (one latent per token)
+    head_dim: int            # MLA: kv_lora_rank + qk_rope_head_dim
+    dtype: str
+    dtype_bytes: int
+    mla: bool = False
+
+    @property
+    def bytes_per_token(self) -> int:
+        per_layer = self.head_dim * self.dtype_bytes * (1 if self.mla else 2 * self.kv_heads)
+        return self.num_layers * per_layer
+
+    def tokens(self, num_bytes: float) -> int:
+        """Whole tokens that fit in `num_bytes`."""
+        return int(num_bytes // self.bytes_per_token)
+
+    def gib(self, tokens: int) -> float:
+        return tokens * self.bytes_per_token / GIB
+
+    def describe(self) -> str:
+        shape = (f"MLA latent {self.head_dim} x {self.num_layers} layers" if self.mla else
+                 f"2 x {self.num_layers} layers x {self.kv_heads} kv heads x {self.head_dim}")
+        return (f"{self.name}: {self.bytes_per_token:,} KV bytes per token ({shape} x {self.dtype_bytes} B "
+                f"{self.dtype}); 1 GiB = {self.tokens(GIB):,} tokens")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "num_layers": self.num_layers, "kv_heads": self.kv_heads,
+                "head_dim": self.head_dim, "dtype": self.dtype, "dtype_bytes": self.dtype_bytes, "mla": self.mla,
+                "bytes_per_token": self.bytes_per_token}
+
+
+def shipped_models() -> dict[str, Path]:
+    """The configs shipped in core/lab/model_configs, by file stem."""
+    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.json"))}
+
+
+def _positive_int(cfg: dict, key: str, where: str) -> int:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{where}: {key} must be a positive integer, got {v!r}")
+    return v
+
+
+def dtype_bytes(dtype: str) -> int:
+    d = str(dtype).lower().removeprefix("torch.")
+    if d not in DTYPE_BYTES:
+        raise ValueError(f"unknown KV dtype {dtype!r}; choose one of: {', '.join(sorted(DTYPE_BYTES))}")
+    return DTYPE_BYTES[d]
+
+
+def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> ModelKV:
+    """KV bytes per token from a config dict (see the module docstring); `kv_dtype` overrides the
+    config's torch_dtype (e.g. "fp8" for an FP8 KV cache, SGLang's --kv-cache-dtype fp8_e4m3)."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{name}: a model config must be a JSON object")
+    cfg = {**cfg.get("text_config", {}), **cfg} if isinstance(cfg.get("text_config"), dict) else cfg
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]
+    layers = _positive_int(cfg, "num_hidden_layers", name)
+    dtype = kv_dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    nbytes = dtype_bytes(dtype)
+    if cfg.get("kv_lora_rank"):
+        width = _positive_int(cfg, "kv_lora_rank", name) + _positive_int(cfg, "qk_rope_head_dim", name)
+        return ModelKV(name, layers, 1, width, str(dtype), nbytes, mla=True)
+    heads = _positive_int(cfg, "num_attention_heads", name)
+    kv_heads = _positive_int(cfg, "num_key_value_heads", name) if "num_key_value_heads" in cfg else heads
+    if cfg.get("head_dim"):
+        head_dim = _positive_int(cfg, "head_dim", name)
+    else:
+        hidden = _positive_int(cfg, "hidden_size", name)
+        if hidden % heads:
+            raise ValueError(f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                             f"add head_dim to the config")
+        head_dim = hidden // heads
+    return ModelKV(name, layers, kv_heads, head_dim, str(dtype), nbytes)
+
+
+def load_model_config(path_or_name: Union[str, os.PathLike], kv_dtype: Optional[str] = None) -> ModelKV:
+    """A config.json path, a folder holding one, or a shipped name (case-insensitive; "Llama-3.1-8B",
+    "meta-llama/Llama-3.1-8B" and "llama-3.1-8b" are the same)."""
+    text = os.fspath(path_or_name).strip()
+    p = Path(text).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if p.is_file():
+        try:
+            cfg = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read model config {text!r}: {e}") from None
+        name = cfg.get("_name_or_path") if isinstance(cfg, dict) else None
+        return model_kv(cfg, (name or p.parent.name or p.stem).split("/")[-1], kv_dtype)
+    shipped = shipped_models()
+    want = text.split("/")[-1].lower()
+    for stem, path in shipped.items():
+        if stem.lower() == want or stem.lower().removesuffix("-instruct") == want.removesuffix("-instruct"):
+            return model_kv(json.loads(path.read_text(encoding="utf-8")), stem, kv_dtype)
+    raise ValueError(f"no model config {text!r}: give a path to a config.json (or its folder) or one of the "
+                     f"shipped names: {', '.join(shipped)}")
+
+
+_CAP = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*")
+
+
+def _byte_unit(unit: str) -> Optional[int]:
+    """Bytes per unit for 'GiB', 'GB', 'B' ... (case-insensitive); None for token units (k, M, G) and pages."""
+    if unit == "B" or (len(unit) > 1 and unit.lower() in _BYTE_UNITS):
+        return _BYTE_UNITS[unit.lower()]
+    return None
+
+
+def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[ModelKV] = None) -> int:
+    """Tokens from '80GiB' / '40GB' (needs `kv`), '3M' (3,000,000 tokens), '512k', '6000p' (pages) or 3072000."""
+    from core.lab.sweep import parse_capacity as parse_tokens
+    if isinstance(text, str):
+        m = _CAP.fullmatch(text)
+        scale = _byte_unit(m.group(2)) if m else None
+        if scale is not None:
+            if kv is None:
+                raise ValueError(f"capacity {text!r} is in bytes: give a model (--model-config, e.g. llama-3.1-8b) "
+                                 f"so bytes can become tokens, or write tokens (3M) or pages (6000p)")
+            num = float(m.group(1))
+            if not math.isfinite(num):
+                raise ValueError(f"cannot read capacity {text!r}")
+            whole = kv.tokens(num * scale)
+            tokens = whole - whole % page_size
+            if tokens < page_size:
+                raise ValueError(f"capacity {text!r} holds {whole:,} tokens of "
+                                 f"{kv.name}, below one page of {page_size} tokens; give more")
+            return tokens
+    return parse_tokens(text, page_size)
+
+
+def fmt_tokens(n: int) -> str:
+    """3,072,000 -> '3.07M tokens (3,072,000)'; small counts plainly ('2,048 tokens')."""
+    if n >= 10_000:
+        for div, unit in ((10 ** 9, "G"), (10 ** 6, "M"), (10 ** 3, "k")):
+            if n >= div:
+                return f"{n / div:.3g}{unit} tokens ({n:,})"
+    return f"{n:,} tokens"
+
+
+def fmt_capacity(tokens: int, page_size: int = 1, kv: Optional[ModelKV] = None) -> str:
+    """'3.07M tokens (3,072,000) = 6,000 pages of 512 = 375.0 GiB of Llama-3.1-8B KV'."""
+    s = fmt_tokens(tokens)
+    if page_size > 1:
+        s += f" = {tokens // page_size:,} pages of {page_size}"
+    if kv is not None:
+        g = kv.gib(tokens)
+        s += f" = {g:,.2f} GiB of {kv.name} KV" if g >= 1 else f" = {g:.3g} GiB of {kv.name} KV"
+    return s
+
+
+def add_bytes_columns(df, kv: Optional[ModelKV]):
+    """The sweep table with capacity_bytes and capacity_gib next to capacity_tokens (a copy)."""
+    if kv is None:
+        return df
+    out = df.copy()
+    at = list(out.columns).index("capacity_tokens") + 1
+    out.insert(at, "capacity_gib", out["capacity_tokens"] * kv.bytes_per_token / GIB)
+    out.insert(at, "capacity_bytes", out["capacity_tokens"] * kv.bytes_per_token)
+    return out
