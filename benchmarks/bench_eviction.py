@@ -10,7 +10,7 @@ Parts (each optional):
   --flat      libcachesim's flat block caches (LRU, ARC, S3-FIFO, LHD, Belady...) on the same block
               trace: what the leaf-only rule and prefix closure cost, and where flat online policies land
 
-    .venv/bin/python benchmarks/bench_eviction.py --trace ../shared/data/mooncake/synthetic_trace.jsonl \
+    .venv/bin/python benchmarks/bench_eviction.py --trace data/mooncake/synthetic_trace.jsonl.gz \
         --halves --generated --flat
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ from core.lab.sweep import run_sweep                 # noqa: E402
 from core.lab.traces import load_mooncake            # noqa: E402
 from core.lab.units import fmt_capacity, load_model_config   # noqa: E402
 
-TRACE = ROOT / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+TRACE = ROOT / "data" / "mooncake" / "synthetic_trace.jsonl.gz"   # shipped with the project
 GRID = [1000, 2000, 4000, 6000, 12000, 24000, 36000]       # blocks, as a planner would sweep them
 
 

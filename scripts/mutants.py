@@ -69,9 +69,6 @@ def make_copy(dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(ROOT, dest, symlinks=True, ignore=lambda d, names: [n for n in names if n in SKIP])
-    shared = dest.parent / "shared"        # tests/lab/conftest.py reads <repo>/../shared
-    if not shared.exists():
-        shared.symlink_to((ROOT / ".." / "shared").resolve())
 
 
 def applies(m: Mutant, text: str) -> str:
