@@ -49,14 +49,9 @@ def _tokenizer(name: Optional[str]):
     return lambda text: tok(text, add_special_tokens=False)["input_ids"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_source(sw: argparse.ArgumentParser) -> None:
+    """Where the requests come from: a trace file or a generated workload (sweep and route share it)."""
     from core.lab.workloads import GENERATORS
-    ap = argparse.ArgumentParser(prog="python -m core.lab", description=(
-        "Capacity lab: replay a workload through the real RadixCache at several pool sizes and eviction "
-        "policies, next to the infinite-capacity rate and the offline optimum (Belady)."))
-    sub = ap.add_subparsers(dest="command", required=True)
-    sw = sub.add_parser("sweep", help="replay capacities x policies; write results.csv, results.json, chart.html",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = sw.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", metavar="PATH", help="a Mooncake JSONL trace or a plain JSONL of token ids / texts")
     src.add_argument("--workload", metavar="NAME", choices=list(GENERATORS),
@@ -69,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--skip-bad-lines", action="store_true",
                     help="skip malformed trace lines and count them instead of stopping at the first")
     sw.add_argument("--limit", type=int, help="read only the first N requests of the trace")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from core.lab.workloads import GENERATORS
+    ap = argparse.ArgumentParser(prog="python -m core.lab", description=(
+        "Capacity lab: replay a workload through the real RadixCache at several pool sizes and eviction "
+        "policies, next to the infinite-capacity rate and the offline optimum (Belady)."))
+    sub = ap.add_subparsers(dest="command", required=True)
+    sw = sub.add_parser("sweep", help="replay capacities x policies; write results.csv, results.json, chart.html",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_source(sw)
     sw.add_argument("--capacities", required=True,
                     help="comma-separated pool sizes: tokens (3072000, 3M, 512k) or pages (6000p)")
     sw.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, or 'all': {', '.join(POLICIES)}")
@@ -79,11 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --overlap: modeled decode time per output token")
     sw.add_argument("--ms-per-prompt-token", type=float, default=0.0, help="with --overlap: modeled prefill time")
     sw.add_argument("--workers", type=int, default=2, help="parallel processes (1 = in this process)")
+    sw.add_argument("--backend", default="local", choices=["local", "ray"],
+                    help="local processes, or one Ray task per point (a local Ray instance, or --address)")
+    sw.add_argument("--address", metavar="HOST:PORT", help="with --backend ray: the Ray cluster to join")
     sw.add_argument("--no-optimal", action="store_true", help="skip the offline optimum")
     sw.add_argument("--target", type=float, default=0.9,
                     help="report the smallest capacity reaching this fraction of the infinite-capacity rate")
     sw.add_argument("--out", metavar="DIR", help="write results.csv, results.json and chart.html here")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    from core.lab.route_cli import add_route_parser
+    add_route_parser(sub, _add_source)
     sub.add_parser("workloads", help="list the workload generators and their parameters")
     return ap
 
@@ -102,6 +113,8 @@ def _load(args) -> "Workload":  # noqa: F821
 def cmd_sweep(args) -> int:
     from core.lab.pages import Overlap
     from core.lab.sweep import parse_capacities, parse_policies, run_sweep
+    if args.address and args.backend != "ray":
+        raise ValueError("--address names a Ray cluster; add --backend ray")
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
     caps = parse_capacities(args.capacities, args.page_size)     # fail fast, before reading a trace
@@ -121,7 +134,8 @@ def cmd_sweep(args) -> int:
             bar.update(1)
             bar.set_postfix_str(f"{row['policy']}@{row['capacity_tokens']:,}: {row['hit_rate']:.1%}")
     try:
-        res = run_sweep(workload, caps, pols, args.page_size, overlap, args.workers, not args.no_optimal, progress)
+        res = run_sweep(workload, caps, pols, args.page_size, overlap, args.workers, not args.no_optimal, progress,
+                        backend=args.backend, ray_address=args.address)
     finally:
         if bar is not None:
             bar.close()
@@ -161,6 +175,9 @@ def cmd_workloads(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "route":
+            from core.lab.route_cli import cmd_route
+            return cmd_route(args, _load)
         return {"sweep": cmd_sweep, "workloads": cmd_workloads}[args.command](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
