@@ -6,8 +6,14 @@ A router never asks a replica what it holds. `sglang-router`'s `cache_aware` pol
     if the loads are imbalanced ((max - min) > balance_abs_threshold and
                                  max > balance_rel_threshold * min):  send to the least loaded
     else: match the prompt against the tree; if matched / prompt > cache_threshold, send it to
-          the worker holding that match, else to the worker with the smallest tree;
+          the worker holding that match, else to the least loaded worker (the first one in the
+          router's worker list among equals: sglang-router 0.3, read in its source and seen
+          running it), or, in older sglang-router releases, to the worker with the smallest tree;
     then insert the prompt into the tree under the chosen worker.
+
+A load is the number of requests in flight at that worker. Without timestamps every request
+ends before the next arrives, so every load is 0 and a miss always goes to the first worker:
+with sequential traffic sglang-router 0.3 sends all of it to one replica.
 
 So routing is a function of the request sequence alone (and of the loads, which depend only on
 timestamps and modeled durations), not of what the caches really kept. `route` computes the
@@ -37,6 +43,7 @@ DESCRIPTIONS = {
     "prefix_hash": "the first prefix_tokens tokens hashed to a replica (session/prefix affinity)",
     "least_load": "the replica with the fewest requests in flight (ties: fewest routed so far)",
 }
+MISS_POLICIES = ("min_load", "smallest_tree")
 _P = np.uint64(0x9E3779B97F4A7C15)          # odd: invertible mod 2**64
 _P_INV = np.uint64(pow(int(_P), -1, 1 << 64))
 
@@ -49,6 +56,7 @@ class RouterConfig:
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
     prefix_tokens: int = 256            # prefix_hash: how much of the prompt picks the replica
+    miss_policy: str = "min_load"       # cache_aware below the threshold: "min_load" or "smallest_tree"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.cache_threshold, (int, float)) and 0 <= self.cache_threshold <= 1):
@@ -60,6 +68,8 @@ class RouterConfig:
             raise ValueError(f"balance_rel_threshold must be >= 1, got {self.balance_rel_threshold!r}")
         if isinstance(self.prefix_tokens, bool) or not isinstance(self.prefix_tokens, int) or self.prefix_tokens < 1:
             raise ValueError(f"prefix_tokens must be an integer >= 1, got {self.prefix_tokens!r}")
+        if self.miss_policy not in MISS_POLICIES:
+            raise ValueError(f"miss_policy must be one of {', '.join(MISS_POLICIES)}, got {self.miss_policy!r}")
 
 
 def check_routing(policy: str) -> str:
@@ -166,7 +176,8 @@ def route(workload: Workload, replicas: int, policy: str = "cache_aware", config
     for i, r in enumerate(reqs):
         load = np.bincount(np.asarray(out, dtype=np.int64)[flight[i]], minlength=replicas) if out else \
             np.zeros(replicas, dtype=np.int64)
-        least = int(np.lexsort((np.arange(replicas), routed, load))[0])
+        first_free = int(np.argmin(load))                                   # the router's min_by_key
+        least = int(np.lexsort((np.arange(replicas), routed, load))[0])     # ties: fewest routed so far
         if policy == "round_robin":
             w = i % replicas
         elif policy == "least_load":
@@ -178,11 +189,14 @@ def route(workload: Workload, replicas: int, policy: str = "cache_aware", config
             k = keys[i] if keys is not None else prefix_keys(_units(r)[0])
             hi, lo = int(load.max()), int(load.min())
             if hi - lo > config.balance_abs_threshold and hi > lo * config.balance_rel_threshold:
-                w = least
+                w = first_free
             else:
                 matched, owner = tree.prefix_match(k)
                 rate = matched / len(k) if k else 0.0
-                w = owner if owner is not None and rate > config.cache_threshold else tree.smallest_worker()
+                if owner is not None and rate > config.cache_threshold:
+                    w = owner
+                else:
+                    w = first_free if config.miss_policy == "min_load" else tree.smallest_worker()
             tree.insert(k, w)
         out.append(w)
         routed[w] += 1

@@ -50,18 +50,22 @@ def test_prefix_keys_name_prefixes():
 def test_round_robin_alternates_and_cache_aware_keeps_groups_together():
     w = groups_workload("AABBAB")
     assert route(w, 2, "round_robin") == [0, 1, 0, 1, 0, 1]
-    # A1 -> smallest (0, tie by index); A2 matches 100/110 > 0.3 -> 0; B1 matches 0 -> smallest (1); ...
-    assert route(w, 2, "cache_aware") == [0, 0, 1, 1, 0, 1]
+    # sglang-router 0.3: a miss goes to the least loaded worker, the first of equals; one request at
+    # a time leaves every load 0, so every miss goes to worker 0 and every hit follows it
+    assert route(w, 2, "cache_aware") == [0, 0, 0, 0, 0, 0]
+    # older releases: A1 -> smallest tree (0, tie by index); A2 matches 100/110 > 0.3 -> 0;
+    # B1 matches 0 -> smallest tree (1); B2 -> 1; A3 -> 0; B3 -> 1
+    assert route(w, 2, "cache_aware", RouterConfig(miss_policy="smallest_tree")) == [0, 0, 1, 1, 0, 1]
     assert route(w, 3, "least_load") == [0, 1, 2, 0, 1, 2]
 
 
 def test_hit_totals_of_each_routing_by_hand():
     """Infinite capacity, page 1, one output token (nothing but the prompt is cached):
     round robin puts A1,B1,A3 on replica 0 and A2,B2,B3 on 1: A3 and B3 hit 100 each.
-    cache_aware keeps each group on one replica: A2, A3, B2, B3 hit 100 each."""
+    cache_aware (smallest-tree misses) keeps each group on one replica: A2, A3, B2, B3 hit 100 each."""
     w = groups_workload("AABBAB")
     rr = replay_routed(w, 10_000, 2, "round_robin")
-    ca = replay_routed(w, 10_000, 2, "cache_aware")
+    ca = replay_routed(w, 10_000, 2, "cache_aware", config=RouterConfig(miss_policy="smallest_tree"))
     assert [r.hit_tokens for r in rr.per_replica] == [100, 100] and rr.hit_tokens == 200
     assert [r.hit_tokens for r in ca.per_replica] == [200, 200] and ca.hit_tokens == 400
     assert ca.requests_per_replica() == [3, 3] and ca.prompt_tokens == 6 * 110
@@ -77,11 +81,18 @@ def test_one_replica_is_the_single_cache_replay():
 
 def test_below_the_cache_threshold_a_prompt_goes_to_the_smallest_tree():
     """A prompt sharing 20 of its 110 tokens (18 %) with replica 0 is sent to the empty replica 1
-    at the default threshold 0.3, and follows the match at threshold 0.1."""
+    at the default threshold 0.3 (smallest-tree misses), and follows the match at threshold 0.1."""
     shared = list(range(20))
     w = Workload("t", [Request(shared + list(range(100, 190)), 1), Request(shared + list(range(200, 290)), 1)])
-    assert route(w, 2, "cache_aware") == [0, 1]
-    assert route(w, 2, "cache_aware", RouterConfig(cache_threshold=0.1)) == [0, 0]
+    assert route(w, 2, "cache_aware", RouterConfig(miss_policy="smallest_tree")) == [0, 1]
+    assert route(w, 2, "cache_aware", RouterConfig(cache_threshold=0.1, miss_policy="smallest_tree")) == [0, 0]
+
+
+def test_a_miss_goes_to_the_least_loaded_worker():
+    """With overlap, request 1 arrives while request 0 (another group) still runs on worker 0:
+    its miss goes to worker 1; request 2 (group of 0) follows the match despite the load."""
+    reqs = [Request(SYS_A + q(0), 100, 0.0), Request(SYS_B + q(1), 100, 1.0), Request(SYS_A + q(2), 100, 2.0)]
+    assert route(Workload("t", reqs), 2, "cache_aware", overlap=Overlap()) == [0, 1, 0]
 
 
 def test_imbalance_sends_to_the_least_loaded():
@@ -108,7 +119,10 @@ def test_prefix_hash_is_stable_and_by_prefix():
 def test_route_texts_matches_characters():
     w = Workload("t", [Request([1], 1), Request([2], 1), Request([3], 1)])
     texts = ["You are a helpful assistant. Q: one", "Something else entirely", "You are a helpful assistant. Q: two"]
-    assert route_texts(w, texts, 2) == [0, 1, 0]
+    assert route_texts(w, texts, 2, config=RouterConfig(miss_policy="smallest_tree")) == [0, 1, 0]
+    # 'Q: two' shares 32 of 35 characters (0.91) with the first: below 0.95 it goes to the smaller tree
+    assert route_texts(w, texts, 2, config=RouterConfig(cache_threshold=0.95, miss_policy="smallest_tree")) \
+        == [0, 1, 1]
 
 
 def test_split_keeps_arrival_order_and_outputs():
@@ -119,7 +133,7 @@ def test_split_keeps_arrival_order_and_outputs():
 
 
 @pytest.mark.parametrize("bad", [dict(cache_threshold=1.5), dict(balance_abs_threshold=-1),
-                                 dict(balance_rel_threshold=0.5), dict(prefix_tokens=0)])
+                                 dict(balance_rel_threshold=0.5), dict(prefix_tokens=0), dict(miss_policy="x")])
 def test_bad_router_config_says_what_to_change(bad):
     with pytest.raises(ValueError, match=list(bad)[0]):
         RouterConfig(**bad)
