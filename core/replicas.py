@@ -4,7 +4,7 @@
 
 starts `python -m core.server` on ports 30001..3000N (every argument after `--` goes to each
 server), waits until each answers /health, then starts `sglang_router.launch_router` on port
-30000 with those workers. Ctrl-C (or SIGTERM) stops the router first, then the servers, and
+30000 with those workers, its Prometheus metrics on port 3000N+1 (same host). Ctrl-C (or SIGTERM) stops the router first, then the servers, and
 exits 130; if any process dies on its own, the others are stopped too and the exit code says so.
 """
 from __future__ import annotations
@@ -70,6 +70,25 @@ def wait_healthy(url: str, sup: Supervisor, timeout: float) -> None:
     raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
 
 
+def wait_registered(router: str, n: int, sup: Supervisor, timeout: float) -> None:
+    """The router answers /health before its workers are registered: wait until it lists n healthy."""
+    import json
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        died = sup.dead()
+        if died:
+            raise RuntimeError(f"{died[0]} exited with status {died[1]} before it was ready")
+        try:
+            with urllib.request.urlopen(router + "/workers", timeout=2) as r:
+                listed = json.loads(r.read()).get("workers", [])
+            if sum(bool(w.get("is_healthy")) for w in listed) >= n:
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the router at {router} did not register {n} healthy worker(s) within {timeout:.0f} s")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m core.replicas", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -80,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cache-threshold", type=float, help="router: match ratio to follow (its default 0.3)")
     ap.add_argument("--balance-abs-threshold", type=int, help="router: load difference that switches to least-loaded")
     ap.add_argument("--balance-rel-threshold", type=float, help="router: load ratio that also must be exceeded")
+    ap.add_argument("--router-metrics-port", type=int, help="the router's /metrics port (default: after the servers')")
     ap.add_argument("--log-dir", help="write server-N.log and router.log here instead of the terminal")
     ap.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each process")
     ap.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: arguments for every core.server")
@@ -87,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def router_argv(args, workers: Sequence[str]) -> list[str]:
+    metrics_port = args.router_metrics_port or args.port + args.replicas + 1
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
-            "--policy", args.policy, "--worker-urls", *workers]
+            "--policy", args.policy, "--prometheus-host", args.host, "--prometheus-port", str(metrics_port),
+            "--worker-urls", *workers]
     for flag in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold"):
         if getattr(args, flag) is not None:
             argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -101,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.replicas < 1:
         print(f"error: --replicas must be at least 1, got {args.replicas}", file=sys.stderr)
         return 2
-    if not 0 < args.port < 65536 - args.replicas:
+    if not 0 < args.port < 65535 - args.replicas:
         print(f"error: --port {args.port} leaves no room for {args.replicas} server ports above it", file=sys.stderr)
         return 2
     if any(a in ("--port", "--host") or a.startswith(("--port=", "--host=")) for a in extra):
@@ -127,6 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             wait_healthy(url + "/health", sup, args.ready_timeout)
         sup.start("router", router_argv(args, workers), log("router"))
         wait_healthy(f"http://{args.host}:{args.port}/health", sup, args.ready_timeout)
+        wait_registered(f"http://{args.host}:{args.port}", args.replicas, sup, args.ready_timeout)
         print(f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{args.host}:{args.port}/v1")
         print(f"dashboard on every replica: RADIX_ENGINE_URL={','.join(workers)} make run")
         sys.stdout.flush()
