@@ -45,6 +45,8 @@ def add_route_parser(sub: Any, add_source) -> None:
     rp.add_argument("--balance-rel-threshold", type=float, default=d.balance_rel_threshold,
                     help="cache_aware: load ratio that also must be exceeded")
     rp.add_argument("--prefix-tokens", type=int, default=d.prefix_tokens, help="prefix_hash: tokens hashed")
+    rp.add_argument("--concurrency", type=int,
+                    help="loads of a closed-loop client with this many workers (the c-1 requests before each are in flight)")
     rp.add_argument("--overlap", action="store_true",
                     help="overlap requests by timestamp (loads for the balance thresholds and least_load)")
     rp.add_argument("--ms-per-output-token", type=float, default=20.0, help="with --overlap: modeled decode time")
@@ -55,7 +57,7 @@ def cmd_route(args, load_workload) -> int:
     from core.lab.optimal import Bounds
     from core.lab.pages import Overlap
     from core.lab.replay import replay
-    from core.lab.routing import ROUTING_POLICIES, RouterConfig, check_routing, replay_routed
+    from core.lab.routing import ROUTING_POLICIES, RouterConfig, check_routing, replay_routed, route
     from core.lab.sweep import parse_capacity
     if isinstance(args.page_size, bool) or args.page_size < 1:
         raise ValueError(f"--page-size must be a positive integer, got {args.page_size}")
@@ -82,7 +84,8 @@ def cmd_route(args, load_workload) -> int:
         one = replay(workload, cap * n, args.policy, args.page_size, overlap).hit_rate
         opt = bounds.optimal(cap * n).hit_rate
         for routing in routings:
-            res = replay_routed(workload, cap, n, routing, args.policy, args.page_size, overlap, config)
+            assign = route(workload, n, routing, config, overlap, concurrency=args.concurrency)
+            res = replay_routed(workload, cap, n, routing, args.policy, args.page_size, overlap, config, assign)
             d = res.to_dict()
             d.update(single_cache_hit_rate=one, single_cache_optimum=opt, infinite_hit_rate=inf)
             rows.append(d)

@@ -142,9 +142,15 @@ def _units(r: Request) -> tuple[np.ndarray, int]:
     return r.prompt_ids(), 1
 
 
-def _in_flight(workload: Workload, overlap: Optional[Overlap]) -> list[np.ndarray]:
-    """Per request: the indices of earlier requests still running when it arrives (none without overlap)."""
+def _in_flight(workload: Workload, overlap: Optional[Overlap], concurrency: Optional[int]) -> list[np.ndarray]:
+    """Per request: the indices of earlier requests still running when it arrives.
+
+    With `concurrency` c (a closed-loop client of c workers, as a load generator runs), the c-1
+    requests before it are in flight; with `overlap`, those whose modeled duration covers its
+    timestamp; with neither, none: each request ends before the next one arrives."""
     n = len(workload)
+    if concurrency is not None:
+        return [np.arange(max(0, i - concurrency + 1), i, dtype=np.int64) for i in range(n)]
     if overlap is None:
         return [np.empty(0, dtype=np.int64)] * n
     starts = np.array([r.timestamp for r in workload.requests], dtype=np.float64)
@@ -160,16 +166,21 @@ def _hash_worker(units: np.ndarray, weight: int, prefix_tokens: int, workers: in
 
 def route(workload: Workload, replicas: int, policy: str = "cache_aware", config: RouterConfig = RouterConfig(),
           overlap: Optional[Overlap] = None, keys: Optional[list[list[int]]] = None,
-          weights: Optional[list[int]] = None) -> list[int]:
-    """The replica each request goes to, in arrival order. `keys`/`weights` override what the
-    cache_aware tree matches by (route_texts passes character keys)."""
+          concurrency: Optional[int] = None) -> list[int]:
+    """The replica each request goes to, in arrival order. `keys` override what the cache_aware
+    tree matches by (route_texts passes character keys); loads come from `concurrency` or `overlap`."""
     check_routing(policy)
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                    or concurrency < 1):
+        raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+    if concurrency is not None and overlap is not None:
+        raise ValueError("give concurrency (a closed-loop client) or overlap (timestamps), not both")
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     if overlap is not None and not workload.has_timestamps:
         raise ValueError("routing with overlap needs a timestamp on every request")
     reqs = workload.requests
-    flight = _in_flight(workload, overlap)
+    flight = _in_flight(workload, overlap, concurrency)
     out: list[int] = []
     routed = np.zeros(replicas, dtype=np.int64)
     tree = ApproxTree(replicas) if policy == "cache_aware" else None
@@ -204,13 +215,14 @@ def route(workload: Workload, replicas: int, policy: str = "cache_aware", config
 
 
 def route_texts(workload: Workload, texts: Sequence[str], replicas: int, policy: str = "cache_aware",
-                config: RouterConfig = RouterConfig(), overlap: Optional[Overlap] = None) -> list[int]:
+                config: RouterConfig = RouterConfig(), overlap: Optional[Overlap] = None,
+                concurrency: Optional[int] = None) -> list[int]:
     """`route` with the cache_aware tree keyed by characters of each request's text, as the HTTP
     router does (`/v1/completions` routes by its prompt string)."""
     if len(texts) != len(workload):
         raise ValueError(f"{len(texts)} texts for {len(workload)} requests")
     keys = [prefix_keys(np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)) for t in texts]
-    return route(workload, replicas, policy, config, overlap, keys=keys)
+    return route(workload, replicas, policy, config, overlap, keys=keys, concurrency=concurrency)
 
 
 @dataclass

@@ -109,6 +109,16 @@ def test_imbalance_sends_to_the_least_loaded():
     assert route(w, 2, "least_load") == [0, 1, 0, 1]
 
 
+def test_closed_loop_concurrency_spreads_misses():
+    """Concurrency 2: each request arrives while the one before it runs. A1 -> 0; B1 (miss, loads
+    1/0) -> 1; A2 follows A1 -> 0; B2 follows B1 -> 1. One at a time, every miss goes to 0."""
+    w = groups_workload("ABAB")
+    assert route(w, 2, "cache_aware", concurrency=2) == [0, 1, 0, 1]
+    assert route(w, 2, "cache_aware", concurrency=1) == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="not both"):
+        route(w, 2, "cache_aware", overlap=Overlap(), concurrency=2)
+
+
 def test_prefix_hash_is_stable_and_by_prefix():
     w = groups_workload("ABABAB")
     a = route(w, 4, "prefix_hash", RouterConfig(prefix_tokens=100))
