@@ -18,7 +18,6 @@ from core.lab.pages import Overlap
 from core.lab.replay import replay
 from core.lab.routing import DESCRIPTIONS, ROUTING_POLICIES, RouterConfig, replay_routed, route
 from core.lab.workloads import Workload
-from radixui.lab_plot import policy_style
 
 DASHES = {"round_robin": "dot", "cache_aware": "solid", "prefix_hash": "dash", "least_load": "dashdot"}
 
