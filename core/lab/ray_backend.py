@@ -15,11 +15,12 @@ _EXCLUDES = [".git", ".venv", "**/__pycache__", ".pytest_cache", ".hypothesis", 
 _SEEN: dict[str, Any] = {}
 
 
-def _point(init_args: tuple, key: str, task: tuple):
+def _point(init_args: tuple, key: str, task: tuple, queue=None):
     from core.lab import sweep
     if _SEEN.get("key") != key:
         sweep._init_worker(*init_args)
         _SEEN["key"] = key
+    sweep._W["queue"] = queue          # a ray.util.queue.Queue: the point's progress goes to the driver
     return sweep._task(*task)
 
 
@@ -30,8 +31,10 @@ def _runtime_env(address: Optional[str]) -> dict:
 
 
 def run_on_ray(tasks: Sequence[tuple], init_args: tuple, done: Callable[[Any], None],
-               address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
-    """Run every task, calling `done(result)` in this process as each finishes (progress order).
+               address: Optional[str] = None, num_cpus: Optional[int] = None,
+               point_progress: Optional[Callable[[dict, float], None]] = None) -> None:
+    """Run every task, calling `done(result)` in this process as each finishes (progress order),
+    and `point_progress(task, fraction)` as running points report, as the local pool does.
 
     Ctrl-C cancels what is still queued or running and shuts a private instance down."""
     try:
@@ -51,13 +54,25 @@ def run_on_ray(tasks: Sequence[tuple], init_args: tuple, done: Callable[[Any], N
         started = True
     pending: list = []
     try:
+        from ray.util.queue import Empty, Queue
+        queue = Queue() if point_progress is not None else None
+
+        def drain() -> None:
+            while queue is not None:
+                try:
+                    policy, capacity, fraction = queue.get_nowait()
+                except Empty:
+                    return
+                point_progress({"policy": policy, "capacity_tokens": capacity}, fraction)
         ref = ray.put(init_args)
         point = ray.remote(num_cpus=1)(_point)
-        pending = [point.remote(ref, ref.hex(), t) for t in tasks]
+        pending = [point.remote(ref, ref.hex(), t, queue) for t in tasks]
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=0.25)
+            drain()
             for r in ready:
                 done(ray.get(r))
+        drain()
     except BaseException:
         for p in pending:
             ray.cancel(p, force=True)

@@ -16,13 +16,15 @@ def small() -> "object":
 def test_a_ray_sweep_gives_exactly_the_local_results():
     w = small()
     local = run_sweep(w, [600, 1200, 2400], ["lru", "fifo"], workers=1)
-    seen = []
+    seen, inside = [], []
     on_ray = run_sweep(w, [600, 1200, 2400], ["lru", "fifo"], workers=2, backend="ray",
-                       progress=lambda done, total, row: seen.append((done, total)))
+                       progress=lambda done, total, row: seen.append((done, total)),
+                       point_progress=lambda task, fraction: inside.append((task["policy"], fraction)))
     cols = [c for c in local.table().columns if c != "seconds"]
     assert on_ray.table()[cols].equals(local.table()[cols])
     assert on_ray.infinite.hit_tokens == local.infinite.hit_tokens
     assert seen == [(i, 9) for i in range(1, 10)]          # 6 replays + 3 optimum points, each reported once
+    assert {p for p, _ in inside} == {"lru", "fifo"} and all(0 <= f <= 1 for _, f in inside)
 
 
 def test_bad_backend_and_stray_address_are_one_line_errors(capsys):
