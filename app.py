@@ -16,6 +16,7 @@ pages = [
     st.Page("radixui/pages/live.py", title="Live", icon=":material/account_tree:", default=True),
     st.Page("radixui/pages/walkthrough.py", title="Walkthrough", icon=":material/menu_book:"),
     st.Page("radixui/pages/capacity.py", title="Capacity lab", icon=":material/monitoring:"),
+    st.Page("radixui/pages/replicas.py", title="Replicas", icon=":material/lan:"),
     st.Page("radixui/pages/kv_events.py", title="KV events", icon=":material/podcasts:"),
 ]
 st.navigation(pages).run()

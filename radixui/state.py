@@ -94,12 +94,27 @@ def with_changes(config: EngineConfig, **changes) -> EngineConfig:
 ENGINE_URL_ENV = "RADIX_ENGINE_URL"
 
 
+def engine_urls() -> list[str]:
+    """$RADIX_ENGINE_URL as a list: one server, or several replicas separated by commas."""
+    return [u.strip() for u in os.environ.get(ENGINE_URL_ENV, "").split(",") if u.strip()]
+
+
 @st.cache_resource
 def get_client():
-    """The engine the pages talk to: a server at $RADIX_ENGINE_URL (HTTP), else one in this process."""
+    """The engine the pages talk to: the (first) server in $RADIX_ENGINE_URL (HTTP), else one in this process."""
     from radixui.client import InProcessClient
-    url = os.environ.get(ENGINE_URL_ENV, "").strip()
-    if url:
+    urls = engine_urls()
+    if urls:
         from radixui.http_client import HttpClient  # the server's client (core.server)
-        return HttpClient(url, api_key=os.environ.get("RADIX_API_KEY") or None)
+        return HttpClient(urls[0], api_key=os.environ.get("RADIX_API_KEY") or None)
     return InProcessClient(get_holder())
+
+
+@st.cache_resource
+def get_clients() -> list:
+    """One client per replica in $RADIX_ENGINE_URL (the Replicas page); the Live page's engine otherwise."""
+    urls = engine_urls()
+    if len(urls) <= 1:
+        return [get_client()]
+    from radixui.http_client import HttpClient
+    return [get_client()] + [HttpClient(u, api_key=os.environ.get("RADIX_API_KEY") or None) for u in urls[1:]]

@@ -60,26 +60,15 @@ def _tokenizer(name: Optional[str]):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from core.lab.plan_cli import CAPACITY_HELP, add_host_flags, add_size_parser, add_unit_flags
-    from core.lab.workloads import GENERATORS
+    from core.lab.plan_cli import CAPACITY_HELP, add_host_flags, add_size_parser, add_source, add_unit_flags
+    from core.lab.route_cli import add_route_parser
     ap = argparse.ArgumentParser(prog="python -m core.lab", description=(
         "Capacity lab: replay a workload through the real RadixCache at several pool sizes and eviction "
         "policies, next to the infinite-capacity rate and the offline optimum (Belady)."))
     sub = ap.add_subparsers(dest="command", required=True)
     sw = sub.add_parser("sweep", help="replay capacities x policies; write results.csv, results.json, chart.html",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    src = sw.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", metavar="PATH", help="a Mooncake JSONL trace or a plain JSONL of token ids / texts")
-    src.add_argument("--workload", metavar="NAME", choices=list(GENERATORS),
-                     help=f"a generated workload: {', '.join(GENERATORS)} (parameters: python -m core.lab workloads)")
-    sw.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                    help="a generator parameter, repeatable (e.g. -p num_groups=16 -p order=grouped)")
-    sw.add_argument("--format", default="auto", choices=["auto", "mooncake", "jsonl"], help="trace format")
-    sw.add_argument("--tokenizer", metavar="NAME_OR_PATH",
-                    help="Hugging Face tokenizer for text traces (only the tokenizer is loaded)")
-    sw.add_argument("--skip-bad-lines", action="store_true",
-                    help="skip malformed trace lines and count them instead of stopping at the first")
-    sw.add_argument("--limit", type=int, help="read only the first N requests of the trace")
+    add_source(sw)
     sw.add_argument("--capacities", required=True, help=CAPACITY_HELP)
     sw.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, or 'all': {', '.join(POLICIES)}")
     sw.add_argument("--page-size", type=int, default=None,
@@ -90,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --overlap: modeled decode time per output token")
     sw.add_argument("--ms-per-prompt-token", type=float, default=0.0, help="with --overlap: modeled prefill time")
     sw.add_argument("--workers", type=int, default=2, help="parallel processes (1 = in this process)")
+    sw.add_argument("--backend", default="local", choices=["local", "ray"],
+                    help="local processes, or one Ray task per point (a private local Ray instance, or --address)")
+    sw.add_argument("--address", metavar="HOST:PORT", help="with --backend ray: the Ray cluster to join")
     sw.add_argument("--no-optimal", action="store_true", help="skip the offline optimum")
     sw.add_argument("--target", type=float, default=0.9,
                     help="report the smallest capacity reaching this fraction of the infinite-capacity rate")
@@ -98,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_unit_flags(sw)
     add_host_flags(sw)
     add_size_parser(sub)
+    add_route_parser(sub, add_source)
     sub.add_parser("workloads", help="list the workload generators and their parameters")
     return ap
 
@@ -162,6 +155,8 @@ def cmd_sweep(args) -> int:
     from core.lab.pages import Overlap
     from core.lab import plan_cli
     from core.lab.sweep import parse_capacities, parse_policies, run_sweep
+    if args.address and args.backend != "ray":
+        raise ValueError("--address names a Ray cluster; add --backend ray")
     kv = _check_args(args)                              # fail fast, before reading a trace
     workload = _load(args)
     page_size = _page_size(args, workload)
@@ -195,7 +190,7 @@ def cmd_sweep(args) -> int:
             show()
     try:
         res = run_sweep(workload, caps, pols, page_size, overlap, args.workers, not args.no_optimal, progress,
-                        point_progress=point_progress)
+                        point_progress=point_progress, backend=args.backend, ray_address=args.address)
     finally:
         if bar is not None:
             bar.close()
@@ -230,6 +225,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "size":
             from core.lab.plan_cli import cmd_size
             return cmd_size(args, _load, _page_size)
+        if args.command == "route":
+            from core.lab.route_cli import cmd_route
+            return cmd_route(args, _load, _page_size)
         return {"sweep": cmd_sweep, "workloads": cmd_workloads}[args.command](args)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

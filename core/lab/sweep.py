@@ -39,6 +39,7 @@ from core.lab.workloads import Workload
 
 Progress = Callable[[int, int, dict], None]
 OPTIMAL = "optimal"
+BACKENDS = ("local", "ray")
 
 
 def parse_capacity(text: Union[str, int], page_size: int = 1) -> int:
@@ -246,14 +247,19 @@ def _row(res: Union[ReplayResult, BoundResult]) -> dict:
 def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policies: Sequence[str] = ("lru",),
               page_size: int = 1, overlap: Optional[Overlap] = None, workers: int = 2, with_optimal: bool = True,
               progress: Optional[Progress] = None, mp_context: Optional[str] = None,
-              point_progress: Optional[PointProgress] = None, level: str = "auto") -> SweepResult:
+              point_progress: Optional[PointProgress] = None, level: str = "auto",
+              backend: str = "local", ray_address: Optional[str] = None) -> SweepResult:
     """Replay every (capacity, policy) point, plus the optimum at each capacity and the infinite rate.
 
     capacities are tokens (or strings such as '3M', '6000p', see parse_capacity), rounded down to
     whole pages. workers <= 1 runs everything in this process; otherwise a ProcessPoolExecutor.
     level: the replay's ("auto", "page" or "token"; see core.lab.replay: the same numbers either way).
+    backend="ray" runs each point as a Ray task instead (on the cluster at `ray_address`, or a
+    private local instance of `workers` CPUs); the points, their progress and results are the same.
     """
     t0 = time.perf_counter()
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
     caps = parse_capacities(capacities, page_size)
@@ -274,7 +280,11 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         if progress is not None:
             progress(len(results), total, _row(res))
 
-    if workers <= 1 or total == 1:
+    if backend == "ray":
+        from core.lab.ray_backend import run_on_ray
+        run_on_ray(tasks, (workload, page_size, overlap, bounds.trace, level), done, ray_address,
+                   num_cpus=max(1, workers), point_progress=point_progress)
+    elif workers <= 1 or total == 1:
         _init_worker(workload, page_size, overlap, bounds.trace, level)
         _W["bounds"] = bounds
         try:

@@ -1,0 +1,101 @@
+"""`python -m core.lab route`: hit rate vs replicas x routing policy, next to one cache's optimum.
+
+Every row routes the workload over N replicas of `--capacity` each (see core/lab/routing.py),
+replays each replica's share through the real RadixCache, and reports the total and
+per-replica hit rates and how evenly the prompt tokens spread. The reference rows are one
+cache holding all N replicas' capacity: its `--policy` replay and its offline optimum, the best
+any routing and eviction could do with that much memory in one place.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from core.eviction import POLICIES
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        vals = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise ValueError(f"{name} takes comma-separated integers, got {text!r}") from None
+    if not vals or vals[0] < 1:
+        raise ValueError(f"{name} needs integers >= 1, got {text!r}")
+    return vals
+
+
+def add_route_parser(sub: Any, add_source) -> None:
+    """Register the `route` subcommand; `add_source(parser)` adds the shared --trace/--workload flags."""
+    from core.lab.routing import ROUTING_POLICIES, RouterConfig
+    d = RouterConfig()
+    rp = sub.add_parser("route", help="hit rate vs replicas x routing policy (a model of sglang-router)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_source(rp)
+    rp.add_argument("--capacity", required=True, help="KV capacity of EACH replica: tokens (200000, 200k) or pages (400p)")
+    rp.add_argument("--replicas", default="1,2,4", help="comma-separated replica counts")
+    rp.add_argument("--routing", default="round_robin,cache_aware",
+                    help=f"comma-separated routing policies, or 'all': {', '.join(ROUTING_POLICIES)}")
+    rp.add_argument("--policy", default="lru", choices=list(POLICIES), help="eviction policy inside each replica")
+    rp.add_argument("--page-size", type=int, default=None,
+                    help="tokens per page; default: the block size of a block trace (512 for Mooncake), else 1")
+    rp.add_argument("--cache-threshold", type=float, default=d.cache_threshold, help="cache_aware: match ratio to follow")
+    rp.add_argument("--balance-abs-threshold", type=int, default=d.balance_abs_threshold,
+                    help="cache_aware: load difference (requests in flight) that switches to least-loaded")
+    rp.add_argument("--balance-rel-threshold", type=float, default=d.balance_rel_threshold,
+                    help="cache_aware: load ratio that also must be exceeded")
+    rp.add_argument("--prefix-tokens", type=int, default=d.prefix_tokens, help="prefix_hash: tokens hashed")
+    rp.add_argument("--concurrency", type=int,
+                    help="loads of a closed-loop client with this many workers (the c-1 requests before each are in flight)")
+    rp.add_argument("--overlap", action="store_true",
+                    help="overlap requests by timestamp (loads for the balance thresholds and least_load)")
+    rp.add_argument("--ms-per-output-token", type=float, default=20.0, help="with --overlap: modeled decode time")
+    rp.add_argument("--out", metavar="DIR", help="write route.json here")
+
+
+def cmd_route(args, load_workload, page_size_of) -> int:
+    from core.lab.optimal import Bounds
+    from core.lab.pages import Overlap
+    from core.lab.replay import replay
+    from core.lab.routing import ROUTING_POLICIES, RouterConfig, check_routing, replay_routed, route
+    from core.lab.sweep import parse_capacity
+    if args.page_size is not None and args.page_size < 1:
+        raise ValueError(f"--page-size must be a positive integer, got {args.page_size}")
+    counts = _ints(args.replicas, "--replicas")
+    routings = list(ROUTING_POLICIES) if args.routing.strip() == "all" else \
+        [check_routing(s.strip()) for s in args.routing.split(",") if s.strip()]
+    if not routings:
+        raise ValueError(f"--routing needs at least one of: {', '.join(ROUTING_POLICIES)}")
+    config = RouterConfig(args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold,
+                          args.prefix_tokens)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)   # an unwritable --out fails before the work
+    workload = load_workload(args)
+    page_size = page_size_of(args, workload)
+    cap = parse_capacity(args.capacity, page_size)
+    overlap = Overlap(args.ms_per_output_token) if args.overlap else None
+    bounds = Bounds(workload, page_size, overlap)
+    inf = bounds.infinite().hit_rate
+    print(f"workload {workload.name}: {len(workload):,} requests, {workload.prompt_tokens:,} prompt tokens; "
+          f"{cap:,} tokens per replica, eviction {args.policy}, page {page_size}; infinite cache {inf:.4f}")
+    print(f"{'replicas':>8} {'routing':>12} {'hit rate':>9} {'one cache':>9} {'optimum':>8}  "
+          f"{'per replica':<28} {'requests':<18} imbalance")
+    rows = []
+    for n in counts:
+        one = replay(workload, cap * n, args.policy, page_size, overlap).hit_rate
+        opt = bounds.optimal(cap * n).hit_rate
+        for routing in routings:
+            assign = route(workload, n, routing, config, overlap, concurrency=args.concurrency)
+            res = replay_routed(workload, cap, n, routing, args.policy, page_size, overlap, config, assign)
+            d = res.to_dict()
+            d.update(single_cache_hit_rate=one, single_cache_optimum=opt, infinite_hit_rate=inf)
+            rows.append(d)
+            per = " ".join(f"{h:.3f}" for h in d["hit_rate_per_replica"])
+            print(f"{n:>8} {routing:>12} {res.hit_rate:>9.4f} {one:>9.4f} {opt:>8.4f}  {per:<28} "
+                  f"{' '.join(map(str, d['requests_per_replica'])):<18} {d['load_imbalance']:.2f}")
+    if args.out:
+        path = Path(args.out) / "route.json"
+        path.write_text(json.dumps({"workload": workload.summary(), "rows": rows}, indent=2))
+        print(f"wrote {path}")
+    return 0

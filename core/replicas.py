@@ -1,0 +1,177 @@
+"""`python -m core.replicas`: N engine servers behind SGLang's own router, one OpenAI endpoint.
+
+    python -m core.replicas --replicas 2 --policy cache_aware --port 30000 -- --pool-slots 4096
+
+starts `python -m core.server` on ports 30001..3000N (every argument after `--` goes to each
+server), waits until each answers /health, then starts `sglang_router.launch_router` on port
+30000 with those workers, its Prometheus metrics on port 3000N+1 (same host). Ctrl-C (or SIGTERM) stops the router first, then the servers, and
+exits 130; if any process dies on its own, the others are stopped too and the exit code says so.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Optional, Sequence
+
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+
+
+class Supervisor:
+    """Child processes started in their own sessions, stopped together in reverse order."""
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], log: Optional[str]) -> subprocess.Popen:
+        out = open(log, "w") if log else None
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        self.procs.append((name, p))
+        return p
+
+    def dead(self) -> Optional[tuple[str, int]]:
+        for name, p in self.procs:
+            if p.poll() is not None:
+                return name, p.returncode
+        return None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        for _, p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGINT)
+        deadline = time.monotonic() + timeout
+        for _, p in reversed(self.procs):
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def wait_healthy(url: str, sup: Supervisor, timeout: float) -> None:
+    """Poll GET url until 200; a child that exits meanwhile ends the wait with its name."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        died = sup.dead()
+        if died:
+            raise RuntimeError(f"{died[0]} exited with status {died[1]} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def wait_registered(router: str, n: int, sup: Supervisor, timeout: float) -> None:
+    """The router answers /health before its workers are registered: wait until it lists n healthy."""
+    import json
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        died = sup.dead()
+        if died:
+            raise RuntimeError(f"{died[0]} exited with status {died[1]} before it was ready")
+        try:
+            with urllib.request.urlopen(router + "/workers", timeout=2) as r:
+                listed = json.loads(r.read()).get("workers", [])
+            if sum(bool(w.get("is_healthy")) for w in listed) >= n:
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the router at {router} did not register {n} healthy worker(s) within {timeout:.0f} s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m core.replicas", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--replicas", type=int, default=2, help="engine servers to start")
+    ap.add_argument("--policy", default="cache_aware", choices=ROUTER_POLICIES, help="the router's policy")
+    ap.add_argument("--host", default="127.0.0.1", help="address the router and the servers listen on")
+    ap.add_argument("--port", type=int, default=30000, help="the router's port; servers take the next N ports")
+    ap.add_argument("--cache-threshold", type=float, help="router: match ratio to follow (its default 0.3)")
+    ap.add_argument("--balance-abs-threshold", type=int, help="router: load difference that switches to least-loaded")
+    ap.add_argument("--balance-rel-threshold", type=float, help="router: load ratio that also must be exceeded")
+    ap.add_argument("--router-metrics-port", type=int, help="the router's /metrics port (default: after the servers')")
+    ap.add_argument("--log-dir", help="write server-N.log and router.log here instead of the terminal")
+    ap.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each process")
+    ap.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: arguments for every core.server")
+    return ap
+
+
+def router_argv(args, workers: Sequence[str]) -> list[str]:
+    metrics_port = args.router_metrics_port or args.port + args.replicas + 1
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
+            "--policy", args.policy, "--prometheus-host", args.host, "--prometheus-port", str(metrics_port),
+            "--worker-urls", *workers]
+    for flag in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold"):
+        if getattr(args, flag) is not None:
+            argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    return argv
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    extra = args.server_args[1:] if args.server_args[:1] == ["--"] else args.server_args
+    if args.replicas < 1:
+        print(f"error: --replicas must be at least 1, got {args.replicas}", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65535 - args.replicas:
+        print(f"error: --port {args.port} leaves no room for {args.replicas} server ports above it", file=sys.stderr)
+        return 2
+    if any(a in ("--port", "--host") or a.startswith(("--port=", "--host=")) for a in extra):
+        print("error: give --host/--port before '--': the launcher picks each server's port", file=sys.stderr)
+        return 2
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+    log = (lambda name: os.path.join(args.log_dir, f"{name}.log")) if args.log_dir else (lambda name: None)
+    sup = Supervisor()
+    stopping = {"signal": None}
+
+    def on_signal(signum, _frame) -> None:
+        stopping["signal"] = signum
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    workers = [f"http://{args.host}:{args.port + i + 1}" for i in range(args.replicas)]
+    try:
+        for i, url in enumerate(workers):
+            sup.start(f"server-{i}", [sys.executable, "-m", "core.server", "--host", args.host,
+                                      "--port", str(args.port + i + 1), *extra], log(f"server-{i}"))
+        for url in workers:
+            wait_healthy(url + "/health", sup, args.ready_timeout)
+        sup.start("router", router_argv(args, workers), log("router"))
+        wait_healthy(f"http://{args.host}:{args.port}/health", sup, args.ready_timeout)
+        wait_registered(f"http://{args.host}:{args.port}", args.replicas, sup, args.ready_timeout)
+        print(f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{args.host}:{args.port}/v1")
+        print(f"dashboard on every replica: RADIX_ENGINE_URL={','.join(workers)} make run")
+        sys.stdout.flush()
+        while True:
+            died = sup.dead()
+            if died:
+                print(f"error: {died[0]} exited with status {died[1]}; stopping the others", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("stopping the router and the servers...", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for s, h in old.items():
+            signal.signal(s, signal.SIG_IGN)
+        sup.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Two engine servers behind the real sglang-router (`python -m core.replicas`), one endpoint.
+
+cache_aware: a group's repeated prompts go where its first prompt went, and that replica's own
+/metrics counters show the hits. round_robin (a second router over the same two servers):
+requests alternate, and a replica hits only on its own second sight of the prompt.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+SYSTEM = ("You are a patient tutor who explains computer science to first-year students. Answer in two "
+          "short sentences, give one concrete example, and never use jargon without defining it. ")
+
+
+def free_base(n: int) -> int:
+    """A port p such that p .. p+n-1 are all free on 127.0.0.1."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def counters(worker: str) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(get(worker + "/metrics")):
+        for s in fam.samples:
+            if s.name in ("sglang:num_requests_total", "sglang:cached_tokens_total", "sglang:prompt_tokens_total"):
+                out[s.name.split(":")[1]] = s.value
+    return {k: out.get(k, 0.0) for k in ("num_requests_total", "cached_tokens_total", "prompt_tokens_total")}
+
+
+def wait_for(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        try:
+            get(url)
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = free_base(6)      # router, 2 servers, the router's metrics, then a second router and its metrics
+    logs = tmp_path_factory.mktemp("replicas")
+    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "2", "--port", str(base),
+                             "--policy", "cache_aware", "--log-dir", str(logs), "--",
+                             "--pool-slots", "2048", "--max-running-requests", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()          # printed once the router lists both workers as healthy
+        assert "2 replica(s) behind sglang-router" in line, line + proc.stdout.read()
+        yield {"base": base, "proc": proc, "logs": logs,
+               "workers": [f"http://127.0.0.1:{base + 1}", f"http://127.0.0.1:{base + 2}"]}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def ask(base: int, prompts: list[str]) -> list:
+    client = OpenAI(base_url=f"http://127.0.0.1:{base}/v1", api_key="unused", max_retries=0, timeout=120)
+    return [client.completions.create(model="default", prompt=p, max_tokens=4, temperature=0) for p in prompts]
+
+
+def router_order(base: int) -> list[str]:
+    return [w["url"] for w in json.loads(get(f"http://127.0.0.1:{base}/workers"))["workers"]]
+
+
+def test_cache_aware_sends_a_group_to_the_replica_that_cached_it(cluster):
+    base, workers = cluster["base"], cluster["workers"]
+    assert sorted(router_order(base)) == workers
+    before = {w: counters(w) for w in workers}
+    prompts = [SYSTEM + f"Question {i}: what is a {topic}?" for i, topic in enumerate(["stack", "queue", "heap"])]
+    res = ask(base, prompts)
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in res]
+    after = {w: counters(w) for w in workers}
+    got = {w: after[w]["num_requests_total"] - before[w]["num_requests_total"] for w in workers}
+    # one request at a time: every load is 0, the first prompt goes to the router's first worker,
+    # the next two match it (> 30 % of their characters) and follow
+    first = router_order(base)[0]
+    assert got[first] == 3 and sum(got.values()) == 3
+    assert cached[0] == 0 and min(cached[1:]) >= 35
+    assert after[first]["cached_tokens_total"] - before[first]["cached_tokens_total"] == sum(cached)
+
+
+def test_round_robin_alternates_and_each_replica_hits_its_own_copy(cluster):
+    base, workers = cluster["base"], cluster["workers"]
+    for w in workers:
+        urllib.request.urlopen(urllib.request.Request(w + "/flush_cache", method="POST"), timeout=10).read()
+    rr_port = base + 4
+    rr = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                           "--port", str(rr_port), "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+                           "--prometheus-port", str(rr_port + 1), "--worker-urls", *workers],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(f"http://127.0.0.1:{rr_port}/health", rr, 60)
+        while len(router_order(rr_port)) < 2:
+            time.sleep(0.2)
+        before = {w: counters(w) for w in workers}
+        prompt = SYSTEM + "Question: what is recursion?"
+        res = ask(rr_port, [prompt] * 4)
+        after = {w: counters(w) for w in workers}
+    finally:
+        rr.send_signal(signal.SIGINT)
+        rr.wait(30)
+    got = [after[w]["num_requests_total"] - before[w]["num_requests_total"] for w in workers]
+    hits = [after[w]["cached_tokens_total"] - before[w]["cached_tokens_total"] for w in workers]
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in res]
+    assert got == [2, 2]
+    # requests 1 and 2 are each replica's first sight of the prompt; 3 and 4 hit their own copy
+    assert cached[:2] == [0, 0] and min(cached[2:]) >= res[0].usage.prompt_tokens - 1
+    assert sorted(hits) == sorted(cached[2:])
+
+
+def test_ctrl_c_stops_the_router_and_both_servers(cluster):
+    proc, base = cluster["proc"], cluster["base"]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    assert "stopping the router and the servers" in proc.stdout.read()
+    for port in (base, base + 1, base + 2, base + 3):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
