@@ -49,7 +49,7 @@ def routing_figure(df: pd.DataFrame, capacity_label: str) -> go.Figure:
         if name in ("one cache", "optimum"):
             style = dict(line=dict(color="#444" if name == "optimum" else "#999", dash="longdash"),
                          marker=dict(symbol="star" if name == "optimum" else "square"))
-            label = ("offline optimum" if name == "optimum" else "one LRU-style cache") + " with N x the memory"
+            label = ("offline optimum" if name == "optimum" else "one cache, same eviction") + " with N x the memory"
         else:
             style = dict(line=dict(dash=DASHES.get(name, "solid"), width=2.5), marker=dict(size=9))
             label = name

@@ -14,6 +14,7 @@ from core.lab.units import add_bytes_columns, fmt_capacity
 from core.lab.workloads import GENERATORS
 from radixui import lab_inputs as li
 from radixui.lab_planner import host_section, size_section
+from radixui.lab_routing import routing_section
 from radixui.lab_plot import hit_rate_figure
 from radixui.state import DEFAULT_MODEL, get_holder, get_runner
 
@@ -208,6 +209,8 @@ res_overlap = Overlap(**res.overlap) if res.overlap else None     # as the sweep
 size_section(workload, res.policies, res.page_size, res_overlap, kv, workers, signature)
 st.divider()
 host_section(workload, res, res_overlap, kv, signature)
+routing_section(workload, res.capacities, res.policies, res.page_size, res_overlap,
+                lambda c: fmt_capacity(c, res.page_size, kv), signature)
 
 # ----- 5. through the real model (off the main path: it loads the model) ------------------------
 st.divider()
