@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8501
 SERVER_PORT ?= 30000
 
-.PHONY: setup run serve test bench clean
+.PHONY: setup run serve replicas test bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,12 @@ run: $(STAMP)
 # the engine server alone (e.g. on a GPU box): make serve ARGS="--host 0.0.0.0 --api-key KEY"
 serve: $(STAMP)
 	$(BIN)/python -m core.server --port $(SERVER_PORT) $(ARGS)
+
+# N engine servers behind SGLang's router on $(SERVER_PORT): make replicas N=2 POLICY=cache_aware ARGS="--pool-slots 4096"
+N ?= 2
+POLICY ?= cache_aware
+replicas: $(STAMP)
+	$(BIN)/python -m core.replicas --replicas $(N) --policy $(POLICY) --port $(SERVER_PORT) -- $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
