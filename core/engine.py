@@ -6,6 +6,7 @@ generation. Everything a viewer needs comes out of `snapshot()` as an immutable 
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -31,6 +32,7 @@ from core import snapshot as snap
 from core.inputs import Prompt
 
 DEFAULT_POOL_SLOTS = 8192
+_ENGINE_IDS = itertools.count()
 DEFAULT_EVENT_BUDGET_BYTES = 32 * 2**20
 KEEP_FINISHED = 200          # finished requests kept for the dashboard's request table
 SWITCH_INTERVAL_S = 0.0002
@@ -79,6 +81,7 @@ class Engine:
         self._finished: "deque[str]" = deque()
         self._inbox: list[Request] = []
         self._lock = threading.RLock()
+        self.loop_thread_name = f"radix-engine-{next(_ENGINE_IDS)}"   # one name per engine: tests count its loops
         self._table_lock = threading.Lock()
         self._wake = threading.Condition(self._table_lock)
         self._thread: Optional[threading.Thread] = None
@@ -337,7 +340,7 @@ class Engine:
         # the default 5 ms switch interval a busy caller thread (a dashboard) stalls it for seconds.
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self._thread = threading.Thread(target=self._loop, name="radix-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=self.loop_thread_name, daemon=True)
         self._thread.start()
         return self
 

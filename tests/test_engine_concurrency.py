@@ -200,7 +200,7 @@ def test_random_interleavings_from_several_threads(pair, seed):
     results = [(i, h.result(timeout=120)) for i, h in good]
     e.stop()
     assert not errors, errors[:3]
-    assert len([t for t in threading.enumerate() if t.name == "radix-engine"]) == 0
+    assert len([t for t in threading.enumerate() if t.name == e.loop_thread_name]) == 0
     for i, c in results:
         if c.rid in aborted:
             assert c.finish_reason in ("abort", "length")

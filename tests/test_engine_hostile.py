@@ -188,11 +188,11 @@ def test_item9_short_stop_then_start_never_runs_two_loops(pair):
     h = e.submit(PROMPTS[0], SamplingParams(max_new_tokens=60))
     e.stop(timeout=0)        # shorter than any step
     e.start()
-    loops = [t for t in threading.enumerate() if t.name == "radix-engine"]
+    loops = [t for t in threading.enumerate() if t.name == e.loop_thread_name]
     assert len(loops) == 1
     assert h.result(timeout=120).token_ids == reference_greedy(ref, PROMPTS[0], 60)
     e.stop()
-    assert not [t for t in threading.enumerate() if t.name == "radix-engine"]
+    assert not [t for t in threading.enumerate() if t.name == e.loop_thread_name]
     still_serves(e, ref)
 
 

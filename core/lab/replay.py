@@ -16,7 +16,10 @@ Two levels, the same numbers (tests/lab/test_replay.py holds them equal on every
   node would, so every hit, eviction and rejection is the same.
 - level="token" expands every page into its tokens (a Mooncake block into 512 ids) and keys the tree
   by token, with the tree's own page_size: what the engine's cache does. Kept as the reference.
-"auto" is "page" for page_size > 1 and "token" for page_size 1 (where they are the same thing).
+"auto" is "page" for page_size > 1 and "token" for page_size 1 (where they are the same thing), and
+"token" for the stateful policies (core.eviction.is_stateful: arc, s3fifo, lecar, lhd, gdsf): they
+name nodes by their first units for their ghosts, and the first 4 tokens of a node are not its first
+4 pages, so only the token level replays exactly what the engine's cache does with them.
 
 A request whose slots cannot be found even after evicting everything evictable (its prompt is
 larger than the pool, or running requests hold the rest) is *rejected*: counted with zero hits,
@@ -47,7 +50,7 @@ from typing import Callable, Optional, Protocol
 import numpy as np
 import torch
 
-from core.eviction import POLICIES
+from core.eviction import POLICIES, is_stateful
 from core.lab.lab_cache import LabCache
 from core.lab.optimal import capacity_pages
 from core.lab.pages import ARRIVE, Overlap, PageTrace, event_order, request_pages
@@ -295,7 +298,7 @@ def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_s
                          f"{type(host).__name__} lacks {', '.join(missing)}")
     want = capacity_pages(capacity_tokens, page_size)
     order = event_order(workload, overlap)     # checks the timestamps before any work
-    page_level = level == "page" or (level == "auto" and page_size > 1)
+    page_level = level == "page" or (level == "auto" and page_size > 1 and not is_stateful(policy))
     if trace is not None and (trace.page_size != page_size or trace.requests is None):
         trace = None
     pages = None

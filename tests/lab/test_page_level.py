@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.eviction import POLICIES
+from core.eviction import POLICIES, is_stateful
 from core.lab.optimal import Bounds
 from core.lab.pages import Overlap, page_trace
 from core.lab.replay import pool_pages_needed, replay
 from core.lab.workloads import Request, Workload, few_shot, generated_shared_prefix, multi_turn_chat, tree_of_thought
 
-ALL = list(POLICIES)
+ALL = [p for p in POLICIES if not is_stateful(p)]   # auto replays stateful policies by token (replay.py)
 
 
 def numbers(r):
@@ -163,3 +163,9 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
     assert host.calls == [("arrive", 0, []), ("insert", 0, [0, 1], 0),
                           ("arrive", 1, [0, 1]), ("insert", 1, [2], 2), ("insert", 1, [3], 3),
                           ("arrive", 2, []), ("evict", [3]), ("evict", [2]), ("evict", [0, 1]), ("reject", 2)]
+
+
+def test_auto_replays_stateful_policies_by_token():
+    """Their ghosts name a node by its first units: page ids are not tokens, so auto keeps the engine's level."""
+    w = generated(rate=None)[0]
+    assert replay(w, 40 * 8, "arc", 8).level == "token" and replay(w, 40 * 8, "lru", 8).level == "page"

@@ -91,13 +91,14 @@ def test_parsers():
     assert parse_capacity("6000p", 512) == 3_072_000 and parse_capacity(" 1.5k ") == 1500
     assert parse_capacities("4k, 1k,4k") == [1000, 4000]
     assert parse_capacities("1000,1001,1007,1008", page_size=16) == [992, 1008]   # 62 pages twice: one row
-    assert parse_policies("all") == ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
+    assert parse_policies("all") == ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru",   # SGLang's
+                                     "gdsf", "arc", "s3fifo", "lecar", "lhd"]                    # docs/eviction.md
     assert parse_policies("lfu,lru,lfu") == ["lfu", "lru"]
 
 
 @pytest.mark.parametrize("call, msg", [
     (lambda w: run_sweep(w, [100, 10], ["lru"], page_size=16), "10 tokens is below one page of 16"),
-    (lambda w: run_sweep(w, [100], ["lru", "arc"], page_size=1), "unknown eviction policy 'arc'; choose one of: lru"),
+    (lambda w: run_sweep(w, [100], ["lru", "arcx"], page_size=1), "unknown eviction policy 'arcx'; choose one of: lru"),
     (lambda w: run_sweep(w, [], ["lru"]), "at least one capacity"),
     (lambda w: run_sweep(w, [100], []), "at least one policy"),
     (lambda w: run_sweep(w, ["3X"], ["lru"]), "cannot read capacity"),
