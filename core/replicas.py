@@ -10,6 +10,7 @@ exits 130; if any process dies on its own, the others are stopped too and the ex
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -53,40 +54,32 @@ class Supervisor:
                 p.wait()
 
 
-def wait_healthy(url: str, sup: Supervisor, timeout: float) -> None:
-    """Poll GET url until 200; a child that exits meanwhile ends the wait with its name."""
+def wait_for(probe, what: str, sup: Supervisor, timeout: float) -> None:
+    """Call probe() until it returns True; a child that exits meanwhile ends the wait with its name."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         died = sup.dead()
         if died:
             raise RuntimeError(f"{died[0]} exited with status {died[1]} before it was ready")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
-
-
-def wait_registered(router: str, n: int, sup: Supervisor, timeout: float) -> None:
-    """The router answers /health before its workers are registered: wait until it lists n healthy."""
-    import json
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        died = sup.dead()
-        if died:
-            raise RuntimeError(f"{died[0]} exited with status {died[1]} before it was ready")
-        try:
-            with urllib.request.urlopen(router + "/workers", timeout=2) as r:
-                listed = json.loads(r.read()).get("workers", [])
-            if sum(bool(w.get("is_healthy")) for w in listed) >= n:
+            if probe():
                 return
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"the router at {router} did not register {n} healthy worker(s) within {timeout:.0f} s")
+    raise RuntimeError(f"{what} within {timeout:.0f} s")
+
+
+def healthy(url: str) -> bool:
+    with urllib.request.urlopen(url + "/health", timeout=2) as r:
+        return r.status == 200
+
+
+def registered(router: str, n: int) -> bool:
+    """The router answers /health before its workers are registered: n of them listed healthy."""
+    with urllib.request.urlopen(router + "/workers", timeout=2) as r:
+        listed = json.loads(r.read()).get("workers", [])
+    return sum(bool(w.get("is_healthy")) for w in listed) >= n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,10 +139,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sup.start(f"server-{i}", [sys.executable, "-m", "core.server", "--host", args.host,
                                       "--port", str(args.port + i + 1), *extra], log(f"server-{i}"))
         for url in workers:
-            wait_healthy(url + "/health", sup, args.ready_timeout)
+            wait_for(lambda: healthy(url), f"{url} did not answer /health", sup, args.ready_timeout)
+        router = f"http://{args.host}:{args.port}"
         sup.start("router", router_argv(args, workers), log("router"))
-        wait_healthy(f"http://{args.host}:{args.port}/health", sup, args.ready_timeout)
-        wait_registered(f"http://{args.host}:{args.port}", args.replicas, sup, args.ready_timeout)
+        wait_for(lambda: healthy(router) and registered(router, args.replicas),
+                 f"the router at {router} did not list {args.replicas} healthy worker(s)", sup, args.ready_timeout)
         print(f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{args.host}:{args.port}/v1")
         print(f"dashboard on every replica: RADIX_ENGINE_URL={','.join(workers)} make run")
         sys.stdout.flush()

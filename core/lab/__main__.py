@@ -129,14 +129,7 @@ def _check_args(args) -> Optional[ModelKV]:
     """Everything that can be checked before the trace is read or any point runs; returns the model."""
     from core.lab import plan_cli
     from core.lab.sweep import check_target, parse_capacities, parse_policies, prepare_out_dir
-    if args.workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {args.workers}")
-    if args.page_size is not None and args.page_size < 1:
-        raise ValueError(f"--page-size must be a positive number of tokens per page (512 for Mooncake traces), "
-                         f"got {args.page_size}")
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be a positive number of requests to read, got {args.limit} "
-                         f"(leave it out to read the whole trace)")
+    plan_cli.check_common_args(args)
     try:
         check_target(args.target)
     except ValueError:

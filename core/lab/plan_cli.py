@@ -124,6 +124,19 @@ def save_extras(paths: dict, kv: Optional[ModelKV], hosts: Optional[list[dict]])
     Path(paths["json"]).write_text(json.dumps(data, indent=2))
 
 
+def check_common_args(args) -> None:
+    """The flags sweep, size and route share, checked before any trace is read."""
+    workers = getattr(args, "workers", 1)
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    if args.page_size is not None and args.page_size < 1:
+        raise ValueError(f"--page-size must be a positive number of tokens per page (512 for Mooncake traces), "
+                         f"got {args.page_size}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be a positive number of requests to read, got {args.limit} "
+                         f"(leave it out to read the whole trace)")
+
+
 # ----- size ----------------------------------------------------------------------------------------
 def add_source(p: argparse.ArgumentParser) -> None:
     """The workload flags, as `sweep` has them (read by core.lab.__main__._load)."""
@@ -164,13 +177,7 @@ def cmd_size(args, load, page_size_of) -> int:
     from core.lab.pages import Overlap
     from core.lab.size import _check, size
     from core.lab.sweep import parse_policies, prepare_out_dir
-    if args.workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {args.workers}")
-    if args.page_size is not None and args.page_size < 1:
-        raise ValueError(f"--page-size must be a positive number of tokens per page (512 for Mooncake traces), "
-                         f"got {args.page_size}")
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be a positive number of requests to read, got {args.limit}")
+    check_common_args(args)
     _check(args.target, args.tolerance)
     kv = model_of(args)
     pols = parse_policies(args.policies)

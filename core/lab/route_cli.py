@@ -56,12 +56,12 @@ def add_route_parser(sub: Any, add_source) -> None:
 
 def cmd_route(args, load_workload, page_size_of) -> int:
     from core.lab.optimal import Bounds
+    from core.lab.plan_cli import check_common_args
     from core.lab.pages import Overlap
     from core.lab.replay import replay
     from core.lab.routing import ROUTING_POLICIES, RouterConfig, check_routing, replay_routed, route
     from core.lab.sweep import parse_capacity
-    if args.page_size is not None and args.page_size < 1:
-        raise ValueError(f"--page-size must be a positive integer, got {args.page_size}")
+    check_common_args(args)
     counts = _ints(args.replicas, "--replicas")
     routings = list(ROUTING_POLICIES) if args.routing.strip() == "all" else \
         [check_routing(s.strip()) for s in args.routing.split(",") if s.strip()]
