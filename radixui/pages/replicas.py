@@ -5,11 +5,13 @@ router such as sglang-router did with the traffic (`python -m core.replicas` sta
 import streamlit as st
 
 from radixui.fmt import token_text_from_map
+from radixui.layout_css import COMPACT_CSS
 from radixui.metrics import kpi_line, sglang_status
 from radixui.replicas_view import request_rows, total_metrics
 from radixui.state import engine_urls, get_clients
 from radixui.tree import tree_figure
 
+st.markdown(COMPACT_CSS, unsafe_allow_html=True)   # the KPI line's styles, as on the Live page
 st.title("Replicas")
 clients = get_clients()
 names = engine_urls() or ["this process"]
