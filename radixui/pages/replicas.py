@@ -34,7 +34,8 @@ def body() -> None:
     for e in errors:
         st.warning(f"A replica does not answer: {e}")
     total = total_metrics(snaps)
-    st.markdown(f"**All {len(clients)} replicas** · {int(total['prompt_tokens']):,} prompt tokens, "
+    who = "One engine" if len(clients) == 1 else f"All {len(clients)} replicas"
+    st.markdown(f"**{who}** · {int(total['prompt_tokens']):,} prompt tokens, "
                 f"{int(total['cached_tokens']):,} from cache ({total['hit_rate']:.1%}) · "
                 f"{int(total['running'])} running, {int(total['waiting'])} waiting · token usage "
                 f"{total['token_usage']:.2f}")
