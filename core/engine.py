@@ -26,8 +26,7 @@ from core.eviction import get_policy
 from core.request import ABORTED, FINISHED, Completion, Request, RequestHandle, stream_safe_len
 from core.sampling import SamplingParams, sample_isolated
 from core.scheduler import SCHEDULE_POLICIES, Scheduler
-from core import inputs
-from core import engine_view
+from core import engine_view, inputs
 from core import snapshot as snap
 from core.inputs import Prompt
 
@@ -152,22 +151,6 @@ class Engine:
             for h in handles:
                 self.abort(h.rid)
             raise
-
-    def request_tokens(self, rid: str) -> Optional[dict]:
-        """{"prompt_ids", "output_ids"} of a request still in the table (the last finished ones stay),
-        or None: a viewer walks the tree with them to show the path the request matched."""
-        with self._table_lock:
-            req = self._requests.get(rid)
-            if req is None:
-                return None
-            return {"prompt_ids": [int(t) for t in req.prompt_ids], "output_ids": [int(t) for t in req.output_ids]}
-
-    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
-        """Each token's raw bytes, so a viewer decodes whole runs (byte-level BPE splits characters)."""
-        from core.token_bytes import token_bytes
-        if self.tokenizer is None:
-            return [str(int(t)).encode() for t in token_ids]
-        return token_bytes(self.tokenizer, token_ids)
 
     def abort(self, rid: str) -> bool:
         """Release everything request `rid` holds, at any stage. False if it is unknown or done."""
@@ -384,11 +367,15 @@ class Engine:
         with self._lock:
             self.cache.check_invariants(self.scheduler.held_slots())
 
-    # ----- views -------------------------------------------------------------------------------
+    # ----- views (the code is in engine_view.py) -----------------------------------------------
+    def request_tokens(self, rid: str) -> Optional[dict]:
+        return engine_view.request_tokens(self, rid)
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        return engine_view.token_bytes(self, token_ids)
+
     def token_piece(self, tok: int) -> str:
-        if tok not in self._pieces:
-            self._pieces[tok] = self.tokenizer.decode([tok]) if self.tokenizer is not None else str(tok)
-        return self._pieces[tok]
+        return engine_view.token_piece(self, tok)
 
     def snapshot(self, wait: bool = True) -> snap.EngineSnapshot:
         """An immutable view of everything; rebuilt only when something changed.

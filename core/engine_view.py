@@ -1,7 +1,7 @@
 """The engine's snapshot: cache, pool, requests and metrics as one immutable EngineSnapshot."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
@@ -54,3 +54,28 @@ def request_view(r: Request) -> snap.RequestView:
                             prompt_text=r.prompt_text, output_text=r.output_text,
                             finish_reason=r.finish_reason, ttft=c.ttft,
                             total_time=c.total_time if r.done.is_set() else None, error=r.error)
+
+
+def request_tokens(engine, rid: str) -> Optional[dict]:
+    """{"prompt_ids", "output_ids"} of a request still in the engine's table (the last finished ones
+    stay), or None: a viewer walks the tree with them to show the path the request matched."""
+    with engine._table_lock:
+        req = engine._requests.get(rid)
+        if req is None:
+            return None
+        return {"prompt_ids": [int(t) for t in req.prompt_ids], "output_ids": [int(t) for t in req.output_ids]}
+
+
+def token_bytes(engine, token_ids: Sequence[int]) -> list[bytes]:
+    """Each token's raw bytes, so a viewer decodes whole runs (byte-level BPE splits characters)."""
+    from core.token_bytes import token_bytes as of_tokenizer
+    if engine.tokenizer is None:
+        return [str(int(t)).encode() for t in token_ids]
+    return of_tokenizer(engine.tokenizer, token_ids)
+
+
+def token_piece(engine, tok: int) -> str:
+    """A token decoded alone, once per distinct token (the snapshot's token_text)."""
+    if tok not in engine._pieces:
+        engine._pieces[tok] = engine.tokenizer.decode([tok]) if engine.tokenizer is not None else str(tok)
+    return engine._pieces[tok]

@@ -1,4 +1,4 @@
-"""The article's walkthrough, to the slot (../shared/seed/radixattention-blog.txt).
+"""The article's walkthrough, to the slot (the article: seed/radixattention-blog.txt in the shared material).
 
 Word-level tokens, a pool of 11 slots, clock = request index. Every request generates one
 token and finishes, so only its prompt is cached. Each request follows the engine's flow:
