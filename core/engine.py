@@ -240,13 +240,8 @@ class Engine:
         """End `req` with an error and give back what it holds (uncached)."""
         self.last_error = f"{type(exc).__name__}: {exc}"
         if not released:
-            sched = self.scheduler
-            if req in sched.running:
-                sched.running.remove(req)
-            if req in sched.waiting:
-                sched.waiting.remove(req)
             try:
-                sched.release(req, cache_kv=False)
+                self.scheduler.discard(req)
             except Exception:
                 self.last_error += "; releasing it failed: " + traceback.format_exc(limit=2)
         req.error = self.last_error

@@ -168,15 +168,19 @@ class Scheduler:
         items.extend(self._admit(budget))
         return items
 
-    def _fail(self, req: Request, exc: BaseException) -> None:
-        """Take `req` out of the queues, give back what it holds (uncached: its K/V may be half
-        written) and hand it to the engine to complete with the error."""
+    def discard(self, req: Request) -> None:
+        """Take `req` out of the queues and give back what it holds, uncached (its K/V may be half
+        written): what a failed request leaves behind."""
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
+        self.release(req, cache_kv=False)
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """Discard `req` and hand it to the engine to complete with the error."""
         try:
-            self.release(req, cache_kv=False)
+            self.discard(req)
         finally:
             self.failed.append((req, exc))
 

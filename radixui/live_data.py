@@ -78,13 +78,13 @@ def event_store(state: MutableMapping) -> EventStore:
 
 def decoder(state: MutableMapping, client: Any, snap: EngineSnapshot, model: str) -> TokenDecoder:
     """A TokenDecoder for the snapshot's tokens; their bytes come from the client once per token
-    (a client without `token_bytes` still works: labels then join per-token pieces)."""
+    (when that call fails, labels join per-token pieces)."""
     known: dict = state.setdefault("_token_bytes", {}).setdefault(model, {})
     missing = [t for t in snap.token_text if t not in known]
-    if missing and callable(getattr(client, "token_bytes", None)):
+    if missing:
         try:
             hexes = client.token_bytes(missing)
-        except (NotImplementedError, ValueError, KeyError, OSError):
+        except (ValueError, KeyError, OSError):   # OSError covers an unreachable server
             hexes = None
         if hexes and len(hexes) == len(missing):
             known.update({t: bytes.fromhex(h) for t, h in zip(missing, hexes)})

@@ -125,8 +125,7 @@ def live_body(client: EngineClient, cfg) -> None:
 def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected: Optional[str]):
     if selected:
         req = next((r for r in snap.requests if r.rid == selected), None)
-        fetch = getattr(client, "request_tokens", None)   # a client without it: no path, latest step
-        toks = fetch(selected) if req is not None and fetch is not None else None
+        toks = client.request_tokens(selected) if req is not None else None   # None: gone from the table
         if toks:
             ids = toks["prompt_ids"] + toks["output_ids"]
             h = request_highlights(snap.cache, ids, req.cached_tokens)
