@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.lab import Bounds, load_mooncake, make_workload, page_trace, run_sweep  # noqa: E402
 from core.lab.optimal import next_counted_use  # noqa: E402
 
-NEW = ["arc", "s3fifo", "gdsf", "lhd", "lecar"]
+NEW = ["arc", "s3fifo", "gdsf", "lhd", "lecar", "recall", "recall-value"]
 BASE = ["lru", "fifo", "slru"]
 GENERATED = {   # default generator parameters: the lab's own workloads, nothing fitted here
     "generated-shared-prefix": {}, "multi-turn-chat": {}, "few-shot": {}, "tree-of-thought": {},

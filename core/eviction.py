@@ -85,6 +85,14 @@ class EvictionPolicy:
     def begin_evict(self) -> None:
         """An `evict` (or `eviction_order`) call is about to key the evictable leaves."""
 
+    def evict_tail(self, node: "TreeNode") -> int:
+        """Tokens to free off the end of leaf `node`, the lowest-keyed leaf (all of them: the whole leaf).
+
+        Fewer frees only the leaf's last pages (rounded up to whole pages): the cache splits it and the
+        head stays, a leaf with its own key. Lets a policy drop a prompt's low-value tail and keep its head.
+        """
+        return len(node.key)
+
 
 class KeyPolicy(EvictionPolicy):
     """A static key function as a policy (no state, no hooks)."""
@@ -151,3 +159,4 @@ def is_stateful(name: str) -> bool:
 
 import core.eviction_policies  # noqa: E402,F401  (registers the stateful policies)
 import core.eviction_lhd  # noqa: E402,F401
+import core.eviction_recall  # noqa: E402,F401

@@ -281,7 +281,11 @@ class RadixCache:
         return [(key(n), n) for n in self.evictable_leaves]
 
     def evict(self, num_tokens: int) -> int:
-        """Free whole unlocked leaves, lowest policy key first, until `num_tokens` are freed."""
+        """Free unlocked leaves, lowest policy key first, until `num_tokens` are freed.
+
+        A policy may ask for a leaf's tail pages only (`evict_tail`): the leaf is split there, the tail
+        freed, and the head (still an unlocked leaf) goes back on the heap under its new key.
+        """
         if num_tokens <= 0:
             return 0
         heap = self._heap()
@@ -291,11 +295,26 @@ class RadixCache:
             key, node = heapq.heappop(heap)
             if node.lock_ref > 0 or not node.is_leaf:
                 continue
+            tail = self._tail_tokens(node)
+            if tail < len(node.key):    # partial-leaf eviction: free the tail pages, keep the head
+                head = self._split_node(node, len(node.key) - tail, node.last_access_time)
+                freed += self._delete_leaf(node, key)
+                heapq.heappush(heap, (self.policy(head), head))
+                continue
             parent = node.parent
             freed += self._delete_leaf(node, key)
             if parent is not self.root_node and parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(heap, (self.policy(parent), parent))
         return freed
+
+    def _tail_tokens(self, node: TreeNode) -> int:
+        """How many of leaf `node`'s last tokens to free (the policy's choice, whole pages, at least one page)."""
+        tail = self.policy.evict_tail(node)  # policy hook
+        size = len(node.key)
+        if tail >= size:
+            return size
+        tail = max(self.page_size, -(-int(tail) // self.page_size) * self.page_size)
+        return min(tail, size)
 
     def _delete_leaf(self, node: TreeNode, policy_key: tuple) -> int:
         parent, key = node.parent, node.key

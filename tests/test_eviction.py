@@ -9,7 +9,7 @@ from core.memory import SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
 
 ALL = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
-NEW = ["gdsf", "arc", "s3fifo", "lecar", "lhd"]   # stateful: tests/test_eviction_policies.py
+NEW = ["gdsf", "arc", "s3fifo", "lecar", "lhd", "recall", "recall-value"]   # stateful: tests/test_eviction_policies.py
 
 
 class Tree:
@@ -186,7 +186,8 @@ EXPECTED_FIRST_VICTIM = {
     "gdsf": (A, (0.0, 0.0)),             # value L + hits = 0 (with C), older access
     "lhd": (A, (0.0, 0.0)),              # no density learned yet (6 of 8 tokens before the first update)
     "lecar": (A, (0.0, 0.0)),            # equal weights: the arc expert, as arc
-}
+    "recall": (A, (0.0, 0.0)),           # as arc: nothing evicted yet, so nothing recalled
+}                                        # (recall-value frees tails: tests/test_eviction_recall.py)
 
 
 @pytest.mark.parametrize("policy", list(EXPECTED_FIRST_VICTIM))
@@ -213,7 +214,7 @@ def test_policy_registry_and_unknown_name():
 def test_unknown_policy_leaves_the_allocator_unchanged():
     alloc = SlotAllocator(8)
     alloc.alloc(3)
-    with pytest.raises(ValueError, match="lru, lfu, fifo, mru, filo, priority, slru, gdsf, arc, s3fifo, lecar, lhd"):
+    with pytest.raises(ValueError, match="lru, lfu, fifo, mru, filo, priority, slru, gdsf, arc, s3fifo, lecar, lhd, recall, recall-value"):
         RadixCache(alloc, eviction_policy="lru2")
     assert alloc.free_pages.tolist() == [4, 5, 6, 7, 8] and alloc.on_event is None
 

@@ -92,7 +92,8 @@ def test_parsers():
     assert parse_capacities("4k, 1k,4k") == [1000, 4000]
     assert parse_capacities("1000,1001,1007,1008", page_size=16) == [992, 1008]   # 62 pages twice: one row
     assert parse_policies("all") == ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru",   # SGLang's
-                                     "gdsf", "arc", "s3fifo", "lecar", "lhd"]                    # docs/eviction.md
+                                     "gdsf", "arc", "s3fifo", "lecar", "lhd", "recall",         # docs/eviction.md
+                                     "recall-value"]
     assert parse_policies("lfu,lru,lfu") == ["lfu", "lru"]
 
 

@@ -1,0 +1,143 @@
+"""`recall` and `recall-value`: ARC whose "seen before" reaches back several pools (a long, cheap memory of page names).
+
+Why: on prefix-cache traces most reuse of a new page comes later than one pool's turnover (the
+Mooncake synthetic trace: a block used once returns 45 % of the time, median 573 requests later,
+while a pool of 6,000 blocks turns over in about 300). ARC's ghosts remember one pool, so most
+returning pages look new again and share T1 with the pages that never return. Here every evicted
+page's name (depth, first tokens) goes into a *recall* memory of RECALL_POOLS pools of tokens; a
+node re-inserted whose first page is remembered enters T2 (seen before), as a hit would have put it.
+ARC's own ghosts (one pool each) still move its T1 target, so the split adapts online as in ARC.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core.eviction import register
+from core.eviction_policies import ARC, _Ghosts
+
+if TYPE_CHECKING:
+    from core.radix_cache import RadixCache, TreeNode
+
+RECALL_POOLS = 4   # how far back "seen before" reaches, in pools of evicted tokens (a memory bound, not a fit)
+
+
+@register
+class Recall(ARC):
+    name = "recall"
+    description = ("ARC with a long memory: a page evicted in the last few pools and asked for again "
+                   "comes back as seen-before (T2), so late reuse is recognised")
+
+    def attach(self, cache: "RadixCache") -> None:
+        super().attach(cache)
+        self.page = max(1, int(cache.page_size))
+        self.recall = _Ghosts(RECALL_POOLS * self.capacity)
+
+    def page_name(self, node: "TreeNode", offset: int) -> tuple:
+        ids = node.key.token_ids
+        return (node.ev_start + offset, ids[offset:offset + 4].tobytes(), node.key.extra_key)
+
+    def admit(self, node: "TreeNode") -> None:
+        super().admit(node)
+        c = self.recall.pop(self.page_name(node, 0))
+        if c is not None:
+            self.recalled(c)
+            if node.ev_list == 1:
+                self._move(node, 2)
+
+    def recalled(self, info: object) -> None:
+        """A remembered page was asked for again (`info`: what `on_evict` stored with it)."""
+
+    def on_evict(self, node: "TreeNode") -> None:
+        super().on_evict(node)
+        for off in range(0, len(node.key), self.page):
+            self.recall.add(self.page_name(node, off), self.page)
+
+
+DECAY = 0.5        # per pool of inserted tokens: the class rates follow a workload that changes
+
+
+@register
+class RecallValue(Recall):
+    """`recall` whose T1 (pages not seen before) is ranked by a learned value per page, tail first.
+
+    A page's class is what the cache knows when it comes in: the length of the sequence it was
+    inserted with (bit length, in pages), its distance from that sequence's end (0, 1, 2-3, 4-7, 8+
+    pages) and whether it extended a cached prefix. Per class the policy counts pages that left T1
+    and those that came back (a hit in T1, or asked for again while in the recall memory), so reuse
+    later than the pool's turnover is seen; the rate (r + 1) / (n + 2) ranks T1 leaves by their last
+    page, and only that page is evicted (`evict_tail`), so a prompt's tail goes before its head."""
+
+    name = "recall-value"
+    description = ("recall + a learned reuse rate per page class (sequence length, distance from its end, "
+                   "extension): T1 leaves lose their lowest-value tail pages first")
+
+    def attach(self, cache: "RadixCache") -> None:
+        super().attach(cache)
+        self.n: dict = {}           # class -> pages whose fate is known (came back, or forgotten)
+        self.r: dict = {}           # class -> of those, pages that came back
+        self.next_decay = self.capacity
+        self.recall.dropped = self.forgotten
+
+    def _cls(self, node: "TreeNode", page: int) -> tuple:
+        end = node.ev_seq - (node.ev_start // self.page + page) - 1   # pages after this one in its sequence
+        return (node.ev_seq.bit_length(), min(int(end).bit_length(), 4), node.ev_ext)
+
+    def _rate(self, c: tuple) -> float:
+        return (self.r.get(c, 0.0) + 1.0) / (self.n.get(c, 0.0) + 2.0)
+
+    def on_insert(self, node: "TreeNode", now: float) -> None:
+        parent = node.parent
+        start = getattr(parent, "ev_start", 0) + len(parent.key)
+        node.ev_seq = (start + len(node.key)) // self.page     # the inserted sequence, in pages
+        node.ev_ext = start > 0
+        super().on_insert(node, now)
+        if self.clock >= self.next_decay:
+            self.next_decay = self.clock + self.capacity
+            for d in (self.n, self.r):
+                for k in d:
+                    d[k] *= DECAY
+
+    def admit(self, node: "TreeNode") -> None:
+        super().admit(node)
+        for k in range(1, len(node.key) // self.page):     # page 0 was looked up by `recall`
+            c = self.recall.pop(self.page_name(node, k * self.page))
+            if c is not None:
+                self.recalled(c)
+
+    def recalled(self, info: object) -> None:
+        if isinstance(info, tuple):
+            self.n[info] = self.n.get(info, 0.0) + 1.0
+            self.r[info] = self.r.get(info, 0.0) + 1.0
+
+    def forgotten(self, info: object) -> None:
+        """A T1 page left the recall memory without coming back."""
+        if isinstance(info, tuple):
+            self.n[info] = self.n.get(info, 0.0) + 1.0
+
+    def hit(self, node: "TreeNode") -> None:
+        if node.ev_list == 1:
+            for k in range(len(node.key) // self.page):
+                c = self._cls(node, k)
+                self.n[c] = self.n.get(c, 0.0) + 1.0
+                self.r[c] = self.r.get(c, 0.0) + 1.0
+        super().hit(node)
+
+    def split(self, head: "TreeNode", tail: "TreeNode") -> None:
+        super().split(head, tail)
+        head.ev_seq, head.ev_ext = tail.ev_seq, tail.ev_ext
+
+    def key(self, node: "TreeNode") -> tuple:
+        if node.ev_list == 1:
+            last = len(node.key) // self.page - 1
+            return (node.ev_list != self.first, self._rate(self._cls(node, last)), node.last_access_time)
+        return (node.ev_list != self.first, 1.0, node.last_access_time)
+
+    def evict_tail(self, node: "TreeNode") -> int:
+        return self.page if node.ev_list == 1 else len(node.key)
+
+    def on_evict(self, node: "TreeNode") -> None:
+        ARC.on_evict(self, node)
+        t1 = node.ev_list == 1
+        for k in range(len(node.key) // self.page):
+            c = self._cls(node, k) if t1 else True
+            self.recall.add(self.page_name(node, k * self.page), self.page, c)
