@@ -133,7 +133,16 @@ class RecallValue(Recall):
         return (node.ev_list != self.first, 1.0, node.last_access_time)
 
     def evict_tail(self, node: "TreeNode") -> int:
-        return self.page if node.ev_list == 1 else len(node.key)
+        """A T1 leaf loses its last run of pages of one class (the same rate: they would go one after
+        another); a T2 leaf goes whole."""
+        if node.ev_list != 1:
+            return len(node.key)
+        pages = len(node.key) // self.page
+        last = self._cls(node, pages - 1)
+        k = pages - 1
+        while k > 0 and self._cls(node, k - 1) == last:
+            k -= 1
+        return (pages - k) * self.page
 
     def on_evict(self, node: "TreeNode") -> None:
         ARC.on_evict(self, node)

@@ -295,7 +295,7 @@ class RadixCache:
             key, node = heapq.heappop(heap)
             if node.lock_ref > 0 or not node.is_leaf:
                 continue
-            tail = self._tail_tokens(node)
+            tail = self._tail_tokens(node, num_tokens - freed)
             if tail < len(node.key):    # partial-leaf eviction: free the tail pages, keep the head
                 head = self._split_node(node, len(node.key) - tail, node.last_access_time)
                 freed += self._delete_leaf(node, key)
@@ -307,14 +307,15 @@ class RadixCache:
                 heapq.heappush(heap, (self.policy(parent), parent))
         return freed
 
-    def _tail_tokens(self, node: TreeNode) -> int:
-        """How many of leaf `node`'s last tokens to free (the policy's choice, whole pages, at least one page)."""
+    def _tail_tokens(self, node: TreeNode, need: int) -> int:
+        """How many of leaf `node`'s last tokens to free: the policy's choice; a part of the leaf is whole
+        pages, at least one, and no more than the `need` still to free (rounded up to a page)."""
         tail = self.policy.evict_tail(node)  # policy hook
         size = len(node.key)
         if tail >= size:
             return size
-        tail = max(self.page_size, -(-int(tail) // self.page_size) * self.page_size)
-        return min(tail, size)
+        tail = min(int(tail), need)
+        return min(size, max(self.page_size, -(-tail // self.page_size) * self.page_size))
 
     def _delete_leaf(self, node: TreeNode, policy_key: tuple) -> int:
         parent, key = node.parent, node.key

@@ -88,3 +88,13 @@ def test_recall_value_counts_a_forgotten_page_as_not_back():
     # prompts 1 and 2 forgotten, never back: one page of each class each (last token, the one before),
     # counted when forgotten and halved every pool (2 tokens) inserted since: 1/2 + 1/4
     assert pol.n == {(2, 0, False): 0.75, (2, 1, False): 0.75} and pol.r == {}
+
+
+def test_recall_value_frees_a_tail_by_class_runs_and_never_more_than_asked():
+    """Tokens 1..12: classes by distance from the end are runs {12} {11} {9, 10} {5..8} {1..4}."""
+    tr = Tree("recall-value", slots=12)
+    tr.put(1, list(range(1, 13)))
+    assert tr.evicted(lambda: tr.cache.evict(3)) == [(12,), (11,), (10,)]      # the {9, 10} run, capped at 1
+    assert tr.evicted(lambda: tr.cache.evict(4)) == [(9,), (6, 7, 8)]          # then {5..8}, capped at 3
+    assert [tuple(n.key.token_ids.tolist()) for n in tr.cache.nodes()[1:]] == [(1, 2, 3, 4, 5)]
+    assert tr.alloc.available() == 7 and tr.pol.size == {1: 5, 2: 0}
