@@ -7,11 +7,13 @@ Parts (each optional):
   --halves    the same at one capacity on the trace's first and second half (does it generalise?)
   --generated the four generated workloads at pools of 10 / 25 / 50 % of their distinct pages
   --stats     block reuse statistics of the trace (why the gap is hard)
+  --bounds    how far a perfect "will this block be used again?" predictor gets (flat, LRU within two
+              groups): the ceiling of admission-style policies, so of any class-based reuse predictor
   --flat      libcachesim's flat block caches (LRU, ARC, S3-FIFO, LHD, Belady...) on the same block
               trace: what the leaf-only rule and prefix closure cost, and where flat online policies land
 
     .venv/bin/python benchmarks/bench_eviction.py --trace data/mooncake/synthetic_trace.jsonl.gz \
-        --halves --generated --flat
+        --halves --generated --flat --bounds
 """
 from __future__ import annotations
 
@@ -196,6 +198,57 @@ def run_stats(path: str) -> None:
           f"({admitted / first.sum():.0%})")
 
 
+def run_bounds(path: str, cap: int) -> None:
+    """Flat per-block caches (prompt blocks; a hit counts only in a request's leading run) that evict one
+    group before the other, LRU within each: what knowing *which* blocks come back is worth, by kind."""
+    import bisect
+    import heapq
+    from collections import OrderedDict, defaultdict
+
+    w = load_mooncake(path)
+    reqs = [r.hash_ids[: r.prompt_len // r.block_size].tolist() for r in w.requests]
+    uses = defaultdict(list)
+    for i, ids in enumerate(reqs):
+        for h in ids:
+            uses[h].append(i)
+    total = sum(len(ids) for ids in reqs)
+
+    def again(h: int, i: int) -> bool:
+        u = uses[h]
+        return bisect.bisect_right(u, i) < len(u)
+
+    def sim(keep) -> float:     # keep(seen_before, used_again) -> 1 to keep over 0
+        cache, heap, ghost, hits, t = {}, [], OrderedDict(), 0, 0
+        for i, ids in enumerate(reqs):
+            lead = True
+            for h in ids:
+                lead = lead and h in cache
+                hits += lead
+            for h in ids:
+                t += 1
+                seen = h in cache or ghost.pop(h, None) is not None
+                cache[h] = t
+                heapq.heappush(heap, ((keep(seen, again(h, i)), t), h))
+                while len(cache) > cap:
+                    (_, t0), h0 = heapq.heappop(heap)
+                    if cache.get(h0) == t0:
+                        del cache[h0]
+                        ghost[h0] = True
+                        if len(ghost) > 4 * cap:    # recall's memory: 4 pools
+                            ghost.popitem(last=False)
+        return hits / total
+
+    rows = {"lru": lambda s, a: 0,
+            "seen before (4 pools) kept first, as static recall": lambda s, a: int(s),
+            "oracle on first-seen blocks (seen ones as lru)": lambda s, a: int(s or a),
+            "oracle on seen-before blocks (first-seen as lru)": lambda s, a: int(not s or a),
+            "oracle on every block": lambda s, a: int(a)}
+    print(f"\n### What knowing which blocks come back is worth (flat, {cap:,} blocks)\n")
+    print("| keep first | hit rate |\n|---|---|")
+    for label, fn in rows.items():
+        print(f"| {label} | {sim(fn):.4f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", help="Mooncake JSONL trace")
@@ -206,6 +259,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16, help="page size of the generated workloads")
     ap.add_argument("--flat", action="store_true", help="also: libcachesim flat caches on the block trace")
     ap.add_argument("--stats", action="store_true", help="also: block reuse statistics of the trace")
+    ap.add_argument("--bounds", action="store_true", help="also: what a perfect reuse predictor is worth (flat)")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     caps = [int(c) for c in a.capacities.split(",")]
@@ -220,6 +274,8 @@ def main() -> None:
             run_flat(a.trace, caps)
         if a.stats:
             run_stats(a.trace)
+        if a.bounds:
+            run_bounds(a.trace, 6000)
     if a.generated:
         run_generated(pols, a.workers, a.page_size)
 
