@@ -1,4 +1,4 @@
-"""`recall` and `recall-value`: ARC whose "seen before" reaches back several pools (a long, cheap memory of page names).
+"""`recall` and `recall-value`: ARC whose "seen before" reaches back several pools.
 
 Why: on prefix-cache traces most reuse of a new page comes later than one pool's turnover (the
 Mooncake synthetic trace: a block used once returns 45 % of the time, median 573 requests later,
@@ -64,8 +64,12 @@ class RecallValue(Recall):
     inserted with (bit length, in pages), its distance from that sequence's end (0, 1, 2-3, 4-7, 8+
     pages) and whether it extended a cached prefix. Per class the policy counts pages that left T1
     and those that came back (a hit in T1, or asked for again while in the recall memory), so reuse
-    later than the pool's turnover is seen; the rate (r + 1) / (n + 2) ranks T1 leaves by their last
-    page, and only that page is evicted (`evict_tail`), so a prompt's tail goes before its head."""
+    later than the pool's turnover is seen; the rate (r + 1) / (n + 2) (Laplace: 1/2 with no evidence)
+    ranks T1 leaves by their last page, then by recency, and only the leaf's last run of pages of that
+    class is freed (`evict_tail`), so a prompt's low-value tail goes before its reusable head.
+
+    Cost: O(pages) of the node per hook (class counts per page), O(classes) once per pool (decay);
+    each freed run is one split and one heap push, O(log n), at most five runs per leaf."""
 
     name = "recall-value"
     description = ("recall + a learned reuse rate per page class (sequence length, distance from its end, "

@@ -336,7 +336,10 @@ class RadixCache:
         return size
 
     def eviction_order(self, k: Optional[int] = None) -> list[TreeNode]:
-        """The next `k` victims (all when None) in the order `evict` would take them; changes nothing."""
+        """The next `k` victims (all when None) in the order `evict` would take them; changes nothing.
+
+        Whole leaves: where a policy frees only a leaf's tail (`evict_tail`), the leaf named here is the
+        one whose tail goes first (listing the parts would mean splitting the tree)."""
         heap = self._heap()
         heapq.heapify(heap)
         left = {}

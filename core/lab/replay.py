@@ -17,7 +17,7 @@ Two levels, the same numbers (tests/lab/test_replay.py holds them equal on every
 - level="token" expands every page into its tokens (a Mooncake block into 512 ids) and keys the tree
   by token, with the tree's own page_size: what the engine's cache does. Kept as the reference.
 "auto" is "page" for page_size > 1 and "token" for page_size 1 (where they are the same thing), and
-"token" for the stateful policies (core.eviction.is_stateful: arc, s3fifo, lecar, lhd, gdsf): they
+"token" for the stateful policies (core.eviction.is_stateful: arc, s3fifo, lecar, lhd, gdsf, recall...): they
 name nodes by their first units for their ghosts, and the first 4 tokens of a node are not its first
 4 pages, so only the token level replays exactly what the engine's cache does with them.
 
