@@ -98,3 +98,23 @@ def test_recall_value_frees_a_tail_by_class_runs_and_never_more_than_asked():
     assert tr.evicted(lambda: tr.cache.evict(4)) == [(9,), (6, 7, 8)]          # then {5..8}, capped at 3
     assert [tuple(n.key.token_ids.tolist()) for n in tr.cache.nodes()[1:]] == [(1, 2, 3, 4, 5)]
     assert tr.alloc.available() == 7 and tr.pol.size == {1: 5, 2: 0}
+
+
+def test_the_dashboards_event_replay_rebuilds_a_tree_evicted_in_parts():
+    """Partial evictions are a split then an evict in the event log: radixui's time travel replays them."""
+    import dataclasses
+    import random
+
+    from radixui.replay import empty_snapshot, replay
+
+    for page_size in (1, 4):
+        tr = Tree("recall-value", slots=64, page_size=page_size)
+        rng = random.Random(3)
+        for t in range(1, 60):
+            stem = [rng.randrange(1, 6) for _ in range(rng.randrange(1, 5) * page_size)]
+            tr.put(t, stem + [rng.randrange(1, 50) for _ in range(page_size * rng.randrange(1, 4))])
+        kinds = [e.kind for e in tr.cache.events]
+        assert kinds.count("evict") > 50 and kinds.count("split") > 50
+        got = replay(empty_snapshot(64, page_size, "recall-value"), list(tr.cache.events))
+        # the replayed eviction order keys by recency (a stand-in: the policy's state is not in the log)
+        assert dataclasses.replace(got, eviction_order=()) == dataclasses.replace(tr.cache.snapshot(), eviction_order=())
