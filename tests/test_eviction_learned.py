@@ -67,6 +67,30 @@ def test_reuse_after_eviction_is_seen_through_the_ghost_and_late_reuse_is_not():
     assert [g[1].shape[0] for g in tr2.pol.ghosts.values()] == [2, 4]
 
 
+def test_a_namespace_is_part_of_a_page_name_so_another_tenant_does_not_label_it():
+    from core.memory import SlotAllocator
+    from core.radix_cache import RadixCache
+
+    def run(back_ns: str) -> list[float]:
+        alloc = SlotAllocator(8)                 # boundary: 8 tokens inserted
+        cache = RadixCache(alloc, eviction_policy="lrb")
+
+        def put(tokens: list[int], ns: str) -> None:
+            cache.tick()
+            if alloc.available() < len(tokens):
+                cache.evict(len(tokens) - alloc.available())
+            cache.insert(RadixKey(tokens, extra_key=ns), alloc.alloc(len(tokens)))
+
+        put([1, 2, 3, 4], "tenant-a")            # clock 4
+        samples = list(cache.nodes()[1].ev_samples)
+        put([5, 6, 7, 8], "tenant-a")            # clock 8: the pool is full
+        put([1, 2, 3, 4], back_ns)               # clock 12: evicts tenant-a's [1..4], then inserts these
+        return [s.label for s in samples]
+
+    assert run("tenant-a") == [1.0, 1.0]         # the same pages came back within the boundary
+    assert run("tenant-\udcff") == [0.0, 0.0]    # same tokens, another (non-UTF-8) namespace: not them
+
+
 def test_labels_become_training_rows_once_their_boundary_has_passed():
     tr = Tree("lrb", slots=8)
     for t in range(1, 9):
