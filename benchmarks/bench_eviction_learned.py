@@ -99,6 +99,21 @@ def run_oracle(path: str, cap: int) -> None:
         print(f"- {label}: {r.hit_tokens / r.prompt_tokens:.4f}")
 
 
+def run_reversed(path: str, caps: list[int], policies: list[str], workers: int) -> None:
+    """A trace nothing was chosen on: the same requests in reverse order (LRU's and the optimum's hit rates
+    are unchanged by reversal, reuse distances are symmetric; what a learner sees first is not)."""
+    from core.lab import load_mooncake, run_sweep
+    from core.lab.workloads import Workload, _copy
+
+    w = load_mooncake(path)
+    reqs = [_copy(r) for r in reversed(w.requests)]
+    for r in reqs:
+        r.timestamp = None
+    rev = Workload(f"{w.name} reversed", reqs, dict(w.params), 0)
+    res = run_sweep(rev, [f"{c}p" for c in caps], policies, page_size=512, workers=workers)
+    be.table(res, policies, f"Mooncake {Path(path).name}, requests in reverse order")
+
+
 def run_stats(path: str, horizon: int = 300) -> None:
     """Why prediction is hard: per request, its first-seen blocks (an infinite cache's misses) and the share
     of them used again within `horizon` requests, by request length and by whether a seen prefix was extended."""
@@ -153,6 +168,7 @@ def main() -> None:
                     help="also: lrb_arc and lrb with their constants varied, at 6,000 blocks")
     ap.add_argument("--oracle", action="store_true",
                     help="also: leaf rankings with perfect knowledge of the future, at 6,000 blocks")
+    ap.add_argument("--reversed", action="store_true", help="also: the trace in reverse order at 3,000 / 6,000")
     ap.add_argument("--stats", action="store_true", help="also: how predictable new blocks' reuse is")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
@@ -164,6 +180,8 @@ def main() -> None:
         be.run_trace(a.trace, [int(c) for c in a.capacities.split(",")], pols, a.workers)
         if a.halves:
             be.run_halves(a.trace, 6000, pols, a.workers)
+        if a.reversed:
+            run_reversed(a.trace, [3000, 6000], pols, a.workers)
         if a.stats:
             run_stats(a.trace)
         if a.oracle:
