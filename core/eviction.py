@@ -160,3 +160,4 @@ def is_stateful(name: str) -> bool:
 import core.eviction_policies  # noqa: E402,F401  (registers the stateful policies)
 import core.eviction_lhd  # noqa: E402,F401
 import core.eviction_recall  # noqa: E402,F401
+import core.eviction_learned  # noqa: E402,F401

@@ -17,14 +17,16 @@ from core.lab.units import ModelKV
 
 _COLORS = {"lru": "#1f77b4", "lfu": "#d62728", "fifo": "#2ca02c", "mru": "#9467bd", "filo": "#8c564b",
            "priority": "#e377c2", "slru": "#ff7f0e", "gdsf": "#17becf", "arc": "#bcbd22", "s3fifo": "#7f7f7f",
-           "lecar": "#393b79", "lhd": "#ad494a", "recall": "#637939", "recall-value": "#e7969c", OPTIMAL: "#111111"}
+           "lecar": "#393b79", "lhd": "#ad494a", "recall": "#637939", "recall-value": "#e7969c",
+           "lrb": "#8c6d31", "lrb-arc": "#7b4173", OPTIMAL: "#111111"}
 # (marker symbol, line dash, marker size): no two policies alike, larger markers drawn first
 _STYLES = {"lru": ("circle", "solid", 11), "lfu": ("square-open", "dashdot", 13), "fifo": ("diamond", "longdashdot", 9),
            "mru": ("triangle-up", "dot", 10), "filo": ("triangle-down", "4px,3px,1px,3px", 10),
            "priority": ("cross", "longdash", 9), "slru": ("x", "dash", 8),
            "gdsf": ("star", "2px,2px", 10), "arc": ("hexagon", "8px,2px", 10), "s3fifo": ("pentagon", "1px,4px", 9),
            "lecar": ("star-triangle-up", "6px,2px,2px,2px", 10), "lhd": ("hourglass", "3px,6px", 9),
-           "recall": ("diamond-wide", "5px,2px,1px,2px", 9), "recall-value": ("bowtie", "1px,2px,6px,2px", 9)}
+           "recall": ("diamond-wide", "5px,2px,1px,2px", 9), "recall-value": ("bowtie", "1px,2px,6px,2px", 9),
+           "lrb": ("octagon", "5px,3px,1px,3px,1px,3px", 10), "lrb-arc": ("triangle-left", "10px,4px", 10)}
 
 
 def policy_style(policy: str) -> dict:

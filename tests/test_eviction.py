@@ -9,7 +9,7 @@ from core.memory import SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
 
 ALL = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
-NEW = ["gdsf", "arc", "s3fifo", "lecar", "lhd", "recall", "recall-value"]   # stateful: tests/test_eviction_policies.py
+NEW = ["gdsf", "arc", "s3fifo", "lecar", "lhd", "recall", "recall-value", "lrb", "lrb-arc"]   # stateful: tests/test_eviction_policies.py, tests/test_eviction_learned.py
 
 
 class Tree:

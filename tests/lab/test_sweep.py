@@ -93,7 +93,7 @@ def test_parsers():
     assert parse_capacities("1000,1001,1007,1008", page_size=16) == [992, 1008]   # 62 pages twice: one row
     assert parse_policies("all") == ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru",   # SGLang's
                                      "gdsf", "arc", "s3fifo", "lecar", "lhd", "recall",         # docs/eviction.md
-                                     "recall-value"]
+                                     "recall-value", "lrb", "lrb-arc"]
     assert parse_policies("lfu,lru,lfu") == ["lfu", "lru"]
 
 
