@@ -13,6 +13,8 @@ import numpy as np
 from numba import njit
 
 OK, OUTSIDE, PADDING, ALREADY_FREE, REPEATED, NOT_WHOLE = 0, 1, 2, 3, 4, 5
+SHORT = 16   # slots looked at one by one before a run is compared in blocks
+BLOCK = 64   # slots compared per block: long enough to vectorise, short enough to stop soon after a run ends
 
 
 @njit(cache=True, nogil=True)
@@ -26,6 +28,42 @@ def take(ring: np.ndarray, start: int, n: int, page_size: int, out: np.ndarray) 
             k += 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _run_end(slots: np.ndarray, i: int, total: int) -> int:
+    """The end of the run of consecutive slots starting at slots[i]: a scalar look at the first few, then
+    blocks of BLOCK compared without early exit (a loop the compiler vectorises), then a scalar tail."""
+    a = slots[i]
+    j = i + 1
+    short = min(total, i + SHORT)
+    while j < short and slots[j] == a + (j - i):
+        j += 1
+    if j < short or j == total:
+        return j
+    while j + BLOCK <= total:
+        c = a + (j - i)
+        differs = 0
+        for t in range(BLOCK):
+            differs |= slots[j + t] ^ (c + t)
+        if differs:
+            break
+        j += BLOCK
+    while j < total and slots[j] == a + (j - i):
+        j += 1
+    return j
+
+
+@njit(cache=True, nogil=True)
+def _whole_pages(slots: np.ndarray, page_size: int, i: int) -> bool:
+    """Whether slots[i:] is whole pages: every maximal run starts on a page boundary, spans whole pages."""
+    total = slots.shape[0]
+    while i < total:
+        j = _run_end(slots, i, total)
+        if slots[i] % page_size or (j - i) % page_size:
+            return False
+        i = j
+    return True
+
+
 @njit(cache=True, nogil=True)
 def mark_free(slots: np.ndarray, page_size: int, pos: np.ndarray, ring: np.ndarray, ring_end: int, head: int,
               tail: int, num_pages: int) -> tuple[int, int]:
@@ -35,33 +73,56 @@ def mark_free(slots: np.ndarray, page_size: int, pos: np.ndarray, ring: np.ndarr
     freed (pos[p] >= tail: listed twice), is rejected. Returns (OK, number of pages), or (error code, index
     of the first offending page) with nothing changed that counts: the pages marked before it get -1 back
     (any position below the head means "held", and the head never goes below 0), and ring entries past the
-    allocator's tail are not free_pages until it moves. Slots that are not whole pages are refused before
-    anything else (NOT_WHOLE): the page numbers mean nothing then.
+    allocator's tail are not free_pages until it moves. Slots that are not whole pages are refused whatever
+    else is wrong (NOT_WHOLE): the page numbers mean nothing then.
+
+    Freed slots come in runs (a leaf's slots were handed out together), so the work is per run: find where
+    the run of consecutive slots ends, then check and write its pages as contiguous slices, loops the
+    compiler turns into vector code. A slot-level run of whole pages starts on a page boundary and spans
+    whole pages, which is also the whole-page check. Short runs (shuffled slots) take a scalar path.
     """
-    k = slots.shape[0] // page_size
-    if page_size > 1:
-        for i in range(k):
-            s0 = slots[i * page_size]
-            if s0 % page_size:
-                return NOT_WHOLE, i
-            for j in range(1, page_size):
-                if slots[i * page_size + j] != s0 + j:
-                    return NOT_WHOLE, i
-    for i in range(k):
-        p = slots[i * page_size] // page_size
-        if p < 1 or p > num_pages:
-            code = PADDING if p == 0 else OUTSIDE
-        else:
-            q = pos[p]
-            if q < head:
-                pos[p] = tail + i
-                ring[ring_end + i] = p
-                continue
-            code = REPEATED if q >= tail else ALREADY_FREE
-        for j in range(i):
-            pos[slots[j * page_size] // page_size] = -1
-        return code, i
-    return OK, k
+    total = slots.shape[0]
+    code, bad = OK, 0
+    i = 0
+    while i < total:
+        j = _run_end(slots, i, total)
+        a = slots[i]
+        if a % page_size or (j - i) % page_size:
+            code, bad = NOT_WHOLE, i // page_size
+            break
+        p0, n, first = a // page_size, (j - i) // page_size, i // page_size
+        problem = p0 < 1 or p0 > num_pages - n + 1
+        if not problem:
+            q = pos[p0:p0 + n]
+            top = q[0]
+            for t in range(1, n):
+                top = max(top, q[t])
+            problem = top >= head
+        if problem:                      # find the first offending page of the run, in order
+            for t in range(n):
+                p = p0 + t
+                if p < 1 or p > num_pages:
+                    code = PADDING if p == 0 else OUTSIDE
+                    break
+                if pos[p] >= head:
+                    code = REPEATED if pos[p] >= tail else ALREADY_FREE
+                    break
+            bad = first + t
+            if not _whole_pages(slots, page_size, j):
+                code = NOT_WHOLE
+            break
+        q = pos[p0:p0 + n]
+        r = ring[ring_end + first:ring_end + first + n]
+        for t in range(n):
+            q[t] = tail + first + t
+        for t in range(n):
+            r[t] = p0 + t
+        i = j
+    if code == OK:
+        return OK, total // page_size
+    for t in range(i // page_size):      # roll back the pages of the runs before: held again
+        pos[slots[t * page_size] // page_size] = -1
+    return code, bad
 
 
 def load() -> None:
