@@ -46,8 +46,9 @@ EQUIVALENT = {
                          "(keyed by a whole first page) has: the loop breaks there either way",
     "root-unlocked": "the root is excluded by identity everywhere (_update_leaf_status, evict's re-push, "
                      "the lock walks stop at it), so its lock_ref is never read",
-    "free-size-guard": "a call with more pages than the pool must repeat one, and the kernel rejects the first "
-                       "repeat with a 'double free' message before writing past the ring",
+    "free-size-guard": "a call with more pages than the pool must repeat one: the run kernel (and the ring store) "
+                       "reject the first repeat with a 'double free' message, and write at most one run per "
+                       "distinct page checked, which the run ring always has room for",
     "free-not-dirty": "a successful free needs a page handed out since the last clear, and alloc already "
                       "cleared the pristine flag",
     "replay-tail-free": "in_tree (prompt pages in the tree) <= n_prompt <= n_cached, so max(n_cached, in_tree) "
