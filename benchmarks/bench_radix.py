@@ -17,9 +17,11 @@ clock), so LRU takes the same decisions: the script asserts identical hit tokens
 and free slots in every round. `--baseline loop` compares with the plain per-token loop instead (page 1).
 
 Several rounds, each side once per round with the order alternating; it prints every round's ratio and the
-fastest round of each side against each other (the shared machine's slow spells only ever add time). Phases
-are timed with the thread's CPU time by default (`--timer wall` for wall time): on a 2-core machine shared by
-a dozen processes, waiting for a core would otherwise dominate both sides.
+fastest round of each side against each other (the shared machine's slow spells only ever add time). A round
+is timed with one clock around the whole replay (no clock inside: a clock call costs ~1 us, 7 a request, on
+both sides); the split into phases comes from one more round per side with clocks inside. Time is the
+thread's CPU time by default (`--timer wall` for wall time): on a 2-core machine shared by a dozen processes,
+waiting for a core would otherwise dominate both sides.
 
     .venv/bin/python benchmarks/bench_radix.py                   # whole trace, page 1 and 16, vs SGLang
     .venv/bin/python benchmarks/bench_radix.py --requests 500    # a quick look

@@ -51,6 +51,12 @@ EQUIVALENT = {
                        "distinct page checked, which the run ring always has room for",
     "free-not-dirty": "a successful free needs a page handed out since the last clear, and alloc already "
                       "cleared the pristine flag",
+    "replay-inserted-from-hit": "the prompt's matched path stays locked from match_prefix to insert and nothing is "
+                                "inserted in between, so insert returns exactly the device hit: cached == hit",
+    "host-match-on-device": "the device tree holds every page's whole prefix, so a page right after the device "
+                            "match is not on the device, nor is any later one (its parent is not): the check never fires",
+    "free-noncontiguous": "numba compiles the kernel for strided arrays too and reads them correctly; the copy only "
+                          "spares the one-off compile of that variant on the first strided free",
     "replay-tail-free": "in_tree (prompt pages in the tree) <= n_prompt <= n_cached, so max(n_cached, in_tree) "
                         "== n_cached",
     "opt-swap-on-tie": "two distinct pages never share a next use below _NEVER (a position is one access) and the "
@@ -276,7 +282,8 @@ def main(argv=None) -> int:
     print(f"\n{applicable} applicable mutants ({na} not applicable), {eq} of them equivalent (explained):")
     print(f"  BEFORE (suite without the mutant-killing tests): {before} killed, {applicable - before} survived")
     if not args.no_new:
-        print(f"  AFTER  (with tests/test_radix_mutants.py, tests/lab/test_replay_reference.py): {after} killed, "
+        print(f"  AFTER  (with tests/test_radix_mutants.py, tests/lab/test_replay_reference.py, "
+              f"tests/lab/test_lab_mutants.py): {after} killed, "
               f"{eq} equivalent, {left} unexplained survivors")
     print(f"  {time.perf_counter() - t0:.0f} s")
     if args.json:

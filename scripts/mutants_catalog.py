@@ -26,7 +26,8 @@ LAB_FILE_TESTS = {
 }
 # Written to kill the survivors of the suite above; run only against a mutant that survived it, so one pass
 # gives both figures (a mutant the older suite kills, the larger one kills too).
-NEW_TESTS = {"cache": ["tests/test_radix_mutants.py"], "lab": ["tests/lab/test_replay_reference.py"]}
+NEW_TESTS = {"cache": ["tests/test_radix_mutants.py"],
+             "lab": ["tests/lab/test_replay_reference.py", "tests/lab/test_lab_mutants.py"]}
 
 
 @dataclass(frozen=True)
@@ -316,8 +317,9 @@ MUTANTS: list[Mutant] = [
       ("load = host * kv.bytes_per_token / (bandwidth_gbps * 1e9)", "load = host * kv.bytes_per_token / (bandwidth_gbps * 2 ** 30)")),
     M("host-ttft-rejected", HT, "the time estimate includes rejected requests",
       ("        ok = ~self.rejected\n", "        ok = np.ones_like(self.rejected)\n")),
-    M("host-begin-keeps-arrays", HT, "begin() keeps the previous replay's pages",
-      ("        self.on_device: set[int] = set()\n", "        self.on_device: set[int] = getattr(self, 'on_device', set())\n")),
+    M("host-begin-keeps-pages", HT, "begin() keeps the previous replay's host pages",
+      ("        self.host: dict[int, tuple[int, int]] = {}     # page -> (last use, -depth): its recency key\n",
+       "        self.host: dict[int, tuple[int, int]] = getattr(self, 'host', {})\n")),
     # ----- the size search (size.py) ------------------------------------------------------------------------------------
     M("size-goal-strict", SZ, "bisection needs strictly more than the goal",
       ("        if at(mid) >= goal:\n", "        if at(mid) > goal:\n")),

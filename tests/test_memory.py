@@ -401,3 +401,18 @@ def test_a_free_of_one_long_run_with_a_gap_frees_exactly_its_pages():
     assert a.free_pages.tolist() == slots + [101, 102, 103]
     assert a.alloc(150).tolist() == list(range(1, 101)) + list(range(104, 154))   # runs split where alloc stops
     assert a.free_pages.tolist()[:3] == [154, 155, 156] and a.available() == 50
+
+
+@pytest.mark.parametrize("store", ["runs", "ring"])
+def test_paged_free_errors_name_the_first_slot_of_the_page(store):
+    a = SlotAllocator(16, page_size=4, store=store)     # pages 1..4 = slots 4..19
+    assert a.alloc(8).tolist() == list(range(4, 12))
+    a.free(list(range(8, 12)))                           # page 2 back
+    before = state(a)
+    for bad, match in [(list(range(8, 12)), r"double free: slot 8 is already free"),
+                       (list(range(4, 8)) * 2, r"same slot twice in one call \(slot 4\)"),
+                       (list(range(20, 24)), r"slot 20 outside the pool \(slots 4..19\)"),
+                       (list(range(0, 4)), r"slot 0, which is padding")]:
+        with pytest.raises(ValueError, match=match):
+            a.free(bad)
+        assert state(a) == before
