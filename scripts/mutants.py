@@ -57,6 +57,9 @@ EQUIVALENT = {
                             "match is not on the device, nor is any later one (its parent is not): the check never fires",
     "free-noncontiguous": "numba compiles the kernel for strided arrays too and reads them correctly; the copy only "
                           "spares the one-off compile of that variant on the first strided free",
+    "host-victim-on-device": "host pages enter the victim heap only when they leave the device, and every way back "
+                             "(a load in match, an insert) touches the page and changes its host key, so its heap "
+                             "entry is stale by key before the on-device check is reached",
     "replay-tail-free": "in_tree (prompt pages in the tree) <= n_prompt <= n_cached, so max(n_cached, in_tree) "
                         "== n_cached",
     "opt-swap-on-tie": "two distinct pages never share a next use below _NEVER (a position is one access) and the "
