@@ -14,7 +14,8 @@ from dataclasses import dataclass
 PROPERTIES = ("tests/test_radix_properties.py::test_random_request_flows[" + "] tests/test_radix_properties.py::"
               "test_random_request_flows[".join(["lru-1", "lru-4", "lfu-2", "fifo-4", "mru-1", "filo-2",
                                                  "priority-1", "slru-4"]) + "]").split()
-CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction.py", "tests/test_memory.py", *PROPERTIES]
+CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction.py", "tests/test_memory.py",
+               "tests/test_slot_store.py", *PROPERTIES]
 LAB_TESTS = ["tests/lab/test_optimal.py", "tests/lab/test_replay.py"]
 # A lab file's own test files (the page-level replay, the host tier and the size search have theirs).
 LAB_FILE_TESTS = {
