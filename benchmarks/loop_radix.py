@@ -147,8 +147,8 @@ class LoopRun:
         self.tree = LoopRadixTree(capacity)
         self.hit = self.evicted = 0
 
-    def step(self, t: int, key: list[int], phases: dict) -> None:
-        tree, clock = self.tree, time.perf_counter
+    def step(self, t: int, key: list[int], phases: dict, clock=time.perf_counter) -> None:
+        tree = self.tree
         tree.now = t
         t0 = clock()
         prefix, node = tree.match_prefix(key)

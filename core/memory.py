@@ -1,7 +1,7 @@
 """The physical KV memory: a slot allocator (`free_pages`), the K/V pool, and request rows.
 
 Slot 0 is padding and never handed out, so a zero in an index tensor is always "no slot".
-`free_pages` is a tensor on the pool's device, so indices taken from it index `k_buffer`
+Slots come out of `alloc` as a tensor on the pool's device, so they index `k_buffer`
 and `v_buffer` directly, with no host round trip (as the article stresses).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from core import slot_kernels
+from core import slot_kernels, slot_store
 
 Indices = Union[torch.Tensor, Sequence[int]]
 
@@ -38,16 +38,16 @@ class SlotAllocator:
     p*page_size + page_size - 1, page 0 is padding, and `free_pages` holds page numbers.
     `alloc`/`free` always speak in slot indices, so callers never see the difference.
 
-    How it stays cheap per slot: `free_pages` is the window `[_head, _tail)` of an ever-growing
-    sequence of positions, kept in a ring buffer twice the pool's size. `_pos[p]` is the position at
-    which page p was last appended, so page p is free exactly when `_pos[p] >= _head`. `alloc` only
-    advances `_head` and copies the pages out: no per-slot bookkeeping at all (with pages, one compiled
-    pass expands them to slots). `free` checks and appends in one pass, one check per page, so a paged
-    free stays page-granular (`core/slot_kernels.py` on a CPU pool, a few torch ops on an accelerator).
+    Every free is checked (whole pages, inside the pool, not padding, handed out, not twice in one call):
+    a bad one raises ValueError naming the first offending slot and changes nothing. Where `free_pages`
+    lives (core/slot_store.py): on a CPU pool as runs of consecutive pages (`store="runs"`: a free costs one
+    read per slot and a record per run, core/slot_kernels.py), on an accelerator as a ring of pages on the
+    device (`store="ring"`: torch ops, no host round trip). Both give the same results and errors.
     """
 
     def __init__(self, num_slots: int, device: Union[str, torch.device] = "cpu", page_size: int = 1,
-                 on_event: Optional[Callable[[str, torch.Tensor], None]] = None) -> None:
+                 on_event: Optional[Callable[[str, torch.Tensor], None]] = None,
+                 store: Optional[str] = None) -> None:
         if not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
         if not isinstance(num_slots, int) or num_slots < page_size:
@@ -62,69 +62,55 @@ class SlotAllocator:
         self.num_pages = num_slots // page_size
         self.device = torch.device(device)
         self.on_event = on_event
+        if store is None:
+            store = "runs" if self.device.type == "cpu" else "ring"
+        if store not in ("runs", "ring") or (store == "runs" and self.device.type != "cpu"):
+            raise ValueError(f"store={store!r}: use 'ring' (any device) or 'runs' (CPU pools only)")
         # On a CPU pool the hot paths work on numpy views of the same memory: a torch call costs
         # microseconds of dispatch, and the engine and the lab call alloc/free thousands of times a second.
-        self.use_kernel = self.device.type == "cpu"
+        self.use_kernel = store == "runs"
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
-        self._ring = torch.empty(2 * self.num_pages, dtype=torch.int64, device=self.device)
-        self._pos = torch.empty(self.num_pages + 1, dtype=torch.int64, device=self.device)
-        if self.use_kernel:
-            self._ring_np, self._pos_np = self._ring.numpy(), self._pos.numpy()
-            slot_kernels.load()
-        self._pristine = False
-        self.clear()
+        self._store = (slot_store.RunStore(self.num_pages, page_size) if self.use_kernel
+                       else slot_store.RingStore(self.num_pages, page_size, self.device))
+        self._pristine = True
 
     def clear(self) -> None:
         """Every page free again, in order 1..num_pages (the state at startup)."""
         if self._pristine:  # nothing handed out or taken back since the last clear (a new cache resets it)
             return
-        n = self.num_pages
-        torch.arange(1, n + 1, out=self._ring[:n])
-        self._pos[0] = -1                       # page 0 is padding: never free, never handed out
-        torch.arange(n, out=self._pos[1:])
-        self._base = 0                          # the position stored at _ring[0]
-        self._head, self._tail = 0, n           # free_pages = positions [_head, _tail)
+        self._store.clear()
         self._pristine = True
 
     @property
     def free_pages(self) -> torch.Tensor:
-        """Free page numbers (slots when page_size=1), front first. A view into the allocator's buffer:
-        read it now, or `.clone()` / `.tolist()` it to keep it (a later free() may overwrite it)."""
-        return self._ring[self._head - self._base:self._tail - self._base]
+        """Free page numbers (slots when page_size=1), front first: alloc takes from the front. A copy."""
+        return self._store.free_pages()
 
     def free_slots(self) -> torch.Tensor:
         """The slots of `free_pages`, in free_pages order (a copy; equal to free_pages when page_size=1)."""
-        return self._pages_to_slots(self.free_pages)
+        pages = self.free_pages
+        if self.page_size == 1:
+            return pages
+        return (pages[:, None] * self.page_size + self._page_offsets[None, :]).reshape(-1)
 
     def available(self) -> int:
         """Free slots (not pages)."""
-        return (self._tail - self._head) * self.page_size
+        return self._store.available_pages() * self.page_size
 
-    def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
-        if self.page_size == 1:
-            return pages.clone()
-        return (pages[:, None] * self.page_size + self._page_offsets[None, :]).reshape(-1)
+    available_size = available  # SGLang's name
 
     def alloc(self, n: int) -> Optional[torch.Tensor]:
-        """Take `n` slots from the front of `free_pages`; None when fewer than `n` are free."""
+        """Take `n` slots from the front of `free_pages` (a new tensor, the caller's to keep); None when fewer
+        than `n` are free."""
         n = _as_count(n)
         if n % self.page_size:
             raise ValueError(f"alloc({n}) is not page aligned: with page_size={self.page_size} ask for a "
                              f"multiple of {self.page_size} (for example {n + self.page_size - n % self.page_size})")
         num_pages = n // self.page_size
-        if num_pages > self._tail - self._head:
+        if num_pages > self._store.available_pages():
             return None
-        start = self._head - self._base
-        self._head += num_pages
         self._pristine = False
-        if self.use_kernel and self.page_size == 1:  # a copy: the ring region is reused later
-            slots = torch.from_numpy(self._ring_np[start:start + num_pages].copy())
-        elif self.use_kernel:
-            out = np.empty(n, dtype=np.int64)
-            slot_kernels.take(self._ring_np, start, num_pages, self.page_size, out)
-            slots = torch.from_numpy(out)
-        else:
-            slots = self._pages_to_slots(self._ring[start:start + num_pages])
+        slots = self._store.take(num_pages)
         if self.on_event is not None:
             self.on_event("alloc", slots)
         return slots
@@ -164,58 +150,27 @@ class SlotAllocator:
         """Return slots to the back of `free_pages`. A rejected call (ValueError) changes nothing that
         counts: free_pages, the free mask and available() stay as they were."""
         slots = self._index_tensor(indices)
-        if slots.shape[0] == 0:
+        n = slots.shape[0]
+        if n == 0:
             return  # callers free "whatever was left over", which is often nothing
         ps = self.page_size
+        if n % ps:
+            self._slots_to_pages(slots)            # raises the "not whole pages" error
+        if n // ps > self.num_pages:
+            raise ValueError(f"free() got {n // ps} pages but the pool has {self.num_pages}: a slot is repeated "
+                             f"(double free)")
         if self.use_kernel:     # the kernel checks whole pages itself, in the same pass as the rest
-            if slots.shape[0] % ps:
-                self._slots_to_pages(slots)        # raises the "not whole pages" error
-            pages = None
-            k = slots.shape[0] // ps
-        else:
-            pages = slots if ps == 1 else self._slots_to_pages(slots)
-            k = pages.shape[0]
-        if k > self.num_pages:
-            raise ValueError(f"free() got {k} pages but the pool has {self.num_pages}: a slot is repeated (double free)")
-        if self._tail - self._base + k > 2 * self.num_pages:  # out of room at the back: move the live part
-            live = self._ring[self._head - self._base:self._tail - self._base].clone()
-            self._ring[:live.numel()] = live
-            self._base = self._head
-        end = self._tail - self._base
-        if self.use_kernel:
             s = slots.numpy()
-            code, i = slot_kernels.mark_free(s, ps, self._pos_np, self._ring_np, end, self._head, self._tail,
-                                             self.num_pages)
+            code, page = self._store.give(s if s.flags.c_contiguous else np.ascontiguousarray(s))
             if code == slot_kernels.NOT_WHOLE:
                 self._slots_to_pages(slots)        # raises the "not whole pages" error
-            page = int(s[i * ps]) // ps if code != slot_kernels.OK else 0
         else:
-            code, i = self._mark_free_torch(pages, end)
-            page = int(pages[i]) if code != slot_kernels.OK else 0
+            code, page = self._store.give(self._slots_to_pages(slots))
         if code != slot_kernels.OK:
             raise self._free_error(code, page)
-        self._tail += k
         self._pristine = False
         if self.on_event is not None:
             self.on_event("free", slots)
-
-    def _mark_free_torch(self, pages: torch.Tensor, end: int) -> tuple[int, int]:
-        """`slot_kernels.mark_free` in torch ops, for pools off the CPU: the same checks, and the same
-        first offending page, found with masks (a repeat is a page seen earlier in the call)."""
-        outside = (pages < 1) | (pages > self.num_pages)
-        already = (self._pos[pages.clamp(0, self.num_pages)] >= self._head) & ~outside
-        ordered, order = torch.sort(pages, stable=True)
-        repeat = torch.zeros_like(outside)
-        repeat[order[1:]] = ordered[1:] == ordered[:-1]
-        problems = outside | already | repeat
-        if bool(problems.any()):
-            i = int(problems.nonzero()[0])
-            if bool(outside[i]):
-                return (slot_kernels.PADDING if int(pages[i]) == 0 else slot_kernels.OUTSIDE), i
-            return (slot_kernels.ALREADY_FREE if bool(already[i]) else slot_kernels.REPEATED), i
-        self._pos[pages] = torch.arange(self._tail, self._tail + pages.numel(), device=self.device)
-        self._ring[end:end + pages.numel()] = pages
-        return slot_kernels.OK, pages.numel()
 
     def _free_error(self, code: int, page: int) -> ValueError:
         ps, slot = self.page_size, page * self.page_size
@@ -229,7 +184,7 @@ class SlotAllocator:
 
     def is_free_mask(self) -> torch.Tensor:
         """Bool per slot 0..num_slots+page_size-1: True where the slot is in `free_pages`."""
-        return (self._pos >= self._head).repeat_interleave(self.page_size)
+        return self._store.is_free_page().repeat_interleave(self.page_size)
 
 
 class KVPool:

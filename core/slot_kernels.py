@@ -1,11 +1,15 @@
-"""The per-slot loops of `SlotAllocator.free` (and a paged `alloc`), compiled with numba for CPU pools.
+"""The loops of a CPU pool's `free_pages` kept as runs (core/slot_store.py `RunStore`), compiled with numba.
 
-Why compiled: every freed slot must be checked (a whole page, inside the pool, not padding, really handed
-out, not listed twice in the call) and given its place at the back of `free_pages`. With numpy or torch that
-is a range pass, a gather, a compare, a scatter and a second gather (plus, with pages, a k x page_size
-tensor to compare whole pages against), each a separate sweep over memory with microseconds of dispatch; one
-fused loop does all of it in a single pass, one check per page, and releases the GIL while it runs so the
-dashboard's thread keeps drawing. A paged `alloc` likewise expands its pages to slots in one pass.
+Why runs: the slots a request frees come in long runs of consecutive slots (a leaf's slots were handed out
+together, from runs freed together), ~2,600 slots a run on the Mooncake replay. Kept as (first page, length)
+runs, a free reads each freed slot once (to find where its run ends) and writes one record per run; an alloc
+writes each slot it hands out once. The double-free check is a byte per page (1 = free), checked and set a
+run at a time with contiguous loops the compiler turns into vector code. One page per slot in a ring plus a
+position per page, as before, cost five memory passes per slot; this costs about two.
+
+Why compiled: the per-run loops in numpy or torch would be several sweeps and microseconds of dispatch per
+run; one fused loop per call does it all, and releases the GIL while it runs so the dashboard's thread keeps
+drawing.
 """
 from __future__ import annotations
 
@@ -13,62 +17,156 @@ import numpy as np
 from numba import njit
 
 OK, OUTSIDE, PADDING, ALREADY_FREE, REPEATED, NOT_WHOLE = 0, 1, 2, 3, 4, 5
+SHORT = 16   # slots looked at one by one before a run is compared in blocks
+BLOCK = 64   # slots compared per block: long enough to vectorise, short enough to stop soon after a run ends
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _run_end(slots: np.ndarray, i: int, total: int) -> int:
+    """The end of the run of consecutive slots starting at slots[i]: a scalar look at the first few, then
+    blocks of BLOCK compared without early exit (a loop the compiler vectorises), then a scalar tail."""
+    a = slots[i]
+    j = i + 1
+    short = min(total, i + SHORT)
+    while j < short and slots[j] == a + (j - i):
+        j += 1
+    if j < short or j == total:
+        return j
+    while j + BLOCK <= total:
+        block = slots[j:j + BLOCK]       # a slice: indices the compiler knows are in range, so it vectorises
+        c = a + (j - i)
+        differs = 0
+        for t in range(BLOCK):
+            differs |= block[t] ^ (c + t)
+        if differs:
+            break
+        j += BLOCK
+    while j < total and slots[j] == a + (j - i):
+        j += 1
+    return j
 
 
 @njit(cache=True, nogil=True)
-def take(ring: np.ndarray, start: int, n: int, page_size: int, out: np.ndarray) -> None:
-    """A paged alloc: the slots of pages ring[start:start+n] into `out` (n * page_size of them)."""
-    k = 0
-    for i in range(n):
-        base = ring[start + i] * page_size
-        for j in range(page_size):
-            out[k] = base + j
-            k += 1
+def _whole_pages(slots: np.ndarray, page_size: int, i: int) -> bool:
+    """Whether slots[i:] is whole pages: every maximal run starts on a page boundary and spans whole pages
+    (a run of whole pages can only break at a page boundary, so this is exact)."""
+    total = slots.shape[0]
+    while i < total:
+        j = _run_end(slots, i, total)
+        if slots[i] % page_size or (j - i) % page_size:
+            return False
+        i = j
+    return True
 
 
 @njit(cache=True, nogil=True)
-def mark_free(slots: np.ndarray, page_size: int, pos: np.ndarray, ring: np.ndarray, ring_end: int, head: int,
-              tail: int, num_pages: int) -> tuple[int, int]:
-    """Give the i-th page of `slots` the position tail + i and write it at ring[ring_end + i].
+def give_runs(slots: np.ndarray, page_size: int, free: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+              tail: int, num_pages: int) -> tuple[int, int, int]:
+    """free(): mark the pages of `slots` free and append them, run by run, at runs[tail:].
 
-    Page p is free exactly when pos[p] >= head, so a page that is already free, or that this call has just
-    freed (pos[p] >= tail: listed twice), is rejected. Returns (OK, number of pages), or (error code, index
-    of the first offending page) with nothing changed that counts: the pages marked before it get -1 back
-    (any position below the head means "held", and the head never goes below 0), and ring entries past the
-    allocator's tail are not free_pages until it moves. Slots that are not whole pages are refused before
-    anything else (NOT_WHOLE): the page numbers mean nothing then.
+    Returns (OK, number of pages, new tail) or (error code, index of the first offending page, old tail) with
+    nothing changed: the pages this call marked are unmarked, and runs past the old tail are not free_pages.
+    The first problem in slot order is named; slots that are not whole pages are refused whatever else is
+    wrong (NOT_WHOLE). A page marked free that this call itself marked was listed twice (REPEATED).
     """
-    k = slots.shape[0] // page_size
-    if page_size > 1:
-        for i in range(k):
-            s0 = slots[i * page_size]
-            if s0 % page_size:
-                return NOT_WHOLE, i
-            for j in range(1, page_size):
-                if slots[i * page_size + j] != s0 + j:
-                    return NOT_WHOLE, i
-    for i in range(k):
-        p = slots[i * page_size] // page_size
-        if p < 1 or p > num_pages:
-            code = PADDING if p == 0 else OUTSIDE
+    total = slots.shape[0]
+    first_run = tail
+    code, bad = OK, 0
+    i = 0
+    while i < total:
+        j = _run_end(slots, i, total)
+        a = slots[i]
+        if a % page_size or (j - i) % page_size:
+            code, bad = NOT_WHOLE, i // page_size
+            break
+        p0, n, first = a // page_size, (j - i) // page_size, i // page_size
+        problem = p0 < 1 or p0 > num_pages - n + 1
+        if not problem:
+            run = free[p0:p0 + n]
+            seen = 0
+            for t in range(n):
+                seen |= run[t]
+            problem = seen != 0
+        if problem:                      # the first offending page of the run, in order
+            t = 0
+            while t < n:
+                p = p0 + t
+                if p < 1 or p > num_pages:
+                    code = PADDING if p == 0 else OUTSIDE
+                    break
+                if free[p]:
+                    code = ALREADY_FREE
+                    for r in range(first_run, tail):
+                        if starts[r] <= p < starts[r] + lengths[r]:
+                            code = REPEATED
+                    break
+                t += 1
+            bad = first + t
+            if not _whole_pages(slots, page_size, j):
+                code = NOT_WHOLE
+            break
+        run = free[p0:p0 + n]
+        for t in range(n):
+            run[t] = 1
+        if tail > first_run and starts[tail - 1] + lengths[tail - 1] == p0:
+            lengths[tail - 1] += n       # continues this call's last run
         else:
-            q = pos[p]
-            if q < head:
-                pos[p] = tail + i
-                ring[ring_end + i] = p
-                continue
-            code = REPEATED if q >= tail else ALREADY_FREE
-        for j in range(i):
-            pos[slots[j * page_size] // page_size] = -1
-        return code, i
-    return OK, k
+            starts[tail] = p0
+            lengths[tail] = n
+            tail += 1
+        i = j
+    if code == OK:
+        return OK, total // page_size, tail
+    for r in range(first_run, tail):     # roll back: this call's pages are held again
+        run = free[starts[r]:starts[r] + lengths[r]]
+        for t in range(run.shape[0]):
+            run[t] = 0
+    return code, bad, first_run
+
+
+@njit(cache=True, nogil=True)
+def take_runs(starts: np.ndarray, lengths: np.ndarray, head: int, n: int, page_size: int, free: np.ndarray,
+              out: np.ndarray) -> int:
+    """alloc(): the slots of the first `n` free pages into `out` (n * page_size), unmarked; returns the new
+    head. The caller has checked that n pages are free. Consecutive pages have consecutive slots, so each
+    run is one contiguous write."""
+    k = 0
+    while k < n:
+        s, length = starts[head], lengths[head]
+        take = min(length, n - k)
+        run = free[s:s + take]
+        for t in range(take):
+            run[t] = 0
+        base = s * page_size
+        dst = out[k * page_size:(k + take) * page_size]
+        for x in range(dst.shape[0]):
+            dst[x] = base + x
+        k += take
+        if take == length:
+            head += 1
+        else:
+            starts[head] = s + take
+            lengths[head] = length - take
+    return head
+
+
+@njit(cache=True, nogil=True)
+def expand_runs(starts: np.ndarray, lengths: np.ndarray, head: int, tail: int, out: np.ndarray) -> None:
+    """free_pages: the runs' pages in order into `out`."""
+    k = 0
+    for r in range(head, tail):
+        s = starts[r]
+        for t in range(lengths[r]):
+            out[k] = s + t
+            k += 1
 
 
 def load() -> None:
     """Compile the kernels now (or load them from numba's on-disk cache): the first CPU allocator calls
     this, so the compile never stalls an engine step or a dashboard refresh. Later calls find them compiled
     and cost a microsecond."""
-    pos, ring = np.full(2, -1, dtype=np.int64), np.zeros(2, dtype=np.int64)
-    take(np.ones(1, dtype=np.int64), 0, 1, 2, np.zeros(2, dtype=np.int64))
+    free, starts, lengths = np.zeros(3, dtype=np.uint8), np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
     for ps in (1, 2):
-        mark_free(np.arange(ps, 2 * ps, dtype=np.int64), ps, pos, ring, 0, 0, 0, 1)
+        give_runs(np.arange(ps, 2 * ps, dtype=np.int64), ps, free, starts, lengths, 0, 1)
+        take_runs(starts, lengths, 0, 1, ps, free, np.zeros(ps, dtype=np.int64))
+    expand_runs(starts, lengths, 0, 0, np.zeros(0, dtype=np.int64))

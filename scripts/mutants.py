@@ -46,10 +46,20 @@ EQUIVALENT = {
                          "(keyed by a whole first page) has: the loop breaks there either way",
     "root-unlocked": "the root is excluded by identity everywhere (_update_leaf_status, evict's re-push, "
                      "the lock walks stop at it), so its lock_ref is never read",
-    "free-size-guard": "a call with more pages than the pool must repeat one, and the kernel rejects the first "
-                       "repeat with a 'double free' message before writing past the ring",
+    "free-size-guard": "a call with more pages than the pool must repeat one: the run kernel (and the ring store) "
+                       "reject the first repeat with a 'double free' message, and write at most one run per "
+                       "distinct page checked, which the run ring always has room for",
     "free-not-dirty": "a successful free needs a page handed out since the last clear, and alloc already "
                       "cleared the pristine flag",
+    "replay-inserted-from-hit": "the prompt's matched path stays locked from match_prefix to insert and nothing is "
+                                "inserted in between, so insert returns exactly the device hit: cached == hit",
+    "host-match-on-device": "the device tree holds every page's whole prefix, so a page right after the device "
+                            "match is not on the device, nor is any later one (its parent is not): the check never fires",
+    "free-noncontiguous": "numba compiles the kernel for strided arrays too and reads them correctly; the copy only "
+                          "spares the one-off compile of that variant on the first strided free",
+    "host-victim-on-device": "host pages enter the victim heap only when they leave the device, and every way back "
+                             "(a load in match, an insert) touches the page and changes its host key, so its heap "
+                             "entry is stale by key before the on-device check is reached",
     "replay-tail-free": "in_tree (prompt pages in the tree) <= n_prompt <= n_cached, so max(n_cached, in_tree) "
                         "== n_cached",
     "opt-swap-on-tie": "two distinct pages never share a next use below _NEVER (a position is one access) and the "
@@ -275,7 +285,8 @@ def main(argv=None) -> int:
     print(f"\n{applicable} applicable mutants ({na} not applicable), {eq} of them equivalent (explained):")
     print(f"  BEFORE (suite without the mutant-killing tests): {before} killed, {applicable - before} survived")
     if not args.no_new:
-        print(f"  AFTER  (with tests/test_radix_mutants.py, tests/lab/test_replay_reference.py): {after} killed, "
+        print(f"  AFTER  (with tests/test_radix_mutants.py, tests/lab/test_replay_reference.py, "
+              f"tests/lab/test_lab_mutants.py): {after} killed, "
               f"{eq} equivalent, {left} unexplained survivors")
     print(f"  {time.perf_counter() - t0:.0f} s")
     if args.json:

@@ -14,11 +14,21 @@ from dataclasses import dataclass
 PROPERTIES = ("tests/test_radix_properties.py::test_random_request_flows[" + "] tests/test_radix_properties.py::"
               "test_random_request_flows[".join(["lru-1", "lru-4", "lfu-2", "fifo-4", "mru-1", "filo-2",
                                                  "priority-1", "slru-4"]) + "]").split()
-CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction.py", "tests/test_memory.py", *PROPERTIES]
+CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction.py", "tests/test_memory.py",
+               "tests/test_slot_store.py", *PROPERTIES]
 LAB_TESTS = ["tests/lab/test_optimal.py", "tests/lab/test_replay.py"]
+# A lab file's own test files (the page-level replay, the host tier and the size search have theirs).
+LAB_FILE_TESTS = {
+    "core/lab/replay.py": [*LAB_TESTS, "tests/lab/test_page_level.py", "tests/lab/test_host_tier.py"],
+    "core/lab/lab_cache.py": ["tests/lab/test_page_level.py", "tests/lab/test_host_tier.py", *LAB_TESTS],
+    "core/lab/pages.py": [*LAB_TESTS, "tests/lab/test_page_level.py"],
+    "core/lab/host_tier.py": ["tests/lab/test_host_tier.py"],
+    "core/lab/size.py": ["tests/lab/test_size.py"],
+}
 # Written to kill the survivors of the suite above; run only against a mutant that survived it, so one pass
 # gives both figures (a mutant the older suite kills, the larger one kills too).
-NEW_TESTS = {"cache": ["tests/test_radix_mutants.py"], "lab": ["tests/lab/test_replay_reference.py"]}
+NEW_TESTS = {"cache": ["tests/test_radix_mutants.py"],
+             "lab": ["tests/lab/test_replay_reference.py", "tests/lab/test_lab_mutants.py"]}
 
 
 @dataclass(frozen=True)
@@ -34,7 +44,7 @@ class Mutant:
 
     @property
     def tests(self) -> list[str]:
-        return LAB_TESTS if self.area == "lab" else CACHE_TESTS
+        return LAB_FILE_TESTS.get(self.file, LAB_TESTS) if self.area == "lab" else CACHE_TESTS
 
     @property
     def new_tests(self) -> list[str]:
@@ -47,7 +57,9 @@ def M(name: str, file: str, description: str, *edits: tuple[str, str]) -> Mutant
 
 RC, RN, MEM, K, EV = ("core/radix_cache.py", "core/radix_node.py", "core/memory.py", "core/slot_kernels.py",
                       "core/eviction.py")
+ST = "core/slot_store.py"
 REP, OPT = "core/lab/replay.py", "core/lab/optimal.py"
+LC, PG, HT, SZ = "core/lab/lab_cache.py", "core/lab/pages.py", "core/lab/host_tier.py", "core/lab/size.py"
 
 MUTANTS: list[Mutant] = [
     # ----- the prefix compare (radix_node.common_len) and keys ------------------------------------------------
@@ -138,35 +150,66 @@ MUTANTS: list[Mutant] = [
        "            pos += len(child.key)\n            if n < len(child.key):\n                break")),
     M("root-unlocked", RC, "the root starts with lock_ref 0",
       ("self.root_node.lock_ref = 1", "self.root_node.lock_ref = 0")),
-    # ----- the allocator -----------------------------------------------------------------------------------------------
+    # ----- the allocator (core/memory.py front, core/slot_store.py stores, core/slot_kernels.py run kernels) ------
     M("alloc-exact-refused", MEM, "alloc refuses when exactly enough pages are free",
-      ("if num_pages > self._tail - self._head:", "if num_pages >= self._tail - self._head:")),
-    M("alloc-view", MEM, "alloc returns a view of the ring (later frees overwrite it)",
-      ("self._ring_np[start:start + num_pages].copy()", "self._ring_np[start:start + num_pages]")),
+      ("if num_pages > self._store.available_pages():", "if num_pages >= self._store.available_pages():")),
     M("alloc-not-dirty", MEM, "alloc does not mark the allocator as used (clear() then does nothing)",
-      ("        self._head += num_pages\n        self._pristine = False\n", "        self._head += num_pages\n")),
+      ("        self._pristine = False\n        slots = self._store.take(num_pages)\n",
+       "        slots = self._store.take(num_pages)\n")),
     M("free-not-dirty", MEM, "free does not mark the allocator as used",
-      ("        self._tail += k\n        self._pristine = False\n", "        self._tail += k\n")),
+      ("            raise self._free_error(code, page)\n        self._pristine = False\n",
+       "            raise self._free_error(code, page)\n")),
     M("free-size-guard", MEM, "free no longer refuses more pages than the pool holds up front",
-      ("if k > self.num_pages:", "if False:")),
-    M("free-torch-no-repeat", MEM, "the torch twin of free misses a slot repeated in one call",
+      ("if n // ps > self.num_pages:", "if False:")),
+    M("free-noncontiguous", MEM, "a strided slot tensor reaches the kernel as it is",
+      ("s if s.flags.c_contiguous else np.ascontiguousarray(s)", "s")),
+    M("free-error-page", MEM, "the error names the page number, not its first slot",
+      ("ps, slot = self.page_size, page * self.page_size", "ps, slot = self.page_size, page")),
+    M("runs-clear-padding", ST, "clear() marks the padding page 0 free too",
+      ("        self._free[1:] = 1\n", "        self._free[:] = 1\n")),
+    M("runs-compact-lengths", ST, "compacting the run ring moves the starts but not the lengths",
+      ("            self._lengths[:live] = self._lengths[self._head:self._tail].copy()\n", "")),
+    M("runs-count-on-error", ST, "a rejected free still adds its pages to available()",
+      ("        if code == K.OK:\n            self._count += i\n            return K.OK, 0\n",
+       "        self._count += i\n        if code == K.OK:\n            return K.OK, 0\n")),
+    M("ring-take-view", ST, "the ring store's alloc (page 1) returns a view of the ring (later frees overwrite it)",
+      ("            return pages.clone()                # a copy: the ring region is reused later\n",
+       "            return pages\n")),
+    M("free-torch-no-repeat", ST, "the ring store's free misses a slot repeated in one call",
       ("        repeat[order[1:]] = ordered[1:] == ordered[:-1]\n", "")),
-    M("free-torch-already", MEM, "the torch twin (pools off the CPU) misses a slot freed at the head position",
+    M("free-torch-already", ST, "the ring store misses a slot freed at the head position",
       ("already = (self._pos[pages.clamp(0, self.num_pages)] >= self._head) & ~outside",
        "already = (self._pos[pages.clamp(0, self.num_pages)] > self._head) & ~outside")),
-    M("mask-off-by-one", MEM, "is_free_mask misses the page at the head of free_pages",
-      ("return (self._pos >= self._head).repeat_interleave(self.page_size)",
-       "return (self._pos > self._head).repeat_interleave(self.page_size)")),
-    M("kernel-double-free", K, "free misses double-free detection of a page already in free_pages",
-      ("            if q < head:\n", "            if q < tail:\n")),
+    M("mask-off-by-one", ST, "the ring store's free mask misses the page at the head of free_pages",
+      ("        return self._pos >= self._head\n", "        return self._pos > self._head\n")),
+    M("kernel-double-free", K, "free misses a page that is already free",
+      ("            problem = seen != 0\n", "            problem = False\n")),
     M("kernel-no-rollback", K, "a rejected free leaves the pages before the bad one marked free",
-      ("        for j in range(i):\n            pos[slots[j * page_size] // page_size] = -1\n", "")),
-    M("kernel-paged-take-offset", K, "a paged alloc expands page p from slot (p-1)*page_size",
-      ("        base = ring[start + i] * page_size", "        base = (ring[start + i] - 1) * page_size")),
-    M("kernel-not-whole", K, "a paged free accepts a page that starts off a page boundary",
-      ("            if s0 % page_size:\n                return NOT_WHOLE, i\n", "")),
+      ("    for r in range(first_run, tail):     # roll back: this call's pages are held again\n"
+       "        run = free[starts[r]:starts[r] + lengths[r]]\n        for t in range(run.shape[0]):\n"
+       "            run[t] = 0\n", "")),
+    M("kernel-rollback-keeps-runs", K, "a rejected free keeps the runs it appended (they become free_pages)",
+      ("    return code, bad, first_run\n", "    return code, bad, tail\n")),
     M("kernel-repeat-as-already", K, "a page listed twice in one call is reported as already free",
-      ("code = REPEATED if q >= tail else ALREADY_FREE", "code = ALREADY_FREE")),
+      ("                            code = REPEATED\n", "                            code = ALREADY_FREE\n")),
+    M("kernel-not-whole", K, "a paged free accepts a run that starts off a page boundary",
+      ("        if a % page_size or (j - i) % page_size:\n            code, bad = NOT_WHOLE",
+       "        if (j - i) % page_size:\n            code, bad = NOT_WHOLE")),
+    M("kernel-bounds-last", K, "a run's last page may lie one past the pool",
+      ("problem = p0 < 1 or p0 > num_pages - n + 1", "problem = p0 < 1 or p0 > num_pages - n + 2")),
+    M("kernel-block-no-stop", K, "a run is extended through a block that breaks it (long runs only)",
+      ("        if differs:\n            break\n        j += BLOCK\n", "        j += BLOCK\n")),
+    M("kernel-merge-gap", K, "a run merges with the previous one across a gap",
+      ("starts[tail - 1] + lengths[tail - 1] == p0", "starts[tail - 1] + lengths[tail - 1] <= p0")),
+    M("kernel-take-split", K, "alloc taking part of a run leaves its first page in the run",
+      ("            starts[head] = s + take\n", "            starts[head] = s + take - 1\n")),
+    M("kernel-take-no-unmark", K, "alloc leaves the pages it hands out marked free",
+      ("        run = free[s:s + take]\n        for t in range(take):\n            run[t] = 0\n", "")),
+    M("kernel-paged-take-offset", K, "a paged alloc expands page p from slot (p-1)*page_size",
+      ("        base = s * page_size\n", "        base = (s - 1) * page_size\n")),
+    M("kernel-expand-skip", K, "free_pages lists each run without its first page",
+      ("        for t in range(lengths[r]):\n            out[k] = s + t\n",
+       "        for t in range(1, lengths[r]):\n            out[k] = s + t\n")),
     # ----- eviction policies --------------------------------------------------------------------------------------------
     M("lfu-no-lru-tiebreak", EV, "lfu breaks ties by node id, not by last access",
       ("return (n.hit_count, n.last_access_time)", "return (n.hit_count,)")),
@@ -177,18 +220,30 @@ MUTANTS: list[Mutant] = [
       ("return (n.priority, n.last_access_time)", "return (-n.priority, n.last_access_time)")),
     # ----- the lab replay ----------------------------------------------------------------------------------------------
     M("replay-hits-of-rejected", REP, "the replay counts hits of requests it then rejects",
-      ("        hit = int(m.indices.numel())\n        cache.inc_lock_ref(m.last_node)\n",
-       "        hit = int(m.indices.numel())\n        self.hits += hit\n        cache.inc_lock_ref(m.last_node)\n"),
-      ("        self.hits += hit\n        value =", "        value =")),
+      ("        extra = self._host_hits(i, keys, hit, n_prompt)\n",
+       "        extra = self._host_hits(i, keys, hit, n_prompt)\n        self.hits += hit * self.unit\n"),
+      ("        self.hits += hit * self.unit\n        self.host_hits", "        self.host_hits")),
     M("replay-hits-after-insert", REP, "the replay counts hits after inserting the prompt (its own tokens hit)",
       ("            m = m2\n", "            self.hits += int(m2.indices.numel()) - hit\n            m = m2\n")),
     M("replay-output-as-prompt", REP, "the replay matches prompt + output, counting output tokens as prompt hits",
-      ("m = cache.match_prefix(RadixKey(prompt[:n_prompt], r.extra_key))\n        hit",
-       "m = cache.match_prefix(RadixKey(seq[:self._aligned(r.cached_len)], r.extra_key))\n        hit")),
+      ("prompt = RadixKey._of(keys[:n_prompt], r.extra_key)", "prompt = RadixKey._of(keys[:n_cached], r.extra_key)")),
     M("replay-evicts-all-needed", REP, "the replay evicts the whole need, not need - available",
       ("self.cache.evict(n - self.alloc.available())", "self.cache.evict(n)")),
     M("replay-eviction-count", REP, "the replay counts evict calls, not evicted nodes",
-      ("self.evictions += self.frees - before", "self.evictions += 1")),
+      ("self.evictions += (self.cache.evicted_nodes if self.page_level else self.frees) - before",
+       "self.evictions += 1")),
+    M("replay-page-unit", REP, "the page-level replay counts hits in pages, not tokens",
+      ("        self.hits += hit * self.unit\n", "        self.hits += hit\n")),
+    M("replay-reject-no-host", REP, "a rejected request's host loads are not undone",
+      ("                self.host.on_reject(i)\n", "                pass\n")),
+    M("replay-inserted-from-hit", REP, "the host is told the prompt entered the tree from the device hit on",
+      ("            self._inserted(i, keys, cached, n_prompt)\n", "            self._inserted(i, keys, hit, n_prompt)\n")),
+    M("replay-pool-one-short", REP, "a capped pool is one page short of what the workload can fill",
+      ("pool = max(1, min(want, needed))", "pool = max(1, min(want, needed - 1))")),
+    M("replay-auto-stateful-pages", REP, "auto replays stateful policies at page level too",
+      ("(level == \"auto\" and page_size > 1 and not is_stateful(policy))", "(level == \"auto\" and page_size > 1)")),
+    M("replay-no-host-begin", REP, "a host tier is not emptied before a replay (it carries the last one's pages)",
+      ("        begin(workload)                        # an empty tier for this replay\n", "        pass\n")),
     M("replay-reject-keeps-lock", REP, "a rejected request keeps its prefix locked",
       ("            cache.dec_lock_ref(m.last_node)\n            self.rejected += 1",
        "            self.rejected += 1")),
@@ -214,4 +269,67 @@ MUTANTS: list[Mutant] = [
     M("opt-stale-next-use", OPT, "a hit does not refresh the page's next use",
       ("            if cache[p] != k:\n                cache[p] = k\n                push(heap, (-k, p))\n",
        "")),
+    # ----- the page-level replay's cache (lab_cache.py) ------------------------------------------------------------
+    M("lazy-heap-no-stale-skip", LC, "the kept heap evicts entries that are no longer evictable leaves",
+      ("                if node not in leaves:\n                    continue", "                if False:\n                    continue")),
+    M("lazy-heap-stale-key", LC, "the kept heap evicts by the key a node had when pushed",
+      ("                if now != key:\n", "                if False:\n")),
+    M("lazy-heap-no-push", LC, "a leaf that becomes evictable is not pushed on the kept heap",
+      ("            heapq.heappush(self.cache._lazy_heap, (self.cache.policy(node), node))\n", "            pass\n")),
+    M("lazy-heap-mru", LC, "mru (its key falls as a node is used) gets the kept heap",
+      ('MONOTONE_POLICIES = frozenset({"lru", "lfu", "fifo", "filo", "priority", "slru"})',
+       'MONOTONE_POLICIES = frozenset({"lru", "lfu", "fifo", "filo", "priority", "slru", "mru"})')),
+    M("lab-no-on-evict", LC, "the host tier is not told of evictions",
+      ("            self.on_evict(node.key.token_ids)\n", "            pass\n")),
+    M("lab-evicted-nodes", LC, "evicted nodes are not counted (the page level reports no evictions)",
+      ("        self.evicted_nodes += 1\n", "")),
+    # ----- pages (pages.py) -------------------------------------------------------------------------------------------
+    M("pages-arrive-first-on-tie", PG, "an arrival at the same time as a finish goes first",
+      ("order = np.lexsort((idx, kinds == ARRIVE, times))", "order = np.lexsort((idx, kinds == FINISH, times))")),
+    M("pages-fresh-reused", PG, "fresh output pages reuse ids (they collide with later pages)",
+      ("        start = self.count\n        self.count += n\n", "        start = self.count\n")),
+    M("pages-block-any-size", PG, "block contents are used when the page size is not a multiple of the block",
+      ("if r.hash_ids is None or r._output is not None or page_size % r.block_size:",
+       "if r.hash_ids is None or r._output is not None:")),
+    M("pages-one-namespace", PG, "requests of different extra_key share pages",
+      ("        root = trie.root(r.extra_key)\n", "        root = trie.root(None)\n")),
+    M("pages-finish-counted", PG, "pages touched on finish count as hits in the trace",
+      ("chunks_c.append(np.full(sel.shape[0], kind == ARRIVE))", "chunks_c.append(np.full(sel.shape[0], True))")),
+    M("pages-partial-cached-page", PG, "a partial last page of prompt + output counts as a whole page",
+      ("        n_cached = r.cached_len // page_size\n", "        n_cached = -(-r.cached_len // page_size)\n")),
+    # ----- the host tier (host_tier.py) ---------------------------------------------------------------------------------
+    M("host-victim-on-device", HT, "a full host replaces a page that is still on the device",
+      ("if p in self.host and p not in self.on_device and self.host[p] == (t, d):",
+       "if p in self.host and self.host[p] == (t, d):")),
+    M("host-write-over-newer", HT, "a write into a full host replaces even a page used after the one written",
+      ("if v is None or (v[0], v[1]) > key:", "if v is None:")),
+    M("host-selective-threshold", HT, "write_through_selective writes on the third use, not the second",
+      ("u >= SELECTIVE_THRESHOLD", "u > SELECTIVE_THRESHOLD")),
+    M("host-match-on-device", HT, "a host hit may be a page the device already holds",
+      ("            if p not in self.host or p in self.on_device:\n", "            if p not in self.host:\n")),
+    M("host-reject-keeps-loads", HT, "a rejected request's loaded pages stay marked on the device",
+      ("        for p in self._loading:\n            self._off_device(p)\n", "")),
+    M("host-write-back-always", HT, "every policy writes on eviction",
+      ("            if self.policy == \"write_back\":\n                self._write(p)\n",
+       "            self._write(p)\n")),
+    M("host-depth-tiebreak", HT, "recency ties go shallowest page first",
+      ("        key = (self.t, -depth)\n", "        key = (self.t, depth)\n")),
+    M("host-ttft-gib", HT, "the load time divides by GiB/s, not GB/s",
+      ("load = host * kv.bytes_per_token / (bandwidth_gbps * 1e9)", "load = host * kv.bytes_per_token / (bandwidth_gbps * 2 ** 30)")),
+    M("host-ttft-rejected", HT, "the time estimate includes rejected requests",
+      ("        ok = ~self.rejected\n", "        ok = np.ones_like(self.rejected)\n")),
+    M("host-begin-keeps-pages", HT, "begin() keeps the previous replay's host pages",
+      ("        self.host: dict[int, tuple[int, int]] = {}     # page -> (last use, -depth): its recency key\n",
+       "        self.host: dict[int, tuple[int, int]] = getattr(self, 'host', {})\n")),
+    # ----- the size search (size.py) ------------------------------------------------------------------------------------
+    M("size-goal-strict", SZ, "bisection needs strictly more than the goal",
+      ("        if at(mid) >= goal:\n", "        if at(mid) > goal:\n")),
+    M("size-tolerance-double", SZ, "bisection stops at twice the tolerance",
+      ("while hi - lo > max(1, int(rel_tol * hi)):", "while hi - lo > max(1, int(2 * rel_tol * hi)):")),
+    M("size-start-above-optimum", SZ, "a policy's search treats the optimum's answer as a miss",
+      ("lower, first = start.lower_pages, start.capacity_pages", "lower, first = start.capacity_pages, start.capacity_pages + 1")),
+    M("size-violation-equal", SZ, "equal hits at a larger pool count as a monotonicity violation",
+      ("        if best is not None and h < best[1]:\n", "        if best is not None and h <= best[1]:\n")),
+    M("size-gallop-past-max", SZ, "the gallop doubles past hi_max (where every page already fits)",
+      ("        hi = min(2 * hi, hi_max)\n", "        hi = 2 * hi\n")),
 ]

@@ -82,7 +82,7 @@ def test_preset_sweep_renders_chart_and_the_exact_table():
     distinct = len({tuple(r.cached_ids()[:k].tolist()) for r in wl.requests for k in range(1, r.cached_len + 1)})
     need = distinct + max(r.cached_len for r in wl.requests)
     assert distinct == Bounds(wl, 1).distinct_pages and need < 2000
-    assert any(f"2,000 pages exceed the {need:,} pages this workload can ever fill" in i.value for i in at.info)
+    assert any(f"2,000 tokens exceed the {need:,} tokens this workload can ever fill" in i.value for i in at.info)
     at_2k = table[table.capacity_tokens == 2000]
     assert len(at_2k) == 4 and set(at_2k.hit_tokens) == {direct.infinite.hit_tokens}   # 3 policies + the optimum
     assert len(table) == 3 * 3 + 3           # policies x capacities, plus the optimum at each capacity

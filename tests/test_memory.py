@@ -306,9 +306,8 @@ def _outcome(a: SlotAllocator, slots: list[int]):
 @given(ps=st.sampled_from([1, 2]), held=st.integers(0, 12),
        frees=st.lists(st.lists(st.integers(-2, 14), max_size=6), min_size=1, max_size=4))
 def test_compiled_and_torch_free_give_the_same_result_and_error(ps, held, frees):
-    kernel, twin = SlotAllocator(12 * ps, page_size=ps), SlotAllocator(12 * ps, page_size=ps)
-    twin.use_kernel = False
-    assert kernel.use_kernel
+    kernel, twin = SlotAllocator(12 * ps, page_size=ps), SlotAllocator(12 * ps, page_size=ps, store="ring")
+    assert kernel.use_kernel and not twin.use_kernel
     if held:
         assert kernel.alloc(held * ps).tolist() == twin.alloc(held * ps).tolist()
     for pages in frees:
@@ -316,15 +315,14 @@ def test_compiled_and_torch_free_give_the_same_result_and_error(ps, held, frees)
         assert _outcome(kernel, slots) == _outcome(twin, slots)
 
 
-@pytest.mark.parametrize("use_kernel", [True, False])
+@pytest.mark.parametrize("store", ["runs", "ring"])
 @pytest.mark.parametrize("bad, match", [
     ([5, 1, 5], r"same slot twice in one call \(slot 5\)"),   # the second 5 is the first problem
     ([9, 2, 0], r"slot 9 is already free"),                   # the first problem in order is named
     ([1, 3, 99], r"slot 99 outside the pool"),
 ])
-def test_free_names_the_first_problem_in_order(use_kernel, bad, match):
-    a = SlotAllocator(11)
-    a.use_kernel = use_kernel
+def test_free_names_the_first_problem_in_order(store, bad, match):
+    a = SlotAllocator(11, store=store)
     a.alloc(8)                   # 1..8 held
     a.free([2])
     before = state(a)

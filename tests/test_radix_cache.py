@@ -330,8 +330,10 @@ def _tree():
 
 def _append_free_page_raw(a, page: int) -> None:
     """Put `page` at the back of free_pages behind the allocator's back (its free state untouched)."""
-    a._ring[a._tail - a._base] = page
-    a._tail += 1
+    st = a._store
+    st._starts[st._tail], st._lengths[st._tail] = page, 1
+    st._tail += 1
+    st._count += 1
 
 
 CORRUPTIONS = {
@@ -343,7 +345,7 @@ CORRUPTIONS = {
                   "first token"),
     "slot twice": (lambda c, a: _append_free_page_raw(a, 1), "slot 1 is owned twice"),
     "leaked slot": (lambda c, a: a.alloc(1), "slot conservation broken"),     # handed out, owned by nobody
-    "free mask": (lambda c, a: a._pos.__setitem__(int(a.free_pages[0]), -1), "free mask disagrees"),
+    "free mask": (lambda c, a: a._store._free.__setitem__(int(a.free_pages[0]), 0), "free mask disagrees"),
 }
 
 

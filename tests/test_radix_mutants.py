@@ -6,6 +6,7 @@ split carries over, and what the event log records for an unaligned key.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core.memory import SlotAllocator
@@ -80,9 +81,11 @@ def test_insert_converts_the_value_to_int64_slots():
     cache.check_invariants(EMPTY)
 
 
-def test_allocated_slots_survive_later_frees_that_compact_the_ring():
-    """alloc-view: a tensor alloc returned must not change when the allocator reuses its buffer."""
-    a = SlotAllocator(6)
+@pytest.mark.parametrize("store", ["runs", "ring"])
+def test_allocated_slots_survive_later_frees_that_compact_the_ring(store):
+    """alloc-view / ring-take-view: a tensor alloc returned must not change when the allocator reuses its
+    buffer (the run ring's records, the ring store's pages)."""
+    a = SlotAllocator(6, store=store)
     kept = a.alloc(2)
     assert kept.tolist() == [1, 2]
     for _ in range(20):                      # churn through the rest: the ring is compacted many times

@@ -61,13 +61,22 @@ class HostTier:
         self.policy = check_write_policy(write_policy)
         self.ps = page_size
         self.capacity = int(host_pages)
+        self.requests = len(workload)
+        self.begin(workload)
+
+    def begin(self, workload: Workload) -> None:
+        """Empty the tier for a replay of `workload` (the replay calls this first). New arrays, not zeroed
+        ones: a HostTierResult of an earlier replay keeps its own."""
+        if len(workload) != self.requests:
+            raise ValueError(f"this host tier counts {self.requests} requests but the workload has "
+                             f"{len(workload)}; make a HostTier for each workload")
         self.on_device: set[int] = set()
         self.host: dict[int, tuple[int, int]] = {}     # page -> (last use, -depth): its recency key
         self.last: dict[int, tuple[int, int]] = {}     # every page's recency key
         self.uses: dict[int, int] = {}
         self.heap: list[tuple[int, int, int]] = []     # (last use, -depth, page) of host pages off the device
         self.t = 0
-        n = len(workload)
+        n = self.requests
         self.device_hits = np.zeros(n, dtype=np.int64)     # tokens
         self.host_hits = np.zeros(n, dtype=np.int64)
         self.rejected = np.zeros(n, dtype=bool)

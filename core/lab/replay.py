@@ -40,6 +40,8 @@ whole prefix and a flat dict keyed by id is a correct cache of prefixes; `i` is 
 - `host.on_insert(i, page_ids, depth)`: these pages of request i (the first at `depth` in its sequence)
   just entered the device tree (its prompt at arrival, its output when it finishes);
 - `host.on_evict(page_ids)`: the device pool just evicted these pages (one node's, in order).
+Optionally `host.begin(workload)`, called before the first event: a tier starts each replay empty, so one
+tier object can serve several replays (the points of a sweep) without carrying pages from one to the next.
 """
 from __future__ import annotations
 
@@ -309,6 +311,9 @@ def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_s
         distinct = int(np.unique(np.concatenate([ids for ids, _ in pages])).shape[0])
     needed = pool_pages_needed(workload, page_size, overlap, distinct)
     pool = max(1, min(want, needed))
+    begin = getattr(host, "begin", None)
+    if callable(begin):
+        begin(workload)                        # an empty tier for this replay
     rep = _Replayer(workload, pool, policy, page_size, page_level, check_invariants, pages, host)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # the tensors are small: intra-op threads only add contention (10x on 2 cores)

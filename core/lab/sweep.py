@@ -151,8 +151,9 @@ class SweepResult:
         if not capped:
             return None
         need = capped[0][1]
-        return (f"{', '.join(f'{c:,}' for c, _ in capped)} pages exceed the {need:,} pages this workload can ever "
-                f"fill; those points were replayed with {need:,} pages (no policy evicts there, so the numbers are "
+        unit = "tokens" if self.page_size == 1 else "pages"   # at page size 1 a page is a token: say so
+        return (f"{', '.join(f'{c:,}' for c, _ in capped)} {unit} exceed the {need:,} {unit} this workload can ever "
+                f"fill; those points were replayed with {need:,} {unit} (no policy evicts there, so the numbers are "
                 f"those of any larger pool)")
 
     def to_json(self, target: float = 0.9) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def test_sweep_of_a_generated_workload(tmp_path, capsys):
     distinct = len({tuple(r.cached_ids()[:k].tolist()) for r in w.requests for k in range(1, r.cached_len + 1)})
     need = distinct + max(r.cached_len for r in w.requests)
     assert (distinct, need) == (388, 388 + 75)
-    assert f"note: 1,000 pages exceed the {need:,} pages this workload can ever fill" in out
+    assert f"note: 1,000 tokens exceed the {need:,} tokens this workload can ever fill" in out   # page size 1
     big = [p for p in data["points"] if p["capacity_tokens"] == 1000]
     assert [p["pool_pages"] for p in big] == [need, need] and all(p["evictions"] == 0 for p in big)
     assert [p["hit_tokens"] for p in big] == [data["infinite"]["hit_tokens"]] * 2

@@ -259,3 +259,25 @@ def test_bad_input():
         r.ttft(load_model_config("qwen2.5-7b"), prefill_tokens_per_s=float("nan"))
     with pytest.raises(ValueError, match="host bandwidth must be a positive number"):
         r.ttft(load_model_config("qwen2.5-7b"), bandwidth_gbps=0)
+
+
+@pytest.mark.parametrize("write_policy", WRITE_POLICIES)
+def test_one_tier_object_serves_several_replays_each_starting_empty(write_policy):
+    """A sweep may pass one HostTier to every point: each replay starts with an empty host (begin()), so
+    every point equals a fresh tier's, and an earlier point's counts are not overwritten by a later one."""
+    w = workloads()[0]
+    ps = 4
+    longest = max(-(-r.cached_len // ps) * ps for r in w.requests)
+    tier = HostTier(w, ps, 64, write_policy)
+    got = []
+    for device in (longest + 8 * ps, longest + 40 * ps, longest + 8 * ps):
+        replay(w, device, "lru", ps, level="page", host=tier)
+        got.append((device, tier.device_hits, tier.host_hits, tier.writes))
+    for device, dev_hits, host_hits, writes in got:
+        fresh = HostTier(w, ps, 64, write_policy)
+        replay(w, device, "lru", ps, level="page", host=fresh)
+        assert dev_hits.tolist() == fresh.device_hits.tolist() and host_hits.tolist() == fresh.host_hits.tolist()
+        assert writes == fresh.writes
+    assert got[0][2].sum() > 0 and got[0][2] is not got[2][2]     # the tier hit; each replay has its own arrays
+    with pytest.raises(ValueError, match="counts 24 requests but the workload has 3; make a HostTier for each"):
+        replay(few_shot(num_requests=3, examples_len=10, question_len=2), 64, "lru", ps, level="page", host=tier)

@@ -1,0 +1,82 @@
+"""The two places `free_pages` can live (core/slot_store.py) held to each other on long runs, as evictions free
+them, and their errors naming the exact first offending slot of a page."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.memory import SlotAllocator
+from tests.test_memory import _outcome, state
+
+
+# ----- long runs: the run store's block path (runs > slot_kernels.SHORT + BLOCK slots) ------------------------
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(ps=st.sampled_from([1, 2]),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(1, 300), st.integers(0, 399), st.integers(0, 6)),
+                    min_size=1, max_size=12))
+def test_long_runs_give_the_same_results_and_errors_on_both_stores(ps, ops):
+    """Frees of long runs of consecutive pages (as evictions free them), some broken by a gap, reversed, or
+    spoiled by an already-free page, a repeat, a page outside the pool or slots off the page boundary: the run
+    store (CPU kernels) and the ring store (torch) agree on every result and every error message."""
+    n_pages = 400
+    runs = SlotAllocator(n_pages * ps, page_size=ps)
+    ring = SlotAllocator(n_pages * ps, page_size=ps, store="ring")
+    held: list[int] = []                 # pages handed out, in the order they were
+    for is_alloc, n, start, twist in ops:
+        if is_alloc or not held:
+            got, want = runs.alloc(n * ps), ring.alloc(n * ps)
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert got.tolist() == want.tolist()
+                held.extend((got[::ps] // ps).tolist())
+            continue
+        lo = start % len(held)
+        seg = held[lo:lo + n]
+        pages = {0: seg, 1: seg[::-1], 2: seg[:len(seg) // 2] + seg[len(seg) // 2 + 3:],       # a gap
+                 3: seg + [seg[0]],                                                            # a repeat
+                 4: seg + [n_pages + 1],                                                       # outside
+                 5: seg + runs.free_pages[:1].tolist(), 6: seg}[twist]                         # already free
+        slots = [p * ps + i for p in pages for i in range(ps)]
+        if twist == 6 and ps == 2:
+            slots = [s + 1 for s in slots]                                                    # off the boundary
+        out = _outcome(runs, slots)
+        assert out == _outcome(ring, slots)
+        if out[0] is None:
+            held = [p for p in held if p not in set(pages)]
+        elif twist in (3, 4) or (twist == 6 and ps == 2):
+            assert ("twice" in out[0]) if twist == 3 else ("outside" in out[0] or "whole pages" in out[0])
+
+
+def test_a_free_of_one_long_run_with_a_gap_frees_exactly_its_pages():
+    a = SlotAllocator(300)
+    a.alloc(300)
+    slots = list(range(1, 101)) + list(range(104, 201))       # two runs, the break inside a compared block
+    a.free(slots)
+    assert a.free_pages.tolist() == slots and a.available() == 197
+    assert a.is_free_mask().nonzero().flatten().tolist() == slots
+    with pytest.raises(ValueError, match="double free: slot 120 is already free"):
+        a.free(list(range(101, 104)) + list(range(120, 160)))   # 101..103 held, 120.. freed by the first call
+    with pytest.raises(ValueError, match=r"same slot twice in one call \(slot 102\)"):
+        a.free(list(range(101, 104)) + [102])
+    assert a.free_pages.tolist() == slots                        # the rejected call changed nothing
+    a.free(torch.arange(101, 104))
+    assert a.free_pages.tolist() == slots + [101, 102, 103]
+    assert a.alloc(150).tolist() == list(range(1, 101)) + list(range(104, 154))   # runs split where alloc stops
+    assert a.free_pages.tolist()[:3] == [154, 155, 156] and a.available() == 50
+
+
+@pytest.mark.parametrize("store", ["runs", "ring"])
+def test_paged_free_errors_name_the_first_slot_of_the_page(store):
+    a = SlotAllocator(16, page_size=4, store=store)     # pages 1..4 = slots 4..19
+    assert a.alloc(8).tolist() == list(range(4, 12))
+    a.free(list(range(8, 12)))                           # page 2 back
+    before = state(a)
+    for bad, match in [(list(range(8, 12)), r"double free: slot 8 is already free"),
+                       (list(range(4, 8)) * 2, r"same slot twice in one call \(slot 4\)"),
+                       (list(range(20, 24)), r"slot 20 outside the pool \(slots 4..19\)"),
+                       (list(range(0, 4)), r"slot 0, which is padding")]:
+        with pytest.raises(ValueError, match=match):
+            a.free(bad)
+        assert state(a) == before
