@@ -18,7 +18,12 @@ if TYPE_CHECKING:
 
 PolicyKey = Callable[["TreeNode"], tuple]
 
-SLRU_PROTECTED_HITS = 2  # a node hit at least this often sits in the protected segment
+SLRU_PROTECTED_HITS = 2
+
+# Key policies whose key of a node never decreases while the node stays in the tree (access times, hit
+# counts and priorities only grow; creation times never change). For them the cache keeps one heap across
+# evict calls (core/radix_cache.py): an entry whose key grew since its push is pushed again when popped.
+MONOTONE_KEYS = frozenset({"lru", "lfu", "fifo", "filo", "priority", "slru"})  # a node hit at least this often sits in the protected segment
 
 
 def _lru(n: "TreeNode") -> tuple:
@@ -59,6 +64,7 @@ class EvictionPolicy:
 
     name = "base"
     stateful = False
+    monotone = False   # True: key(node) only grows while the node is in the tree (see MONOTONE_KEYS)
 
     def attach(self, cache: "RadixCache") -> None:
         """Called once by the cache (and again on reset): size the state to the pool."""
@@ -100,6 +106,7 @@ class KeyPolicy(EvictionPolicy):
     def __init__(self, name: str, fn: PolicyKey) -> None:
         self.name = name
         self.key = fn            # an instance attribute: the cache's hot loop calls it directly
+        self.monotone = name in MONOTONE_KEYS
 
     def __call__(self, node: "TreeNode") -> tuple:
         return self.key(node)

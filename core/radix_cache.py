@@ -49,6 +49,8 @@ class RadixCache:
         self.root_node = TreeNode(next(self._next_id), RadixKey([]), self._empty, None, self.clock())
         self.root_node.lock_ref = 1  # the root is never evicted
         self.evictable_leaves: set[TreeNode] = set()
+        # monotone key policies: one heap kept across evict calls (None: rebuilt per call, as SGLang does)
+        self._lazy_heap: Optional[list] = [] if self.policy.monotone else None
         self._evictable_size = 0
         self._protected_size = 0
         self.evicted_tokens = 0  # cumulative, for the engine's metrics
@@ -87,9 +89,22 @@ class RadixCache:
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         if node is not self.root_node and node.is_leaf and node.lock_ref == 0:
-            self.evictable_leaves.add(node)
+            if node not in self.evictable_leaves:
+                self.evictable_leaves.add(node)
+                if self._lazy_heap is not None:
+                    self._push_lazy(node)
         else:
             self.evictable_leaves.discard(node)
+
+    def _push_lazy(self, node: TreeNode) -> None:
+        """A leaf became evictable: onto the kept heap. Entries of nodes locked or gone since stay until
+        popped; when they outnumber the live ones the heap is rebuilt (amortised O(1) a push, bounded)."""
+        heap = self._lazy_heap
+        heapq.heappush(heap, (self.policy.key(node), node))
+        if len(heap) > 2 * len(self.evictable_leaves) + 64:
+            key = self.policy.key
+            heap[:] = [(key(n), n) for n in self.evictable_leaves]
+            heapq.heapify(heap)
 
     def _path(self, node: TreeNode) -> tuple[int, ...]:
         ids = []
@@ -288,6 +303,8 @@ class RadixCache:
         """
         if num_tokens <= 0:
             return 0
+        if self._lazy_heap is not None:
+            return self._evict_lazy(num_tokens)
         heap = self._heap()
         heapq.heapify(heap)
         freed = 0
@@ -305,6 +322,26 @@ class RadixCache:
             freed += self._delete_leaf(node, key)
             if parent is not self.root_node and parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(heap, (self.policy(parent), parent))
+        return freed
+
+    def _evict_lazy(self, num_tokens: int) -> int:
+        """`evict` for a monotone key policy: pop the kept heap, O(log n) a victim instead of keying every
+        evictable leaf each call. A popped entry of a node no longer evictable is dropped; one whose key has
+        grown since its push goes back with its current key. Keys never shrink, so the first entry popped
+        whose key is current is the smallest (key, node) among evictable leaves: the leaf the rebuild picks.
+        Key policies free whole leaves, so no tail split here."""
+        heap, leaves, key_of = self._lazy_heap, self.evictable_leaves, self.policy.key
+        pop, push = heapq.heappop, heapq.heappush
+        freed = 0
+        while freed < num_tokens and heap:
+            key, node = pop(heap)
+            if node not in leaves:
+                continue                      # locked, no longer a leaf, or gone: a stale entry
+            now = key_of(node)
+            if now != key:
+                push(heap, (now, node))       # touched since it was pushed
+                continue
+            freed += self._delete_leaf(node, key)   # a parent left childless is pushed by _update_leaf_status
         return freed
 
     def _tail_tokens(self, node: TreeNode, need: int) -> int:
