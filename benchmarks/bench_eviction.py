@@ -137,10 +137,7 @@ def run_stats(path: str) -> None:
     from collections import defaultdict
 
     w = load_mooncake(path)
-    uses = defaultdict(list)
-    for i, r in enumerate(w.requests):
-        for h in r.hash_ids[: r.prompt_len // r.block_size].tolist():
-            uses[h].append(i)
+    _, uses = block_uses(w)
     again, gaps = defaultdict(lambda: [0, 0]), defaultdict(list)
     for seq in uses.values():
         for j, i in enumerate(seq):
@@ -198,6 +195,18 @@ def run_stats(path: str) -> None:
           f"({admitted / first.sum():.0%})")
 
 
+def block_uses(w) -> tuple[list[list[int]], dict[int, list[int]]]:
+    """Each request's whole prompt blocks (hash ids), and for each block the requests that use it, in order."""
+    from collections import defaultdict
+
+    reqs = [r.hash_ids[: r.prompt_len // r.block_size].tolist() for r in w.requests]
+    uses: dict[int, list[int]] = defaultdict(list)
+    for i, ids in enumerate(reqs):
+        for h in ids:
+            uses[h].append(i)
+    return reqs, uses
+
+
 def run_bounds(path: str, cap: int) -> None:
     """Flat per-block caches (prompt blocks; a hit counts only in a request's leading run) that evict one
     group before the other, LRU within each: what knowing *which* blocks come back is worth, by kind."""
@@ -205,12 +214,7 @@ def run_bounds(path: str, cap: int) -> None:
     import heapq
     from collections import OrderedDict, defaultdict
 
-    w = load_mooncake(path)
-    reqs = [r.hash_ids[: r.prompt_len // r.block_size].tolist() for r in w.requests]
-    uses = defaultdict(list)
-    for i, ids in enumerate(reqs):
-        for h in ids:
-            uses[h].append(i)
+    reqs, uses = block_uses(load_mooncake(path))
     total = sum(len(ids) for ids in reqs)
 
     def again(h: int, i: int) -> bool:

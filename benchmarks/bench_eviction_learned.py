@@ -122,12 +122,7 @@ def run_stats(path: str, horizon: int = 300) -> None:
 
     from core.lab import load_mooncake
 
-    w = load_mooncake(path)
-    reqs = [r.hash_ids[: r.prompt_len // r.block_size].tolist() for r in w.requests]
-    uses = defaultdict(list)
-    for i, ids in enumerate(reqs):
-        for h in ids:
-            uses[h].append(i)
+    reqs, uses = be.block_uses(load_mooncake(path))
     seen: set = set()
     kinds = {"full repeat": 0, "extends a seen prefix": 0, "new root": 0}
     by_len, by_kind = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])

@@ -219,20 +219,3 @@ def test_reset_forgets_what_was_learned(policy):
     tr.cache.reset()
     pol = tr.pol
     assert (pol.n, pol.clock, len(pol.pending), len(pol.ghosts), pol.trained, pol.trainings) == (0, 0, 0, 0, False, 0)
-
-
-@pytest.mark.parametrize("policy", LEARNED)
-def test_engine_greedy_output_with_a_learned_policy_equals_cache_off(engine_case, policy):
-    from core.engine import Engine
-    from core.sampling import SamplingParams
-
-    runner, prompts, want = engine_case
-    e = Engine(runner, pool_slots=64, eviction_policy=policy, max_running_requests=2)
-    got = e.generate(prompts, SamplingParams(max_new_tokens=4))
-    assert [c.token_ids for c in got] == want
-    assert e.cache.evicted_tokens > 0 and sum(c.cached_tokens for c in got) > 0
-    e.check_invariants()
-    assert e.allocator.available() + e.cache.total_size() == 64
-
-
-from tests.test_eviction_policies import engine_case  # noqa: E402,F401  (the shared module fixture)

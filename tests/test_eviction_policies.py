@@ -277,7 +277,7 @@ def engine_case():
     return runner, prompts, want
 
 
-@pytest.mark.parametrize("policy", NEW)
+@pytest.mark.parametrize("policy", NEW + ["lrb", "lrb-arc"])   # lrb*: core/eviction_learned.py
 def test_engine_greedy_output_with_a_new_policy_equals_cache_off(engine_case, policy):
     """A pool small enough that every policy must evict: outputs stay token-for-token exact."""
     from core.engine import Engine
