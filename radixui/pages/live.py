@@ -29,12 +29,13 @@ caption.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.p
 
 @st.fragment(run_every=interval if live else None)
 def poll() -> None:
-    """Cheap: one version number. The page reruns only when the engine changed since it drew (on
-    its own timer only: in a full run the body below is about to draw the latest anyway)."""
+    """Cheap: one version number. The page reruns only when the engine changed since it drew, or
+    once after a new tab's first run to draw the hidden views (on its own timer only: in a full
+    run the body below is about to draw the latest anyway)."""
     if st.session_state.pop("_full_run", False):
         return
     seen = st.session_state.get("_drawn_version")
-    if seen is not None and client.version() != seen:
+    if st.session_state.pop("_catch_up", False) or (seen is not None and client.version() != seen):
         st.rerun()
 
 

@@ -216,7 +216,7 @@ def test_view_switch_within_half_a_second(page, server):
     for _ in range(3):
         for view, marker in (("Slot pool", "#N under a run"), ("Radix tree", "next victim")):
             t0, w0 = time.perf_counter(), _work(server)
-            pg.locator('[data-testid="stButtonGroup"] button', has_text=view).first.click()
+            pg.locator('[data-testid="stTab"]', has_text=view).first.click()
             pg.locator(CHART, has_text=marker).first.wait_for(timeout=60_000)
             times.append(time.perf_counter() - t0)
             own.append(_work(server) - w0)
