@@ -79,11 +79,11 @@ def _selected_rid(ss) -> Optional[str]:
 
 def live_body(client: EngineClient, cfg) -> None:
     ss = st.session_state
-    flash_box = st.container()
     kpi_box = st.empty()
     left, right = st.columns([1.2, 2], gap="medium")
     with left:
         prompt_panel(client)
+        flash_box = st.container()                # messages under the form: the tree never moves down
     ss["_drawn_version"] = client.version()
     snap = client.snapshot()                      # after this run's submissions: one engine step for all
     store = event_store(ss)
@@ -207,9 +207,9 @@ def tree_view(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, select
         fig = cached_figure(ss, "tree", (snap.seq, focus, hl, ghosts), build, fresh)
     else:
         fig = cached_figure(ss, "overview", (snap.seq, hl), lambda: tree_overview(snap.cache, tt, hl), fresh)
-    _chart(fig, "tree_chart")
     if note:
-        st.caption(note)
+        st.caption(note)                          # above the tree: on screen with the path it explains
+    _chart(fig, "tree_chart")
     chunk = chunked_prefill_note(snap, cfg.max_prefill_tokens)
     if chunk:
         st.caption(chunk)

@@ -150,6 +150,8 @@ def test_bad_max_new_tokens_is_a_message_not_a_silent_send(app, value, message):
     send(app, "Why my code is slow", max_new=value)
     assert not app.exception
     assert [e.value for e in app.error if message in e.value], [e.value for e in app.error]
+    # under the prompt form, in the left column: a message never pushes the tree down the screen
+    assert [e.value for e in app.columns[0].error if message in e.value]
     assert not app.success and not app.toast   # no "Sent ..." message left beside the error
     app.run()
     assert len(request_rows(app)) == 7   # nothing was queued

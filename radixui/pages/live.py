@@ -24,7 +24,7 @@ cfg = client.config()
 caption.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.page_size} · eviction "
                 f"`{cfg.eviction_policy}` · schedule `{cfg.schedule_policy}` · max prefill {cfg.max_prefill_tokens:,} "
                 f"tokens" + (" · **radix cache off**" if cfg.disable_radix_cache else "")
-                + " · settings, step mode and reset in the sidebar (›)")
+                + " · the Walkthrough and the other pages, settings, step mode and reset in the sidebar (›)")
 
 
 @st.fragment(run_every=interval if live else None)
