@@ -1,13 +1,13 @@
 """Time travel: rebuild the tree and free_pages as they were after any event, from the event log.
 
-A plain-dict model of the cache replays match / split / insert / evict / alloc / free / lock /
-unlock / reset events in order, mirroring what RadixCache does for each; the result is a
+A plain-dict model of the cache replays match / split / insert / touch / evict / alloc / free /
+lock / unlock / reset events in order, mirroring what RadixCache does for each; the result is a
 CacheSnapshot, so the same figure builders draw the past. Start from `empty_snapshot(...)` (the
 cache at its reset) or from any snapshot, with the events that came after it.
 
 What events do not carry, and so cannot come back: request priorities (0 unless the initial
-snapshot had them), and the touches of an `insert` that added nothing (an insert that adds a leaf
-does touch the path, and so does every match). Replaying a run from its reset therefore equals
+snapshot had them). An `insert` that added nothing still stamps its path: the cache records that
+as a `touch` event, replayed here like the stamps of a match or of an insert that adds a leaf. Replaying a run from its reset therefore equals
 `cache.snapshot()` for the node ids, parents, tokens, slots, lock_ref, times, hit counts and
 free_pages whenever priorities were not used.
 """
@@ -137,6 +137,8 @@ class CacheModel:
             if node.slots:
                 self.written[node.slots] = True
                 self.slot_tokens[node.slots] = node.token_ids
+        elif kind == "touch":                 # an insert that added nothing stamps its path
+            self._touch_path(int(g("node")), t)
         elif kind == "evict":
             node = self.nodes.pop(int(g("node")))
             parent = self.nodes[node.parent]
