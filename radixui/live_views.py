@@ -11,10 +11,11 @@ import streamlit as st
 from core.snapshot import EngineSnapshot
 from radixui.client import EngineClient
 from radixui.events import EVENT_KINDS, ev_get, ev_kind, event_table, style_event_table
-from radixui.heap import eviction_figure, eviction_table
+from radixui.heap import eviction_figure, eviction_table, order_note
 from radixui.highlights import TREE_KINDS, Highlights, ghosts_from_events, request_highlights, step_highlights
 from radixui.hit_chart import hit_rate_figure
 from radixui.live_data import cached_figure, decoder, event_store
+from radixui.replay import replay_note
 from radixui.metrics import kpi_line, sglang_status
 from radixui.prompt_panel import prompt_panel
 from radixui.slots import kv_heatmap, slot_row_figure, written_range
@@ -232,7 +233,7 @@ def slot_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
 
 def heap_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
     ss = st.session_state
-    st.caption(f"Policy `{snap.cache.policy}`: the order evict() would take nodes, next victim first.")
+    st.caption(order_note(snap.cache.policy))
     _chart(cached_figure(ss, "heap", (snap.seq,), lambda: eviction_figure(snap.cache, tt), fresh), "heap_chart")
     st.dataframe(cached_figure(ss, "heap_table", (snap.seq,), lambda: eviction_table(snap.cache, tt, limit=200),
                                fresh), hide_index=True, width="stretch", key="heap_table")
@@ -258,6 +259,9 @@ def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
     seq = st.slider("After event", first, last, last, key="tt_seq") if last > first else last
     ev = events[seq - first]
     st.markdown(f"**Event {seq}** at time {ev_get(ev, 'time'):g}: {ev_kind(ev)}")
+    note = replay_note(snap.cache.policy)
+    if note:
+        st.caption(note)
     key = ("tt", seq, first)
     ss = st.session_state
     rp = store.replayer_for(snap)
