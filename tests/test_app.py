@@ -189,8 +189,10 @@ def test_hidden_views_wait_while_the_engine_works_and_catch_up_when_it_is_quiet(
     try:
         before_row, before_tree = slot_row(app), tree_spec(app)
         n = len(request_rows(app))
+        assert app.session_state["_busy"] is False              # quiet: the poll runs at its idle pace
         send(app, "Zebras zigzag", max_new=2)
         assert slot_row(app) == before_row                     # queued: the hidden slot row is as it was
+        assert app.session_state["_busy"] is True               # and the poll at the chosen interval
         button(app, "Step").click().run()                       # prefill: the prompt is in the tree now
         assert len(request_rows(app)) == n + 1 and request_rows(app).iloc[0]["state"] == "running"
         assert slot_row(app) == before_row
@@ -208,6 +210,7 @@ def test_hidden_views_wait_while_the_engine_works_and_catch_up_when_it_is_quiet(
             button(app, "Step").click().run()
         assert request_rows(app).iloc[0]["state"] == "finished"
         assert slot_row(app) != opened_row                      # quiet: the hidden tab caught up
+        assert app.session_state["_busy"] is False
     finally:
         toggle().set_value(False).run()
 

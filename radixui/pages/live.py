@@ -27,11 +27,17 @@ caption.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.p
                 + " · the Walkthrough and the other pages, settings, step mode and reset in the sidebar (›)")
 
 
-@st.fragment(run_every=interval if live else None)
+IDLE_POLL_S = 3.0   # while nothing runs or waits: each poll costs the browser a re-render of the page
+every = interval if st.session_state.get("_busy", False) else max(interval, IDLE_POLL_S)
+
+
+@st.fragment(run_every=every if live else None)
 def poll() -> None:
     """Cheap: one version number. The page reruns only when the engine changed since it drew, or
-    once after a new tab's first run to draw the hidden views (on its own timer only: in a full
-    run the body below is about to draw the latest anyway)."""
+    once after a tab switch to draw the views not drawn yet (on its own timer only: in a full run
+    the body below is about to draw the latest anyway). It polls every `interval` while the
+    engine works and every IDLE_POLL_S while it is quiet; the body reruns the page when the engine
+    turns busy or quiet, so the new pace applies at once."""
     if st.session_state.pop("_full_run", False):
         return
     seen = st.session_state.get("_drawn_version")

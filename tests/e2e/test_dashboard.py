@@ -193,11 +193,15 @@ def test_warm_start_first_chart_within_5_s(page, browser, server):
 
 
 def _root_box(pg) -> tuple[dict, list]:
-    """The tree root's box on screen and the page's scroll offsets."""
-    root = pg.locator(CHART).get_by_text("root", exact=True).first
-    root.wait_for(timeout=60_000)
+    """The tree root's box on screen (the visible tree's "root" label, read in one go: a redraw can
+    replace the element between a lookup and a measurement) and the page's scroll offsets."""
+    box = pg.wait_for_function(
+        "() => { const t = [...document.querySelectorAll('[data-testid=stPlotlyChart] text')]"
+        ".find(e => e.textContent === 'root' && e.getBoundingClientRect().height > 0);"
+        " if (!t) return null; const r = t.getBoundingClientRect();"
+        " return {x: r.x, y: r.y, width: r.width, height: r.height}; }", timeout=60_000).json_value()
     scroll = pg.evaluate("() => [window.scrollY, document.querySelector('[data-testid=stMain]')?.scrollTop || 0]")
-    return root.bounding_box(), scroll
+    return box, scroll
 
 
 def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):

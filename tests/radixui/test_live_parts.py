@@ -147,3 +147,14 @@ def test_engine_quiet_means_nothing_running_or_queued(metrics, quiet):
     s = S()
     s.metrics = metrics
     assert engine_quiet(s) is quiet
+
+
+def test_event_log_marks_splits_and_evictions_in_a_plain_frame():
+    from core.events import SplitEvent
+    from radixui.live_views import log_table
+    events = [AllocEvent(seq=1, time=1.0, slots=(1, 2)), SplitEvent(seq=2, time=2.0, node=1, new_parent=2, position=1),
+              EvictEvent(seq=3, time=3.0, node=1, parent=0, token_ids=(5,), slots=(2,),
+                         last_access_time=2.0, policy_key=(2.0,))]
+    df = log_table(events, None, ["alloc", "split", "evict"])
+    assert list(df["seq"]) == [3, 2, 1] and list(df["highlight"]) == ["✕ evict", "✂ split", ""]
+    assert list(log_table(events, None, ["alloc"])["seq"]) == [1]
