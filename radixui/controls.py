@@ -44,7 +44,7 @@ def live_controls(client: EngineClient) -> tuple[bool, float]:
     live = sb.toggle("Live refresh", value=True, help="Pause to freeze the views while you read them")
     interval = sb.select_slider("Check for changes every", options=[0.25, 0.5, 1.0, 2.0], value=1.0,
                                 format_func=lambda s: f"{s:g} s",
-                                help="The page polls a cheap version number and redraws only when the engine changed; every poll also costs the browser a repaint")
+                                help="The page polls a cheap version number and redraws only when the engine changed; every poll also costs the browser a repaint, so while nothing runs or waits it polls every 3 s (or this, if longer)")
     stepping = client.is_stepping()
     step_mode = sb.toggle("Step mode", value=stepping,
                           help="Stop the engine thread and advance one scheduler step per click")

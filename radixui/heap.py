@@ -11,7 +11,7 @@ from typing import Optional
 import pandas as pd
 import plotly.graph_objects as go
 
-from core.eviction import POLICIES
+from core.eviction import POLICIES, is_stateful
 from core.snapshot import CacheSnapshot, NodeView
 from radixui.fmt import TokenText, clean, fmt_time, html_escape, resolve_token_text, shorten, slot_runs
 from radixui.plot import figure
@@ -23,9 +23,22 @@ LATER_COLOUR = "#9ca3af"   # becomes a leaf once its children are evicted
 
 
 def policy_key(node: NodeView, policy: str) -> Optional[tuple]:
-    """The policy's priority key for a node (lower goes first); None for a policy not known here."""
+    """The policy's priority key for a node (lower goes first); None for a policy not known here,
+    and for a stateful one (arc, s3fifo, ...): its key lives in the policy object's own state, which
+    a snapshot does not carry (POLICIES holds only an LRU stand-in for it)."""
+    if is_stateful(policy):
+        return None
     fn = POLICIES.get(policy)
     return None if fn is None else tuple(float(x) for x in fn(node))
+
+
+def order_note(policy: str) -> str:
+    """What the Eviction heap view shows, in words; plain about a stateful policy's key."""
+    if is_stateful(policy):
+        return (f"Policy `{policy}` keeps state of its own: the order below is the cache's own "
+                f"`eviction_order()`, next victim first; the key column is empty because `{policy}`'s key "
+                f"lives in that state, not in the node.")
+    return f"Policy `{policy}`: the order evict() would take nodes, next victim first."
 
 
 def eviction_table(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
@@ -56,7 +69,8 @@ def eviction_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = N
     labels = [f"#{r.order} node {r.node} · {html_escape(shorten(r.text, chars))}" for r in df.itertuples()]
     hover = [f"node {r.node}: '{html_escape(shorten(r.text, 200))}'<br>tokens {r.tokens} · slots "
              f"{html_escape(shorten(r.slots, 80))}<br>last_access_time {fmt_time(r.last_access_time)} · "
-             f"key {r.policy_key} · hit_count {r.hit_count}<br>"
+             + (f"key {r.policy_key} · " if r.policy_key is not None else "")
+             + f"hit_count {r.hit_count}<br>"
              + ("evictable leaf now" if r.leaf_now else "becomes a leaf once the nodes above are gone")
              for r in df.itertuples()]
     trace = dict(type="bar", orientation="h", x=df["tokens"].tolist(), y=labels, hovertext=hover,

@@ -91,9 +91,11 @@ def decoder(state: MutableMapping, client: Any, snap: EngineSnapshot, model: str
     return TokenDecoder(snap.token_text, known)
 
 
-def cached_figure(state: MutableMapping, name: str, key: tuple, build: Callable[[], Any]) -> Any:
-    """Rebuild a figure only when its inputs (the key) changed."""
+def cached_figure(state: MutableMapping, name: str, key: tuple, build: Callable[[], Any],
+                  fresh: bool = True) -> Any:
+    """Rebuild a figure only when its inputs (the key) changed; with `fresh=False` (a hidden view)
+    keep whatever was built last, and build only when there is none yet."""
     store = state.setdefault("_figs", {})
-    if store.get(name, (None,))[0] != key:
+    if name not in store or (fresh and store[name][0] != key):
         store[name] = (key, build())
     return store[name][1]

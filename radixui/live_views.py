@@ -2,6 +2,7 @@
 KPIs in one line above; all drawn from one snapshot taken after this run's submissions."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import pandas as pd
@@ -9,11 +10,12 @@ import streamlit as st
 
 from core.snapshot import EngineSnapshot
 from radixui.client import EngineClient
-from radixui.events import EVENT_KINDS, ev_get, ev_kind, event_table, style_event_table
-from radixui.heap import eviction_figure, eviction_table
+from radixui.events import EVENT_KINDS, ev_get, ev_kind, event_table
+from radixui.heap import eviction_figure, eviction_table, order_note
 from radixui.highlights import TREE_KINDS, Highlights, ghosts_from_events, request_highlights, step_highlights
 from radixui.hit_chart import hit_rate_figure
 from radixui.live_data import cached_figure, decoder, event_store
+from radixui.replay import replay_note
 from radixui.metrics import kpi_line, sglang_status
 from radixui.prompt_panel import prompt_panel
 from radixui.slots import kv_heatmap, slot_row_figure, written_range
@@ -21,7 +23,7 @@ from radixui.tree import tree_figure, tree_overview
 
 VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
 TREE_WIDTH = 900      # px the tree gets at 1400 px with the sidebar closed
-TREE_MAX_HEIGHT = 620  # so the whole tree stays on a 900 px screen
+TREE_MAX_HEIGHT = 580  # so the whole tree stays on a 900 px screen (under the tabs and its controls)
 TABLE_COLUMNS = ["request", "state", "cached / prompt", "new", "TTFT from submit (s)", "output", "path"]
 
 
@@ -78,11 +80,11 @@ def _selected_rid(ss) -> Optional[str]:
 
 def live_body(client: EngineClient, cfg) -> None:
     ss = st.session_state
-    flash_box = st.container()
     kpi_box = st.empty()
     left, right = st.columns([1.2, 2], gap="medium")
     with left:
         prompt_panel(client)
+        flash_box = st.container()                # messages under the form: the tree never moves down
     ss["_drawn_version"] = client.version()
     snap = client.snapshot()                      # after this run's submissions: one engine step for all
     store = event_store(ss)
@@ -119,7 +121,11 @@ def live_body(client: EngineClient, cfg) -> None:
                                       lambda: hit_rate_figure(snap.requests)),
                         width="stretch", key="hit_chart", config={"displayModeBar": False})
     with right:
-        views(client, snap, tt, store, cfg, selected)
+        st.fragment(views)(client, snap, tt, store, cfg, selected)   # a tab switch reruns only this
+    busy = not engine_quiet(snap)
+    if busy != ss.get("_busy", False):           # the poll's pace follows the engine (pages/live.py)
+        ss["_busy"] = busy
+        st.rerun()
 
 
 def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected: Optional[str]):
@@ -134,66 +140,128 @@ def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected
     return step_highlights(last_tree_step(store.recent())), None
 
 
+def engine_quiet(snap: EngineSnapshot) -> bool:
+    """Nothing running or queued: the moment the hidden views catch up, so that a later switch
+    shows current figures at once (mid-generation, or between Step clicks, a switch shows the
+    view as it was and its one rerun then redraws it)."""
+    m = snap.metrics or {}
+    return not m.get("running") and not m.get("waiting")
+
+
 def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: Optional[str]) -> None:
+    """The views as tabs: a switch is drawn by the browser alone (every tab's figures are already
+    there), then one fragment rerun refreshes the opened tab if its data changed. The open tab is
+    rebuilt whenever its data changes; hidden tabs re-send their last figures (the browser does not
+    redraw an unchanged figure) and catch up only while the engine is quiet, so refresh work during
+    generation stays that of one view. A view never drawn yet waits while it is hidden in a new
+    browser tab's first run (so the first chart does not wait for five views' charts) and in a
+    tab switch's run (so the opened view is drawn first); the next run draws it (after a switch,
+    the poll asks for that run on its next tick)."""
+    tabs = st.tabs(VIEWS, key="live_view", on_change=_switched)
+    quiet = engine_quiet(snap)
+    draw = {"Radix tree": lambda fresh: tree_view(client, snap, tt, store, cfg, selected, fresh),
+            "Slot pool": lambda fresh: slot_view(snap, tt, fresh),
+            "Eviction heap": lambda fresh: heap_view(snap, tt, fresh),
+            "Event log": lambda fresh: log_view(store, tt, fresh),
+            "Time travel": lambda fresh: time_travel(snap, tt, store, fresh)}
     ss = st.session_state
-    c0, c1, c2 = st.columns([4.3, 1.6, 1.6], vertical_alignment="center")
-    view = c0.segmented_control("View", VIEWS, default=VIEWS[0], key="live_view",
-                                label_visibility="collapsed") or VIEWS[0]
-    if view == "Radix tree":
-        shape = c1.radio("Draw", ["Tree", "Overview"], key="tree_view", horizontal=True,
-                         label_visibility="collapsed", help="Overview: boxes sized by the tokens under each node")
-        ids = [n.id for n in snap.cache.nodes]
-        root = snap.cache.root_id
-        if ss.get("tree_focus") not in ids:
-            ss["tree_focus"] = root                # never None: the box always names its choice
-        focus = c2.selectbox("Focus on subtree", ids, key="tree_focus", label_visibility="collapsed",
-                             format_func=lambda i: "whole tree" if i == root else f"subtree of node {i}")
-        hl, note = _tree_highlights(client, snap, store, selected)
-        ghosts = ghosts_from_events(store.recent()) if not selected else ()
-        if shape == "Tree":
-            def build():
+    drawn = ss.setdefault("_views_drawn", set())
+    defer = "_views_seen" not in ss or ss.pop("_tab_switched", False)
+    for name, tab in zip(VIEWS, tabs):
+        with tab:
+            hidden = tab.open is False
+            if hidden and name not in drawn and defer:
+                st.caption("Drawing this view...")
+                ss["_catch_up"] = "_views_seen" in ss     # after a switch: on the poll's next tick
+                continue
+            draw[name](not hidden or quiet)
+            drawn.add(name)
+    ss["_views_seen"] = True
+
+
+def _switched() -> None:
+    st.session_state["_tab_switched"] = True
+
+
+def _chart(fig, key: str) -> None:
+    st.plotly_chart(fig, width="stretch", key=key, config={"displayModeBar": False})
+
+
+def tree_view(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: Optional[str],
+              fresh: bool) -> None:
+    ss = st.session_state
+    c1, c2 = st.columns([1.6, 1], vertical_alignment="center")
+    shape = c1.radio("Draw", ["Tree", "Overview"], key="tree_view", horizontal=True,
+                     label_visibility="collapsed", help="Overview: boxes sized by the tokens under each node")
+    ids = [n.id for n in snap.cache.nodes]
+    root = snap.cache.root_id
+    if ss.get("tree_focus") not in ids:
+        ss["tree_focus"] = root                # never None: the box always names its choice
+    focus = c2.selectbox("Focus on subtree", ids, key="tree_focus", label_visibility="collapsed",
+                         format_func=lambda i: "whole tree" if i == root else f"subtree of node {i}")
+    hl, note = _tree_highlights(client, snap, store, selected)
+    ghosts = ghosts_from_events(store.recent()) if not selected else ()
+    if shape == "Tree":
+        def build():
+            f = tree_figure(snap.cache, tt, hl, focus=None if focus == root else focus, width=TREE_WIDTH,
+                            ghosts=ghosts)
+            if f.layout.height > TREE_MAX_HEIGHT:
                 f = tree_figure(snap.cache, tt, hl, focus=None if focus == root else focus, width=TREE_WIDTH,
-                                ghosts=ghosts)
-                if f.layout.height > TREE_MAX_HEIGHT:
-                    f = tree_figure(snap.cache, tt, hl, focus=None if focus == root else focus, width=TREE_WIDTH,
-                                    ghosts=ghosts, height=TREE_MAX_HEIGHT)
-                return f
-            fig = cached_figure(ss, "tree", (snap.seq, focus, hl, ghosts), build)
-        else:
-            fig = cached_figure(ss, "overview", (snap.seq, hl), lambda: tree_overview(snap.cache, tt, hl))
-        st.plotly_chart(fig, width="stretch", key="tree_chart", config={"displayModeBar": False})
-        if note:
-            st.caption(note)
-        chunk = chunked_prefill_note(snap, cfg.max_prefill_tokens)
-        if chunk:
-            st.caption(chunk)
-    elif view == "Slot pool":
-        size = snap.pool.num_slots + snap.pool.page_size
-        zoom = c1.toggle("Written slots only", True, key="slot_zoom",
-                         help="Zoom to the slots that have ever held KV (most of a fresh pool never has)")
-        if zoom:
-            lo, hi = written_range(snap.pool)
-        else:
-            lo, hi = st.slider("Slot range", 0, size, (0, size), key="slot_range")
-        st.plotly_chart(cached_figure(ss, "row", (snap.step, snap.seq, lo, hi),
-                                      lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi)),
-                        width="stretch", key="slot_row", config={"displayModeBar": False})
-        st.plotly_chart(cached_figure(ss, "heat", (snap.step, snap.seq, lo, hi), lambda: kv_heatmap(snap.pool, lo, hi)),
-                        width="stretch", key="heatmap", config={"displayModeBar": False})
-    elif view == "Eviction heap":
-        st.caption(f"Policy `{snap.cache.policy}`: the order evict() would take nodes, next victim first.")
-        st.plotly_chart(cached_figure(ss, "heap", (snap.seq,), lambda: eviction_figure(snap.cache, tt)),
-                        width="stretch", key="heap_chart", config={"displayModeBar": False})
-        st.dataframe(eviction_table(snap.cache, tt, limit=200), hide_index=True, width="stretch")
-    elif view == "Event log":
-        kinds = st.multiselect("Event types", list(EVENT_KINDS), default=list(EVENT_KINDS), key="log_kinds")
-        df = event_table(store.recent(2000), tt, kinds=kinds, limit=300)
-        st.dataframe(style_event_table(df), hide_index=True, width="stretch", height=420)
-    elif view == "Time travel":
-        time_travel(snap, tt, store)
+                                ghosts=ghosts, height=TREE_MAX_HEIGHT)
+            return f
+        fig = cached_figure(ss, "tree", (snap.seq, focus, hl, ghosts), build, fresh)
+    else:
+        fig = cached_figure(ss, "overview", (snap.seq, hl), lambda: tree_overview(snap.cache, tt, hl), fresh)
+    if note:
+        st.caption(note)                          # above the tree: on screen with the path it explains
+    _chart(fig, "tree_chart")
+    chunk = chunked_prefill_note(snap, cfg.max_prefill_tokens)
+    if chunk:
+        st.caption(chunk)
 
 
-def time_travel(snap: EngineSnapshot, tt, store) -> None:
+def slot_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
+    ss = st.session_state
+    size = snap.pool.num_slots + snap.pool.page_size
+    zoom = st.toggle("Written slots only", True, key="slot_zoom",
+                     help="Zoom to the slots that have ever held KV (most of a fresh pool never has)")
+    if zoom:
+        lo, hi = written_range(snap.pool)
+    else:
+        lo, hi = st.slider("Slot range", 0, size, (0, size), key="slot_range")
+    _chart(cached_figure(ss, "row", (snap.step, snap.seq, lo, hi),
+                         lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi), fresh), "slot_row")
+    _chart(cached_figure(ss, "heat", (snap.step, snap.seq, lo, hi), lambda: kv_heatmap(snap.pool, lo, hi), fresh),
+           "heatmap")
+
+
+def heap_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
+    ss = st.session_state
+    st.caption(order_note(snap.cache.policy))
+    _chart(cached_figure(ss, "heap", (snap.seq,), lambda: eviction_figure(snap.cache, tt), fresh), "heap_chart")
+    st.dataframe(cached_figure(ss, "heap_table", (snap.seq,), lambda: eviction_table(snap.cache, tt, limit=200),
+                               fresh), hide_index=True, width="stretch", key="heap_table")
+
+
+LOG_MARKS = {"split": "✂ split", "evict": "✕ evict"}
+
+
+def log_table(events: list, tt, kinds: list) -> pd.DataFrame:
+    """The newest 300 events as a plain frame, splits and evictions marked in their own column: a
+    styled frame (tinted rows) costs ~60 ms to send, and this one is re-sent on every run."""
+    df = event_table(events, tt, kinds=kinds, limit=300)
+    df["highlight"] = df["highlight"].map(lambda h: LOG_MARKS.get(h, h))
+    return df
+
+
+def log_view(store, tt, fresh: bool) -> None:
+    kinds = st.multiselect("Event types", list(EVENT_KINDS), default=list(EVENT_KINDS), key="log_kinds")
+    df = cached_figure(st.session_state, "log", (store.last_seq, store.start_seq, tuple(kinds)),
+                       lambda: log_table(store.recent(2000), tt, kinds), fresh)
+    st.dataframe(df, hide_index=True, width="stretch", height=420, key="log_table")
+
+
+def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
     events = store.events
     if not events:
         st.info("No events yet: send a prompt, then slide through its history here.")
@@ -201,20 +269,23 @@ def time_travel(snap: EngineSnapshot, tt, store) -> None:
     if not store.complete:
         st.warning("The event ring has dropped older events; time travel covers only the cache since a reset.")
         return
-    rp = store.replayer_for(snap)
     first, last = int(ev_get(events[0], "seq")), int(ev_get(events[-1], "seq"))
     seq = st.slider("After event", first, last, last, key="tt_seq") if last > first else last
-    past = rp.at(seq)
     ev = events[seq - first]
     st.markdown(f"**Event {seq}** at time {ev_get(ev, 'time'):g}: {ev_kind(ev)}")
+    note = replay_note(snap.cache.policy)
+    if note:
+        st.caption(note)
     key = ("tt", seq, first)
-    st.plotly_chart(cached_figure(st.session_state, "tt_tree", key,
-                                  lambda: tree_figure(past, tt, step_highlights([ev]), width=TREE_WIDTH)),
-                    width="stretch", key="tt_tree", config={"displayModeBar": False})
-    st.plotly_chart(cached_figure(st.session_state, "tt_row", key,
-                                  lambda: slot_row_figure(rp.pool_at(seq, snap.pool.num_layers), past, tt,
-                                                          *written_range(rp.pool_at(seq)))),
-                    width="stretch", key="tt_row", config={"displayModeBar": False})
+    ss = st.session_state
+    rp = store.replayer_for(snap)
+    past = functools.lru_cache(maxsize=1)(lambda: rp.at(seq))   # replayed only if a figure is rebuilt
+    _chart(cached_figure(ss, "tt_tree", key,
+                         lambda: tree_figure(past(), tt, step_highlights([ev]), width=TREE_WIDTH), fresh),
+           "tt_tree")
+    _chart(cached_figure(ss, "tt_row", key,
+                         lambda: slot_row_figure(rp.pool_at(seq, snap.pool.num_layers), past(), tt,
+                                                 *written_range(rp.pool_at(seq))), fresh), "tt_row")
 
 
 __all__ = ["live_body", "request_table", "chunked_prefill_note", "last_tree_step", "Highlights"]

@@ -1,13 +1,14 @@
 """Time travel: rebuild the tree and free_pages as they were after any event, from the event log.
 
-A plain-dict model of the cache replays match / split / insert / evict / alloc / free / lock /
-unlock / reset events in order, mirroring what RadixCache does for each; the result is a
+A plain-dict model of the cache replays match / split / insert / touch / evict / alloc / free /
+lock / unlock / reset events in order, mirroring what RadixCache does for each; the result is a
 CacheSnapshot, so the same figure builders draw the past. Start from `empty_snapshot(...)` (the
 cache at its reset) or from any snapshot, with the events that came after it.
 
 What events do not carry, and so cannot come back: request priorities (0 unless the initial
-snapshot had them), and the touches of an `insert` that added nothing (an insert that adds a leaf
-does touch the path, and so does every match). Replaying a run from its reset therefore equals
+snapshot had them), and a stateful policy's state (arc, s3fifo, lecar, lhd, gdsf): their past
+eviction order is an LRU approximation (`replay_note` says so on the page). An `insert` that added nothing still stamps its path: the cache records that
+as a `touch` event, replayed here like the stamps of a match or of an insert that adds a leaf. Replaying a run from its reset therefore equals
 `cache.snapshot()` for the node ids, parents, tokens, slots, lock_ref, times, hit counts and
 free_pages whenever priorities were not used.
 """
@@ -19,9 +20,18 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from core.eviction import POLICIES
+from core.eviction import POLICIES, is_stateful
 from core.snapshot import CacheSnapshot, NodeView, PoolView, slot_states
 from radixui.events import EventLike, ev_get, ev_kind
+
+
+def replay_note(policy: str) -> Optional[str]:
+    """For a stateful policy: a plain word that the replayed next victim is an approximation."""
+    if not is_stateful(policy):
+        return None
+    return (f"`{policy}` is a stateful policy: its state is not in the event log, so the past trees here mark "
+            f"the next victim by LRU order, an approximation. The live tree and the Eviction heap show "
+            f"`{policy}`'s real order.")
 
 
 @dataclass
@@ -137,6 +147,8 @@ class CacheModel:
             if node.slots:
                 self.written[node.slots] = True
                 self.slot_tokens[node.slots] = node.token_ids
+        elif kind == "touch":                 # an insert that added nothing stamps its path
+            self._touch_path(int(g("node")), t)
         elif kind == "evict":
             node = self.nodes.pop(int(g("node")))
             parent = self.nodes[node.parent]
@@ -174,7 +186,7 @@ class CacheModel:
 
     def _eviction_order(self, evictable: set) -> tuple[int, ...]:
         """The order RadixCache.eviction_order gives: heap of (policy key, id), parents join when
-        their last child is popped."""
+        their last child is popped (for a stateful policy, its LRU stand-in: see replay_note)."""
         fn = POLICIES.get(self.policy, POLICIES["lru"])
         heap = [(fn(self.nodes[i]), i) for i in evictable]
         heapq.heapify(heap)

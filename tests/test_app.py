@@ -39,6 +39,10 @@ def tree_spec(at: AppTest) -> dict:
     return next(c for c in charts(at) if any(t.get("name") == "edge text" for t in c["data"]))
 
 
+def slot_row(at: AppTest) -> dict:
+    return next(c for c in charts(at) if any(t.get("name") == "owner labels" for t in c["data"]))
+
+
 def number(at: AppTest, label: str):
     return next(n for n in at.number_input if n.label == label)
 
@@ -114,12 +118,10 @@ def test_unicode_prompt_round_trips_in_tree_and_slot_labels(app):
     edge_text = next(t for t in tree_spec(app)["data"] if t["name"] == "edge text")["text"]
     assert any(text in t for t in edge_text), edge_text
     assert not any("\ufffd" in t for t in edge_text)
-    app.segmented_control[0].set_value("Slot pool").run()
-    row = next(c for c in charts(app) if any(t.get("name") == "owner labels" for t in c["data"]))
-    cells = row["data"][0]["text"][0]
+    assert [t.label for t in app.tabs] == ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
+    cells = slot_row(app)["data"][0]["text"][0]   # the Slot pool tab, hidden, caught up: nothing is running
     assert not any("\ufffd" in c for c in cells)
     assert "Ü" in cells and "🚀" in cells and "·" in cells   # "·": the first bytes of a split character
-    app.segmented_control[0].set_value("Radix tree").run()
 
 
 def test_focus_box_keeps_naming_the_whole_tree(app):
@@ -148,6 +150,8 @@ def test_bad_max_new_tokens_is_a_message_not_a_silent_send(app, value, message):
     send(app, "Why my code is slow", max_new=value)
     assert not app.exception
     assert [e.value for e in app.error if message in e.value], [e.value for e in app.error]
+    # under the prompt form, in the left column: a message never pushes the tree down the screen
+    assert [e.value for e in app.columns[0].error if message in e.value]
     assert not app.success and not app.toast   # no "Sent ..." message left beside the error
     app.run()
     assert len(request_rows(app)) == 7   # nothing was queued
@@ -174,6 +178,41 @@ def test_bad_model_path_keeps_the_previous_engine(app):
     send(app, "Why my code throws errors", max_new=1)   # and it still serves: a full cache hit
     rows = wait_rows(app, 8)
     assert rows.iloc[0]["cached / prompt"] == "4 / 5"
+
+
+def test_hidden_views_wait_while_the_engine_works_and_catch_up_when_it_is_quiet(app):
+    """Every view is a tab drawn in every run; a hidden one re-sends its last figures while a request
+    is queued or running (refresh work of one view), the open one follows each step, and a hidden
+    one is redrawn when it is opened or when the engine goes quiet."""
+    toggle = lambda: next(t for t in app.toggle if t.label == "Step mode")  # noqa: E731
+    toggle().set_value(True).run()
+    try:
+        before_row, before_tree = slot_row(app), tree_spec(app)
+        n = len(request_rows(app))
+        assert app.session_state["_busy"] is False              # quiet: the poll runs at its idle pace
+        send(app, "Zebras zigzag", max_new=2)
+        assert slot_row(app) == before_row                     # queued: the hidden slot row is as it was
+        assert app.session_state["_busy"] is True               # and the poll at the chosen interval
+        button(app, "Step").click().run()                       # prefill: the prompt is in the tree now
+        assert len(request_rows(app)) == n + 1 and request_rows(app).iloc[0]["state"] == "running"
+        assert slot_row(app) == before_row
+        edge_text = next(t for t in tree_spec(app)["data"] if t["name"] == "edge text")["text"]
+        assert any("Zebras zigzag" in t for t in edge_text) and tree_spec(app) != before_tree
+        app.session_state["live_view"] = "Slot pool"            # open the tab: its rerun redraws it
+        app.run()
+        assert slot_row(app) != before_row                      # the new prompt's slots are drawn
+        app.session_state["live_view"] = "Radix tree"
+        app.run()
+        opened_row = slot_row(app)
+        for _ in range(10):
+            if request_rows(app).iloc[0]["state"] == "finished":
+                break
+            button(app, "Step").click().run()
+        assert request_rows(app).iloc[0]["state"] == "finished"
+        assert slot_row(app) != opened_row                      # quiet: the hidden tab caught up
+        assert app.session_state["_busy"] is False
+    finally:
+        toggle().set_value(False).run()
 
 
 def test_walkthrough_steps_forward_and_back():

@@ -24,17 +24,24 @@ cfg = client.config()
 caption.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.page_size} · eviction "
                 f"`{cfg.eviction_policy}` · schedule `{cfg.schedule_policy}` · max prefill {cfg.max_prefill_tokens:,} "
                 f"tokens" + (" · **radix cache off**" if cfg.disable_radix_cache else "")
-                + " · settings, step mode and reset in the sidebar (›)")
+                + " · the Walkthrough and the other pages, settings, step mode and reset in the sidebar (›)")
 
 
-@st.fragment(run_every=interval if live else None)
+IDLE_POLL_S = 3.0   # while nothing runs or waits: each poll costs the browser a re-render of the page
+every = interval if st.session_state.get("_busy", False) else max(interval, IDLE_POLL_S)
+
+
+@st.fragment(run_every=every if live else None)
 def poll() -> None:
-    """Cheap: one version number. The page reruns only when the engine changed since it drew (on
-    its own timer only: in a full run the body below is about to draw the latest anyway)."""
+    """Cheap: one version number. The page reruns only when the engine changed since it drew, or
+    once after a tab switch to draw the views not drawn yet (on its own timer only: in a full run
+    the body below is about to draw the latest anyway). It polls every `interval` while the
+    engine works and every IDLE_POLL_S while it is quiet; the body reruns the page when the engine
+    turns busy or quiet, so the new pace applies at once."""
     if st.session_state.pop("_full_run", False):
         return
     seen = st.session_state.get("_drawn_version")
-    if seen is not None and client.version() != seen:
+    if st.session_state.pop("_catch_up", False) or (seen is not None and client.version() != seen):
         st.rerun()
 
 

@@ -1,6 +1,7 @@
 """The dashboard in a real browser: one `streamlit run app.py` on a free 127.0.0.1 port for the
 module (pool of 160 slots, so a demo evicts), driven by Playwright over Debian's chromium at
-1400x900. Measures issue 11's targets and prints them (failing only at 3x a target, see REGRESSION), and leaves screenshots in
+1400x900. Asserts issue 11's targets, each on the median of several tries (wall clock: what a
+person waits), prints the figures together at the end, and leaves screenshots in
 tests/e2e/artifacts/ (ignored by git). The page must never reach beyond 127.0.0.1 (offline)."""
 from __future__ import annotations
 
@@ -25,11 +26,17 @@ CHART = '[data-testid="stPlotlyChart"]'
 
 pytestmark = pytest.mark.timeout(600)
 FIGURES: dict[str, str] = {}    # what each test measured, printed together at the end
-# Issue 11's latency and idle-CPU targets are measured and printed against their targets (and the
-# figures kept in benchmarks/README.md); the test fails only at 3x a target, a regression such as
-# the full GC after every rerun that once cost an idle tab 65-98 % of a core. Wall-clock targets
-# on a shared 2-core box are a benchmark's verdict, not a unit test's.
-REGRESSION = 3.0
+# Issue 11's targets. Each is asserted on the median of several tries, so one slow try (a noisy
+# neighbour, a GC) does not fail the suite; the figures and the command are in benchmarks/README.md.
+SEND_ROW_S = 0.5       # a sent request shows in the table
+VIEW_SWITCH_S = 0.5    # a view switch
+IDLE_CORE_PCT = 10.0   # an idle tab, server + browser, in % of one core
+WARM_CHART_S = 5.0     # a new tab's first chart, the server already started (model loaded)
+# ...asserted at 1.5x: a new tab costs ~6-7 CPU s of the browser's own (renderer ~5 s: Streamlit's and
+# plotly's 8 MB of JavaScript compiled and run, the first charts drawn; browser + software GPU ~1.5 s)
+# against 0.4 s of the server's, so on two cores 5 s leaves under 20 % headroom even when nothing
+# else runs (4.1-4.4 s measured): too little to pass reliably. Figures in benchmarks/README.md.
+WARM_CHART_BOUND_S = 1.5 * WARM_CHART_S
 
 
 def _free_port() -> int:
@@ -118,7 +125,7 @@ def _open(browser, server) -> tuple:
     pg.goto(server["url"], timeout=120_000)
     pg.get_by_role("heading", name="RadixAttention, live").wait_for(timeout=300_000)
     t_title = time.perf_counter() - t0
-    pg.locator(CHART).first.locator(".main-svg").first.wait_for(timeout=300_000)
+    pg.locator(f"{CHART} .main-svg").first.wait_for(timeout=300_000)   # the first chart drawn, wherever
     t_chart = time.perf_counter() - t0
     return ctx, pg, t_title, (t_chart, _work(server) - w0)
 
@@ -171,8 +178,9 @@ def _send(pg, text: str, max_new: int = 4, server=None) -> tuple[float, float]:
 
 
 def test_warm_start_first_chart_within_5_s(page, browser, server):
+    """A new tab (its own browser context: nothing cached) on the running server."""
     tries = []
-    for _ in range(3):
+    for _ in range(5):
         ctx, pg, t_title, t_chart = _open(browser, server)
         tries.append((t_title, t_chart))
         ctx.close()
@@ -180,50 +188,68 @@ def test_warm_start_first_chart_within_5_s(page, browser, server):
     own = statistics.median(c[1] for _, c in tries)
     FIGURES["warm start, first chart"] = (f"median {wall:.2f} s wall, {own:.2f} CPU s of the page, over {len(tries)} "
                                           f"new tabs ({', '.join(f'{c[0]:.1f}/{c[1]:.1f}' for _, c in tries)}); "
-                                          f"target < 5 s; load average {os.getloadavg()[0]:.1f}")
-    assert wall < REGRESSION * 5.0, tries     # target 5 s of wall time; see REGRESSION
+                                          f"target < {WARM_CHART_S:g} s; load average {os.getloadavg()[0]:.1f}")
+    assert wall < WARM_CHART_BOUND_S, FIGURES["warm start, first chart"]   # see WARM_CHART_BOUND_S
+
+
+def _root_box(pg) -> tuple[dict, list]:
+    """The tree root's box on screen (the visible tree's "root" label, read in one go: a redraw can
+    replace the element between a lookup and a measurement) and the page's scroll offsets."""
+    box = pg.wait_for_function(
+        "() => { const t = [...document.querySelectorAll('[data-testid=stPlotlyChart] text')]"
+        ".find(e => e.textContent === 'root' && e.getBoundingClientRect().height > 0);"
+        " if (!t) return null; const r = t.getBoundingClientRect();"
+        " return {x: r.x, y: r.y, width: r.width, height: r.height}; }", timeout=60_000).json_value()
+    scroll = pg.evaluate("() => [window.scrollY, document.querySelector('[data-testid=stMain]')?.scrollTop || 0]")
+    return box, scroll
 
 
 def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):
     pg = page
     pg.get_by_text("Raw completion").click()
-    times, own = [], []
-    for i in range(4):
+    times, own, boxes = [], [], []
+    for i in range(5):
         t, c = _send(pg, f"Why my code throws errors number {i}", server=server)
         times.append(t)
         own.append(c)
+        box, scroll = _root_box(pg)            # right after Send: the tree's root on screen, no scrolling
+        assert scroll == [0, 0] and 0 < box["y"] and box["y"] + box["height"] < VIEWPORT["height"], (box, scroll)
+        boxes.append(box["y"])
         _wait_idle(pg)
-    root = pg.locator(CHART).get_by_text("root", exact=True).first
-    root.wait_for(timeout=60_000)
-    box = root.bounding_box()
-    scroll = pg.evaluate("() => [window.scrollY, document.querySelector('[data-testid=stMain]')?.scrollTop || 0]")
+    box, scroll = _root_box(pg)
     pg.screenshot(path=str(ARTIFACTS / "live_after_send.png"))
     med, med_own = statistics.median(times), statistics.median(own)
     FIGURES["Send -> row in the table"] = (f"median {med:.2f} s wall, {med_own:.2f} CPU s of the page "
                                            f"({', '.join(f'{t:.2f}/{c:.2f}' for t, c in zip(times, own))}); "
-                                           f"target < 0.5 s; load average {os.getloadavg()[0]:.1f}")
-    FIGURES["tree root after Send"] = f"y = {box['y']:.0f} px of {VIEWPORT['height']}, scroll {scroll}"
-    assert scroll == [0, 0]
-    assert 0 < box["y"] and box["y"] + box["height"] < VIEWPORT["height"]
-    assert med < REGRESSION * 0.5, list(zip(times, own))   # target 0.5 s; see REGRESSION
+                                           f"target < {SEND_ROW_S:g} s; load average {os.getloadavg()[0]:.1f}")
+    FIGURES["tree root after Send"] = (f"y = {', '.join(f'{y:.0f}' for y in boxes)} px right after each Send, "
+                                       f"{box['y']:.0f} px once idle, of {VIEWPORT['height']}; scroll {scroll}")
+    assert scroll == [0, 0] and 0 < box["y"] and box["y"] + box["height"] < VIEWPORT["height"]
+    assert med < SEND_ROW_S, FIGURES["Send -> row in the table"]
     _wait_idle(pg)
     _no_errors(pg)
 
 
+SWITCHES = (("Slot pool", "#N under a run"), ("Eviction heap", "Eviction order"), ("Radix tree", "next victim"))
+
+
 def test_view_switch_within_half_a_second(page, server):
+    """Click a tab until its chart shows, round the views, four times; the median switch."""
     pg = page
     times, own = [], []
-    for _ in range(3):
-        for view, marker in (("Slot pool", "#N under a run"), ("Radix tree", "next victim")):
+    for _ in range(4):
+        for view, marker in SWITCHES:
             t0, w0 = time.perf_counter(), _work(server)
-            pg.locator('[data-testid="stButtonGroup"] button', has_text=view).first.click()
+            pg.locator('[data-testid="stTab"]', has_text=view).first.click()
             pg.locator(CHART, has_text=marker).first.wait_for(timeout=60_000)
             times.append(time.perf_counter() - t0)
             own.append(_work(server) - w0)
+            pg.wait_for_timeout(300)          # the switch's rerun settles, as a presenter's pause would
     med, med_own = statistics.median(times), statistics.median(own)
     FIGURES["view switch"] = (f"median {med:.2f} s wall, {med_own:.2f} CPU s of the page, over {len(times)} "
-                              f"switches; target < 0.5 s; load average {os.getloadavg()[0]:.1f}")
-    assert med < REGRESSION * 0.5, list(zip(times, own))   # target 0.5 s; see REGRESSION
+                              f"switches (max {max(times):.2f} s); target < {VIEW_SWITCH_S:g} s; "
+                              f"load average {os.getloadavg()[0]:.1f}")
+    assert med < VIEW_SWITCH_S, (FIGURES["view switch"], list(zip(times, own)))
     _no_errors(pg)
 
 
@@ -241,11 +267,11 @@ def test_idle_tab_costs_under_a_tenth_of_a_core(page, server):
         s1, b1 = _tree_cpu(server["pid"]), _tree_cpu(browser_pid) if browser_pid else 0.0
         windows.append((100 * (s1 - s0) / wall, 100 * (b1 - b0) / wall))
     total = statistics.median(sv + bv for sv, bv in windows)
-    FIGURES["idle tab CPU"] = ("median %.1f %% of a core (server + browser per 5-s window: %s); target < 10 %%; "
+    FIGURES["idle tab CPU"] = ("median %.1f %% of a core (server + browser per 5-s window: %s); target < %g %%; "
                                "load average %.1f" % (total, ", ".join(f"{sv:.0f}+{bv:.0f}" for sv, bv in windows),
-                                                      os.getloadavg()[0]))
+                                                      IDLE_CORE_PCT, os.getloadavg()[0]))
     assert browser_pid is not None
-    assert total < REGRESSION * 10.0, windows   # target 10 %; see REGRESSION
+    assert total < IDLE_CORE_PCT, FIGURES["idle tab CPU"]
 
 
 def _parent(pid: int) -> int:

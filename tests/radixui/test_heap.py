@@ -1,6 +1,8 @@
+import pytest
+
 from core.memory import SlotAllocator
 from core.radix_cache import RadixCache
-from radixui.heap import COLUMNS, LATER_COLOUR, LEAF_COLOUR, eviction_figure, eviction_table, policy_key
+from radixui.heap import COLUMNS, LATER_COLOUR, LEAF_COLOUR, eviction_figure, eviction_table, order_note, policy_key
 from radixui.plot import validate
 from tests.radixui.walkthrough import run_request
 
@@ -55,3 +57,39 @@ def test_eviction_figure_empty_says_why():
     fig = eviction_figure(empty_snapshot(4))
     validate(fig)
     assert "nothing evictable" in fig.layout.annotations[0].text
+
+
+STATEFUL_RUN = ([1, 2], [5, 6, 7], [1, 2], [1, 2], [9, 9, 9, 9], [5, 6, 7])
+
+
+@pytest.mark.parametrize("policy", ["arc", "lecar", "gdsf"])
+def test_a_stateful_policy_shows_its_own_order_and_no_stand_in_key(policy):
+    """These three order this run differently from LRU: the table must follow the cache's own
+    eviction_order (the policy object's key), and not print the LRU stand-in as its key."""
+    cache = RadixCache(SlotAllocator(64), eviction_policy=policy)
+    for ids in STATEFUL_RUN:
+        cache.tick()
+        run_request(cache, list(ids))
+    snap = cache.snapshot()
+    real = [n.id for n in cache.eviction_order()]
+    lru = [i for _, i in sorted((n.last_access_time, n.id) for n in snap.nodes if n.evictable)]
+    assert real != lru
+    df = eviction_table(snap)
+    assert df["node"].tolist() == real
+    assert df["policy_key"].isna().all()
+    assert "key None" not in " ".join(eviction_figure(snap).data[0].hovertext)
+    note = order_note(policy)
+    assert f"Policy `{policy}` keeps state of its own" in note and "eviction_order()" in note
+    assert order_note("lru") == "Policy `lru`: the order evict() would take nodes, next victim first."
+
+
+def test_time_travel_says_a_stateful_policys_past_victim_is_an_approximation():
+    from radixui.replay import empty_snapshot, replay, replay_note
+    cache = RadixCache(SlotAllocator(64), eviction_policy="arc")
+    for ids in STATEFUL_RUN:
+        cache.tick()
+        run_request(cache, list(ids))
+    past = replay(empty_snapshot(64, policy="arc"), list(cache.events))
+    assert past.eviction_order != tuple(n.id for n in cache.eviction_order())   # why the note is owed
+    assert "LRU order, an approximation" in replay_note("arc")
+    assert replay_note("lru") is None and replay_note("slru") is None

@@ -122,3 +122,39 @@ def test_article_note_explains_the_extra_slot_at_time_3():
     assert "alloc(3) takes [6,7,8] where the article's takes [6,7]" in note
     assert "only [9] stays free but stale (the article: [8,9])" in note
     assert article_token_note(["Why", " my", " code", " is", " slow"], 3, events) is None
+
+
+def test_cached_figure_rebuilds_on_new_inputs_and_a_hidden_view_keeps_its_last():
+    from radixui.live_data import cached_figure
+    ss, built = {}, []
+    make = lambda tag: (lambda: built.append(tag) or tag)  # noqa: E731
+    assert cached_figure(ss, "row", (1,), make("a"), fresh=False) == "a"   # none yet: built even hidden
+    assert cached_figure(ss, "row", (2,), make("b"), fresh=False) == "a"   # hidden: the last one
+    assert cached_figure(ss, "row", (1,), make("c")) == "a"                # same inputs: not rebuilt
+    assert cached_figure(ss, "row", (2,), make("d")) == "d"                # open, new inputs: rebuilt
+    assert built == ["a", "d"]
+
+
+@pytest.mark.parametrize("metrics, quiet", [
+    ({"running": 0, "waiting": 0}, True), ({"running": 1, "waiting": 0}, False),
+    ({"running": 0, "waiting": 2}, False), ({}, True), (None, True),
+])
+def test_engine_quiet_means_nothing_running_or_queued(metrics, quiet):
+    from radixui.live_views import engine_quiet
+
+    class S:
+        pass
+    s = S()
+    s.metrics = metrics
+    assert engine_quiet(s) is quiet
+
+
+def test_event_log_marks_splits_and_evictions_in_a_plain_frame():
+    from core.events import SplitEvent
+    from radixui.live_views import log_table
+    events = [AllocEvent(seq=1, time=1.0, slots=(1, 2)), SplitEvent(seq=2, time=2.0, node=1, new_parent=2, position=1),
+              EvictEvent(seq=3, time=3.0, node=1, parent=0, token_ids=(5,), slots=(2,),
+                         last_access_time=2.0, policy_key=(2.0,))]
+    df = log_table(events, None, ["alloc", "split", "evict"])
+    assert list(df["seq"]) == [3, 2, 1] and list(df["highlight"]) == ["✕ evict", "✂ split", ""]
+    assert list(log_table(events, None, ["alloc"])["seq"]) == [1]

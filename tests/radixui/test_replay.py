@@ -108,6 +108,30 @@ def test_replay_matches_a_random_run_at_every_step(seed, policy, page_size):
         assert got == snap
 
 
+def test_an_insert_that_adds_nothing_replays_its_touch():
+    """Insert a prefix that is cached already, later: the cache stamps the path (a `touch` event)
+    and LRU then evicts the other branch first; the replay must stamp the same times."""
+    alloc = SlotAllocator(16)
+    cache = RadixCache(alloc)
+    for ids in ([1, 2, 3], [1, 2, 3, 4, 5], [7, 8]):
+        cache.tick()
+        m = cache.match_prefix(RadixKey(ids))
+        slots = alloc.alloc(len(ids) - m.indices.numel())
+        cache.insert(RadixKey(ids), torch.cat([m.indices, slots]))
+    cache.tick()
+    slots = alloc.alloc(3)
+    assert cache.insert(RadixKey([1, 2, 3]), slots) == 3     # all cached: nothing added, the path touched
+    alloc.free(slots)
+    events = list(cache.events)
+    assert [e.kind for e in events][-2:] == ["touch", "free"]
+    snap = cache.snapshot()
+    got = replay(empty_snapshot(16), events)
+    assert [n.last_access_time for n in got.nodes] == [n.last_access_time for n in snap.nodes]
+    assert got.eviction_order == snap.eviction_order and got == snap
+    touched = next(n for n in snap.nodes if list(n.token_ids) == [1, 2, 3])
+    assert touched.last_access_time == 4 and snap.eviction_order[0] != touched.id
+
+
 def test_replay_from_a_later_snapshot(walk):
     cache, _, steps = walk
     events = list(cache.events)
