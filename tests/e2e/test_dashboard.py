@@ -32,11 +32,10 @@ SEND_ROW_S = 0.5       # a sent request shows in the table
 VIEW_SWITCH_S = 0.5    # a view switch
 IDLE_CORE_PCT = 10.0   # an idle tab, server + browser, in % of one core
 WARM_CHART_S = 5.0     # a new tab's first chart, the server already started (model loaded)
-# ...asserted at 1.5x: a new tab costs ~6-7 CPU s of the browser's own (renderer ~5 s: Streamlit's and
-# plotly's 8 MB of JavaScript compiled and run, the first charts drawn; browser + software GPU ~1.5 s)
-# against 0.4 s of the server's, so on two cores 5 s leaves under 20 % headroom even when nothing
-# else runs (4.1-4.4 s measured): too little to pass reliably. Figures in benchmarks/README.md.
-WARM_CHART_BOUND_S = 1.5 * WARM_CHART_S
+# A new tab costs ~6-7 CPU s of the browser's own (renderer ~5 s: Streamlit's and plotly's 8 MB of
+# JavaScript compiled and run, the first charts drawn; browser + software GPU ~1.5 s) against 0.4 s of
+# the server's: on two cores 4.0-4.5 s, little headroom. So when the median of five tabs misses, five
+# more are opened and the median of all ten decides (a noisy neighbour's burst, not a slow page).
 
 
 def _free_port() -> int:
@@ -180,16 +179,18 @@ def _send(pg, text: str, max_new: int = 4, server=None) -> tuple[float, float]:
 def test_warm_start_first_chart_within_5_s(page, browser, server):
     """A new tab (its own browser context: nothing cached) on the running server."""
     tries = []
-    for _ in range(5):
+    for _ in range(10):
         ctx, pg, t_title, t_chart = _open(browser, server)
         tries.append((t_title, t_chart))
         ctx.close()
+        if len(tries) == 5 and statistics.median(c[0] for _, c in tries) < WARM_CHART_S:
+            break
     wall = statistics.median(c[0] for _, c in tries)
     own = statistics.median(c[1] for _, c in tries)
     FIGURES["warm start, first chart"] = (f"median {wall:.2f} s wall, {own:.2f} CPU s of the page, over {len(tries)} "
                                           f"new tabs ({', '.join(f'{c[0]:.1f}/{c[1]:.1f}' for _, c in tries)}); "
                                           f"target < {WARM_CHART_S:g} s; load average {os.getloadavg()[0]:.1f}")
-    assert wall < WARM_CHART_BOUND_S, FIGURES["warm start, first chart"]   # see WARM_CHART_BOUND_S
+    assert wall < WARM_CHART_S, FIGURES["warm start, first chart"]
 
 
 def _root_box(pg) -> tuple[dict, list]:
