@@ -15,7 +15,6 @@ EventLike = Union[Any, Mapping[str, Any]]
 
 EVENT_KINDS = ("match", "split", "insert", "alloc", "free", "evict", "lock", "unlock", "reset")
 HIGHLIGHT_KINDS = ("split", "evict")
-HIGHLIGHT_COLOURS = {"split": "#ede9fe", "evict": "#fee2e2"}  # row backgrounds in the styled table
 
 ROOT_ID = 0  # RadixCache.reset gives the root id 0
 COLUMNS = ["seq", "time", "kind", "node", "description", "highlight"]
@@ -109,14 +108,6 @@ def event_table(events: Iterable[EventLike], token_text: Optional[TokenText] = N
     df = pd.DataFrame(rows, columns=COLUMNS)
     df["node"] = df["node"].astype("Int64")
     return df
-
-
-def style_event_table(df: pd.DataFrame):
-    """A pandas Styler that tints split rows violet and eviction rows red (st.dataframe renders it)."""
-    def row_style(row: pd.Series) -> list[str]:
-        colour = HIGHLIGHT_COLOURS.get(row.get("highlight", ""), "")
-        return [f"background-color: {colour}" if colour else ""] * len(row)
-    return df.style.apply(row_style, axis=1)
 
 
 def event_counts(events: Iterable[EventLike]) -> dict[str, int]:

@@ -1,8 +1,7 @@
 import pytest
 
 from core.events import ResetEvent
-from radixui.events import (COLUMNS, EVENT_KINDS, HIGHLIGHT_COLOURS, describe_event, event_counts, event_table,
-                            style_event_table)
+from radixui.events import COLUMNS, EVENT_KINDS, describe_event, event_counts, event_table
 
 
 def by_seq(cache):
@@ -59,20 +58,6 @@ def test_event_table_filters_kinds_and_limits(walk):
     assert event_table(events, kinds=["match"], limit=2)["seq"].tolist() == [17, 12]
     empty = event_table([], tok.token_text)
     assert empty.empty and list(empty.columns) == COLUMNS
-
-
-def test_style_tints_split_and_evict_rows(walk):
-    cache, tok, _ = walk
-    df = event_table(list(cache.events), tok.token_text)
-    styler = style_event_table(df)
-    styler._compute()
-    tint = {}   # row -> the background colours its cells got
-    for (row, _col), props in styler.ctx.items():
-        tint.setdefault(row, set()).update(v for k, v in props if k == "background-color")
-    for row, kind in enumerate(df["kind"]):
-        want = {HIGHLIGHT_COLOURS[kind]} if kind in ("split", "evict") else set()
-        assert tint.get(row, set()) == want, (row, kind, tint.get(row))
-    assert sorted(df["kind"][[r for r, c in tint.items() if c]]) == ["evict", "split", "split"]
 
 
 def test_event_counts(walk):
