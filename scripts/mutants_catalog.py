@@ -14,7 +14,7 @@ from dataclasses import dataclass
 PROPERTIES = ("tests/test_radix_properties.py::test_random_request_flows[" + "] tests/test_radix_properties.py::"
               "test_random_request_flows[".join(["lru-1", "lru-4", "lfu-2", "fifo-4", "mru-1", "filo-2",
                                                  "priority-1", "slru-4"]) + "]").split()
-CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction.py", "tests/test_memory.py",
+CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction_heap.py", "tests/test_eviction.py", "tests/test_memory.py",
                "tests/test_slot_store.py", *PROPERTIES]
 LAB_TESTS = ["tests/lab/test_optimal.py", "tests/lab/test_replay.py"]
 # A lab file's own test files (the page-level replay, the host tier and the size search have theirs).
@@ -55,6 +55,7 @@ def M(name: str, file: str, description: str, *edits: tuple[str, str]) -> Mutant
     return Mutant(name, file, tuple(edits), description)
 
 
+RV = "core/radix_evict.py"
 RC, RN, MEM, K, EV = ("core/radix_cache.py", "core/radix_node.py", "core/memory.py", "core/slot_kernels.py",
                       "core/eviction.py")
 ST = "core/slot_store.py"
@@ -124,27 +125,27 @@ MUTANTS: list[Mutant] = [
     M("unlock-below-zero", RC, "dec_lock_ref lets a lock_ref go below zero",
       ("if walk.lock_ref <= 0:", "if walk.lock_ref < 0:")),
     # ----- evict -------------------------------------------------------------------------------------------------------
-    M("evict-no-parent-push", RC, "evict skips the parent re-push (a parent left childless is never evicted)",
+    M("evict-no-parent-push", RV, "evict skips the parent re-push (a parent left childless is never evicted)",
       ("                heapq.heappush(heap, (self.policy(parent), parent))\n        return freed",
        "                pass\n        return freed")),
-    M("evict-max", RC, "evict picks the max policy key instead of the min",
+    M("evict-max", RV, "evict picks the max policy key instead of the min",
       ("key, node = heapq.heappop(heap)", "key, node = heap.pop(heap.index(max(heap)))")),
-    M("evict-one-too-many", RC, "evict goes on while freed == num_tokens",
+    M("evict-one-too-many", RV, "evict goes on while freed == num_tokens",
       ("heapq.heapify(heap)\n        freed = 0\n        while freed < num_tokens and heap:",
        "heapq.heapify(heap)\n        freed = 0\n        while freed <= num_tokens and heap:")),
-    M("lazy-evict-one-too-many", RC, "the kept heap's evict goes on while freed == num_tokens",
+    M("lazy-evict-one-too-many", RV, "the kept heap's evict goes on while freed == num_tokens",
       ("        while freed < num_tokens and heap:\n            key, node = pop(heap)",
        "        while freed <= num_tokens and heap:\n            key, node = pop(heap)")),
-    M("evict-zero-guard", RC, "evict's early return only for negative counts",
+    M("evict-zero-guard", RV, "evict's early return only for negative counts",
       ("if num_tokens <= 0:\n            return 0\n        if self._lazy_heap",
        "if num_tokens < 0:\n            return 0\n        if self._lazy_heap")),
-    M("evict-no-lock-check", RC, "evict does not re-check lock_ref/is_leaf of a popped node",
+    M("evict-no-lock-check", RV, "evict does not re-check lock_ref/is_leaf of a popped node",
       ("if node.lock_ref > 0 or not node.is_leaf:", "if False:")),
-    M("delete-no-evicted-count", RC, "evicted_tokens (the engine's metric) is not counted",
+    M("delete-no-evicted-count", RV, "evicted_tokens (the engine's metric) is not counted",
       ("        self.evicted_tokens += size\n", "")),
-    M("delete-no-free", RC, "an evicted leaf's slots are not freed",
+    M("delete-no-free", RV, "an evicted leaf's slots are not freed",
       ("        self.allocator.free(node.value)\n", "")),
-    M("delete-parent-status", RC, "a parent left childless by eviction never joins evictable_leaves",
+    M("delete-parent-status", RV, "a parent left childless by eviction never joins evictable_leaves",
       ("        self.evictable_leaves.discard(node)\n        self._update_leaf_status(parent)\n",
        "        self.evictable_leaves.discard(node)\n")),
     M("peek-partial-page", RC, "peek_prefix_len looks at a partial last page",
@@ -274,13 +275,13 @@ MUTANTS: list[Mutant] = [
       ("            if cache[p] != k:\n                cache[p] = k\n                push(heap, (-k, p))\n",
        "")),
     # ----- the kept eviction heap of the monotone key policies (radix_cache.py, eviction.py) -------------------
-    M("lazy-heap-no-stale-skip", RC, "the kept heap evicts entries that are no longer evictable leaves",
+    M("lazy-heap-no-stale-skip", RV, "the kept heap evicts entries that are no longer evictable leaves",
       ("            if node not in leaves:\n                continue", "            if False:\n                continue")),
-    M("lazy-heap-stale-key", RC, "the kept heap evicts by the key a node had when pushed",
+    M("lazy-heap-stale-key", RV, "the kept heap evicts by the key a node had when pushed",
       ("            if now != key:\n", "            if False:\n")),
     M("lazy-heap-no-push", RC, "a leaf that becomes evictable is not pushed on the kept heap",
       ("                    self._push_lazy(node)\n", "                    pass\n")),
-    M("lazy-heap-unbounded", RC, "the kept heap is never rebuilt: stale entries pile up",
+    M("lazy-heap-unbounded", RV, "the kept heap is never rebuilt: stale entries pile up",
       ("        if len(heap) > 2 * len(self.evictable_leaves) + 64:", "        if False:")),
     M("lazy-heap-mru", EV, "mru (its key falls as a node is used) gets the kept heap",
       ('MONOTONE_KEYS = frozenset({"lru", "lfu", "fifo", "filo", "priority", "slru"})',

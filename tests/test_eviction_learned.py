@@ -11,7 +11,7 @@ import pytest
 from core.eviction import DESCRIPTIONS, POLICIES, STATEFUL, is_stateful, make_policy
 from core.eviction_learned import BINS, FEATURES, LRB, LRBARC
 from core.radix_cache import RadixKey
-from tests.test_eviction_policies import Tree
+from tests.test_eviction_policies import Tree, random_flow
 
 LEARNED = ["lrb", "lrb-arc"]
 
@@ -169,28 +169,9 @@ def test_starts_as_lru_then_keeps_what_returns_where_lru_loses_it():
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_random_flows_keep_the_tree_rules_and_are_deterministic(policy, page_size):
     def flow():
-        rng = random.Random(7 + page_size)
-        tr = Tree(policy, slots=96, page_size=page_size)
-        stems = [[rng.randrange(1, 30) for _ in range(rng.randrange(4, 40))] for _ in range(6)]
-        locked, order = [], []
-        for t in range(1, 240):
-            p = stems[rng.randrange(6)][:rng.randrange(0, 40)] + [rng.randrange(1, 30) for _ in range(rng.randrange(1, 16))]
-            p = p[:len(p) - len(p) % page_size] or [1] * page_size
-            if rng.random() < 0.2 and tr.cache.evictable_size():
-                m = tr.cache.match_prefix(RadixKey(p))
-                tr.cache.inc_lock_ref(m.last_node)
-                locked.append(m.last_node)
-            if len(locked) > 3 or (locked and rng.random() < 0.3):
-                tr.cache.dec_lock_ref(locked.pop(0))
-            if tr.cache.evictable_size() + tr.alloc.available() >= len(p):
-                order += tr.evicted(lambda: tr.put(t, p))
-            assert sum(tr.pol.size.values()) == tr.cache.total_size()
-            assert set(tr.cache.evictable_leaves) == {n for n in tr.cache.nodes()[1:] if n.is_leaf and n.lock_ref == 0}
-        for n in locked:
-            tr.cache.dec_lock_ref(n)
-        tr.cache.evict(10 ** 6)
-        tr.cache.check_invariants()
-        assert tr.cache.total_size() == 0 and tr.alloc.available() == 96
+        tr, order = Tree(policy, slots=96, page_size=page_size), []
+        random_flow(tr, 7 + page_size, 240, page_size,
+                    put=lambda t, p: order.extend(tr.evicted(lambda: tr.put(t, p))))
         return order, tr.pol.table, tr.pol.trainings
 
     a, b = flow(), flow()
