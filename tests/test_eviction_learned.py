@@ -179,19 +179,6 @@ def test_random_flows_keep_the_tree_rules_and_are_deterministic(policy, page_siz
 
 
 @pytest.mark.parametrize("policy", LEARNED)
-def test_eviction_order_reads_without_moving_the_policy_on(policy):
-    tr = Tree(policy, slots=16)
-    for t in range(1, 40):
-        tr.put(t, [t % 5 + 1, t % 3 + 1, t])
-        tr.hit(t + 0.5, [t % 5 + 1])
-    pol = tr.pol
-    before = (pol.clock, pol.event, pol.n, len(pol.pending), list(pol.ghosts), pol.table, pol.p, pol.first)
-    first = tr.cache.eviction_order()
-    assert (pol.clock, pol.event, pol.n, len(pol.pending), list(pol.ghosts), pol.table, pol.p, pol.first) == before
-    assert tr.cache.eviction_order() == first
-
-
-@pytest.mark.parametrize("policy", LEARNED)
 def test_reset_forgets_what_was_learned(policy):
     tr = Tree(policy, slots=8)
     for t in range(1, 60):

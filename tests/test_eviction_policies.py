@@ -299,7 +299,7 @@ def test_engine_greedy_output_with_a_new_policy_equals_cache_off(engine_case, po
     assert e.allocator.available() + e.cache.total_size() == 64
 
 
-@pytest.mark.parametrize("policy", WHOLE_LEAVES)
+@pytest.mark.parametrize("policy", WHOLE_LEAVES + ["lrb", "lrb-arc"])   # lrb*: core/eviction_learned.py
 def test_eviction_order_reads_without_moving_the_policy_on(policy):
     """The dashboard's snapshot asks for eviction_order at any time: that must change nothing."""
     tr = Tree(policy, slots=16)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from tests.e2e import CHROMIUM, CHROMIUM_ARGS
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 
 pytestmark = pytest.mark.timeout(600)
@@ -88,8 +87,7 @@ def page(stack):
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                          "--disable-component-update", "--disable-sync", "--no-first-run"])
+                                    args=CHROMIUM_ARGS)
         pg = browser.new_page(viewport={"width": 1400, "height": 900})
         pg.goto(stack[1], timeout=300_000)
         yield pg

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import socket
 import statistics
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from tests.e2e import CHROMIUM, CHROMIUM_ARGS
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 VIEWPORT = {"width": 1400, "height": 900}
 POOL_SLOTS = 160
@@ -98,8 +97,7 @@ def browser(server):
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                    "--disable-component-update", "--disable-sync", "--no-first-run"])
+                              args=CHROMIUM_ARGS)
         outside: list[str] = []
         yield b, outside
         b.close()
