@@ -83,7 +83,7 @@ def live_body(client: EngineClient, cfg) -> None:
     kpi_box = st.empty()
     left, right = st.columns([1.2, 2], gap="medium")
     with left:
-        prompt_panel(client)
+        form_box = st.container()                 # filled after the table: see prompt_panel.py
         flash_box = st.container()                # messages under the form: the tree never moves down
     ss["_drawn_version"] = client.version()
     snap = client.snapshot()                      # after this run's submissions: one engine step for all
@@ -117,12 +117,18 @@ def live_body(client: EngineClient, cfg) -> None:
                                  "output": st.column_config.TextColumn(width="medium")})
             if client.is_stepping():
                 st.caption("Step mode: TTFT counts from submit, so it includes the wait for your Step clicks.")
+    with form_box:
+        prompt_panel(client)                      # its buttons submitted before this run began
+    with left:
         st.plotly_chart(cached_figure(ss, "hits", (snap.step, snap.seq, len(snap.requests)),
                                       lambda: hit_rate_figure(snap.requests)),
                         width="stretch", key="hit_chart", config={"displayModeBar": False})
     with right:
         st.fragment(views)(client, snap, tt, store, cfg, selected)   # a tab switch reruns only this
-    busy = not engine_quiet(snap)
+    sent = ss.pop("_sent", False)                # this run's snapshot may predate what was just sent:
+    if sent:                                     # busy now, and the poll's next tick looks again
+        ss["_catch_up"] = True
+    busy = sent or not engine_quiet(snap)
     if busy != ss.get("_busy", False):           # the poll's pace follows the engine (pages/live.py)
         ss["_busy"] = busy
         st.rerun()

@@ -162,16 +162,34 @@ def _wait_idle(pg, timeout_ms: float = 120_000) -> None:
                          " return t.includes('#running-req: 0, #queue-req: 0'); }", timeout=timeout_ms)
 
 
-def _send(pg, text: str, max_new: int = 4, server=None) -> tuple[float, float]:
-    """Send a raw prompt; (wall seconds, page CPU seconds) from the click until its row is in the
-    request table."""
+# Set up before a Send, in the page: the time of the press (pointerdown) and of the first frame
+# painted after the request table's summary counts the new request (a MutationObserver sees the
+# text; a task queued from the next animation frame runs once that frame is painted). Both on the
+# page's own clock, so the figure is what the person at the screen waits, not Playwright's
+# actionability checks before the press or its polling after the change.
+_WATCH_SEND = """n => { const m = window.__send = {down: null, shown: null};
+  const has = () => { const s = [...document.querySelectorAll('[data-testid=stExpander] summary')]
+    .find(e => e.textContent.includes('Requests (')); return s && s.textContent.includes('Requests (' + n + ')'); };
+  document.addEventListener('pointerdown', () => { if (m.down === null) m.down = performance.now(); },
+                            {capture: true, once: true});
+  const o = new MutationObserver(() => { if (m.down !== null && has()) { o.disconnect();
+    requestAnimationFrame(() => setTimeout(() => { m.shown = performance.now(); }, 0)); } });
+  o.observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
+
+
+def _send(pg, text: str, max_new: int = 4, server=None) -> tuple[float, float, float]:
+    """Send a raw prompt; (seconds from the press until the row's count is painted, on the page's
+    clock; wall seconds from Playwright's click until it saw the row; page CPU seconds meanwhile)."""
     pg.get_by_label("Prompt", exact=True).fill(text)
     pg.get_by_role("spinbutton", name="Max new tokens").fill(str(max_new))
     n = _requests_count(pg)
+    pg.evaluate(_WATCH_SEND, n + 1)
     t0, w0 = time.perf_counter(), (_work(server) if server else 0.0)
     pg.get_by_role("button", name="Send", exact=True).click()
-    _wait_count(pg, n + 1)
-    return time.perf_counter() - t0, (_work(server) - w0 if server else 0.0)
+    pg.wait_for_function("() => window.__send.shown !== null", timeout=60_000)
+    wall = time.perf_counter() - t0
+    m = pg.evaluate("() => window.__send")
+    return (m["shown"] - m["down"]) / 1000, wall, (_work(server) - w0 if server else 0.0)
 
 
 def test_warm_start_first_chart_within_5_s(page, browser, server):
@@ -206,10 +224,11 @@ def _root_box(pg) -> tuple[dict, list]:
 def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):
     pg = page
     pg.get_by_text("Raw completion").click()
-    times, own, boxes = [], [], []
+    times, walls, own, boxes = [], [], [], []
     for i in range(5):
-        t, c = _send(pg, f"Why my code throws errors number {i}", server=server)
+        t, w, c = _send(pg, f"Why my code throws errors number {i}", server=server)
         times.append(t)
+        walls.append(w)
         own.append(c)
         box, scroll = _root_box(pg)            # right after Send: the tree's root on screen, no scrolling
         assert scroll == [0, 0] and 0 < box["y"] and box["y"] + box["height"] < VIEWPORT["height"], (box, scroll)
@@ -218,8 +237,10 @@ def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):
     box, scroll = _root_box(pg)
     pg.screenshot(path=str(ARTIFACTS / "live_after_send.png"))
     med, med_own = statistics.median(times), statistics.median(own)
-    FIGURES["Send -> row in the table"] = (f"median {med:.2f} s wall, {med_own:.2f} CPU s of the page "
-                                           f"({', '.join(f'{t:.2f}/{c:.2f}' for t, c in zip(times, own))}); "
+    FIGURES["Send -> row in the table"] = (f"median {med:.2f} s from the press to the row painted, "
+                                           f"{statistics.median(walls):.2f} s as Playwright saw it, {med_own:.2f} "
+                                           f"CPU s of the page (press-to-paint / Playwright / CPU: "
+                                           f"{', '.join(f'{t:.2f}/{w:.2f}/{c:.2f}' for t, w, c in zip(times, walls, own))}); "
                                            f"target < {SEND_ROW_S:g} s; load average {os.getloadavg()[0]:.1f}")
     FIGURES["tree root after Send"] = (f"y = {', '.join(f'{y:.0f}' for y in boxes)} px right after each Send, "
                                        f"{box['y']:.0f} px once idle, of {VIEWPORT['height']}; scroll {scroll}")
