@@ -3,6 +3,7 @@ KPIs in one line above; all drawn from one snapshot taken after this run's submi
 from __future__ import annotations
 
 import functools
+import time
 from typing import Optional
 
 import pandas as pd
@@ -24,6 +25,10 @@ from radixui.tree import tree_figure, tree_overview
 VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
 TREE_WIDTH = 900      # px the tree gets at 1400 px with the sidebar closed
 TREE_MAX_HEIGHT = 580  # so the whole tree stays on a 900 px screen (under the tabs and its controls)
+# A new tab draws its hidden views on the first poll tick this long after its first run (6 s at the
+# idle pace): once the browser has drawn the first screen (4-5 s on two busy cores; drawing four
+# more views sooner delays the first chart).
+FIRST_SCREEN_S = 4.0
 TABLE_COLUMNS = ["request", "state", "cached / prompt", "new", "TTFT from submit (s)", "output", "path"]
 
 
@@ -161,8 +166,8 @@ def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: 
     redraw an unchanged figure) and catch up only while the engine is quiet, so refresh work during
     generation stays that of one view. A view never drawn yet waits while it is hidden in a new
     browser tab's first run (so the first chart does not wait for five views' charts) and in a
-    tab switch's run (so the opened view is drawn first); the next run draws it (after a switch,
-    the poll asks for that run on its next tick)."""
+    tab switch's run (so the opened view is drawn first); the poll asks for the run that draws it
+    on its next tick after a switch, and FIRST_SCREEN_S after a new tab's first run."""
     tabs = st.tabs(VIEWS, key="live_view", on_change=_switched)
     quiet = engine_quiet(snap)
     draw = {"Radix tree": lambda fresh: tree_view(client, snap, tt, store, cfg, selected, fresh),
@@ -173,15 +178,22 @@ def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: 
     ss = st.session_state
     drawn = ss.setdefault("_views_drawn", set())
     defer = "_views_seen" not in ss or ss.pop("_tab_switched", False)
+    deferred = False
     for name, tab in zip(VIEWS, tabs):
         with tab:
             hidden = tab.open is False
             if hidden and name not in drawn and defer:
                 st.caption("Drawing this view...")
-                ss["_catch_up"] = "_views_seen" in ss     # after a switch: on the poll's next tick
+                deferred = True
                 continue
             draw[name](not hidden or quiet)
             drawn.add(name)
+    if not deferred:
+        ss.pop("_catch_up_at", None)
+    elif "_views_seen" in ss:
+        ss["_catch_up"] = True        # after a switch: on the poll's next tick
+    else:                             # a new tab: once its first screen is drawn, so that a first
+        ss["_catch_up_at"] = time.monotonic() + FIRST_SCREEN_S   # Send draws its row, not four views
     ss["_views_seen"] = True
 
 

@@ -4,6 +4,8 @@ Refresh work follows what changed: a small fragment polls `client.version()` (a 
 reruns the page only when it moved; every figure is rebuilt only when its data changed; and the
 KPIs, the request table and the views all come from one snapshot (one engine step).
 """
+import time
+
 import streamlit as st
 
 from radixui.layout_css import COMPACT_CSS
@@ -34,14 +36,19 @@ every = interval if st.session_state.get("_busy", False) else max(interval, IDLE
 @st.fragment(run_every=every if live else None)
 def poll() -> None:
     """Cheap: one version number. The page reruns only when the engine changed since it drew, or
-    once after a tab switch to draw the views not drawn yet (on its own timer only: in a full run
-    the body below is about to draw the latest anyway). It polls every `interval` while the
-    engine works and every IDLE_POLL_S while it is quiet; the body reruns the page when the engine
-    turns busy or quiet, so the new pace applies at once."""
-    if st.session_state.pop("_full_run", False):
+    once to draw the views not drawn yet: after a tab switch, and in a new tab once its first
+    screen is drawn (on its own timer only: in a full run the body below is about to draw the
+    latest anyway). It polls every `interval` while the engine works and every IDLE_POLL_S while
+    it is quiet; the body reruns the page when the engine turns busy or quiet, so the new pace
+    applies at once."""
+    ss = st.session_state
+    if ss.pop("_full_run", False):
         return
-    seen = st.session_state.get("_drawn_version")
-    if st.session_state.pop("_catch_up", False) or (seen is not None and client.version() != seen):
+    seen = ss.get("_drawn_version")
+    catch_up = ss.pop("_catch_up", False)
+    if ss.get("_catch_up_at") is not None and time.monotonic() >= ss["_catch_up_at"]:
+        catch_up = ss.pop("_catch_up_at") is not None
+    if catch_up or (seen is not None and client.version() != seen):
         st.rerun()
 
 

@@ -163,18 +163,26 @@ def _wait_idle(pg, timeout_ms: float = 120_000) -> None:
 
 
 # Set up before a Send, in the page: the time of the press (pointerdown) and of the first frame
-# painted after the request table's summary counts the new request (a MutationObserver sees the
-# text; a task queued from the next animation frame runs once that frame is painted). Both on the
-# page's own clock, so the figure is what the person at the screen waits, not Playwright's
-# actionability checks before the press or its polling after the change.
+# painted after the request table shows the new request: its summary counts it and the grid's
+# canvas (the cells are drawn there, not in the DOM; its accessibility rows follow ~0.5 s later)
+# has been redrawn. Checked on every animation frame; a task queued from that frame runs once it
+# is painted. Both times on the page's own clock, so the figure is what the person at the screen
+# waits, not Playwright's actionability checks before the press or its polling after the change.
 _WATCH_SEND = """n => { const m = window.__send = {down: null, shown: null};
-  const has = () => { const s = [...document.querySelectorAll('[data-testid=stExpander] summary')]
-    .find(e => e.textContent.includes('Requests (')); return s && s.textContent.includes('Requests (' + n + ')'); };
+  const table = () => [...document.querySelectorAll('[data-testid=stExpander]')]
+    .find(e => (e.querySelector('summary')?.textContent || '').includes('Requests ('));
+  const pixels = () => { const c = table()?.querySelector('[data-testid=stDataFrame] canvas');
+    if (!c || !c.width || !c.height) return null;
+    const d = c.getContext('2d').getImageData(0, 0, c.width, Math.min(c.height, 120)).data;
+    let h = c.width * 7919 + c.height; for (let i = 0; i < d.length; i += 5) h = (h * 31 + d[i]) | 0; return h; };
+  const before = pixels();
   document.addEventListener('pointerdown', () => { if (m.down === null) m.down = performance.now(); },
                             {capture: true, once: true});
-  const o = new MutationObserver(() => { if (m.down !== null && has()) { o.disconnect();
-    requestAnimationFrame(() => setTimeout(() => { m.shown = performance.now(); }, 0)); } });
-  o.observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
+  const tick = () => { const t = table(); const p = pixels();
+    if (m.down !== null && t && t.querySelector('summary').textContent.includes('Requests (' + n + ')')
+        && p !== null && p !== before) { setTimeout(() => { m.shown = performance.now(); }, 0); return; }
+    requestAnimationFrame(tick); };
+  requestAnimationFrame(tick); }"""
 
 
 def _send(pg, text: str, max_new: int = 4, server=None) -> tuple[float, float, float]:
