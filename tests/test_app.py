@@ -87,6 +87,23 @@ def test_live_page_renders_without_errors(app):
     assert any("No requests yet" in c.value for c in app.caption)
 
 
+def test_a_new_tab_draws_its_hidden_views_after_its_first_screen():
+    """The first run draws only the open view and asks the poll for the rest FIRST_SCREEN_S later;
+    the next full run draws them all and drops the request."""
+    from radixui.live_views import FIRST_SCREEN_S
+    at = AppTest.from_file(APP, default_timeout=180)
+    t0 = time.monotonic()
+    at.run()
+    assert not at.exception
+    waiting = [c.value for c in at.caption if c.value == "Drawing this view..."]
+    assert len(waiting) == 4                                   # every view but the open tree
+    due = at.session_state["_catch_up_at"]
+    assert t0 + FIRST_SCREEN_S <= due <= time.monotonic() + FIRST_SCREEN_S
+    at.run()
+    assert not [c for c in at.caption if c.value == "Drawing this view..."]
+    assert "_catch_up_at" not in at.session_state
+
+
 def test_favicon_is_a_local_file():
     src = pathlib.Path(APP).read_text()
     icon = re.search(r'ICON = str\(pathlib.Path\(__file__\).parent / "radixui" / "static" / "(.*?)"\)', src)
