@@ -165,9 +165,9 @@ def _wait_idle(pg, timeout_ms: float = 120_000) -> None:
 # Set up before a Send, in the page: the time of the press (pointerdown) and of the first frame
 # painted after the request table shows the new request: its summary counts it and the grid's
 # canvas (the cells are drawn there, not in the DOM; its accessibility rows follow ~0.5 s later)
-# has been redrawn. Checked on every animation frame; a task queued from that frame runs once it
-# is painted. Both times on the page's own clock, so the figure is what the person at the screen
-# waits, not Playwright's actionability checks before the press or its polling after the change.
+# has been redrawn since the press. Checked on every animation frame; a task queued from that
+# frame runs once it is painted. Both times on the page's own clock, so the figure is what the
+# person at the screen waits, not Playwright's actionability checks or its polling.
 _WATCH_SEND = """n => { const m = window.__send = {down: null, shown: null};
   const table = () => [...document.querySelectorAll('[data-testid=stExpander]')]
     .find(e => (e.querySelector('summary')?.textContent || '').includes('Requests ('));
@@ -175,8 +175,8 @@ _WATCH_SEND = """n => { const m = window.__send = {down: null, shown: null};
     if (!c || !c.width || !c.height) return null;
     const d = c.getContext('2d').getImageData(0, 0, c.width, Math.min(c.height, 120)).data;
     let h = c.width * 7919 + c.height; for (let i = 0; i < d.length; i += 5) h = (h * 31 + d[i]) | 0; return h; };
-  const before = pixels();
-  document.addEventListener('pointerdown', () => { if (m.down === null) m.down = performance.now(); },
+  let before = null;
+  document.addEventListener('pointerdown', () => { if (m.down === null) { m.down = performance.now(); before = pixels(); } },
                             {capture: true, once: true});
   const tick = () => { const t = table(); const p = pixels();
     if (m.down !== null && t && t.querySelector('summary').textContent.includes('Requests (' + n + ')')
@@ -232,6 +232,9 @@ def _root_box(pg) -> tuple[dict, list]:
 def test_send_shows_the_row_fast_and_the_root_stays_in_view(page, server):
     pg = page
     pg.get_by_text("Raw completion").click()
+    # as a presenter would: once the tab has drawn its hidden views (FIRST_SCREEN_S after it opened)
+    pg.wait_for_function("() => ![...document.querySelectorAll('[data-testid=stCaptionContainer]')]"
+                         ".some(e => e.textContent.includes('Drawing this view'))", timeout=60_000)
     times, walls, own, boxes = [], [], [], []
     for i in range(5):
         t, w, c = _send(pg, f"Why my code throws errors number {i}", server=server)
