@@ -60,9 +60,9 @@ class RadixCache(EvictionMixin):
         self.events.append(ev.ResetEvent, self.clock())
 
     def _on_alloc_event(self, kind: str, slots: torch.Tensor) -> None:
-        cls = ev.AllocEvent if kind == "alloc" else ev.FreeEvent
         if self.events.enabled:
-            self.events.append(cls, self.clock(), slots=tuple(slots.tolist()))
+            self.events.append(ev.AllocEvent if kind == "alloc" else ev.FreeEvent, self.clock(),
+                               slots=tuple(slots.tolist()))
 
     def tick(self) -> float:
         """Advance the default logical clock (no effect on an injected clock)."""
@@ -82,7 +82,7 @@ class RadixCache(EvictionMixin):
 
     def _edge_key(self, ids: np.ndarray, pos: int, extra_key: Optional[str]):
         """The children-dict key of an edge starting at ids[pos]: its first token (first page)."""
-        first = int(ids[pos]) if self.page_size == 1 else tuple(ids[pos:pos + self.page_size].tolist())
+        first = ids.item(pos) if self.page_size == 1 else tuple(ids[pos:pos + self.page_size].tolist())
         return first if extra_key is None else (extra_key, first)
 
     def _aligned(self, n: int) -> int:
@@ -130,14 +130,16 @@ class RadixCache(EvictionMixin):
         node = self.root_node
         node.last_access_time = now
         path: list[TreeNode] = []
-        pos, ids, extra, size = 0, key.token_ids, key.extra_key, len(key)
+        pos, ids, extra, ps = 0, key.token_ids, key.extra_key, self.page_size
+        size = ids.shape[0]
         while pos < size:
-            child = node.children.get(self._edge_key(ids, pos, extra))
+            first = ids.item(pos) if ps == 1 else tuple(ids[pos:pos + ps].tolist())  # as _edge_key, inlined
+            child = node.children.get(first if extra is None else (extra, first))
             if child is None:
                 break
             child.last_access_time = now
-            n = common_len(child.key.token_ids, ids[pos:], self.page_size)
-            if n < len(child.key):
+            n = common_len(child.key.token_ids, ids, ps, pos)
+            if n < child.key.token_ids.shape[0]:
                 child = self._split_node(child, n, now)
                 path.append(child)
                 pos += n
@@ -157,7 +159,7 @@ class RadixCache(EvictionMixin):
             child = node.children.get(self._edge_key(ids, pos, key.extra_key))
             if child is None:
                 break
-            n = common_len(child.key.token_ids, ids[pos:], self.page_size)
+            n = common_len(child.key.token_ids, ids, self.page_size, pos)
             pos += n
             if n < len(child.key):
                 break
@@ -212,19 +214,28 @@ class RadixCache(EvictionMixin):
             n.priority = max(n.priority, priority)
         node = path[-1] if path else self.root_node
         if pos < size:
-            self._add_leaf(node, key[pos:], value[pos:], now, priority)
+            if pos:
+                key, value = key[pos:], value[pos:]
+            else:
+                key = RadixKey._of(key.token_ids, key.extra_key)   # the tree's own key object, no copy
+            self._add_leaf(node, key, value, now, priority)
         elif self.events.enabled:  # nothing added, but the path was stamped: record the touch
             self.events.append(ev.TouchEvent, now, node=node.id, path=self._path(node))
         return pos
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
-        if value.untyped_storage().nbytes() > 2 * value.numel() * value.element_size():
+        ids = key.token_ids
+        size = ids.shape[0]
+        if value.untyped_storage().nbytes() > 16 * size:   # int64 slots: 8 bytes each
             value = value.clone()  # a short tail of a long tensor: keeping the view would pin all of it
         new_node = TreeNode(next(self._next_id), key, value, parent, now, priority)
-        parent.children[self._child_key(key)] = new_node
-        self._evictable_size += len(key)
+        first = ids.item(0) if self.page_size == 1 else tuple(ids[:self.page_size].tolist())  # _child_key
+        parent.children[first if key.extra_key is None else (key.extra_key, first)] = new_node
+        self._evictable_size += size
         self.evictable_leaves.discard(parent)
-        self._update_leaf_status(new_node)
+        self.evictable_leaves.add(new_node)   # a new leaf is unlocked: _update_leaf_status, inlined
+        if self._lazy_heap is not None:
+            self._push_lazy(new_node)
         self.policy.on_insert(new_node, now)  # policy hook
         if self.events.enabled:
             self.events.append(ev.InsertEvent, now, node=new_node.id, parent=parent.id,
