@@ -165,8 +165,7 @@ class SlotAllocator:
             raise ValueError(f"free() got {n // ps} pages but the pool has {self.num_pages}: a slot is repeated "
                              f"(double free)")
         if self.use_kernel:     # the kernel checks whole pages itself, in the same pass as the rest
-            s = slots.numpy()
-            code, page = self._store.give(s if s.flags.c_contiguous else np.ascontiguousarray(s))
+            code, page = self._store.give(slots if slots.is_contiguous() else slots.contiguous())
             if code == slot_kernels.NOT_WHOLE:
                 self._slots_to_pages(slots)        # raises the "not whole pages" error
         else:

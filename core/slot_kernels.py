@@ -7,6 +7,10 @@ writes each slot it hands out once. The double-free check is a byte per page (1 
 run at a time with contiguous loops the compiler turns into vector code. One page per slot in a ring plus a
 position per page, as before, cost five memory passes per slot; this costs about two.
 
+Why `*_at` (a tensor's address and length instead of an array): a CPU tensor's numpy view costs ~1.5-3 us to
+make (`.numpy()`, `torch.from_numpy`), more than the call itself on the small frees and allocs of an engine step;
+the caller (core/slot_store.py) passes `data_ptr()` of a contiguous int64 tensor it holds for the whole call.
+
 Why compiled: the per-run loops in numpy or torch would be several sweeps and microseconds of dispatch per
 run; one fused loop per call does it all, and releases the GIL while it runs so the dashboard's thread keeps
 drawing.
@@ -14,7 +18,8 @@ drawing.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 OK, OUTSIDE, PADDING, ALREADY_FREE, REPEATED, NOT_WHOLE = 0, 1, 2, 3, 4, 5
 SHORT = 16   # slots looked at one by one before a run is compared in blocks
@@ -161,6 +166,31 @@ def expand_runs(starts: np.ndarray, lengths: np.ndarray, head: int, tail: int, o
             k += 1
 
 
+@intrinsic
+def _int64_ptr(typingctx, address):
+    """The int64 pointer at integer `address` (a tensor's data_ptr()), for carray."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int64)))
+    return types.CPointer(types.int64)(address), codegen
+
+
+@njit(cache=True, nogil=True)
+def give_runs_at(address: int, total: int, page_size: int, free: np.ndarray, starts: np.ndarray,
+                 lengths: np.ndarray, tail: int, num_pages: int) -> tuple[int, int, int]:
+    """give_runs on the `total` contiguous int64 slots at `address`."""
+    return give_runs(carray(_int64_ptr(address), total), page_size, free, starts, lengths, tail, num_pages)
+
+
+@njit(cache=True, nogil=True)
+def take_runs_at(starts: np.ndarray, lengths: np.ndarray, head: int, n: int, page_size: int, free: np.ndarray,
+                 address: int) -> int:
+    """take_runs into the n * page_size contiguous int64 slots at `address`."""
+    return take_runs(starts, lengths, head, n, page_size, free, carray(_int64_ptr(address), n * page_size))
+
+
 def load() -> None:
     """Compile the kernels now (or load them from numba's on-disk cache): the first CPU allocator calls
     this, so the compile never stalls an engine step or a dashboard refresh. Later calls find them compiled
@@ -170,3 +200,7 @@ def load() -> None:
         give_runs(np.arange(ps, 2 * ps, dtype=np.int64), ps, free, starts, lengths, 0, 1)
         take_runs(starts, lengths, 0, 1, ps, free, np.zeros(ps, dtype=np.int64))
     expand_runs(starts, lengths, 0, 0, np.zeros(0, dtype=np.int64))
+    for ps in (1, 2):
+        slots = np.arange(ps, 2 * ps, dtype=np.int64)
+        give_runs_at(slots.ctypes.data, ps, ps, free, starts, lengths, 0, 1)
+        take_runs_at(starts, lengths, 0, 1, ps, free, slots.ctypes.data)

@@ -48,22 +48,23 @@ class RunStore:
         return torch.from_numpy(self._free.view(np.bool_).copy())
 
     def take(self, num_pages: int) -> torch.Tensor:
-        out = np.empty(num_pages * self.page_size, dtype=np.int64)
-        self._head = K.take_runs(self._starts, self._lengths, self._head, num_pages, self.page_size, self._free,
-                                 out)
+        out = torch.empty(num_pages * self.page_size, dtype=torch.int64)   # written in full by the kernel
+        self._head = K.take_runs_at(self._starts, self._lengths, self._head, num_pages, self.page_size, self._free,
+                                    out.data_ptr())
         self._count -= num_pages
-        return torch.from_numpy(out)
+        return out
 
-    def give(self, slots: np.ndarray) -> tuple[int, int]:
-        """Free whole pages given as slots (int64, contiguous); (code, offending page)."""
+    def give(self, slots: torch.Tensor) -> tuple[int, int]:
+        """Free whole pages given as slots (a contiguous int64 CPU tensor, held by the caller for the call);
+        (code, offending page)."""
         k = slots.shape[0] // self.page_size
         if self._tail + k > self._capacity:  # out of room at the back: move the live runs to the front
             live = self._tail - self._head
             self._starts[:live] = self._starts[self._head:self._tail].copy()
             self._lengths[:live] = self._lengths[self._head:self._tail].copy()
             self._head, self._tail = 0, live
-        code, i, self._tail = K.give_runs(slots, self.page_size, self._free, self._starts, self._lengths,
-                                          self._tail, self.num_pages)
+        code, i, self._tail = K.give_runs_at(slots.data_ptr(), slots.shape[0], self.page_size, self._free,
+                                             self._starts, self._lengths, self._tail, self.num_pages)
         if code == K.OK:
             self._count += i
             return K.OK, 0
