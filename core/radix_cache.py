@@ -107,7 +107,7 @@ class RadixCache(EvictionMixin):
     # ----- match ---------------------------------------------------------------------------
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached prefix of `key`; splits the node where the match ends mid-edge."""
-        size = len(key)
+        size = key.token_ids.shape[0]
         if self.disable or size < self.page_size:
             return MatchResult(self._empty, self.root_node)
         if size % self.page_size:
@@ -197,7 +197,7 @@ class RadixCache(EvictionMixin):
         of `value`'s memory (a short tail is copied, so it does not pin the whole tensor): never write
         into `value` afterwards. Only whole pages are inserted.
         """
-        size = len(key)
+        size = key.token_ids.shape[0]
         if size != value.numel():
             raise ValueError(f"insert: key has {size} tokens but value has {value.numel()} slots; "
                              f"pass one slot per token")

@@ -93,7 +93,7 @@ class TreeNode:
         return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
 
 
-@dataclass
+@dataclass(slots=True)
 class MatchResult:
     indices: torch.Tensor   # slots of the longest cached prefix, in token order
     last_node: TreeNode     # the node where that prefix ends (lock it to keep the prefix)
