@@ -15,7 +15,7 @@ PROPERTIES = ("tests/test_radix_properties.py::test_random_request_flows[" + "] 
               "test_random_request_flows[".join(["lru-1", "lru-4", "lfu-2", "fifo-4", "mru-1", "filo-2",
                                                  "priority-1", "slru-4"]) + "]").split()
 CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction_heap.py", "tests/test_eviction.py", "tests/test_memory.py",
-               "tests/test_slot_store.py", *PROPERTIES]
+               "tests/test_slot_store.py", "tests/test_radix_kernels.py", *PROPERTIES]
 LAB_TESTS = ["tests/lab/test_optimal.py", "tests/lab/test_replay.py"]
 # A lab file's own test files (the page-level replay, the host tier and the size search have theirs).
 LAB_FILE_TESTS = {
@@ -58,14 +58,21 @@ def M(name: str, file: str, description: str, *edits: tuple[str, str]) -> Mutant
 RV = "core/radix_evict.py"
 RC, RN, MEM, K, EV = ("core/radix_cache.py", "core/radix_node.py", "core/memory.py", "core/slot_kernels.py",
                       "core/eviction.py")
+RK = "core/radix_kernels.py"
 ST = "core/slot_store.py"
 REP, OPT = "core/lab/replay.py", "core/lab/optimal.py"
 LC, PG, HT, SZ = "core/lab/lab_cache.py", "core/lab/pages.py", "core/lab/host_tier.py", "core/lab/size.py"
 
 MUTANTS: list[Mutant] = [
-    # ----- the prefix compare (radix_node.common_len) and keys ------------------------------------------------
-    M("cmp-off-by-one", RN, "common prefix one token too long when the runs differ",
-      ("m = first if differs[first] else n", "m = first + 1 if differs[first] else n")),
+    # ----- the prefix compare (radix_node.common_len, compiled in radix_kernels.prefix_len) and keys ----------
+    M("cmp-off-by-one", RK, "common prefix one token too long when the runs differ in the first tokens",
+      ("    if j < short:\n        return j\n", "    if j < short:\n        return j + 1\n")),
+    M("cmp-tail-off-by-one", RK, "common prefix one token too long when the runs differ after the blocks",
+      ("        j += 1\n    return j\n", "        j += 1\n    return j + 1 if j < n else j\n")),
+    M("cmp-block-no-stop", RK, "a block that differs is skipped as if it matched",
+      ("        if differs:\n            break\n        j += BLOCK\n", "        j += BLOCK\n")),
+    M("cmp-no-page-round", RN, "a common prefix ending mid-page is not rounded down to the page",
+      ("    return m - m % page_size", "    return m")),
     M("node-tiebreak", RN, "heap tie-break takes the newest node first",
       ("return self.id < other.id", "return self.id > other.id")),
     # ----- match_prefix / _walk ------------------------------------------------------------------------------------
@@ -99,17 +106,23 @@ MUTANTS: list[Mutant] = [
       ("        child.last_access_time = now\n        new_node.children", "        new_node.children")),
     # ----- insert ---------------------------------------------------------------------------------------------------
     M("insert-drops-tail", RC, "insert drops the last token of the new leaf",
-      ("self._add_leaf(node, key[pos:], value[pos:], now, priority)",
-       "self._add_leaf(node, key[pos:size - 1], value[pos:size - 1], now, priority)")),
+      ("self._add_leaf(node, key, value, now, priority)",
+       "self._add_leaf(node, key[:size - pos - 1], value[:size - pos - 1], now, priority)")),
+    M("insert-root-key-shared", RC, "a leaf added from the root keeps the caller's key object (not its own)",
+      ("                key = RadixKey._of(key.token_ids, key.extra_key)", "                pass")),
     M("insert-priority-overwrite", RC, "insert overwrites the path's priority instead of raising it",
       ("n.priority = max(n.priority, priority)", "n.priority = priority")),
     M("insert-no-dtype", RC, "insert keeps a value tensor of another dtype as it is",
       ("if value.dtype is not torch.int64 or value.device != self.device:", "if False:")),
     M("leaf-parent-stays-evictable", RC, "the parent of a new leaf stays in evictable_leaves",
-      ("        self.evictable_leaves.discard(parent)\n        self._update_leaf_status(new_node)",
-       "        self._update_leaf_status(new_node)")),
+      ("        self.evictable_leaves.discard(parent)\n        self.evictable_leaves.add(new_node)",
+       "        self.evictable_leaves.add(new_node)")),
+    M("leaf-not-evictable", RC, "a new leaf never joins evictable_leaves",
+      ("        self.evictable_leaves.add(new_node)   #", "        pass   #")),
+    M("leaf-no-push", RC, "a new leaf is not pushed on the kept heap",
+      ("        if self._lazy_heap is not None:\n            self._push_lazy(new_node)\n", "")),
     M("leaf-never-copies", RC, "a short tail is kept as a view of the caller's long tensor",
-      ("if value.untyped_storage().nbytes() > 2 * value.numel() * value.element_size():", "if False:")),
+      ("if value.untyped_storage().nbytes() > 16 * size:", "if False:")),
     # ----- locks -----------------------------------------------------------------------------------------------------
     M("lock-not-propagated", RC, "inc_lock_ref locks only the last node, not its ancestors",
       ("            node.lock_ref += 1\n            self.evictable_leaves.discard(node)\n            node = node.parent",
@@ -146,8 +159,8 @@ MUTANTS: list[Mutant] = [
     M("delete-no-free", RV, "an evicted leaf's slots are not freed",
       ("        self.allocator.free(node.value)\n", "")),
     M("delete-parent-status", RV, "a parent left childless by eviction never joins evictable_leaves",
-      ("        self.evictable_leaves.discard(node)\n        self._update_leaf_status(parent)\n",
-       "        self.evictable_leaves.discard(node)\n")),
+      ("                leaves.add(parent)\n                if self._lazy_heap is not None:\n"
+       "                    self._push_lazy(parent)\n", "                pass\n")),
     M("peek-partial-page", RC, "peek_prefix_len looks at a partial last page",
       ("while len(ids) - pos >= self.page_size:", "while len(ids) - pos > 0:")),
     M("peek-counts-whole-edge", RC, "peek_prefix_len counts a partly matched edge in full",
@@ -167,7 +180,7 @@ MUTANTS: list[Mutant] = [
     M("free-size-guard", MEM, "free no longer refuses more pages than the pool holds up front",
       ("if n // ps > self.num_pages:", "if False:")),
     M("free-noncontiguous", MEM, "a strided slot tensor reaches the kernel as it is",
-      ("s if s.flags.c_contiguous else np.ascontiguousarray(s)", "s")),
+      ("slots if slots.is_contiguous() else slots.contiguous()", "slots")),
     M("free-error-page", MEM, "the error names the page number, not its first slot",
       ("ps, slot = self.page_size, page * self.page_size", "ps, slot = self.page_size, page")),
     M("runs-clear-padding", ST, "clear() marks the padding page 0 free too",
