@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from core import events as ev
+from core import radix_kernels
 from core.eviction import make_policy
 from core.memory import SlotAllocator
 from core.radix_evict import EvictionMixin
@@ -41,6 +42,7 @@ class RadixCache(EvictionMixin):
         allocator.on_event = self._on_alloc_event
         self.device = allocator.device
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        radix_kernels.load()  # the walk's compiled compare, loaded now rather than in the first match_prefix
         self.reset()
 
     # ----- bookkeeping -------------------------------------------------------------------

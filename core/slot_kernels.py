@@ -197,10 +197,7 @@ def load() -> None:
     and cost a microsecond."""
     free, starts, lengths = np.zeros(3, dtype=np.uint8), np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
     for ps in (1, 2):
-        give_runs(np.arange(ps, 2 * ps, dtype=np.int64), ps, free, starts, lengths, 0, 1)
-        take_runs(starts, lengths, 0, 1, ps, free, np.zeros(ps, dtype=np.int64))
-    expand_runs(starts, lengths, 0, 0, np.zeros(0, dtype=np.int64))
-    for ps in (1, 2):
         slots = np.arange(ps, 2 * ps, dtype=np.int64)
         give_runs_at(slots.ctypes.data, ps, ps, free, starts, lengths, 0, 1)
         take_runs_at(starts, lengths, 0, 1, ps, free, slots.ctypes.data)
+    expand_runs(starts, lengths, 0, 0, np.zeros(0, dtype=np.int64))
