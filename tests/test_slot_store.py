@@ -117,3 +117,25 @@ def test_alloc_writes_every_slot_of_a_fresh_tensor():
     z = a.alloc(52)
     assert z.tolist() == list(range(24, 68)) + list(range(16, 20)) + list(range(4, 8))
     assert a.available() == 0 and a.alloc(4) is None
+
+
+def test_free_pages_bits_across_64_page_words():
+    """The run store keeps a bit per page in 64-page words: runs that start, end or cross a word boundary are
+    marked and checked page-exactly, a rejected free unmarks exactly its own pages, and the free mask reads
+    the same bits back."""
+    a = SlotAllocator(200)
+    a.alloc(200)
+    for run in [range(63, 66), [1], range(120, 194), [200], range(66, 120)]:   # crossing 64, 128, 192
+        a.free(list(run))
+    mask = [1, *range(63, 194), 200]
+    assert a.is_free_mask().nonzero().flatten().tolist() == mask
+    for bad, match in [([64], r"double free: slot 64 is"), ([62, 63], r"double free: slot 63 is"),
+                       ([194, 195, 128], r"double free: slot 128 is"),
+                       (list(range(2, 63)) + [2], r"same slot twice in one call \(slot 2\)")]:
+        with pytest.raises(ValueError, match=match):
+            a.free(bad)
+        assert a.is_free_mask().nonzero().flatten().tolist() == mask and a.available() == len(mask)
+    assert a.alloc(5).tolist() == [63, 64, 65, 1, 120]
+    assert a.is_free_mask().nonzero().flatten().tolist() == [*range(66, 120), *range(121, 194), 200]
+    a.free(list(range(2, 63)) + list(range(194, 200)))
+    assert a.available() == 200 - 5 and a.is_free_mask()[0].item() is False
