@@ -5,7 +5,7 @@ together, from runs freed together), ~2,600 slots a run on the Mooncake replay. 
 runs, a free reads each freed slot once (to find where its run ends) and writes one record per run; an alloc
 writes each slot it hands out once. The double-free check is a bit per page (1 = free), checked and set a
 run at a time, a 64-page word at a time: 1M pages are 125 kB, which stays in the core's cache (a byte per
-page, 1 MB, did not, and cost ~5-10 % of a page-1 replay in misses). One page per slot in a ring plus a
+page, 1 MB, did not; benchmarks/README.md has the measurement). One page per slot in a ring plus a
 position per page, as before, cost five memory passes per slot; this costs about two.
 
 Why `*_at` (a tensor's address and length instead of an array): a CPU tensor's numpy view costs ~1.5-3 us to
