@@ -102,7 +102,8 @@ class SlotAllocator:
     def alloc(self, n: int) -> Optional[torch.Tensor]:
         """Take `n` slots from the front of `free_pages` (a new tensor, the caller's to keep); None when fewer
         than `n` are free."""
-        n = _as_count(n)
+        if type(n) is not int or n < 1:   # the common case (a positive int) skips the call
+            n = _as_count(n)
         if n % self.page_size:
             raise ValueError(f"alloc({n}) is not page aligned: with page_size={self.page_size} ask for a "
                              f"multiple of {self.page_size} (for example {n + self.page_size - n % self.page_size})")
@@ -149,7 +150,11 @@ class SlotAllocator:
     def free(self, indices: Indices) -> None:
         """Return slots to the back of `free_pages`. A rejected call (ValueError) changes nothing that
         counts: free_pages, the free mask and available() stay as they were."""
-        slots = self._index_tensor(indices)
+        if type(indices) is torch.Tensor and indices.dtype is torch.int64 and indices.dim() == 1 and self.use_kernel \
+                and indices.is_cpu:
+            slots = indices   # the common case (the tree's own slots), without _index_tensor's call
+        else:
+            slots = self._index_tensor(indices)
         n = slots.shape[0]
         if n == 0:
             return  # callers free "whatever was left over", which is often nothing
@@ -160,8 +165,7 @@ class SlotAllocator:
             raise ValueError(f"free() got {n // ps} pages but the pool has {self.num_pages}: a slot is repeated "
                              f"(double free)")
         if self.use_kernel:     # the kernel checks whole pages itself, in the same pass as the rest
-            s = slots.numpy()
-            code, page = self._store.give(s if s.flags.c_contiguous else np.ascontiguousarray(s))
+            code, page = self._store.give(slots if slots.is_contiguous() else slots.contiguous())
             if code == slot_kernels.NOT_WHOLE:
                 self._slots_to_pages(slots)        # raises the "not whole pages" error
         else:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from core import events as ev
+from core import radix_kernels
 from core.eviction import make_policy
 from core.memory import SlotAllocator
 from core.radix_evict import EvictionMixin
@@ -41,6 +42,7 @@ class RadixCache(EvictionMixin):
         allocator.on_event = self._on_alloc_event
         self.device = allocator.device
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        radix_kernels.load()  # the walk's compiled compare, loaded now rather than in the first match_prefix
         self.reset()
 
     # ----- bookkeeping -------------------------------------------------------------------
@@ -60,9 +62,9 @@ class RadixCache(EvictionMixin):
         self.events.append(ev.ResetEvent, self.clock())
 
     def _on_alloc_event(self, kind: str, slots: torch.Tensor) -> None:
-        cls = ev.AllocEvent if kind == "alloc" else ev.FreeEvent
         if self.events.enabled:
-            self.events.append(cls, self.clock(), slots=tuple(slots.tolist()))
+            self.events.append(ev.AllocEvent if kind == "alloc" else ev.FreeEvent, self.clock(),
+                               slots=tuple(slots.tolist()))
 
     def tick(self) -> float:
         """Advance the default logical clock (no effect on an injected clock)."""
@@ -82,7 +84,7 @@ class RadixCache(EvictionMixin):
 
     def _edge_key(self, ids: np.ndarray, pos: int, extra_key: Optional[str]):
         """The children-dict key of an edge starting at ids[pos]: its first token (first page)."""
-        first = int(ids[pos]) if self.page_size == 1 else tuple(ids[pos:pos + self.page_size].tolist())
+        first = ids.item(pos) if self.page_size == 1 else tuple(ids[pos:pos + self.page_size].tolist())
         return first if extra_key is None else (extra_key, first)
 
     def _aligned(self, n: int) -> int:
@@ -107,7 +109,7 @@ class RadixCache(EvictionMixin):
     # ----- match ---------------------------------------------------------------------------
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached prefix of `key`; splits the node where the match ends mid-edge."""
-        size = len(key)
+        size = key.token_ids.shape[0]
         if self.disable or size < self.page_size:
             return MatchResult(self._empty, self.root_node)
         if size % self.page_size:
@@ -130,14 +132,16 @@ class RadixCache(EvictionMixin):
         node = self.root_node
         node.last_access_time = now
         path: list[TreeNode] = []
-        pos, ids, extra, size = 0, key.token_ids, key.extra_key, len(key)
+        pos, ids, extra, ps = 0, key.token_ids, key.extra_key, self.page_size
+        size = ids.shape[0]
         while pos < size:
-            child = node.children.get(self._edge_key(ids, pos, extra))
+            first = ids.item(pos) if ps == 1 else tuple(ids[pos:pos + ps].tolist())  # as _edge_key, inlined
+            child = node.children.get(first if extra is None else (extra, first))
             if child is None:
                 break
             child.last_access_time = now
-            n = common_len(child.key.token_ids, ids[pos:], self.page_size)
-            if n < len(child.key):
+            n = common_len(child.key.token_ids, ids, ps, pos)
+            if n < child.key.token_ids.shape[0]:
                 child = self._split_node(child, n, now)
                 path.append(child)
                 pos += n
@@ -157,7 +161,7 @@ class RadixCache(EvictionMixin):
             child = node.children.get(self._edge_key(ids, pos, key.extra_key))
             if child is None:
                 break
-            n = common_len(child.key.token_ids, ids[pos:], self.page_size)
+            n = common_len(child.key.token_ids, ids, self.page_size, pos)
             pos += n
             if n < len(child.key):
                 break
@@ -195,7 +199,7 @@ class RadixCache(EvictionMixin):
         of `value`'s memory (a short tail is copied, so it does not pin the whole tensor): never write
         into `value` afterwards. Only whole pages are inserted.
         """
-        size = len(key)
+        size = key.token_ids.shape[0]
         if size != value.numel():
             raise ValueError(f"insert: key has {size} tokens but value has {value.numel()} slots; "
                              f"pass one slot per token")
@@ -212,19 +216,28 @@ class RadixCache(EvictionMixin):
             n.priority = max(n.priority, priority)
         node = path[-1] if path else self.root_node
         if pos < size:
-            self._add_leaf(node, key[pos:], value[pos:], now, priority)
+            if pos:
+                key, value = key[pos:], value[pos:]
+            else:
+                key = RadixKey._of(key.token_ids, key.extra_key)   # the tree's own key object, no copy
+            self._add_leaf(node, key, value, now, priority)
         elif self.events.enabled:  # nothing added, but the path was stamped: record the touch
             self.events.append(ev.TouchEvent, now, node=node.id, path=self._path(node))
         return pos
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
-        if value.untyped_storage().nbytes() > 2 * value.numel() * value.element_size():
+        ids = key.token_ids
+        size = ids.shape[0]
+        if value.untyped_storage().nbytes() > 16 * size:   # int64 slots: 8 bytes each
             value = value.clone()  # a short tail of a long tensor: keeping the view would pin all of it
         new_node = TreeNode(next(self._next_id), key, value, parent, now, priority)
-        parent.children[self._child_key(key)] = new_node
-        self._evictable_size += len(key)
+        first = ids.item(0) if self.page_size == 1 else tuple(ids[:self.page_size].tolist())  # _child_key
+        parent.children[first if key.extra_key is None else (key.extra_key, first)] = new_node
+        self._evictable_size += size
         self.evictable_leaves.discard(parent)
-        self._update_leaf_status(new_node)
+        self.evictable_leaves.add(new_node)   # a new leaf is unlocked: _update_leaf_status, inlined
+        if self._lazy_heap is not None:
+            self._push_lazy(new_node)
         self.policy.on_insert(new_node, now)  # policy hook
         if self.events.enabled:
             self.events.append(ev.InsertEvent, now, node=new_node.id, parent=parent.id,

@@ -9,6 +9,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from core import radix_kernels
+
 
 class LogicalClock:
     """A step counter: the engine ticks it once per scheduler step ("time 3" in the article)."""
@@ -31,9 +33,12 @@ class RadixKey:
 
     def __init__(self, token_ids: Union[Sequence[int], np.ndarray, torch.Tensor],
                  extra_key: Optional[str] = None) -> None:
-        if isinstance(token_ids, torch.Tensor):
-            token_ids = token_ids.cpu().numpy()
-        self.token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        if type(token_ids) is np.ndarray and token_ids.dtype == np.int64 and token_ids.ndim == 1:
+            self.token_ids = token_ids   # what np.asarray would return (no copy), without its cost
+        else:
+            if isinstance(token_ids, torch.Tensor):
+                token_ids = token_ids.cpu().numpy()
+            self.token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         self.extra_key = extra_key
 
     @classmethod
@@ -56,7 +61,13 @@ class RadixKey:
 
 
 class TreeNode:
-    """One edge of the tree and the node below it: `key` tokens and the `value` slots holding them."""
+    """One edge of the tree and the node below it: `key` tokens and the `value` slots holding them.
+
+    Slots for the cache's own fields (faster to read and create); `__dict__` for what a stateful policy
+    keeps on a node (its `ev_*` fields)."""
+
+    __slots__ = ("id", "children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
+                 "hit_count", "priority", "__dict__")
 
     def __init__(self, node_id: int, key: RadixKey, value: torch.Tensor, parent: Optional["TreeNode"],
                  now: float, priority: int = 0) -> None:
@@ -82,18 +93,14 @@ class TreeNode:
         return f"TreeNode(id={self.id}, tokens={len(self.key)}, lock_ref={self.lock_ref})"
 
 
-@dataclass
+@dataclass(slots=True)
 class MatchResult:
     indices: torch.Tensor   # slots of the longest cached prefix, in token order
     last_node: TreeNode     # the node where that prefix ends (lock it to keep the prefix)
 
 
-def common_len(a: np.ndarray, b: np.ndarray, page_size: int) -> int:
-    """Length of the common prefix of two token runs, rounded down to whole pages; vectorised."""
-    n = min(a.shape[0], b.shape[0])
-    if n == 0:
-        return 0
-    differs = a[:n] != b[:n]
-    first = int(differs.argmax())  # argmax of a bool array stops at the first True
-    m = first if differs[first] else n
-    return m - m % page_size if page_size > 1 else m
+def common_len(a: np.ndarray, b: np.ndarray, page_size: int, start: int = 0) -> int:
+    """Length of the common prefix of the token runs `a` and `b[start:]` (int64), rounded down to whole
+    pages; compiled, stopping at the first block that differs (core/radix_kernels.py)."""
+    m = radix_kernels.prefix_len(a, b, start)
+    return m - m % page_size

@@ -3,9 +3,14 @@
 Why runs: the slots a request frees come in long runs of consecutive slots (a leaf's slots were handed out
 together, from runs freed together), ~2,600 slots a run on the Mooncake replay. Kept as (first page, length)
 runs, a free reads each freed slot once (to find where its run ends) and writes one record per run; an alloc
-writes each slot it hands out once. The double-free check is a byte per page (1 = free), checked and set a
-run at a time with contiguous loops the compiler turns into vector code. One page per slot in a ring plus a
+writes each slot it hands out once. The double-free check is a bit per page (1 = free), checked and set a
+run at a time, a 64-page word at a time: 1M pages are 125 kB, which stays in the core's cache (a byte per
+page, 1 MB, did not; benchmarks/README.md has the measurement). One page per slot in a ring plus a
 position per page, as before, cost five memory passes per slot; this costs about two.
+
+Why `*_at` (a tensor's address and length instead of an array): a CPU tensor's numpy view costs ~1.5-3 us to
+make (`.numpy()`, `torch.from_numpy`), more than the call itself on the small frees and allocs of an engine step;
+the caller (core/slot_store.py) passes `data_ptr()` of a contiguous int64 tensor it holds for the whole call.
 
 Why compiled: the per-run loops in numpy or torch would be several sweeps and microseconds of dispatch per
 run; one fused loop per call does it all, and releases the GIL while it runs so the dashboard's thread keeps
@@ -14,9 +19,12 @@ drawing.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 OK, OUTSIDE, PADDING, ALREADY_FREE, REPEATED, NOT_WHOLE = 0, 1, 2, 3, 4, 5
+WORD = 64    # pages per word of the free bitmap
+ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 SHORT = 16   # slots looked at one by one before a run is compared in blocks
 BLOCK = 64   # slots compared per block: long enough to vectorise, short enough to stop soon after a run ends
 
@@ -44,6 +52,50 @@ def _run_end(slots: np.ndarray, i: int, total: int) -> int:
     while j < total and slots[j] == a + (j - i):
         j += 1
     return j
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _word_mask(lo: int, hi: int) -> np.uint64:
+    """Bits lo..hi-1 of a word (0 <= lo < hi <= 64)."""
+    return (ALL >> np.uint64(WORD - (hi - lo))) << np.uint64(lo)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def any_free(free: np.ndarray, p0: int, n: int) -> bool:
+    """Whether any of pages p0..p0+n-1 is free: a word at a time."""
+    seen = np.uint64(0)
+    end = p0 + n
+    while p0 < end:
+        lo = p0 % WORD
+        hi = min(WORD, lo + (end - p0))
+        seen |= free[p0 // WORD] & _word_mask(lo, hi)
+        p0 += hi - lo
+    return seen != 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def is_free(free: np.ndarray, p: int) -> bool:
+    return (free[p // WORD] >> np.uint64(p % WORD)) & np.uint64(1) != 0
+
+
+@njit(cache=True, nogil=True)
+def mark(free: np.ndarray, p0: int, n: int, on: bool) -> None:
+    """Mark pages p0..p0+n-1 free (on) or held: a word at a time."""
+    end = p0 + n
+    while p0 < end:
+        lo = p0 % WORD
+        hi = min(WORD, lo + (end - p0))
+        m = _word_mask(lo, hi)
+        w = p0 // WORD
+        free[w] = (free[w] | m) if on else (free[w] & ~m)
+        p0 += hi - lo
+
+
+@njit(cache=True, nogil=True)
+def free_bytes(free: np.ndarray, out: np.ndarray) -> None:
+    """The bitmap as one byte per page (1 = free) into `out` (num_pages + 1)."""
+    for p in range(out.shape[0]):
+        out[p] = 1 if is_free(free, p) else 0
 
 
 @njit(cache=True, nogil=True)
@@ -82,11 +134,7 @@ def give_runs(slots: np.ndarray, page_size: int, free: np.ndarray, starts: np.nd
         p0, n, first = a // page_size, (j - i) // page_size, i // page_size
         problem = p0 < 1 or p0 > num_pages - n + 1
         if not problem:
-            run = free[p0:p0 + n]
-            seen = 0
-            for t in range(n):
-                seen |= run[t]
-            problem = seen != 0
+            problem = any_free(free, p0, n)
         if problem:                      # the first offending page of the run, in order
             t = 0
             while t < n:
@@ -94,7 +142,7 @@ def give_runs(slots: np.ndarray, page_size: int, free: np.ndarray, starts: np.nd
                 if p < 1 or p > num_pages:
                     code = PADDING if p == 0 else OUTSIDE
                     break
-                if free[p]:
+                if is_free(free, p):
                     code = ALREADY_FREE
                     for r in range(first_run, tail):
                         if starts[r] <= p < starts[r] + lengths[r]:
@@ -105,9 +153,7 @@ def give_runs(slots: np.ndarray, page_size: int, free: np.ndarray, starts: np.nd
             if not _whole_pages(slots, page_size, j):
                 code = NOT_WHOLE
             break
-        run = free[p0:p0 + n]
-        for t in range(n):
-            run[t] = 1
+        mark(free, p0, n, True)
         if tail > first_run and starts[tail - 1] + lengths[tail - 1] == p0:
             lengths[tail - 1] += n       # continues this call's last run
         else:
@@ -118,9 +164,7 @@ def give_runs(slots: np.ndarray, page_size: int, free: np.ndarray, starts: np.nd
     if code == OK:
         return OK, total // page_size, tail
     for r in range(first_run, tail):     # roll back: this call's pages are held again
-        run = free[starts[r]:starts[r] + lengths[r]]
-        for t in range(run.shape[0]):
-            run[t] = 0
+        mark(free, starts[r], lengths[r], False)
     return code, bad, first_run
 
 
@@ -134,9 +178,7 @@ def take_runs(starts: np.ndarray, lengths: np.ndarray, head: int, n: int, page_s
     while k < n:
         s, length = starts[head], lengths[head]
         take = min(length, n - k)
-        run = free[s:s + take]
-        for t in range(take):
-            run[t] = 0
+        mark(free, s, take, False)
         base = s * page_size
         dst = out[k * page_size:(k + take) * page_size]
         for x in range(dst.shape[0]):
@@ -161,12 +203,40 @@ def expand_runs(starts: np.ndarray, lengths: np.ndarray, head: int, tail: int, o
             k += 1
 
 
+@intrinsic
+def _int64_ptr(typingctx, address):
+    """The int64 pointer at integer `address` (a tensor's data_ptr()), for carray."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int64)))
+    return types.CPointer(types.int64)(address), codegen
+
+
+@njit(cache=True, nogil=True)
+def give_runs_at(address: int, total: int, page_size: int, free: np.ndarray, starts: np.ndarray,
+                 lengths: np.ndarray, tail: int, num_pages: int) -> tuple[int, int, int]:
+    """give_runs on the `total` contiguous int64 slots at `address`."""
+    return give_runs(carray(_int64_ptr(address), total), page_size, free, starts, lengths, tail, num_pages)
+
+
+@njit(cache=True, nogil=True)
+def take_runs_at(starts: np.ndarray, lengths: np.ndarray, head: int, n: int, page_size: int, free: np.ndarray,
+                 address: int) -> int:
+    """take_runs into the n * page_size contiguous int64 slots at `address`."""
+    return take_runs(starts, lengths, head, n, page_size, free, carray(_int64_ptr(address), n * page_size))
+
+
 def load() -> None:
     """Compile the kernels now (or load them from numba's on-disk cache): the first CPU allocator calls
     this, so the compile never stalls an engine step or a dashboard refresh. Later calls find them compiled
     and cost a microsecond."""
-    free, starts, lengths = np.zeros(3, dtype=np.uint8), np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
+    free, starts, lengths = np.zeros(1, dtype=np.uint64), np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
     for ps in (1, 2):
-        give_runs(np.arange(ps, 2 * ps, dtype=np.int64), ps, free, starts, lengths, 0, 1)
-        take_runs(starts, lengths, 0, 1, ps, free, np.zeros(ps, dtype=np.int64))
+        slots = np.arange(ps, 2 * ps, dtype=np.int64)
+        give_runs_at(slots.ctypes.data, ps, ps, free, starts, lengths, 0, 1)
+        take_runs_at(starts, lengths, 0, 1, ps, free, slots.ctypes.data)
     expand_runs(starts, lengths, 0, 0, np.zeros(0, dtype=np.int64))
+    mark(free, 1, 1, True)
+    free_bytes(free, np.zeros(2, dtype=np.uint8))

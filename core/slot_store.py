@@ -15,10 +15,10 @@ from core import slot_kernels as K
 
 
 class RunStore:
-    """free_pages as runs (first page, length) in a ring of runs, plus a byte per page (1 = free).
+    """free_pages as runs (first page, length) in a ring of runs, plus a bit per page (1 = free).
 
-    Why: freed slots come in long runs, and a run costs one record however long it is; the per-page byte
-    is the double-free check, read and written a run at a time (core/slot_kernels.py). Runs past `_tail`
+    Why: freed slots come in long runs, and a run costs one record however long it is; the per-page bit
+    is the double-free check, read and written a run (a word of 64 pages) at a time (core/slot_kernels.py). Runs past `_tail`
     are not free_pages, so a rejected free only has to unmark its pages.
     """
 
@@ -27,14 +27,15 @@ class RunStore:
         self._capacity = 2 * num_pages + 1   # live runs <= free pages <= num_pages, plus a call's worth
         self._starts = np.empty(self._capacity, dtype=np.int64)
         self._lengths = np.empty(self._capacity, dtype=np.int64)
-        self._free = np.zeros(num_pages + 1, dtype=np.uint8)   # page 0 (padding) is never free
+        self._free = np.zeros(num_pages // K.WORD + 1, dtype=np.uint64)   # a bit per page; page 0 (padding) never set
         K.load()
         self.clear()
 
     def clear(self) -> None:
         self._starts[0], self._lengths[0] = 1, self.num_pages
         self._head, self._tail, self._count = 0, 1, self.num_pages
-        self._free[1:] = 1
+        self._free[:] = 0
+        K.mark(self._free, 1, self.num_pages, True)
 
     def available_pages(self) -> int:
         return self._count
@@ -45,25 +46,28 @@ class RunStore:
         return torch.from_numpy(out)
 
     def is_free_page(self) -> torch.Tensor:
-        return torch.from_numpy(self._free.view(np.bool_).copy())
+        out = np.empty(self.num_pages + 1, dtype=np.uint8)
+        K.free_bytes(self._free, out)
+        return torch.from_numpy(out.view(np.bool_))
 
     def take(self, num_pages: int) -> torch.Tensor:
-        out = np.empty(num_pages * self.page_size, dtype=np.int64)
-        self._head = K.take_runs(self._starts, self._lengths, self._head, num_pages, self.page_size, self._free,
-                                 out)
+        out = torch.empty(num_pages * self.page_size, dtype=torch.int64)   # written in full by the kernel
+        self._head = K.take_runs_at(self._starts, self._lengths, self._head, num_pages, self.page_size, self._free,
+                                    out.data_ptr())
         self._count -= num_pages
-        return torch.from_numpy(out)
+        return out
 
-    def give(self, slots: np.ndarray) -> tuple[int, int]:
-        """Free whole pages given as slots (int64, contiguous); (code, offending page)."""
+    def give(self, slots: torch.Tensor) -> tuple[int, int]:
+        """Free whole pages given as slots (a contiguous int64 CPU tensor, held by the caller for the call);
+        (code, offending page)."""
         k = slots.shape[0] // self.page_size
         if self._tail + k > self._capacity:  # out of room at the back: move the live runs to the front
             live = self._tail - self._head
             self._starts[:live] = self._starts[self._head:self._tail].copy()
             self._lengths[:live] = self._lengths[self._head:self._tail].copy()
             self._head, self._tail = 0, live
-        code, i, self._tail = K.give_runs(slots, self.page_size, self._free, self._starts, self._lengths,
-                                          self._tail, self.num_pages)
+        code, i, self._tail = K.give_runs_at(slots.data_ptr(), slots.shape[0], self.page_size, self._free,
+                                             self._starts, self._lengths, self._tail, self.num_pages)
         if code == K.OK:
             self._count += i
             return K.OK, 0

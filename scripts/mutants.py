@@ -55,8 +55,6 @@ EQUIVALENT = {
                                 "inserted in between, so insert returns exactly the device hit: cached == hit",
     "host-match-on-device": "the device tree holds every page's whole prefix, so a page right after the device "
                             "match is not on the device, nor is any later one (its parent is not): the check never fires",
-    "free-noncontiguous": "numba compiles the kernel for strided arrays too and reads them correctly; the copy only "
-                          "spares the one-off compile of that variant on the first strided free",
     "host-victim-on-device": "host pages enter the victim heap only when they leave the device, and every way back "
                              "(a load in match, an insert) touches the page and changes its host key, so its heap "
                              "entry is stale by key before the on-device check is reached",

@@ -15,7 +15,7 @@ PROPERTIES = ("tests/test_radix_properties.py::test_random_request_flows[" + "] 
               "test_random_request_flows[".join(["lru-1", "lru-4", "lfu-2", "fifo-4", "mru-1", "filo-2",
                                                  "priority-1", "slru-4"]) + "]").split()
 CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction_heap.py", "tests/test_eviction.py", "tests/test_memory.py",
-               "tests/test_slot_store.py", *PROPERTIES]
+               "tests/test_slot_store.py", "tests/test_radix_kernels.py", *PROPERTIES]
 LAB_TESTS = ["tests/lab/test_optimal.py", "tests/lab/test_replay.py"]
 # A lab file's own test files (the page-level replay, the host tier and the size search have theirs).
 LAB_FILE_TESTS = {
@@ -58,14 +58,21 @@ def M(name: str, file: str, description: str, *edits: tuple[str, str]) -> Mutant
 RV = "core/radix_evict.py"
 RC, RN, MEM, K, EV = ("core/radix_cache.py", "core/radix_node.py", "core/memory.py", "core/slot_kernels.py",
                       "core/eviction.py")
+RK = "core/radix_kernels.py"
 ST = "core/slot_store.py"
 REP, OPT = "core/lab/replay.py", "core/lab/optimal.py"
 LC, PG, HT, SZ = "core/lab/lab_cache.py", "core/lab/pages.py", "core/lab/host_tier.py", "core/lab/size.py"
 
 MUTANTS: list[Mutant] = [
-    # ----- the prefix compare (radix_node.common_len) and keys ------------------------------------------------
-    M("cmp-off-by-one", RN, "common prefix one token too long when the runs differ",
-      ("m = first if differs[first] else n", "m = first + 1 if differs[first] else n")),
+    # ----- the prefix compare (radix_node.common_len, compiled in radix_kernels.prefix_len) and keys ----------
+    M("cmp-off-by-one", RK, "common prefix one token too long when the runs differ in the first tokens",
+      ("    if j < short:\n        return j\n", "    if j < short:\n        return j + 1\n")),
+    M("cmp-tail-off-by-one", RK, "common prefix one token too long when the runs differ after the blocks",
+      ("        j += 1\n    return j\n", "        j += 1\n    return j + 1 if j < n else j\n")),
+    M("cmp-block-no-stop", RK, "a block that differs is skipped as if it matched",
+      ("        if differs:\n            break\n        j += BLOCK\n", "        j += BLOCK\n")),
+    M("cmp-no-page-round", RN, "a common prefix ending mid-page is not rounded down to the page",
+      ("    return m - m % page_size", "    return m")),
     M("node-tiebreak", RN, "heap tie-break takes the newest node first",
       ("return self.id < other.id", "return self.id > other.id")),
     # ----- match_prefix / _walk ------------------------------------------------------------------------------------
@@ -99,17 +106,23 @@ MUTANTS: list[Mutant] = [
       ("        child.last_access_time = now\n        new_node.children", "        new_node.children")),
     # ----- insert ---------------------------------------------------------------------------------------------------
     M("insert-drops-tail", RC, "insert drops the last token of the new leaf",
-      ("self._add_leaf(node, key[pos:], value[pos:], now, priority)",
-       "self._add_leaf(node, key[pos:size - 1], value[pos:size - 1], now, priority)")),
+      ("self._add_leaf(node, key, value, now, priority)",
+       "self._add_leaf(node, key[:size - pos - 1], value[:size - pos - 1], now, priority)")),
+    M("insert-root-key-shared", RC, "a leaf added from the root keeps the caller's key object (not its own)",
+      ("                key = RadixKey._of(key.token_ids, key.extra_key)", "                pass")),
     M("insert-priority-overwrite", RC, "insert overwrites the path's priority instead of raising it",
       ("n.priority = max(n.priority, priority)", "n.priority = priority")),
     M("insert-no-dtype", RC, "insert keeps a value tensor of another dtype as it is",
       ("if value.dtype is not torch.int64 or value.device != self.device:", "if False:")),
     M("leaf-parent-stays-evictable", RC, "the parent of a new leaf stays in evictable_leaves",
-      ("        self.evictable_leaves.discard(parent)\n        self._update_leaf_status(new_node)",
-       "        self._update_leaf_status(new_node)")),
+      ("        self.evictable_leaves.discard(parent)\n        self.evictable_leaves.add(new_node)",
+       "        self.evictable_leaves.add(new_node)")),
+    M("leaf-not-evictable", RC, "a new leaf never joins evictable_leaves",
+      ("        self.evictable_leaves.add(new_node)   #", "        pass   #")),
+    M("leaf-no-push", RC, "a new leaf is not pushed on the kept heap",
+      ("        if self._lazy_heap is not None:\n            self._push_lazy(new_node)\n", "")),
     M("leaf-never-copies", RC, "a short tail is kept as a view of the caller's long tensor",
-      ("if value.untyped_storage().nbytes() > 2 * value.numel() * value.element_size():", "if False:")),
+      ("if value.untyped_storage().nbytes() > 16 * size:", "if False:")),
     # ----- locks -----------------------------------------------------------------------------------------------------
     M("lock-not-propagated", RC, "inc_lock_ref locks only the last node, not its ancestors",
       ("            node.lock_ref += 1\n            self.evictable_leaves.discard(node)\n            node = node.parent",
@@ -146,8 +159,8 @@ MUTANTS: list[Mutant] = [
     M("delete-no-free", RV, "an evicted leaf's slots are not freed",
       ("        self.allocator.free(node.value)\n", "")),
     M("delete-parent-status", RV, "a parent left childless by eviction never joins evictable_leaves",
-      ("        self.evictable_leaves.discard(node)\n        self._update_leaf_status(parent)\n",
-       "        self.evictable_leaves.discard(node)\n")),
+      ("                leaves.add(parent)\n                if self._lazy_heap is not None:\n"
+       "                    self._push_lazy(parent)\n", "                pass\n")),
     M("peek-partial-page", RC, "peek_prefix_len looks at a partial last page",
       ("while len(ids) - pos >= self.page_size:", "while len(ids) - pos > 0:")),
     M("peek-counts-whole-edge", RC, "peek_prefix_len counts a partly matched edge in full",
@@ -167,11 +180,11 @@ MUTANTS: list[Mutant] = [
     M("free-size-guard", MEM, "free no longer refuses more pages than the pool holds up front",
       ("if n // ps > self.num_pages:", "if False:")),
     M("free-noncontiguous", MEM, "a strided slot tensor reaches the kernel as it is",
-      ("s if s.flags.c_contiguous else np.ascontiguousarray(s)", "s")),
+      ("slots if slots.is_contiguous() else slots.contiguous()", "slots")),
     M("free-error-page", MEM, "the error names the page number, not its first slot",
       ("ps, slot = self.page_size, page * self.page_size", "ps, slot = self.page_size, page")),
     M("runs-clear-padding", ST, "clear() marks the padding page 0 free too",
-      ("        self._free[1:] = 1\n", "        self._free[:] = 1\n")),
+      ("        K.mark(self._free, 1, self.num_pages, True)", "        K.mark(self._free, 0, self.num_pages + 1, True)")),
     M("runs-compact-lengths", ST, "compacting the run ring moves the starts but not the lengths",
       ("            self._lengths[:live] = self._lengths[self._head:self._tail].copy()\n", "")),
     M("runs-count-on-error", ST, "a rejected free still adds its pages to available()",
@@ -188,11 +201,10 @@ MUTANTS: list[Mutant] = [
     M("mask-off-by-one", ST, "the ring store's free mask misses the page at the head of free_pages",
       ("        return self._pos >= self._head\n", "        return self._pos > self._head\n")),
     M("kernel-double-free", K, "free misses a page that is already free",
-      ("            problem = seen != 0\n", "            problem = False\n")),
+      ("            problem = any_free(free, p0, n)\n", "            problem = False\n")),
     M("kernel-no-rollback", K, "a rejected free leaves the pages before the bad one marked free",
       ("    for r in range(first_run, tail):     # roll back: this call's pages are held again\n"
-       "        run = free[starts[r]:starts[r] + lengths[r]]\n        for t in range(run.shape[0]):\n"
-       "            run[t] = 0\n", "")),
+       "        mark(free, starts[r], lengths[r], False)\n", "")),
     M("kernel-rollback-keeps-runs", K, "a rejected free keeps the runs it appended (they become free_pages)",
       ("    return code, bad, first_run\n", "    return code, bad, tail\n")),
     M("kernel-repeat-as-already", K, "a page listed twice in one call is reported as already free",
@@ -204,12 +216,21 @@ MUTANTS: list[Mutant] = [
       ("problem = p0 < 1 or p0 > num_pages - n + 1", "problem = p0 < 1 or p0 > num_pages - n + 2")),
     M("kernel-block-no-stop", K, "a run is extended through a block that breaks it (long runs only)",
       ("        if differs:\n            break\n        j += BLOCK\n", "        j += BLOCK\n")),
+    M("kernel-mask-short", K, "a run's word mask leaves out its last page in the word",
+      ("    return (ALL >> np.uint64(WORD - (hi - lo))) << np.uint64(lo)",
+       "    return (ALL >> np.uint64(WORD - (hi - lo) + 1)) << np.uint64(lo)")),
+    M("kernel-mark-one-word", K, "marking a run stops after its first word (runs across 64-page words)",
+      ("        free[w] = (free[w] | m) if on else (free[w] & ~m)\n        p0 += hi - lo\n",
+       "        free[w] = (free[w] | m) if on else (free[w] & ~m)\n        p0 = end\n")),
+    M("kernel-free-bit-off", K, "the free test reads the neighbouring page's bit",
+      ("    return (free[p // WORD] >> np.uint64(p % WORD)) & np.uint64(1) != 0",
+       "    return (free[p // WORD] >> np.uint64((p + 1) % WORD)) & np.uint64(1) != 0")),
     M("kernel-merge-gap", K, "a run merges with the previous one across a gap",
       ("starts[tail - 1] + lengths[tail - 1] == p0", "starts[tail - 1] + lengths[tail - 1] <= p0")),
     M("kernel-take-split", K, "alloc taking part of a run leaves its first page in the run",
       ("            starts[head] = s + take\n", "            starts[head] = s + take - 1\n")),
     M("kernel-take-no-unmark", K, "alloc leaves the pages it hands out marked free",
-      ("        run = free[s:s + take]\n        for t in range(take):\n            run[t] = 0\n", "")),
+      ("        mark(free, s, take, False)\n", "")),
     M("kernel-paged-take-offset", K, "a paged alloc expands page p from slot (p-1)*page_size",
       ("        base = s * page_size\n", "        base = (s - 1) * page_size\n")),
     M("kernel-expand-skip", K, "free_pages lists each run without its first page",

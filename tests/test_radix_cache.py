@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from core.invariants import InvariantError
+from core.slot_kernels import mark
 from core.memory import SlotAllocator
 from core.radix_cache import LogicalClock, MatchResult, RadixCache, RadixKey
 
@@ -345,7 +346,7 @@ CORRUPTIONS = {
                   "first token"),
     "slot twice": (lambda c, a: _append_free_page_raw(a, 1), "slot 1 is owned twice"),
     "leaked slot": (lambda c, a: a.alloc(1), "slot conservation broken"),     # handed out, owned by nobody
-    "free mask": (lambda c, a: a._store._free.__setitem__(int(a.free_pages[0]), 0), "free mask disagrees"),
+    "free mask": (lambda c, a: mark(a._store._free, int(a.free_pages[0]), 1, False), "free mask disagrees"),
 }
 
 

@@ -150,3 +150,17 @@ def test_lfu_breaks_equal_hit_counts_by_last_access_not_by_age():
     cache.match_prefix(RadixKey([1, 2]))
     assert [n.key.token_ids.tolist() for n in cache.eviction_order()] == [[5, 6], [1, 2]]
     assert cache.evict(1) == 2 and cache.match_prefix(RadixKey([1, 2])).indices.numel() == 2
+
+
+def test_a_leaf_added_from_the_root_keeps_its_own_key_object():
+    """insert-root-key-shared: insert adds the whole key without slicing it, but the node holds its own
+    RadixKey: the caller rebinding its key's token ids afterwards changes nothing in the tree."""
+    cache, alloc, _ = make(16)
+    key = RadixKey([1, 2, 3])
+    v = alloc.alloc(3)
+    assert cache.insert(key, v) == 0
+    key.token_ids = key.token_ids[:0]          # the caller reuses its key object
+    node = cache.root_node.children[1]
+    assert node.key is not key and node.key.token_ids.tolist() == [1, 2, 3] and node.value.tolist() == v.tolist()
+    assert cache.match_prefix(RadixKey([1, 2, 3])).indices.tolist() == v.tolist()
+    cache.check_invariants(EMPTY)
