@@ -16,6 +16,7 @@ from radixui.heap import eviction_figure, eviction_table, order_note
 from radixui.highlights import TREE_KINDS, Highlights, ghosts_from_events, request_highlights, step_highlights
 from radixui.hit_chart import hit_rate_figure
 from radixui.live_data import cached_figure, decoder, event_store
+from radixui.live_poll import declare_poll
 from radixui.replay import replay_note
 from radixui.metrics import kpi_line, sglang_status
 from radixui.prompt_panel import prompt_panel
@@ -83,7 +84,7 @@ def _selected_rid(ss) -> Optional[str]:
     return ss.get("_selected_rid")
 
 
-def live_body(client: EngineClient, cfg) -> None:
+def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.0) -> None:
     ss = st.session_state
     kpi_box = st.empty()
     left, right = st.columns([1.2, 2], gap="medium")
@@ -133,10 +134,8 @@ def live_body(client: EngineClient, cfg) -> None:
     sent = ss.pop("_sent", False)                # this run's snapshot may predate what was just sent:
     if sent:                                     # busy now, and the poll's next tick looks again
         ss["_catch_up"] = True
-    busy = sent or not engine_quiet(snap)
-    if busy != ss.get("_busy", False):           # the poll's pace follows the engine (pages/live.py)
-        ss["_busy"] = busy
-        st.rerun()
+    ss["_busy"] = busy = sent or not engine_quiet(snap)
+    declare_poll(client, live, interval, busy)   # its pace follows the engine, with no extra run
 
 
 def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected: Optional[str]):
