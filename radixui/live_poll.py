@@ -25,7 +25,8 @@ def poll(client: Any) -> None:
     seen = ss.get("_drawn_version")
     catch_up = ss.pop("_catch_up", False)
     if ss.get("_catch_up_at") is not None and time.monotonic() >= ss["_catch_up_at"]:
-        catch_up = ss.pop("_catch_up_at") is not None
+        del ss["_catch_up_at"]
+        catch_up = True
     if catch_up or (seen is not None and client.version() != seen):
         st.rerun()
 

@@ -3,8 +3,9 @@
 Send and "Run preset" are both submit buttons of one form, so a preset runs with the values in
 the form (max new tokens, temperature, ...) as they are on screen, not as they were at the last
 Send. Both submit in the buttons' callback, before the page's script runs, so the page can send
-the request table ahead of the form's widgets: the new row is the first thing the browser draws. Number fields have no browser-side limits: an out-of-range value reaches `form_params`,
-which names the field and the range, instead of the browser silently refusing the click.
+the request table ahead of the form's widgets: the new row is the first thing the browser draws.
+Number fields have no browser-side limits: an out-of-range value reaches `form_params`, which
+names the field and the range, instead of the browser silently refusing the click.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Live: a prompt bar beside the radix tree, one line of KPIs, evictions you can see.
 
 Refresh work follows what changed: a small fragment polls `client.version()` (a number) and
-reruns the page only when it moved (radixui/live_poll.py); every figure is rebuilt only when its data changed; and the
-KPIs, the request table and the views all come from one snapshot (one engine step).
+reruns the page only when it moved (radixui/live_poll.py); every figure is rebuilt only when its
+data changed; and the KPIs, the request table and the views all come from one snapshot (one
+engine step).
 """
 import streamlit as st
 
