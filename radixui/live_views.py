@@ -118,6 +118,7 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
                 st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 6 + 3),
                              on_select="rerun", selection_mode="single-row", key="req_table",
                              column_config={"TTFT from submit (s)": st.column_config.NumberColumn(
+                                 "TTFT (s)", width="small",   # the full name pushed its figures off the grid
                                  help="Seconds from submit to the first token: includes the time the request "
                                       "waited in the queue (in step mode, until you pressed Step)"),
                                  "output": st.column_config.TextColumn(width="medium")})

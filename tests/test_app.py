@@ -123,6 +123,10 @@ def test_submitting_a_prompt_updates_request_table_and_kpis(app):
     k = kpis(app)
     assert k["Prefill skipped"] == "4 tok" and k["Running / waiting"] == "0 / 0" and k["Locked slots"] == "0"
     assert "TTFT from submit (s)" in rows.columns
+    grid = next(df for df in app.dataframe if "cached / prompt" in getattr(df.value, "columns", []))
+    ttft = json.loads(grid.proto.columns)["TTFT from submit (s)"]   # shown short, so its figures fit the grid
+    assert ttft["label"] == "TTFT (s)" and "from submit" in ttft["help"] and "queue" in ttft["help"]
+    assert rows.iloc[0]["TTFT from submit (s)"] > 0
     assert kpi_step(app) >= 2
     status = next(m.value for m in app.markdown if "#running-req" in m.value)
     assert "#running-req: 0, #queue-req: 0" in status and "cache hit rate: 40.0%" in status
