@@ -40,6 +40,12 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> boo
     return False
 
 
+def _start(cmd: list[str], env: dict) -> subprocess.Popen:
+    """A child in its own session: a terminal's Ctrl-C reaches only this launcher, which passes one
+    SIGINT on (a second one, from the terminal too, broke uvicorn's graceful stop: a traceback)."""
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -69,7 +75,7 @@ def main() -> int:
             url = f"http://127.0.0.1:{port}"
             server = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning",
                       *SERVER_FLAGS]
-            procs.append(subprocess.Popen(server, cwd=ROOT, env=env))
+            procs.append(_start(server, env))
             print(f"engine server starting on {url} (the first start converts the model, about 30 s)...",
                   file=sys.stderr, flush=True)
             if not _wait_healthy(url, procs[0]):
@@ -79,7 +85,7 @@ def main() -> int:
             print(f"engine server ready: {url}  (try: curl {url}/v1/models)", file=sys.stderr, flush=True)
         else:
             print(f"attaching the dashboard to {env['RADIX_ENGINE_URL']}", file=sys.stderr, flush=True)
-        procs.append(subprocess.Popen(dashboard, cwd=ROOT, env=env))
+        procs.append(_start(dashboard, env))
         while all(p.poll() is None for p in procs):
             time.sleep(0.3)
         dead = next(p for p in procs if p.poll() is not None)
