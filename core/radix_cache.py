@@ -135,8 +135,7 @@ class RadixCache(EvictionMixin):
         pos, ids, extra, ps = 0, key.token_ids, key.extra_key, self.page_size
         size = ids.shape[0]
         while pos < size:
-            first = ids.item(pos) if ps == 1 else tuple(ids[pos:pos + ps].tolist())  # as _edge_key, inlined
-            child = node.children.get(first if extra is None else (extra, first))
+            child = node.children.get(self._edge_key(ids, pos, extra))
             if child is None:
                 break
             child.last_access_time = now
@@ -231,13 +230,10 @@ class RadixCache(EvictionMixin):
         if value.untyped_storage().nbytes() > 16 * size:   # int64 slots: 8 bytes each
             value = value.clone()  # a short tail of a long tensor: keeping the view would pin all of it
         new_node = TreeNode(next(self._next_id), key, value, parent, now, priority)
-        first = ids.item(0) if self.page_size == 1 else tuple(ids[:self.page_size].tolist())  # _child_key
-        parent.children[first if key.extra_key is None else (key.extra_key, first)] = new_node
+        parent.children[self._child_key(key)] = new_node
         self._evictable_size += size
         self.evictable_leaves.discard(parent)
-        self.evictable_leaves.add(new_node)   # a new leaf is unlocked: _update_leaf_status, inlined
-        if self._lazy_heap is not None:
-            self._push_lazy(new_node)
+        self._update_leaf_status(new_node)
         self.policy.on_insert(new_node, now)  # policy hook
         if self.events.enabled:
             self.events.append(ev.InsertEvent, now, node=new_node.id, parent=parent.id,

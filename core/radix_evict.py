@@ -98,21 +98,12 @@ class EvictionMixin:
 
     def _delete_leaf(self, node: TreeNode, policy_key: tuple) -> int:
         parent, key = node.parent, node.key
-        ids = key.token_ids
-        size = ids.shape[0]
-        first = ids.item(0) if self.page_size == 1 else tuple(ids[:self.page_size].tolist())  # _edge_key, inlined
-        del parent.children[first if key.extra_key is None else (key.extra_key, first)]
+        size = key.token_ids.shape[0]
+        del parent.children[self._child_key(key)]
         self._evictable_size -= size
         self.evicted_tokens += size
-        leaves = self.evictable_leaves
-        leaves.discard(node)
-        if not parent.children and parent.lock_ref == 0 and parent is not self.root_node:
-            if parent not in leaves:    # left childless and unlocked: _update_leaf_status, inlined
-                leaves.add(parent)
-                if self._lazy_heap is not None:
-                    self._push_lazy(parent)
-        else:
-            leaves.discard(parent)
+        self.evictable_leaves.discard(node)
+        self._update_leaf_status(parent)
         if self.events.enabled:
             self.events.append(ev.EvictEvent, self.clock(), node=node.id, parent=parent.id,
                                token_ids=tuple(node.key.token_ids.tolist()), slots=tuple(node.value.tolist()),

@@ -18,8 +18,8 @@ class RunStore:
     """free_pages as runs (first page, length) in a ring of runs, plus a bit per page (1 = free).
 
     Why: freed slots come in long runs, and a run costs one record however long it is; the per-page bit
-    is the double-free check, read and written a run (a word of 64 pages) at a time (core/slot_kernels.py). Runs past `_tail`
-    are not free_pages, so a rejected free only has to unmark its pages.
+    is the double-free check, read and written a run (a word of 64 pages) at a time (core/slot_kernels.py).
+    Runs past `_tail` are not free_pages, so a rejected free only has to unmark its pages.
     """
 
     def __init__(self, num_pages: int, page_size: int) -> None:
