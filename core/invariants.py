@@ -73,8 +73,8 @@ def check_cache_invariants(cache: "RadixCache", held_slots: Optional[torch.Tenso
 def _check_slots(cache: "RadixCache", tree_slots: list, held_slots: Optional[torch.Tensor]) -> None:
     alloc = cache.allocator
     size = alloc.num_slots + alloc.page_size
-    tree = torch.cat(tree_slots).cpu() if tree_slots else torch.empty(0, dtype=torch.int64)
-    free = alloc.free_slots().cpu()
+    tree = torch.cat(tree_slots).cpu().long() if tree_slots else torch.empty(0, dtype=torch.int64)
+    free = alloc.free_slots().cpu().long()
     parts = {"tree": tree, "free_pages": free}
     if held_slots is not None:
         parts["callers"] = held_slots.reshape(-1).to("cpu", torch.int64)

@@ -3,6 +3,11 @@
 Slot 0 is padding and never handed out, so a zero in an index tensor is always "no slot".
 Slots come out of `alloc` as a tensor on the pool's device, so they index `k_buffer`
 and `v_buffer` directly, with no host round trip (as the article stresses).
+
+Slot and page indices are int32 (`SLOT_DTYPE`), as SGLang's `req_to_token` and vLLM's block tables:
+a pool never holds 2^31 slots, and half the bytes is half the memory traffic of every alloc, free and
+prefix concat (the tree holds a slot id per cached token). Torch ops that insist on int64 indices
+(`index_copy_`) get them from `ForwardBatch`, once per batch.
 """
 from __future__ import annotations
 
@@ -15,6 +20,11 @@ import torch
 from core import slot_kernels, slot_store
 
 Indices = Union[torch.Tensor, Sequence[int]]
+SLOT_DTYPE = torch.int32
+MAX_SLOTS = 2**31 - 2**16   # every slot id, page 0's padding included, fits SLOT_DTYPE with room for a page
+
+
+_KERNEL_DTYPES = (SLOT_DTYPE, torch.int64)   # what the CPU free kernel reads as it is
 
 
 def _as_count(n) -> int:
@@ -54,6 +64,9 @@ class SlotAllocator:
             raise ValueError(
                 f"a pool needs at least one page of {page_size} slot(s), got num_slots={num_slots!r}; "
                 f"raise the pool size")
+        if num_slots > MAX_SLOTS:
+            raise ValueError(f"num_slots={num_slots:,} is more than a pool can index ({MAX_SLOTS:,} slots: slot ids "
+                             f"are int32); use a smaller pool or several")
         if num_slots % page_size:
             raise ValueError(f"num_slots={num_slots} is not a multiple of page_size={page_size}; "
                              f"use {num_slots - num_slots % page_size} or {num_slots + page_size - num_slots % page_size}")
@@ -69,7 +82,7 @@ class SlotAllocator:
         # On a CPU pool the hot paths work on numpy views of the same memory: a torch call costs
         # microseconds of dispatch, and the engine and the lab call alloc/free thousands of times a second.
         self.use_kernel = store == "runs"
-        self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=self.device)
+        self._page_offsets = torch.arange(page_size, dtype=SLOT_DTYPE, device=self.device)
         self._store = (slot_store.RunStore(self.num_pages, page_size) if self.use_kernel
                        else slot_store.RingStore(self.num_pages, page_size, self.device))
         self._pristine = True
@@ -117,11 +130,12 @@ class SlotAllocator:
         return slots
 
     def _index_tensor(self, indices: Indices) -> torch.Tensor:
-        """Slot indices as a 1-D int64 tensor on the pool's device; anything but integers is refused."""
+        """Slot indices as a 1-D int32 or int64 tensor on the pool's device (other integers become int64,
+        wide enough that an id past the pool is refused rather than wrapped); anything else is refused."""
         if isinstance(indices, torch.Tensor):
-            if indices.dtype is torch.int64 and indices.dim() == 1 and (indices.is_cpu if self.use_kernel
+            if indices.dtype in _KERNEL_DTYPES and indices.dim() == 1 and (indices.is_cpu if self.use_kernel
                                                                          else indices.device == self.device):
-                return indices  # the common case, without conversions (an int64 tensor never needs grad)
+                return indices  # the common case, without conversions (an integer tensor never needs grad)
             if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype is torch.bool:
                 raise ValueError(f"free() needs integer slot indices, got a {indices.dtype} tensor")
             return indices.detach().to(device=self.device, dtype=torch.int64).reshape(-1)
@@ -150,8 +164,8 @@ class SlotAllocator:
     def free(self, indices: Indices) -> None:
         """Return slots to the back of `free_pages`. A rejected call (ValueError) changes nothing that
         counts: free_pages, the free mask and available() stay as they were."""
-        if type(indices) is torch.Tensor and indices.dtype is torch.int64 and indices.dim() == 1 and self.use_kernel \
-                and indices.is_cpu:
+        if type(indices) is torch.Tensor and indices.dtype in _KERNEL_DTYPES and indices.dim() == 1 \
+                and self.use_kernel and indices.is_cpu:
             slots = indices   # the common case (the tree's own slots), without _index_tensor's call
         else:
             slots = self._index_tensor(indices)
@@ -231,7 +245,7 @@ class ReqToTokenPool:
         if max_requests < 1 or max_context_len < 1:
             raise ValueError("ReqToTokenPool needs max_requests >= 1 and max_context_len >= 1")
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros((max_requests, max_context_len), dtype=torch.int64,
+        self.req_to_token = torch.zeros((max_requests, max_context_len), dtype=SLOT_DTYPE,
                                         device=torch.device(device))
         self._free_rows = list(range(max_requests))
 

@@ -17,11 +17,22 @@ import torch
 from core import events as ev
 from core import radix_kernels
 from core.eviction import make_policy
-from core.memory import SlotAllocator
+from core.memory import SLOT_DTYPE, SlotAllocator
 from core.radix_evict import EvictionMixin
 from core.radix_node import LogicalClock, MatchResult, RadixKey, TreeNode, common_len
 
 __all__ = ["LogicalClock", "MatchResult", "RadixCache", "RadixKey", "TreeNode"]
+
+
+def _as_slots(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A caller's slot tensor in the tree's dtype and device; ids that dtype cannot hold are refused, not
+    wrapped into some other slot."""
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype is torch.bool:
+        raise ValueError(f"insert needs integer slot ids, got a {value.dtype} tensor")
+    if value.numel() and (int(value.min()) < 0 or int(value.max()) > torch.iinfo(SLOT_DTYPE).max):
+        raise ValueError(f"insert got slot ids outside 0..{torch.iinfo(SLOT_DTYPE).max} "
+                         f"(min {int(value.min())}, max {int(value.max())}): pass the slots alloc() handed out")
+    return value.to(device=device, dtype=SLOT_DTYPE)
 
 
 class RadixCache(EvictionMixin):
@@ -41,7 +52,7 @@ class RadixCache(EvictionMixin):
         self.events = ev.EventLog(event_capacity, enabled=record_events)
         allocator.on_event = self._on_alloc_event
         self.device = allocator.device
-        self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._empty = torch.empty(0, dtype=SLOT_DTYPE, device=self.device)
         radix_kernels.load()  # the walk's compiled compare, loaded now rather than in the first match_prefix
         self.reset()
 
@@ -207,8 +218,8 @@ class RadixCache(EvictionMixin):
         if size % self.page_size:
             size = self._aligned(size)
             key, value = key[:size], value[:size]
-        if value.dtype is not torch.int64 or value.device != self.device:
-            value = value.to(device=self.device, dtype=torch.int64)
+        if value.dtype is not SLOT_DTYPE or value.device != self.device:
+            value = _as_slots(value, self.device)
         now = self.clock()
         path, pos = self._walk(key, now)
         for n in path:
@@ -227,7 +238,7 @@ class RadixCache(EvictionMixin):
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
         ids = key.token_ids
         size = ids.shape[0]
-        if value.untyped_storage().nbytes() > 16 * size:   # int64 slots: 8 bytes each
+        if value.untyped_storage().nbytes() > 2 * value.element_size() * size:
             value = value.clone()  # a short tail of a long tensor: keeping the view would pin all of it
         new_node = TreeNode(next(self._next_id), key, value, parent, now, priority)
         parent.children[self._child_key(key)] = new_node

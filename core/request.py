@@ -10,6 +10,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from core.memory import SLOT_DTYPE
 from core.radix_cache import TreeNode
 from core.sampling import SamplingParams
 
@@ -49,8 +50,8 @@ class Request:
         self.finish_reason: Optional[str] = None
         self.error: Optional[str] = None
         self.generator: Optional[torch.Generator] = None
-        self.kv_slots = torch.empty(0, dtype=torch.int64)
-        self.tail_slots = torch.empty(0, dtype=torch.int64)
+        self.kv_slots = torch.empty(0, dtype=SLOT_DTYPE)
+        self.tail_slots = torch.empty(0, dtype=SLOT_DTYPE)
         self.tree_len = 0
         self.last_node: Optional[TreeNode] = None
         self.cached_tokens: Optional[int] = None

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from core.memory import SlotAllocator
+from core.memory import SLOT_DTYPE, SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
 from core.radix_node import common_len
 from core.request import ABORTED, FINISHED, RUNNING, WAITING, Request
@@ -120,7 +120,7 @@ class Scheduler:
     def held_slots(self) -> torch.Tensor:
         """Slots running requests own outside the tree (for the conservation invariant)."""
         parts = [r.own_slots() for r in self.running]
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return torch.cat(parts) if parts else torch.empty(0, dtype=SLOT_DTYPE)
 
     # ----- queue -----------------------------------------------------------------------------
     def add(self, req: Request) -> None:

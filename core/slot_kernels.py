@@ -10,7 +10,8 @@ position per page, as before, cost five memory passes per slot; this costs about
 
 Why `*_at` (a tensor's address and length instead of an array): a CPU tensor's numpy view costs ~1.5-3 us to
 make (`.numpy()`, `torch.from_numpy`), more than the call itself on the small frees and allocs of an engine step;
-the caller (core/slot_store.py) passes `data_ptr()` of a contiguous int64 tensor it holds for the whole call.
+the caller (core/slot_store.py) passes `data_ptr()` of a contiguous tensor it holds for the whole call: int32,
+the pool's slot dtype (core/memory.py `SLOT_DTYPE`), or int64 for a caller's own tensor (`give_runs_at64`).
 
 Why compiled: the per-run loops in numpy or torch would be several sweeps and microseconds of dispatch per
 run; one fused loop per call does it all, and releases the GIL while it runs so the dashboard's thread keeps
@@ -203,29 +204,41 @@ def expand_runs(starts: np.ndarray, lengths: np.ndarray, head: int, tail: int, o
             k += 1
 
 
-@intrinsic
-def _int64_ptr(typingctx, address):
-    """The int64 pointer at integer `address` (a tensor's data_ptr()), for carray."""
-    if not isinstance(address, types.Integer):
-        return None
+def _pointer_intrinsic(item: types.Integer):
+    """An intrinsic: the `item` pointer at integer `address` (a tensor's data_ptr()), for carray."""
+    @intrinsic
+    def pointer(typingctx, address):
+        if not isinstance(address, types.Integer):
+            return None
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int64)))
-    return types.CPointer(types.int64)(address), codegen
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(types.CPointer(item)))
+        return types.CPointer(item)(address), codegen
+    return pointer
+
+
+_int32_ptr, _int64_ptr = _pointer_intrinsic(types.int32), _pointer_intrinsic(types.int64)
 
 
 @njit(cache=True, nogil=True)
 def give_runs_at(address: int, total: int, page_size: int, free: np.ndarray, starts: np.ndarray,
                  lengths: np.ndarray, tail: int, num_pages: int) -> tuple[int, int, int]:
-    """give_runs on the `total` contiguous int64 slots at `address`."""
+    """give_runs on the `total` contiguous int32 slots at `address`."""
+    return give_runs(carray(_int32_ptr(address), total), page_size, free, starts, lengths, tail, num_pages)
+
+
+@njit(cache=True, nogil=True)
+def give_runs_at64(address: int, total: int, page_size: int, free: np.ndarray, starts: np.ndarray,
+                   lengths: np.ndarray, tail: int, num_pages: int) -> tuple[int, int, int]:
+    """give_runs on the `total` contiguous int64 slots at `address` (a caller's own int64 tensor)."""
     return give_runs(carray(_int64_ptr(address), total), page_size, free, starts, lengths, tail, num_pages)
 
 
 @njit(cache=True, nogil=True)
 def take_runs_at(starts: np.ndarray, lengths: np.ndarray, head: int, n: int, page_size: int, free: np.ndarray,
                  address: int) -> int:
-    """take_runs into the n * page_size contiguous int64 slots at `address`."""
-    return take_runs(starts, lengths, head, n, page_size, free, carray(_int64_ptr(address), n * page_size))
+    """take_runs into the n * page_size contiguous int32 slots at `address`."""
+    return take_runs(starts, lengths, head, n, page_size, free, carray(_int32_ptr(address), n * page_size))
 
 
 def load() -> None:
@@ -234,9 +247,12 @@ def load() -> None:
     and cost a microsecond."""
     free, starts, lengths = np.zeros(1, dtype=np.uint64), np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64)
     for ps in (1, 2):
-        slots = np.arange(ps, 2 * ps, dtype=np.int64)
+        slots = np.arange(ps, 2 * ps, dtype=np.int32)
         give_runs_at(slots.ctypes.data, ps, ps, free, starts, lengths, 0, 1)
         take_runs_at(starts, lengths, 0, 1, ps, free, slots.ctypes.data)
-    expand_runs(starts, lengths, 0, 0, np.zeros(0, dtype=np.int64))
+        wide = np.arange(ps, 2 * ps, dtype=np.int64)
+        give_runs_at64(wide.ctypes.data, ps, ps, free, starts, lengths, 0, 1)
+        take_runs_at(starts, lengths, 0, 1, ps, free, slots.ctypes.data)
+    expand_runs(starts, lengths, 0, 0, np.zeros(0, dtype=np.int32))
     mark(free, 1, 1, True)
     free_bytes(free, np.zeros(2, dtype=np.uint8))

@@ -41,7 +41,7 @@ class RunStore:
         return self._count
 
     def free_pages(self) -> torch.Tensor:
-        out = np.empty(self._count, dtype=np.int64)
+        out = np.empty(self._count, dtype=np.int32)
         K.expand_runs(self._starts, self._lengths, self._head, self._tail, out)
         return torch.from_numpy(out)
 
@@ -51,23 +51,24 @@ class RunStore:
         return torch.from_numpy(out.view(np.bool_))
 
     def take(self, num_pages: int) -> torch.Tensor:
-        out = torch.empty(num_pages * self.page_size, dtype=torch.int64)   # written in full by the kernel
+        out = torch.empty(num_pages * self.page_size, dtype=torch.int32)   # written in full by the kernel
         self._head = K.take_runs_at(self._starts, self._lengths, self._head, num_pages, self.page_size, self._free,
                                     out.data_ptr())
         self._count -= num_pages
         return out
 
     def give(self, slots: torch.Tensor) -> tuple[int, int]:
-        """Free whole pages given as slots (a contiguous int64 CPU tensor, held by the caller for the call);
-        (code, offending page)."""
+        """Free whole pages given as slots (a contiguous int32 or int64 CPU tensor, held by the caller for the
+        call); (code, offending page)."""
         k = slots.shape[0] // self.page_size
         if self._tail + k > self._capacity:  # out of room at the back: move the live runs to the front
             live = self._tail - self._head
             self._starts[:live] = self._starts[self._head:self._tail].copy()
             self._lengths[:live] = self._lengths[self._head:self._tail].copy()
             self._head, self._tail = 0, live
-        code, i, self._tail = K.give_runs_at(slots.data_ptr(), slots.shape[0], self.page_size, self._free,
-                                             self._starts, self._lengths, self._tail, self.num_pages)
+        give = K.give_runs_at if slots.dtype is torch.int32 else K.give_runs_at64
+        code, i, self._tail = give(slots.data_ptr(), slots.shape[0], self.page_size, self._free,
+                                   self._starts, self._lengths, self._tail, self.num_pages)
         if code == K.OK:
             self._count += i
             return K.OK, 0
@@ -85,8 +86,8 @@ class RingStore:
 
     def __init__(self, num_pages: int, page_size: int, device: torch.device) -> None:
         self.num_pages, self.page_size, self.device = num_pages, page_size, device
-        self._offsets = torch.arange(page_size, dtype=torch.int64, device=device)
-        self._ring = torch.empty(2 * num_pages, dtype=torch.int64, device=device)
+        self._offsets = torch.arange(page_size, dtype=torch.int32, device=device)
+        self._ring = torch.empty(2 * num_pages, dtype=torch.int32, device=device)
         self._pos = torch.empty(num_pages + 1, dtype=torch.int64, device=device)
         self.clear()
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.memory import KVPool, ReqToTokenPool, SlotAllocator
+from core.memory import MAX_SLOTS, SLOT_DTYPE, KVPool, ReqToTokenPool, SlotAllocator
 
 
 def state(a: SlotAllocator):
@@ -17,12 +17,13 @@ def state(a: SlotAllocator):
 
 
 # ----- allocation order -------------------------------------------------------------------------
-def test_free_pages_starts_as_1_to_n_int64():
+def test_free_pages_starts_as_1_to_n_int32():
     a = SlotAllocator(11)
     assert a.free_pages.tolist() == list(range(1, 12))
-    assert a.free_pages.dtype == torch.int64 and a.free_pages.device.type == "cpu"
+    assert a.free_pages.dtype == torch.int32 and a.free_pages.device.type == "cpu"
     assert a.available() == 11
     assert a.is_free_mask().tolist() == [False] + [True] * 11
+    assert a.alloc(2).dtype == torch.int32 and SLOT_DTYPE is torch.int32
 
 
 def test_alloc_takes_from_the_front_free_appends_at_the_back():
@@ -52,9 +53,9 @@ def test_free_accepts_lists_and_other_int_dtypes():
     a = SlotAllocator(6)
     a.alloc(6)
     a.free([3, 5])
-    a.free(torch.tensor([[1], [2]], dtype=torch.int32))
+    a.free(torch.tensor([[1], [2]], dtype=torch.int16))
     assert a.free_pages.tolist() == [3, 5, 1, 2]
-    assert a.free_pages.dtype == torch.int64
+    assert a.free_pages.dtype == torch.int32
     a.free([])  # empty is a no-op
     assert a.free_pages.tolist() == [3, 5, 1, 2]
 
@@ -237,7 +238,7 @@ def test_kvpool_with_pages_has_a_whole_padding_page():
 # ----- ReqToTokenPool ----------------------------------------------------------------------------------
 def test_req_to_token_pool_rows():
     p = ReqToTokenPool(max_requests=3, max_context_len=5)
-    assert p.req_to_token.shape == (3, 5) and p.req_to_token.dtype == torch.int64
+    assert p.req_to_token.shape == (3, 5) and p.req_to_token.dtype == torch.int32
     assert [p.alloc(), p.alloc(), p.alloc()] == [0, 1, 2]
     assert p.alloc() is None and p.available() == 0
     p.write(1, 0, torch.tensor([4, 5]))
@@ -345,3 +346,23 @@ def test_free_takes_any_iterable_of_integers_and_refuses_the_rest():
         with pytest.raises(ValueError, match=match):
             a.free(bad)
         assert state(a) == before
+
+
+# ----- slot dtype ------------------------------------------------------------------------------------
+def test_a_pool_too_large_for_int32_slot_ids_is_refused_before_any_memory_is_taken():
+    with pytest.raises(ValueError, match=r"more than a pool can index .*int32"):
+        SlotAllocator(MAX_SLOTS + 1)
+    assert MAX_SLOTS + 2**16 <= torch.iinfo(SLOT_DTYPE).max + 1
+
+
+def test_free_of_an_int64_id_past_int32_is_outside_the_pool_not_wrapped():
+    """2**32 + 3 wraps to slot 3 in int32: it must be named as outside, and slot 3 stay held."""
+    for page_size in (1, 4):
+        a = SlotAllocator(16, page_size=page_size)
+        held = a.alloc(16)
+        before = state(a)
+        with pytest.raises(ValueError, match=r"outside the pool"):
+            a.free(torch.tensor([2**32 + 4 * page_size + s for s in range(page_size)], dtype=torch.int64))
+        assert state(a) == before
+        a.free(held)
+        assert a.available() == 16

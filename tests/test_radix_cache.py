@@ -68,7 +68,7 @@ def test_match_on_empty_tree_and_empty_key_returns_root():
     for key in (RadixKey([1, 2]), RadixKey([])):
         m = cache.match_prefix(key)
         assert isinstance(m, MatchResult) and m.last_node is cache.root_node
-        assert m.indices.tolist() == [] and m.indices.dtype == torch.int64
+        assert m.indices.tolist() == [] and m.indices.dtype == torch.int32
 
 
 def test_match_longer_than_cached_hits_the_whole_edge_without_split():
@@ -159,7 +159,7 @@ def test_insert_copies_a_short_tail_so_the_leaf_does_not_pin_the_whole_tensor():
     assert cache.insert(RadixKey(list(range(40)) + [98, 99]), w) == 40
     leaf = cache.root_node.children[0].children[98]
     assert leaf.value.tolist() == w[40:].tolist()
-    assert leaf.value.untyped_storage().nbytes() == 2 * 8   # its own two slots, not w's 42
+    assert leaf.value.untyped_storage().nbytes() == 2 * 4   # its own two int32 slots, not w's 42
     cache.check_invariants(EMPTY)
 
 

@@ -69,15 +69,15 @@ def test_evicted_tokens_is_cumulative_over_evict_calls():
     assert cache.evicted_tokens == 0
 
 
-def test_insert_converts_the_value_to_int64_slots():
-    """insert-no-dtype: an int32 slot tensor from a caller is stored (and matched) as int64."""
+def test_insert_converts_the_value_to_int32_slots():
+    """insert-no-dtype: an int64 slot tensor from a caller is stored (and matched) as int32."""
     cache, alloc, _ = make(8)
-    v = alloc.alloc(3).to(torch.int32)
+    v = alloc.alloc(3).to(torch.int64)
     assert cache.insert(RadixKey([4, 5, 6]), v) == 0
     leaf = cache.root_node.children[4]
-    assert leaf.value.dtype == torch.int64 and leaf.value.tolist() == [1, 2, 3]
+    assert leaf.value.dtype == torch.int32 and leaf.value.tolist() == [1, 2, 3]
     m = cache.match_prefix(RadixKey([4, 5]))
-    assert m.indices.dtype == torch.int64 and m.indices.tolist() == [1, 2]
+    assert m.indices.dtype == torch.int32 and m.indices.tolist() == [1, 2]
     cache.check_invariants(EMPTY)
 
 
@@ -163,4 +163,16 @@ def test_a_leaf_added_from_the_root_keeps_its_own_key_object():
     node = cache.root_node.children[1]
     assert node.key is not key and node.key.token_ids.tolist() == [1, 2, 3] and node.value.tolist() == v.tolist()
     assert cache.match_prefix(RadixKey([1, 2, 3])).indices.tolist() == v.tolist()
+    cache.check_invariants(EMPTY)
+
+
+def test_insert_refuses_slot_ids_int32_cannot_hold_and_non_integer_slots():
+    """An int64 id past int32 would wrap into another slot: refused, and the tree is unchanged."""
+    cache, alloc, _ = make(8)
+    for bad, msg in ((torch.tensor([1, 2, 2**31], dtype=torch.int64), r"outside 0\.\.2147483647"),
+                     (torch.tensor([-1, 2, 3], dtype=torch.int64), r"outside 0\.\.2147483647"),
+                     (torch.tensor([1.0, 2.0, 3.0]), r"integer slot ids")):
+        with pytest.raises(ValueError, match=msg):
+            cache.insert(RadixKey([4, 5, 6]), bad)
+        assert cache.root_node.children == {} and cache.total_size() == 0
     cache.check_invariants(EMPTY)

@@ -57,7 +57,7 @@ from core.lab.lab_cache import LabCache
 from core.lab.optimal import capacity_pages
 from core.lab.pages import ARRIVE, Overlap, PageTrace, event_order, request_pages
 from core.lab.workloads import Request, Workload
-from core.memory import SlotAllocator
+from core.memory import SLOT_DTYPE, SlotAllocator
 from core.radix_cache import RadixCache, RadixKey
 
 LEVELS = ("auto", "page", "token")
@@ -178,7 +178,7 @@ class _Replayer:
         self.check = check
         self.evictions = self.evicted_tokens = self.rejected = self.hits = self.host_hits = 0
         self.running: dict[int, tuple] = {}    # rid -> (locked node, slots, units in the tree)
-        self._empty = torch.empty(0, dtype=torch.int64)
+        self._empty = torch.empty(0, dtype=SLOT_DTYPE)
 
     def _units(self, i: int, r: Request) -> tuple[np.ndarray, int, int, int]:
         """(keys, whole prompt units, whole cached units, units to hold) of request i."""
