@@ -29,6 +29,8 @@ def _as_slots(value: torch.Tensor, device: torch.device) -> torch.Tensor:
     wrapped into some other slot."""
     if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype is torch.bool:
         raise ValueError(f"insert needs integer slot ids, got a {value.dtype} tensor")
+    if value.dim() != 1:
+        raise ValueError(f"insert needs a 1-D slot tensor, one slot per token, got shape {tuple(value.shape)}")
     if value.numel() and (int(value.min()) < 0 or int(value.max()) > torch.iinfo(SLOT_DTYPE).max):
         raise ValueError(f"insert got slot ids outside 0..{torch.iinfo(SLOT_DTYPE).max} "
                          f"(min {int(value.min())}, max {int(value.max())}): pass the slots alloc() handed out")
@@ -209,6 +211,9 @@ class RadixCache(EvictionMixin):
         of `value`'s memory (a short tail is copied, so it does not pin the whole tensor): never write
         into `value` afterwards. Only whole pages are inserted.
         """
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"insert needs the slots as a 1-D torch tensor (what alloc() returns), got "
+                             f"{type(value).__name__}")
         size = key.token_ids.shape[0]
         if size != value.numel():
             raise ValueError(f"insert: key has {size} tokens but value has {value.numel()} slots; "
@@ -218,7 +223,7 @@ class RadixCache(EvictionMixin):
         if size % self.page_size:
             size = self._aligned(size)
             key, value = key[:size], value[:size]
-        if value.dtype is not SLOT_DTYPE or value.device != self.device:
+        if value.dtype is not SLOT_DTYPE or value.device != self.device or value.dim() != 1:
             value = _as_slots(value, self.device)
         now = self.clock()
         path, pos = self._walk(key, now)

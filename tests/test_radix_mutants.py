@@ -167,11 +167,14 @@ def test_a_leaf_added_from_the_root_keeps_its_own_key_object():
 
 
 def test_insert_refuses_slot_ids_int32_cannot_hold_and_non_integer_slots():
-    """An int64 id past int32 would wrap into another slot: refused, and the tree is unchanged."""
+    """An int64 id past int32 would wrap into another slot, a 2-D or non-tensor value is not one slot per
+    token: each refused with what to pass, and the tree is unchanged."""
     cache, alloc, _ = make(8)
     for bad, msg in ((torch.tensor([1, 2, 2**31], dtype=torch.int64), r"outside 0\.\.2147483647"),
                      (torch.tensor([-1, 2, 3], dtype=torch.int64), r"outside 0\.\.2147483647"),
-                     (torch.tensor([1.0, 2.0, 3.0]), r"integer slot ids")):
+                     (torch.tensor([1.0, 2.0, 3.0]), r"integer slot ids"),
+                     (torch.tensor([[1, 2, 3]], dtype=torch.int32), r"1-D slot tensor.*\(1, 3\)"),
+                     ([1, 2, 3], r"1-D torch tensor .*got list"), (None, r"got NoneType")):
         with pytest.raises(ValueError, match=msg):
             cache.insert(RadixKey([4, 5, 6]), bad)
         assert cache.root_node.children == {} and cache.total_size() == 0
