@@ -1,10 +1,13 @@
 """`make run`: the engine server (`python -m core.server`) and the dashboard attached to it.
 
 With $RADIX_ENGINE_URL set, only the dashboard starts, attached to that server (a GPU box).
-Ctrl-C stops both; if either one dies, the other is stopped too, so nothing is left running.
+Ctrl-C stops both, and so do SIGTERM (`kill`, a service manager) and SIGHUP (the terminal closed); if either
+child dies, the other is stopped too, and on Linux a launcher killed outright (SIGKILL) takes them with it:
+nothing is left running on the ports.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -40,13 +43,26 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> boo
     return False
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when the launcher dies, however it dies. Its own
+    session keeps the child out of the terminal's signals, so nothing else would tell it."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+
+
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
     """A child in its own session: a terminal's Ctrl-C reaches only this launcher, which passes one
     SIGINT on (a second one, from the terminal too, broke uvicorn's graceful stop: a traceback)."""
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM / SIGHUP: stop the children as Ctrl-C does
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # already stopping: a second signal must not
+        signal.signal(sig, signal.SIG_IGN)                        # cut this short and orphan a child
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
@@ -64,6 +80,8 @@ def main() -> int:
     dashboard = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", ui_port]
     env = dict(os.environ)
     procs: list[subprocess.Popen] = []
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     try:
         if not env.get("RADIX_ENGINE_URL", "").strip():
             port = int(env.get("SERVER_PORT", "30000"))
