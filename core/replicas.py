@@ -20,18 +20,21 @@ import urllib.error
 import urllib.request
 from typing import Optional, Sequence
 
+from core.child_process import start_child
+
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 class Supervisor:
-    """Child processes started in their own sessions, stopped together in reverse order."""
+    """Child processes started in their own sessions (ending with this process: core/child_process.py),
+    stopped together in reverse order."""
 
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
     def start(self, name: str, argv: list[str], log: Optional[str]) -> subprocess.Popen:
         out = open(log, "w") if log else None
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        p = start_child(argv, stdout=out, stderr=subprocess.STDOUT if out else None)
         self.procs.append((name, p))
         return p
 

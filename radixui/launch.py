@@ -7,7 +7,6 @@ nothing is left running on the ports.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -15,6 +14,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+
+from core.child_process import start_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the dashboard's demo scale (radixui.state.EngineConfig): a pool small enough to see every slot;
@@ -43,17 +44,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> boo
     return False
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec (Linux): SIGTERM when the launcher dies, however it dies. Its own
-    session keeps the child out of the terminal's signals, so nothing else would tell it."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
-
-
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
-    """A child in its own session: a terminal's Ctrl-C reaches only this launcher, which passes one
-    SIGINT on (a second one, from the terminal too, broke uvicorn's graceful stop: a traceback)."""
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
-                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    """A child in its own session that ends with this launcher (core/child_process.py)."""
+    return start_child(cmd, cwd=ROOT, env=env)
 
 
 def _interrupt(signum: int, frame) -> None:
