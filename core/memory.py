@@ -22,8 +22,6 @@ from core import slot_kernels, slot_store
 Indices = Union[torch.Tensor, Sequence[int]]
 SLOT_DTYPE = torch.int32
 MAX_SLOTS = 2**31 - 2**16   # every slot id, page 0's padding included, fits SLOT_DTYPE with room for a page
-
-
 _KERNEL_DTYPES = (SLOT_DTYPE, torch.int64)   # what the CPU free kernel reads as it is
 
 

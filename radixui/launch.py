@@ -44,11 +44,6 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> boo
     return False
 
 
-def _start(cmd: list[str], env: dict) -> subprocess.Popen:
-    """A child in its own session that ends with this launcher (core/child_process.py)."""
-    return start_child(cmd, cwd=ROOT, env=env)
-
-
 def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM / SIGHUP: stop the children as Ctrl-C does
 
@@ -86,7 +81,7 @@ def main() -> int:
             url = f"http://127.0.0.1:{port}"
             server = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning",
                       *SERVER_FLAGS]
-            procs.append(_start(server, env))
+            procs.append(start_child(server, cwd=ROOT, env=env))   # ends with this launcher
             print(f"engine server starting on {url} (the first start converts the model, about 30 s)...",
                   file=sys.stderr, flush=True)
             if not _wait_healthy(url, procs[0]):
@@ -96,7 +91,7 @@ def main() -> int:
             print(f"engine server ready: {url}  (try: curl {url}/v1/models)", file=sys.stderr, flush=True)
         else:
             print(f"attaching the dashboard to {env['RADIX_ENGINE_URL']}", file=sys.stderr, flush=True)
-        procs.append(_start(dashboard, env))
+        procs.append(start_child(dashboard, cwd=ROOT, env=env))
         while all(p.poll() is None for p in procs):
             time.sleep(0.3)
         dead = next(p for p in procs if p.poll() is not None)
