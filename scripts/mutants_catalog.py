@@ -113,7 +113,7 @@ MUTANTS: list[Mutant] = [
     M("insert-priority-overwrite", RC, "insert overwrites the path's priority instead of raising it",
       ("n.priority = max(n.priority, priority)", "n.priority = priority")),
     M("insert-no-dtype", RC, "insert keeps a value tensor of another dtype as it is",
-      ("if value.dtype is not SLOT_DTYPE or value.device != self.device:", "if False:")),
+      ("if value.dtype is not SLOT_DTYPE or value.device != self.device or value.dim() != 1:", "if False:")),
     M("insert-slots-wrap", RC, "insert converts int64 ids past int32 without refusing them (they wrap into other slots)",
       ("int(value.max()) > torch.iinfo(SLOT_DTYPE).max):", "int(value.max()) > 2**32):")),
     M("leaf-parent-stays-evictable", RC, "the parent of a new leaf stays in evictable_leaves",
