@@ -88,6 +88,10 @@ class EvictionPolicy:
     def on_evict(self, node: "TreeNode") -> None:
         """`node` (a leaf) leaves the tree."""
 
+    def on_finish(self, node: "TreeNode", output_len: int) -> None:
+        """A request finished (cache_finished_req): `node` is the deepest node holding its tokens and it
+        generated `output_len` tokens. Known only now, so a policy can class the request's pages by it."""
+
     def begin_evict(self) -> None:
         """An `evict` (or `eviction_order`) call is about to key the evictable leaves."""
 

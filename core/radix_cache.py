@@ -37,6 +37,13 @@ def _as_slots(value: torch.Tensor, device: torch.device) -> torch.Tensor:
     return value.to(device=device, dtype=SLOT_DTYPE)
 
 
+def _check_output_len(output_len: object) -> int:
+    if isinstance(output_len, bool) or not isinstance(output_len, (int, np.integer)) or output_len < 0:
+        raise ValueError(f"output_len must be a non-negative integer (tokens the request generated), "
+                         f"got {output_len!r}")
+    return int(output_len)
+
+
 class RadixCache(EvictionMixin):
     def __init__(self, allocator: SlotAllocator, page_size: int = 1, eviction_policy: str = "lru",
                  clock: Optional[Callable[[], float]] = None, disable: bool = False,
@@ -203,14 +210,19 @@ class RadixCache(EvictionMixin):
         return new_node
 
     # ----- insert --------------------------------------------------------------------------
-    def insert(self, key: RadixKey, value: torch.Tensor, priority: int = 0) -> int:
+    def insert(self, key: RadixKey, value: torch.Tensor, priority: int = 0,
+               output_len: Optional[int] = None) -> int:
         """Cache `key` with its slots `value`; returns how many leading tokens were already cached.
 
         The caller owns `value[:returned]` duplicates of what the tree holds and must free the part
         it allocated itself; the tree now owns the rest, and keeps it without a copy when it is most
         of `value`'s memory (a short tail is copied, so it does not pin the whole tensor): never write
         into `value` afterwards. Only whole pages are inserted.
+        `output_len`: given by cache_finished_req, the tokens the request generated; the policy hears it
+        with the deepest node of `key` (`request_finished`).
         """
+        if output_len is not None:
+            output_len = _check_output_len(output_len)
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"insert needs the slots as a 1-D torch tensor (what alloc() returns), got "
                              f"{type(value).__name__}")
@@ -235,10 +247,26 @@ class RadixCache(EvictionMixin):
                 key, value = key[pos:], value[pos:]
             else:
                 key = RadixKey._of(key.token_ids, key.extra_key)   # the tree's own key object, no copy
-            self._add_leaf(node, key, value, now, priority)
+            node = self._add_leaf(node, key, value, now, priority)
         elif self.events.enabled:  # nothing added, but the path was stamped: record the touch
             self.events.append(ev.TouchEvent, now, node=node.id, path=self._path(node))
+        if output_len is not None:
+            self.request_finished(node, output_len)
         return pos
+
+    def request_finished(self, node: TreeNode, output_len: int) -> None:
+        """A request whose tokens end at `node` (in the tree) finished having generated `output_len`
+        tokens: told to the policy (`on_finish`), which may class the request's pages by it. The
+        scheduler calls it directly when the finish inserted nothing new (`insert(output_len=)` else)."""
+        output_len = _check_output_len(output_len)
+        if not isinstance(node, TreeNode):
+            raise ValueError(f"request_finished needs the request's TreeNode (its last_node), got "
+                             f"{type(node).__name__}")
+        if self.disable or node is self.root_node:
+            return
+        if node.parent is None:
+            raise ValueError(f"request_finished on node {node.id}, which is no longer in the tree")
+        self.policy.on_finish(node, output_len)  # policy hook
 
     def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
         ids = key.token_ids

@@ -102,15 +102,19 @@ class Scheduler:
         req.kv_slots = torch.cat([m.indices, req.kv_slots[n:]])
         req.tree_len = int(m.indices.numel())
 
-    def release(self, req: Request, cache_kv: bool = True) -> None:
+    def release(self, req: Request, cache_kv: bool = True, finished: bool = False) -> None:
         """Give back everything `req` holds; with `cache_kv` its computed tokens go into the tree
-        first (cache_finished_req: prompt + output minus the last token, whose KV never existed)."""
+        first (cache_finished_req: prompt + output minus the last token, whose KV never existed).
+        `finished`: it ended normally, so the policy hears its output length (an abort's is cut short)."""
         n = req.computed - req.computed % self.page_size
         free_from = req.tree_len
+        told = len(req.output_ids) if finished else None
         if cache_kv and not self.cache.disable and n > req.tree_len:
-            cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority)
+            cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority, output_len=told)
             self.allocator.free(req.kv_slots[req.tree_len:cached])
             free_from = n
+        elif told is not None and req.last_node is not None and not self.cache.disable:
+            self.cache.request_finished(req.last_node, told)
         self.allocator.free(torch.cat([req.kv_slots[free_from:], req.tail_slots]))
         self._unlock(req)
         req.kv_slots = req.kv_slots[:0]
@@ -137,7 +141,7 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)
-        self.release(req, cache_kv=True)
+        self.release(req, cache_kv=True, finished=True)
         req.state = FINISHED
 
     def _retract_newest(self) -> Request:

@@ -25,7 +25,8 @@ class Tree:
         self.cache = RadixCache(self.alloc, page_size=page_size, eviction_policy=policy, clock=lambda: self.t)
         self.pol = self.cache.policy
 
-    def put(self, t: float, tokens: list[int]) -> None:
+    def put(self, t: float, tokens: list[int], output_len: "int | None" = None) -> None:
+        """`output_len`: cached as a finished request that generated that many tokens (told to the policy)."""
         self.t = t
         key = RadixKey(tokens)
         m = self.cache.match_prefix(key)
@@ -36,7 +37,7 @@ class Tree:
             self.cache.evict(need - self.alloc.available())
             new = self.alloc.alloc(need)
         value = torch.cat([m.indices, new]) if new is not None else m.indices
-        got = self.cache.insert(key, value)
+        got = self.cache.insert(key, value, output_len=output_len)
         self.alloc.free(value[m.indices.numel():got])
         m2 = self.cache.match_prefix(key)        # the re-match the scheduler does: same tick, no hit
         self.cache.inc_lock_ref(m2.last_node)

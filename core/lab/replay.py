@@ -263,11 +263,14 @@ class _Replayer:
 
     def _finish(self, i: int, node, value: torch.Tensor, in_tree: int, keys: np.ndarray, n_cached: int) -> None:
         """cache_finished_req: insert prompt + output - 1 (whole pages), free duplicates and the tail."""
+        r = self.workload.requests[i]
         if n_cached > in_tree:
-            extra_key = self.workload.requests[i].extra_key
-            cached = self.cache.insert(RadixKey._of(keys[:n_cached], extra_key), value[:n_cached])
+            cached = self.cache.insert(RadixKey._of(keys[:n_cached], r.extra_key), value[:n_cached],
+                                       output_len=r.output_len)
             self._inserted(i, keys, cached, n_cached)
             self._free(value[in_tree:cached])
+        else:
+            self.cache.request_finished(node, r.output_len)
         self._free(value[max(n_cached, in_tree):])
         self.cache.dec_lock_ref(node)
         self._check()

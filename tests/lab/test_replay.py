@@ -205,3 +205,26 @@ def test_bad_input():
         replay(w, 64, "lru", overlap=Overlap())
     with pytest.raises(ValueError, match="non-negative"):
         Overlap(ms_per_output_token=-1)
+
+
+def test_the_replay_tells_the_policy_each_finished_requests_output_length():
+    """recall-value's pages carry the output bit length of the request that inserted them, whether the
+    finish inserted output pages (A, B) or nothing new (C: one output token has no KV to cache)."""
+    from core.lab.pages import event_order
+    from core.lab.replay import _Replayer, _run
+    from core.lab.workloads import Request, Workload
+
+    a = list(range(1, 9))
+    w = Workload("told", [Request(a, 3), Request(a[:4] + [20, 21, 22, 23], 9), Request(list(range(30, 36)), 1)])
+    rep = _Replayer(w, 64, "recall-value", 1, False, True, None, None)
+    _run(rep, event_order(w, None), False, None)
+
+    def request_of(n) -> int:
+        while n.parent is not rep.cache.root_node:
+            n = n.parent
+        return int(n.key.token_ids[0])
+
+    got = sorted((request_of(n), len(n.key), n.ev_out) for n in rep.cache.nodes()[1:])
+    # A's head and tail (B split it) and its 2 output tokens: 3 = 0b11; B's 4 new tokens and 8 output
+    # tokens: 9 = 0b1001; C's prompt: 1
+    assert got == [(1, 2, 2), (1, 4, 2), (1, 4, 2), (1, 4, 4), (1, 8, 4), (30, 6, 1)]
