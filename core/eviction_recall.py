@@ -60,9 +60,12 @@ DECAY = 0.5        # per pool of inserted tokens: the class rates follow a workl
 class RecallValue(Recall):
     """`recall` whose T1 (pages not seen before) is ranked by a learned value per page, tail first.
 
-    A page's class is what the cache knows when it comes in: the length of the sequence it was
+    A page's class is what the cache knows once its request is done: the length of the sequence it was
     inserted with (bit length, in pages), its distance from that sequence's end (0, 1, 2-3, 4-7, 8+
-    pages) and whether it extended a cached prefix. Per class the policy counts pages that left T1
+    pages), whether it extended a cached prefix, and the bit length of the output its request generated
+    (told at the finish, `on_finish`; -1 until then or when never told): a short answer over a long
+    prompt (a question about a document) is asked again far more often than a long generation. Per
+    class the policy counts pages that left T1
     and those that came back (a hit in T1, or asked for again while in the recall memory), so reuse
     later than the pool's turnover is seen; the rate (r + 1) / (n + 2) (Laplace: 1/2 with no evidence)
     ranks T1 leaves by their last page, then by recency, and only the leaf's last run of pages of that
@@ -73,7 +76,7 @@ class RecallValue(Recall):
 
     name = "recall-value"
     description = ("recall + a learned reuse rate per page class (sequence length, distance from its end, "
-                   "extension): T1 leaves lose their lowest-value tail pages first")
+                   "extension, its request's output length): T1 leaves lose their lowest-value tail pages first")
 
     def attach(self, cache: "RadixCache") -> None:
         super().attach(cache)
@@ -84,7 +87,7 @@ class RecallValue(Recall):
 
     def _cls(self, node: "TreeNode", page: int) -> tuple:
         end = node.ev_seq - (node.ev_start // self.page + page) - 1   # pages after this one in its sequence
-        return (node.ev_seq.bit_length(), min(int(end).bit_length(), 4), node.ev_ext)
+        return (node.ev_seq.bit_length(), min(int(end).bit_length(), 4), node.ev_ext, node.ev_out)
 
     def _rate(self, c: tuple) -> float:
         return (self.r.get(c, 0.0) + 1.0) / (self.n.get(c, 0.0) + 2.0)
@@ -94,6 +97,7 @@ class RecallValue(Recall):
         start = getattr(parent, "ev_start", 0) + len(parent.key)
         node.ev_seq = (start + len(node.key)) // self.page     # the inserted sequence, in pages
         node.ev_ext = start > 0
+        node.ev_out = -1                                       # its request's output: told at the finish
         super().on_insert(node, now)
         if self.clock >= self.next_decay:
             self.next_decay = self.clock + self.capacity
@@ -128,7 +132,15 @@ class RecallValue(Recall):
 
     def split(self, head: "TreeNode", tail: "TreeNode") -> None:
         super().split(head, tail)
-        head.ev_seq, head.ev_ext = tail.ev_seq, tail.ev_ext
+        head.ev_seq, head.ev_ext, head.ev_out = tail.ev_seq, tail.ev_ext, tail.ev_out
+
+    def on_finish(self, node: "TreeNode", output_len: int) -> None:
+        """The finished request's pages not yet classed (those it inserted, from `node` up to the first
+        node an earlier finish classed) take the bit length of its output: O(nodes it inserted)."""
+        bits = int(output_len).bit_length()
+        while getattr(node, "ev_out", None) == -1:
+            node.ev_out = bits
+            node = node.parent
 
     def key(self, node: "TreeNode") -> tuple:
         if node.ev_list == 1:

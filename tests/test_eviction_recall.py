@@ -3,6 +3,7 @@ hand-computed lists, class counts and slots on small trees."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from core.radix_cache import RadixKey
@@ -64,13 +65,13 @@ def test_recall_value_learns_a_class_rate_from_a_page_that_comes_back():
     tr.put(1, [1, 2, 3, 4])                                     # A: a 4-token sequence, not an extension
     tr.put(2, [5, 6, 7, 8])                                     # B
     pol = tr.pol
-    tail = (3, 0, False)                                        # (bit length of 4, last page, no prefix)
-    assert pol._cls(tr.node((1, 2, 3, 4)), 3) == tail and pol._cls(tr.node((1, 2, 3, 4)), 0) == (3, 2, False)
+    tail = (3, 0, False, -1)                # (bit length of 4, last page, no prefix, output never told)
+    assert pol._cls(tr.node((1, 2, 3, 4)), 3) == tail and pol._cls(tr.node((1, 2, 3, 4)), 0) == (3, 2, False, -1)
     assert pol.key(tr.node((1, 2, 3, 4)))[1] == 0.5            # no evidence: (0 + 1) / (0 + 2)
     assert tr.evicted(lambda: tr.put(3, [9])) == [(4,)]        # A's last token only
     assert pol.n == {} and pol.r == {}                          # its fate is not known yet
     tr.put(4, [1, 2, 3, 4])             # a hit on the head [1, 2, 3] (T1: its 3 pages came back) and [4]
-    back = {tail: 1.0, (3, 2, False): 2.0, (3, 1, False): 1.0}   # asked for again from the recall memory
+    back = {tail: 1.0, (3, 2, False, -1): 2.0, (3, 1, False, -1): 1.0}   # asked for again from the recall memory
     assert pol.n == back and pol.r == back
     assert tr.node((4,)).ev_list == 2
     assert pol._rate(tail) == 2 / 3
@@ -87,7 +88,7 @@ def test_recall_value_counts_a_forgotten_page_as_not_back():
     assert pol.recall.limit == 8 and pol.recall.size == 8      # prompts 1-6 evicted, 3-6 remembered
     # prompts 1 and 2 forgotten, never back: one page of each class each (last token, the one before),
     # counted when forgotten and halved every pool (2 tokens) inserted since: 1/2 + 1/4
-    assert pol.n == {(2, 0, False): 0.75, (2, 1, False): 0.75} and pol.r == {}
+    assert pol.n == {(2, 0, False, -1): 0.75, (2, 1, False, -1): 0.75} and pol.r == {}
 
 
 def test_recall_value_frees_a_tail_by_class_runs_and_never_more_than_asked():
@@ -118,3 +119,93 @@ def test_the_dashboards_event_replay_rebuilds_a_tree_evicted_in_parts():
         got = replay(empty_snapshot(64, page_size, "recall-value"), list(tr.cache.events))
         # the replayed eviction order keys by recency (a stand-in: the policy's state is not in the log)
         assert dataclasses.replace(got, eviction_order=()) == dataclasses.replace(tr.cache.snapshot(), eviction_order=())
+
+
+def test_recall_value_classes_a_finished_requests_pages_by_its_output_length():
+    """The class's last field is the bit length of the output of the request that inserted the page."""
+    tr = Tree("recall-value", slots=16)
+    tr.put(1, [1, 2, 3, 4])                                     # cached, its request not finished yet
+    a = tr.node((1, 2, 3, 4))
+    assert a.ev_out == -1 and tr.pol._cls(a, 3) == (3, 0, False, -1)
+    tr.cache.request_finished(a, 5)                              # 5 = 0b101
+    assert a.ev_out == 3 and tr.pol._cls(a, 3) == (3, 0, False, 3)
+    tr.put(2, [1, 2, 3, 4, 5, 6], output_len=300)               # extends A; 300 needs 9 bits
+    assert tr.node((5, 6)).ev_out == 9 and a.ev_out == 3        # A was classed by its own finish
+    tr.put(3, [1, 2, 3, 4, 5, 6], output_len=0)                 # all cached: nothing of it is new
+    assert tr.node((5, 6)).ev_out == 9
+    tr.hit(4, [1, 2, 7])                                        # splits A: both halves keep its class
+    assert tr.node((1, 2)).ev_out == 3 and tr.node((3, 4)).ev_out == 3
+
+
+def test_recall_value_keeps_a_short_answer_prompt_over_a_newer_long_generation():
+    """Q1 (1-token answer) comes back; the same-length G prompts (100-token answers) have no evidence yet.
+    Told the outputs, G's class stays at 1/2 against Q's 0.6, so the older Q2 outlives G1; untold, every
+    page shares one class and recency evicts Q2."""
+    got = {}
+    for told in (True, False):
+        tr = Tree("recall-value", slots=8)
+        q, g = (1 if told else None), (100 if told else None)
+        tr.put(1, [1, 2], output_len=q)                         # Q1
+        tr.hit(2, [1, 2])                                       # Q1 comes back: its class is seen to return
+        tr.put(3, [5, 6], output_len=q)                         # Q2
+        tr.put(4, [3, 4], output_len=g)                         # G1
+        tr.put(5, [7, 8], output_len=g)                         # G2: the pool is full
+        got[told] = tr.evicted(lambda: tr.put(6, [9, 10], output_len=g))
+        if told:
+            # Q's counts (1 page back of 1) halved once, a pool of 8 tokens in: (0.5 + 1) / (0.5 + 2)
+            assert tr.pol._rate((2, 0, False, 1)) == 0.6 and tr.pol._rate((2, 0, False, 7)) == 0.5
+    assert got == {True: [(4,), (3,)], False: [(6,), (5,)]}
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, None, True, "3", float("nan")])
+def test_request_finished_and_insert_refuse_a_bad_output_len_and_change_nothing(bad):
+    tr = Tree("recall-value", slots=8)
+    tr.put(1, [1, 2])
+    a = tr.node((1, 2))
+    with pytest.raises(ValueError, match="output_len must be a non-negative integer"):
+        tr.cache.request_finished(a, bad)
+    if bad is not None:                                         # insert's output_len=None means "not told"
+        mine = tr.alloc.alloc(1)
+        with pytest.raises(ValueError, match="output_len must be a non-negative integer"):
+            tr.cache.insert(RadixKey([1, 2, 3]), torch.cat([a.value, mine]), output_len=bad)
+        assert [tuple(n.key.token_ids.tolist()) for n in tr.cache.nodes()[1:]] == [(1, 2)]
+        tr.cache.check_invariants(mine)                         # the caller still owns its slot: nothing kept
+        tr.alloc.free(mine)
+    assert a.ev_out == -1
+    tr.cache.check_invariants()
+
+
+def test_request_finished_refuses_an_evicted_node_and_ignores_the_root_and_a_disabled_cache():
+    tr = Tree("recall-value", slots=4)
+    tr.put(1, [1, 2])
+    a = tr.node((1, 2))
+    tr.cache.evict(2)
+    with pytest.raises(ValueError, match="no longer in the tree"):
+        tr.cache.request_finished(a, 4)
+    with pytest.raises(ValueError, match="needs the request's TreeNode"):
+        tr.cache.request_finished(None, 4)
+    tr.cache.request_finished(tr.cache.root_node, 4)            # a request that cached nothing: no-op
+    assert not hasattr(tr.cache.root_node, "ev_out")
+    tr.cache.check_invariants()
+
+
+def test_the_engine_tells_recall_value_each_finished_requests_output_length():
+    from core.engine import Engine
+    from core.sampling import SamplingParams
+    from tests.tiny_models import tiny_pair
+
+    _, runner = tiny_pair("llama")
+    e = Engine(runner, pool_slots=128, eviction_policy="recall-value")
+    a, b, c1 = list(range(1, 21)), list(range(40, 60)), list(range(80, 90))
+    for prompt, n in ((a, 3), (b, 9), (c1, 1)):                 # 3 = 0b11, 9 = 0b1001
+        (c,) = e.generate([prompt], SamplingParams(max_new_tokens=n, ignore_eos=True))
+        assert len(c.token_ids) == n
+    def request_of(n) -> int:                                   # the first token of its path
+        while n.parent is not e.cache.root_node:
+            n = n.parent
+        return int(n.key.token_ids[0])
+
+    nodes = e.cache.nodes()[1:]
+    assert len(nodes) == 5      # a prompt node and an output node each; one output token adds no KV: no node
+    assert sorted((request_of(n), n.ev_out) for n in nodes) == [(1, 2), (1, 2), (40, 4), (40, 4), (80, 1)]
+    e.check_invariants()
