@@ -173,6 +173,20 @@ def run_stats(path: str) -> None:
         seen.update(ids)
     print("\nnew blocks by distance from the end of their prompt: " + "; ".join(
         f"{b}: {m / n:.0%} used again ({n:,})" for b, (n, m) in back.items()))
+    # by the output length of the request that brought them (what recall-value hears at the finish)
+    by_out = defaultdict(lambda: [0, 0])
+    seen = set()
+    for r in w.requests:
+        new = [h for h in r.hash_ids[: r.prompt_len // r.block_size].tolist() if h not in seen]
+        b = int(r.output_len).bit_length()
+        by_out[b][0] += len(new)
+        by_out[b][1] += sum(len(uses[h]) > 1 for h in new)
+        seen.update(new)
+    print("\n| its request's output (tokens) | new blocks | used again |\n|---|---|---|")
+    for b in sorted(by_out):
+        n, m = by_out[b]
+        span = "0" if b == 0 else f"{1 << (b - 1)}-{(1 << b) - 1}"
+        print(f"| {span} | {n:,} | {m / max(n, 1):.0%} |")
     # what the optimum admits: first uses of blocks it caches at 6,000 blocks
     tr = page_trace(w, 512)
     nxt = next_counted_use(tr.pages, tr.counted, tr.depth).tolist()
@@ -214,19 +228,23 @@ def block_uses(w) -> tuple[list[list[int]], dict[int, list[int]]]:
 
 def run_bounds(path: str, cap: int) -> None:
     """Flat per-block caches (prompt blocks; a hit counts only in a request's leading run) that evict one
-    group before the other, LRU within each: what knowing *which* blocks come back is worth, by kind."""
+    group before the other, LRU (or the true next use) within each: what knowing *which* blocks come back,
+    or *when*, is worth, by kind."""
     import bisect
     import heapq
-    from collections import OrderedDict, defaultdict
+    from collections import OrderedDict
 
-    reqs, uses = block_uses(load_mooncake(path))
+    w = load_mooncake(path)
+    reqs, uses = block_uses(w)
+    out = [r.output_len for r in w.requests]
     total = sum(len(ids) for ids in reqs)
 
-    def again(h: int, i: int) -> bool:
+    def next_use(h: int, i: int) -> int:
         u = uses[h]
-        return bisect.bisect_right(u, i) < len(u)
+        k = bisect.bisect_right(u, i)
+        return u[k] if k < len(u) else 1 << 40
 
-    def sim(keep) -> float:     # keep(seen_before, used_again) -> 1 to keep over 0
+    def sim(keep) -> float:     # keep(seen_before, next_use, i, t) -> a key; the lowest goes first
         cache, heap, ghost, hits, t = {}, [], OrderedDict(), 0, 0
         for i, ids in enumerate(reqs):
             lead = True
@@ -237,9 +255,9 @@ def run_bounds(path: str, cap: int) -> None:
                 t += 1
                 seen = h in cache or ghost.pop(h, None) is not None
                 cache[h] = t
-                heapq.heappush(heap, ((keep(seen, again(h, i)), t), h))
+                heapq.heappush(heap, (keep(seen, next_use(h, i), i, t), t, h))
                 while len(cache) > cap:
-                    (_, t0), h0 = heapq.heappop(heap)
+                    _, t0, h0 = heapq.heappop(heap)
                     if cache.get(h0) == t0:
                         del cache[h0]
                         ghost[h0] = True
@@ -247,11 +265,16 @@ def run_bounds(path: str, cap: int) -> None:
                             ghost.popitem(last=False)
         return hits / total
 
-    rows = {"lru": lambda s, a: 0,
-            "seen before (4 pools) kept first, as static recall": lambda s, a: int(s),
-            "oracle on first-seen blocks (seen ones as lru)": lambda s, a: int(s or a),
-            "oracle on seen-before blocks (first-seen as lru)": lambda s, a: int(not s or a),
-            "oracle on every block": lambda s, a: int(a)}
+    never = 1 << 40
+    rows = {"lru": lambda s, n, i, t: (0, t),
+            "seen before (4 pools) kept first, as static recall": lambda s, n, i, t: (int(s), t),
+            "oracle on first-seen blocks (seen ones as lru)": lambda s, n, i, t: (int(s or n < never), t),
+            "oracle on seen-before blocks (first-seen as lru)": lambda s, n, i, t: (int(not s or n < never), t),
+            "oracle on every block": lambda s, n, i, t: (int(n < never), t),
+            "seen first; first-seen by their true next use": lambda s, n, i, t: (int(s), -n if not s else t),
+            "seen first; seen by their true next use": lambda s, n, i, t: (int(s), -n if s else t),
+            "seen first; first-seen of a request with < 16 output tokens as seen":
+                lambda s, n, i, t: (int(s or out[i] < 16), t)}
     print(f"\n### What knowing which blocks come back is worth (flat, {cap:,} blocks)\n")
     print("| keep first | hit rate |\n|---|---|")
     for label, fn in rows.items():
