@@ -9,6 +9,8 @@ Parts (each optional):
   --stats     block reuse statistics of the trace (why the gap is hard)
   --bounds    how far a perfect "will this block be used again?" predictor gets (flat, LRU within two
               groups): the ceiling of admission-style policies, so of any class-based reuse predictor
+  --noise-outputs  the trace with output lengths shuffled across requests: what recall-value's output
+              field costs on a trace where the output length says nothing
   --flat      libcachesim's flat block caches (LRU, ARC, S3-FIFO, LHD, Belady...) on the same block
               trace: what the leaf-only rule and prefix closure cost, and where flat online policies land
 
@@ -78,6 +80,28 @@ def run_halves(path: str, cap: int, policies: list[str], workers: int) -> None:
         part = w.slice(lo, hi)
         res = run_sweep(part, [f"{cap // 2}p", f"{cap}p"], policies, page_size=512, workers=workers)
         table(res, policies, f"Mooncake requests [{lo}:{hi}]")
+
+
+def run_noise(path: str, cap: int, policies: list[str], workers: int, seeds: range = range(1, 9)) -> None:
+    """The trace with its output lengths shuffled across requests: where the output length says nothing
+    about reuse, what does recall-value's output field cost? (Prompts, order and LRU barely change.)"""
+    import random
+
+    from core.lab.workloads import Workload, _copy
+
+    w = load_mooncake(path)
+    print(f"\n### Output lengths shuffled across requests ({cap:,} blocks)\n")
+    print("| seed | " + " | ".join(policies) + " |\n" + "|---" * (len(policies) + 1) + "|")
+    for seed in seeds:
+        outs = [r.output_len for r in w.requests]
+        random.Random(seed).shuffle(outs)
+        reqs = [_copy(r) for r in w.requests]
+        for r, o in zip(reqs, outs):
+            r.output_len = o
+        res = run_sweep(Workload(f"{w.name} shuffled {seed}", reqs, dict(w.params), 0), [f"{cap}p"], policies,
+                        page_size=512, workers=workers)
+        at = res.table().set_index("policy")["hit_rate"]
+        print(f"| {seed} | " + " | ".join(f"{at[p]:.4f}" for p in policies) + " |")
 
 
 def run_generated(policies: list[str], workers: int, page_size: int) -> None:
@@ -292,6 +316,8 @@ def main() -> None:
     ap.add_argument("--flat", action="store_true", help="also: libcachesim flat caches on the block trace")
     ap.add_argument("--stats", action="store_true", help="also: block reuse statistics of the trace")
     ap.add_argument("--bounds", action="store_true", help="also: what a perfect reuse predictor is worth (flat)")
+    ap.add_argument("--noise-outputs", action="store_true",
+                    help="also: the trace with output lengths shuffled across requests, seeds 1-8, 6,000 blocks")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     caps = [int(c) for c in a.capacities.split(",")]
@@ -308,6 +334,8 @@ def main() -> None:
             run_stats(a.trace)
         if a.bounds:
             run_bounds(a.trace, 6000)
+        if a.noise_outputs:
+            run_noise(a.trace, 6000, pols, a.workers)
     if a.generated:
         run_generated(pols, a.workers, a.page_size)
 

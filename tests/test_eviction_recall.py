@@ -71,8 +71,9 @@ def test_recall_value_learns_a_class_rate_from_a_page_that_comes_back():
     assert tr.evicted(lambda: tr.put(3, [9])) == [(4,)]        # A's last token only
     assert pol.n == {} and pol.r == {}                          # its fate is not known yet
     tr.put(4, [1, 2, 3, 4])             # a hit on the head [1, 2, 3] (T1: its 3 pages came back) and [4]
-    back = {tail: 1.0, (3, 2, False, -1): 2.0, (3, 1, False, -1): 1.0}   # asked for again from the recall memory
+    back = {tail[:3]: 1.0, (3, 2, False): 2.0, (3, 1, False): 1.0}   # asked for again from the recall memory
     assert pol.n == back and pol.r == back
+    assert pol.n_out == pol.r_out == {-1: 4.0} and pol.n_all == pol.r_all == 4.0   # the output field: untold
     assert tr.node((4,)).ev_list == 2
     assert pol._rate(tail) == 2 / 3
     total = sum(pol.size.values())
@@ -88,7 +89,8 @@ def test_recall_value_counts_a_forgotten_page_as_not_back():
     assert pol.recall.limit == 8 and pol.recall.size == 8      # prompts 1-6 evicted, 3-6 remembered
     # prompts 1 and 2 forgotten, never back: one page of each class each (last token, the one before),
     # counted when forgotten and halved every pool (2 tokens) inserted since: 1/2 + 1/4
-    assert pol.n == {(2, 0, False, -1): 0.75, (2, 1, False, -1): 0.75} and pol.r == {}
+    assert pol.n == {(2, 0, False): 0.75, (2, 1, False): 0.75} and pol.r == {}
+    assert pol.n_out == {-1: 1.5} and pol.r_out == {} and pol.n_all == 1.5 and pol.r_all == 0.0
 
 
 def test_recall_value_frees_a_tail_by_class_runs_and_never_more_than_asked():
@@ -139,7 +141,7 @@ def test_recall_value_classes_a_finished_requests_pages_by_its_output_length():
 
 def test_recall_value_keeps_a_short_answer_prompt_over_a_newer_long_generation():
     """Q1 (1-token answer) comes back; the same-length G prompts (100-token answers) have no evidence yet.
-    Told the outputs, G's class stays at 1/2 against Q's 0.6, so the older Q2 outlives G1; untold, every
+    Told the outputs, G's rate is 0.45 against Q's 0.6, so the older Q2 outlives G1; untold, every
     page shares one class and recency evicts Q2."""
     got = {}
     for told in (True, False):
@@ -152,8 +154,10 @@ def test_recall_value_keeps_a_short_answer_prompt_over_a_newer_long_generation()
         tr.put(5, [7, 8], output_len=g)                         # G2: the pool is full
         got[told] = tr.evicted(lambda: tr.put(6, [9, 10], output_len=g))
         if told:
-            # Q's counts (1 page back of 1) halved once, a pool of 8 tokens in: (0.5 + 1) / (0.5 + 2)
-            assert tr.pol._rate((2, 0, False, 1)) == 0.6 and tr.pol._rate((2, 0, False, 7)) == 0.5
+            # Q1's 2 pages came back, halved once (a pool of 8 tokens in): the last-page class rates
+            # (0.5 + 1) / (0.5 + 2) = 0.6; the output field's lift is 1 for Q's 1 bit (all the evidence)
+            # and (0 + 1) / (0 + 2) over the pooled (1 + 1) / (1 + 2) = 0.75 for G's 7 bits
+            assert tr.pol._rate((2, 0, False, 1)) == 0.6 and tr.pol._rate((2, 0, False, 7)) == 0.6 * 0.75
     assert got == {True: [(4,), (3,)], False: [(6,), (5,)]}
 
 
@@ -209,3 +213,21 @@ def test_the_engine_tells_recall_value_each_finished_requests_output_length():
     assert len(nodes) == 5      # a prompt node and an output node each; one output token adds no KV: no node
     assert sorted((request_of(n), n.ev_out) for n in nodes) == [(1, 2), (1, 2), (40, 4), (40, 4), (80, 1)]
     e.check_invariants()
+
+
+def test_recall_value_with_one_output_length_ranks_by_the_other_fields_to_the_last_bit():
+    """Every request told the same output length: the output field's lift is exactly 1.0, so the rates
+    (and so the ranking) are the three-field ones, bit for bit: the generated workloads rank as before."""
+    tr = Tree("recall-value", slots=10)
+    for t in range(1, 40):
+        tr.put(t, [t % 7 + 1, t % 3 + 20, t % 11 + 40, t + 100], output_len=33)
+        tr.hit(t + 0.5, [t % 7 + 1, t % 3 + 20])
+    pol = tr.pol
+    assert set(pol.n_out) == {6} and pol.n_all == pol.n_out[6] and 0 < pol.r_all < pol.n_all
+    assert len(pol.n) == 2 and all(v % 1 for v in pol.n.values())   # two classes, decayed counts
+    for head in pol.n:
+        assert pol._rate(head + (6,)) == (pol.r.get(head, 0.0) + 1.0) / (pol.n[head] + 2.0)
+    # 14 of 20 back: a rate over the pooled rate, divided out, makes 0.5 into 0.49999999999999994; the
+    # lift must be exactly 1.0 (a class without evidence keeps Laplace's 1/2)
+    pol.n_out, pol.r_out, pol.n_all, pol.r_all = {6: 20.0}, {6: 14.0}, 20.0, 14.0
+    assert pol._rate((99, 0, False, 6)) == 0.5
