@@ -183,29 +183,25 @@ def run_stats(path: str) -> None:
         q = np.percentile(gaps[k], [25, 50, 75])
         label = f"{k}" if k < 4 else "4+"
         print(f"| {label} | {n:,} | {m / n:.0%} | {q[0]:.0f} | {q[1]:.0f} | {q[2]:.0f} |")
-    # a block's place in the request that brought it: the prompt's last blocks come back least
-    back = defaultdict(lambda: [0, 0])
+    # a block's place in the request that brought it (the prompt's last blocks come back least), and that
+    # request's output length (what recall-value hears at the finish)
+    back, by_out = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
     seen: set = set()
     for r in w.requests:
         ids = r.hash_ids[: r.prompt_len // r.block_size].tolist()
+        out = int(r.output_len).bit_length()
         for j, h in enumerate(ids):
             if h not in seen:
                 end = len(ids) - 1 - j
                 b = "0 (last)" if end == 0 else "1" if end == 1 else "2-7" if end < 8 else "8+"
+                used = len(uses[h]) > 1
                 back[b][0] += 1
-                back[b][1] += len(uses[h]) > 1
+                back[b][1] += used
+                by_out[out][0] += 1
+                by_out[out][1] += used
         seen.update(ids)
     print("\nnew blocks by distance from the end of their prompt: " + "; ".join(
         f"{b}: {m / n:.0%} used again ({n:,})" for b, (n, m) in back.items()))
-    # by the output length of the request that brought them (what recall-value hears at the finish)
-    by_out = defaultdict(lambda: [0, 0])
-    seen = set()
-    for r in w.requests:
-        new = [h for h in r.hash_ids[: r.prompt_len // r.block_size].tolist() if h not in seen]
-        b = int(r.output_len).bit_length()
-        by_out[b][0] += len(new)
-        by_out[b][1] += sum(len(uses[h]) > 1 for h in new)
-        seen.update(new)
     print("\n| its request's output (tokens) | new blocks | used again |\n|---|---|---|")
     for b in sorted(by_out):
         n, m = by_out[b]

@@ -113,7 +113,7 @@ class Scheduler:
             cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority, output_len=told)
             self.allocator.free(req.kv_slots[req.tree_len:cached])
             free_from = n
-        elif told is not None and req.last_node is not None and not self.cache.disable:
+        elif told is not None and req.last_node is not None:   # the finish added no page
             self.cache.request_finished(req.last_node, told)
         self.allocator.free(torch.cat([req.kv_slots[free_from:], req.tail_slots]))
         self._unlock(req)
