@@ -262,7 +262,7 @@ class RadixCache(EvictionMixin):
         if not isinstance(node, TreeNode):
             raise ValueError(f"request_finished needs the request's TreeNode (its last_node), got "
                              f"{type(node).__name__}")
-        if self.disable or node is self.root_node:
+        if node is self.root_node:      # the request cached nothing (a disabled cache holds only the root)
             return
         if node.parent is None:
             raise ValueError(f"request_finished on node {node.id}, which is no longer in the tree")

@@ -179,7 +179,7 @@ def test_request_finished_and_insert_refuse_a_bad_output_len_and_change_nothing(
     tr.cache.check_invariants()
 
 
-def test_request_finished_refuses_an_evicted_node_and_ignores_the_root_and_a_disabled_cache():
+def test_request_finished_refuses_an_evicted_node_and_a_non_node_and_ignores_the_root():
     tr = Tree("recall-value", slots=4)
     tr.put(1, [1, 2])
     a = tr.node((1, 2))
