@@ -67,30 +67,78 @@ def test_recall_value_learns_a_class_rate_from_a_page_that_comes_back():
     pol = tr.pol
     tail = (3, 0, False, -1)                # (bit length of 4, last page, no prefix, output never told)
     assert pol._cls(tr.node((1, 2, 3, 4)), 3) == tail and pol._cls(tr.node((1, 2, 3, 4)), 0) == (3, 2, False, -1)
-    assert pol.key(tr.node((1, 2, 3, 4)))[1] == 0.5            # no evidence: (0 + 1) / (0 + 2)
-    assert tr.evicted(lambda: tr.put(3, [9])) == [(4,)]        # A's last token only
-    assert pol.n == {} and pol.r == {}                          # its fate is not known yet
-    tr.put(4, [1, 2, 3, 4])             # a hit on the head [1, 2, 3] (T1: its 3 pages came back) and [4]
-    back = {tail[:3]: 1.0, (3, 2, False): 2.0, (3, 1, False): 1.0}   # asked for again from the recall memory
-    assert pol.n == back and pol.r == back
-    assert pol.n_out == pol.r_out == {-1: 4.0} and pol.n_all == pol.r_all == 4.0   # the output field: untold
-    assert tr.node((4,)).ev_list == 2
-    assert pol._rate(tail) == 2 / 3
+    # T1 pages counted as they come in, per class (distance from the end 3, 2 -> 2 bits; 1; 0), halved
+    # once (a pool of 8 tokens in); none back yet
+    assert pol.ins == {(3, 2, False): 2.0, (3, 1, False): 1.0, (3, 0, False): 1.0} and pol.ret == {}
+    assert pol.key(tr.node((1, 2, 3, 4)))[1] == 1 / 3          # (0 back + 1) / (1 in + 2)
+    assert tr.evicted(lambda: tr.put(3, [9])) == [(4,)]        # A's last token only (A, B tie: A older)
+    assert pol.ret == {}
+    tr.put(4, [1, 2, 3, 4], output_len=3)   # a hit on the head [1, 2, 3] (T1: its 3 pages came back), [4]
+    # all back 9-10 tokens after A came in: age bucket int(9 * 8 / 8) = 9 -> 4 bits; [4] from the memory
+    at4 = [0.0] * 4 + [1.0] + [0.0] * 5
+    assert pol.ret == {(3, 2, False): [2 * x for x in at4], (3, 1, False): at4, (3, 0, False): at4}
+    assert tr.node((4,)).ev_list == 2                           # recalled: seen before, not counted as new
+    assert pol.ins == {(3, 2, False): 2.0, (3, 1, False): 1.0, (3, 0, False): 1.0, (1, 0, False): 1.0}
+    # told, but both its nodes are in T2 now: no T1 page of that output; the returns had none told yet
+    assert tr.node((1, 2, 3)).ev_out == tr.node((4,)).ev_out == 2
+    assert pol.n_out == pol.r_out == {} and pol.n_all == pol.r_all == 0.0
+    assert pol._rate(tail) == 2 / 3                             # young: (1 back + 1) / (1 at risk + 2)
+    assert pol._rate(tail, 16) == 1 / 2                         # older than its return: (0 + 1) / (0 + 2)
     total = sum(pol.size.values())
     assert total == tr.cache.total_size()
 
 
-def test_recall_value_counts_a_forgotten_page_as_not_back():
+def test_recall_value_counts_a_page_not_back_when_it_comes_in_not_when_it_is_forgotten():
+    """The misses weigh at once: the recall memory (8 tokens) still holds both evicted prompts."""
     tr = Tree("recall-value", slots=2)
-    tr.put(1, [1, 2])
-    for t in range(2, 8):                                       # 6 more 2-token prompts
+    for t in range(1, 4):                                       # 3 2-token prompts, none back
         tr.put(t, [10 * t, 10 * t + 1])
     pol = tr.pol
-    assert pol.recall.limit == 8 and pol.recall.size == 8      # prompts 1-6 evicted, 3-6 remembered
-    # prompts 1 and 2 forgotten, never back: one page of each class each (last token, the one before),
-    # counted when forgotten and halved every pool (2 tokens) inserted since: 1/2 + 1/4
-    assert pol.n == {(2, 0, False): 0.75, (2, 1, False): 0.75} and pol.r == {}
-    assert pol.n_out == {-1: 1.5} and pol.r_out == {} and pol.n_all == 1.5 and pol.r_all == 0.0
+    assert pol.recall.size == 4 and pol.ret == {}              # prompts 1, 2 evicted and remembered
+    # one page of each class per prompt, halved each pool (2 tokens): ((1/2 + 1) / 2 + 1) / 2
+    assert pol.ins == {(2, 1, False): 0.875, (2, 0, False): 0.875}
+    assert pol._rate((2, 0, False, -1)) == 1 / 2.875
+
+
+def test_recall_value_counts_a_page_back_from_the_memory_at_its_age_and_by_its_own_name():
+    """A came in 8 tokens in and was evicted in parts (tail, then head); asked for again at 16 tokens, both
+    its pages are found by name (a page's name is its own tokens, not its neighbours') and count as back
+    at age 8: bucket int(8 * 8 / 4) = 16 -> 5 bits, halved once since (the pool of 4 turned over)."""
+    tr = Tree("recall-value", slots=4)
+    for t in range(1, 5):
+        tr.put(t, [50 + 2 * t, 51 + 2 * t])                     # fillers: 8 tokens in
+    tr.put(5, [1, 2])                                           # A
+    tr.put(6, [3, 4])
+    assert tr.evicted(lambda: tr.put(7, [5, 6])) == [(2,), (1,)]
+    tr.put(8, [1, 2])
+    at5 = [0.0] * 5 + [0.5] + [0.0] * 4
+    assert tr.pol.ret == {(2, 1, False): at5, (2, 0, False): at5} and tr.node((1, 2)).ev_list == 2
+
+
+def test_recall_value_ranks_a_page_past_its_class_return_age_below_a_younger_page():
+    """X prompts come back at once; Y came back 12 tokens after it came in. By class rate alone the stale
+    X4 (0.67) would outlive the fresh Y2 (0.5); not back by its age, X4's chance is 1/3: it goes first."""
+    tr = Tree("recall-value", slots=40)
+    tr.put(1, [300, 301, 302, 303])                             # Y1: a 4-token prompt ...
+    for k in range(8):                                          # (fillers: 1 token, back at once: T2)
+        tr.put(2 + k, [200 + k])
+        tr.hit(2.5 + k, [200 + k])
+    tr.hit(10, [300, 301, 302, 303])                            # ... back 12 tokens after it came in
+    for k in range(3):                                          # X1-X3: 2-token prompts, back at once
+        tr.put(11 + k, [10 * k + 1, 10 * k + 2])
+        tr.hit(11.5 + k, [10 * k + 1, 10 * k + 2])
+    tr.put(14, [91, 92])                                        # X4: never back
+    for k in range(8, 16):
+        tr.put(15 + k, [200 + k])
+        tr.hit(15.5 + k, [200 + k])
+    tr.put(40, [310, 311, 312, 313])                            # Y2, fresh: 32 tokens in, no decay yet
+    pol = tr.pol
+    x4, y2 = tr.node((91, 92)), tr.node((310, 311, 312, 313))
+    assert pol._rate(pol._cls(x4, 1)) == 4 / 6 and pol._rate(pol._cls(y2, 3)) == 2 / 4   # at age 0
+    # X4 is 14 tokens old (bucket int(14 * 8 / 40) = 2 -> 2), X came back in bucket 0: none back later,
+    # 3 of 4 back earlier; Y2 is 4 tokens old (bucket 0), Y's return (bucket 2) is still ahead of it
+    assert pol.key(x4)[1] == (0 + 1) / (4 - 3 + 2) and pol.key(y2)[1] == (1 + 1) / (2 + 2)
+    assert tr.evicted(lambda: tr.put(41, list(range(400, 410)))) == [(92,), (91,)]
 
 
 def test_recall_value_frees_a_tail_by_class_runs_and_never_more_than_asked():
@@ -141,8 +189,8 @@ def test_recall_value_classes_a_finished_requests_pages_by_its_output_length():
 
 def test_recall_value_keeps_a_short_answer_prompt_over_a_newer_long_generation():
     """Q1 (1-token answer) comes back; the same-length G prompts (100-token answers) have no evidence yet.
-    Told the outputs, G's rate is 0.45 against Q's 0.6, so the older Q2 outlives G1; untold, every
-    page shares one class and recency evicts Q2."""
+    Told the outputs, Q's value is 2.5 times G's, so the older Q2 outlives G1; untold, every page shares
+    one class and recency evicts Q2."""
     got = {}
     for told in (True, False):
         tr = Tree("recall-value", slots=8)
@@ -152,12 +200,14 @@ def test_recall_value_keeps_a_short_answer_prompt_over_a_newer_long_generation()
         tr.put(3, [5, 6], output_len=q)                         # Q2
         tr.put(4, [3, 4], output_len=g)                         # G1
         tr.put(5, [7, 8], output_len=g)                         # G2: the pool is full
-        got[told] = tr.evicted(lambda: tr.put(6, [9, 10], output_len=g))
         if told:
-            # Q1's 2 pages came back, halved once (a pool of 8 tokens in): the last-page class rates
-            # (0.5 + 1) / (0.5 + 2) = 0.6; the output field's lift is 1 for Q's 1 bit (all the evidence)
-            # and (0 + 1) / (0 + 2) over the pooled (1 + 1) / (1 + 2) = 0.75 for G's 7 bits
-            assert tr.pol._rate((2, 0, False, 1)) == 0.6 and tr.pol._rate((2, 0, False, 7)) == 0.6 * 0.75
+            # at the eviction (8 tokens in, halved once): each last-page class has 2 in, Q1's 0.5 back at
+            # age 2 (bucket 2). Q2 (age 6) and G1 (age 4) are past it: (0 + 1) / (2 - 0.5 + 2); G2 (age 2)
+            # not: (0.5 + 1) / (2 + 2). The output lift: Q's 1 bit has all of the returns,
+            # (1 + 1) (5 + 2) / ((2 + 2) (1 + 1)) = 1.75; G's 7 bits none, (0 + 1) 7 / ((3 + 2) 2) = 0.7
+            keys = {k: tr.pol.key(tr.node(k))[1] for k in ((5, 6), (3, 4), (7, 8))}
+            assert keys == {(5, 6): 1.75 / 3.5, (3, 4): 0.7 / 3.5, (7, 8): 1.5 / 4 * 0.7}
+        got[told] = tr.evicted(lambda: tr.put(6, [9, 10], output_len=g))
     assert got == {True: [(4,), (3,)], False: [(6,), (5,)]}
 
 
@@ -223,10 +273,11 @@ def test_recall_value_with_one_output_length_ranks_by_the_other_fields_to_the_la
         tr.put(t, [t % 7 + 1, t % 3 + 20, t % 11 + 40, t + 100], output_len=33)
         tr.hit(t + 0.5, [t % 7 + 1, t % 3 + 20])
     pol = tr.pol
-    assert set(pol.n_out) == {6} and pol.n_all == pol.n_out[6] and 0 < pol.r_all < pol.n_all
-    assert len(pol.n) == 2 and all(v % 1 for v in pol.n.values())   # two classes, decayed counts
-    for head in pol.n:
-        assert pol._rate(head + (6,)) == (pol.r.get(head, 0.0) + 1.0) / (pol.n[head] + 2.0)
+    assert set(pol.n_out) == {6} and pol.n_all == pol.n_out[6] > 0 and pol.r_all == pol.r_out[6] > 0
+    assert len(pol.ins) == 3 and all(v % 1 for v in pol.ins.values())   # three classes, decayed counts
+    for head in pol.ins:
+        back = sum(pol.ret.get(head, [0.0]))
+        assert pol._rate(head + (6,)) == (back + 1.0) / (max(pol.ins[head], back) + 2.0)
     # 14 of 20 back: a rate over the pooled rate, divided out, makes 0.5 into 0.49999999999999994; the
     # lift must be exactly 1.0 (a class without evidence keeps Laplace's 1/2)
     pol.n_out, pol.r_out, pol.n_all, pol.r_all = {6: 20.0}, {6: 14.0}, 20.0, 14.0
