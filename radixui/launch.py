@@ -29,13 +29,13 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> bool:
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600, path: str = "/health") -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"{url}{path}", timeout=2) as r:
                 if r.status == 200:
                     return True
         except OSError:
@@ -48,9 +48,13 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM / SIGHUP: stop the children as Ctrl-C does
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen], dashboard_url: str = "") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # already stopping: a second signal must not
         signal.signal(sig, signal.SIG_IGN)                        # cut this short and orphan a child
+    if dashboard_url and procs[-1].poll() is None:
+        # Streamlit stopped while its web server is still starting prints a traceback ("'Server' object has
+        # no attribute 'servers'", 1.67): its port can already accept before it serves; let it finish first
+        _wait_healthy(dashboard_url, procs[-1], timeout=10, path="/_stcore/health")
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
@@ -68,6 +72,7 @@ def main() -> int:
     dashboard = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", ui_port]
     env = dict(os.environ)
     procs: list[subprocess.Popen] = []
+    dashboard_url = ""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     try:
@@ -92,6 +97,7 @@ def main() -> int:
         else:
             print(f"attaching the dashboard to {env['RADIX_ENGINE_URL']}", file=sys.stderr, flush=True)
         procs.append(start_child(dashboard, cwd=ROOT, env=env))
+        dashboard_url = f"http://127.0.0.1:{ui_port}"
         while all(p.poll() is None for p in procs):
             time.sleep(0.3)
         dead = next(p for p in procs if p.poll() is not None)
@@ -99,7 +105,7 @@ def main() -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(procs)
+        _stop(procs, dashboard_url)
 
 
 if __name__ == "__main__":
