@@ -5,17 +5,36 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from core.lab.optimal import capacity_pages
 from core.lab.sweep import parse_capacities, parse_policies
-from core.lab.traces import MOONCAKE_SYNTHETIC, load_trace
+from core.lab.traces import MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC, load_trace
 from core.lab.units import ModelKV, load_model_config, parse_capacity, shipped_models
 from core.lab.workloads import Workload, make_workload, workload_params
 
-MOONCAKE_TRACE = Path(MOONCAKE_SYNTHETIC)   # shipped with the project: data/mooncake/README.md
 MOONCAKE_PAGE_SIZE = 512
-MOONCAKE_CAPACITIES = "1000p, 3000p, 6000p, 12000p, 24000p"
+
+
+class BundledTrace(NamedTuple):
+    path: Path
+    capacities: str     # the page's default sweep: from a few hundred requests' misses to most of the trace
+    caption: str
+
+
+# shipped with the project: data/mooncake/README.md
+MOONCAKE_TRACES = {
+    "synthetic": BundledTrace(
+        Path(MOONCAKE_SYNTHETIC), "1000p, 3000p, 6000p, 12000p, 24000p",
+        "The synthetic trace released with Mooncake (FAST'25): prompts as 512-token block hashes, no text. Its "
+        "paper reports a 66 % hit rate with an infinite pool, and LRU at 3M tokens reaching about 46 % of that. "
+        "The whole trace takes a few seconds per point and core."),
+    "conversation": BundledTrace(
+        Path(MOONCAKE_CONVERSATION), "2000p, 4000p, 8000p, 16000p, 32000p",
+        "The conversation trace released with Mooncake (FAST'25): an hour of chat, 12,031 requests, the same "
+        "prompt start for all and conversations that come back turn after turn; an infinite pool hits 37 % of "
+        "its prompt blocks. About three times the synthetic trace's work per point."),
+}
 
 # Small defaults: every preset replays in about a second and fits the "through the real model" run.
 PRESETS: dict[str, dict[str, Any]] = {

@@ -67,6 +67,20 @@ def test_page_renders_with_a_preset_and_no_model():
     assert not at.get("plotly_chart")          # nothing runs before the button
 
 
+def test_both_bundled_mooncake_traces_load_with_their_own_defaults():
+    at = _page()
+    at.radio(key="cap_source").set_value("Bundled Mooncake trace")
+    at.run()
+    assert at.selectbox(key="cap_bundled").options == ["synthetic", "conversation"]
+    for name, requests in (("synthetic", "3,993"), ("conversation", "12,031")):
+        at.selectbox(key="cap_bundled").set_value(name)
+        at.run()
+        assert not at.exception and not at.error
+        assert any(f"{requests} requests" in c.value for c in at.caption)
+        assert at.text_input(key=f"cap_caps_mooncake_{name}").value == li.MOONCAKE_TRACES[name].capacities
+        assert at.number_input(key=f"cap_ps_mooncake_{name}").value == 512
+
+
 def test_preset_sweep_renders_chart_and_the_exact_table():
     at = _page()
     _set_params(at, num_groups=4, prompts_per_group=5)

@@ -60,6 +60,10 @@ def test_recall_value_frees_only_the_tail_page_and_keeps_the_head_slots():
     assert tr.pol.size == {1: 8, 2: 4}                          # and that was a hit: the head is in T2
 
 
+def test_recall_value_starts_arcs_split_at_half_the_pool():
+    assert Tree("recall-value", slots=40).pol.p == 20.0 and Tree("recall", slots=40).pol.p == 0.0
+
+
 def test_recall_value_learns_a_class_rate_from_a_page_that_comes_back():
     tr = Tree("recall-value", slots=8)
     tr.put(1, [1, 2, 3, 4])                                     # A: a 4-token sequence, not an extension
@@ -138,6 +142,7 @@ def test_recall_value_ranks_a_page_past_its_class_return_age_below_a_younger_pag
     # X4 is 14 tokens old (bucket int(14 * 8 / 40) = 2 -> 2), X came back in bucket 0: none back later,
     # 3 of 4 back earlier; Y2 is 4 tokens old (bucket 0), Y's return (bucket 2) is still ahead of it
     assert pol.key(x4)[1] == (0 + 1) / (4 - 3 + 2) and pol.key(y2)[1] == (1 + 1) / (2 + 2)
+    tr.pol.p = 0.0                     # T1 goes first (its 6 tokens are under the half-pool target)
     assert tr.evicted(lambda: tr.put(41, list(range(400, 410)))) == [(92,), (91,)]
 
 

@@ -35,6 +35,8 @@ MOONCAKE_BLOCK = 512
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Shipped with the project (Apache-2.0, see data/mooncake/README.md): the lab page, the tests and the benchmarks read it.
 MOONCAKE_SYNTHETIC = os.path.join(ROOT, "data", "mooncake", "synthetic_trace.jsonl.gz")
+# Its conversation trace too: held out for the eviction research (docs/eviction.md), a real workload for the page.
+MOONCAKE_CONVERSATION = os.path.join(ROOT, "data", "mooncake", "conversation_trace.jsonl.gz")
 Tokenizer = Callable[[str], list]
 PathLike = Union[str, "os.PathLike[str]"]
 

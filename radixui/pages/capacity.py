@@ -45,7 +45,8 @@ def _tokenize(text: str) -> list:
 
 
 # ----- 1. the workload --------------------------------------------------------------------------
-sources = SOURCES if li.MOONCAKE_TRACE.exists() else SOURCES[:2]
+bundled = {name: t for name, t in li.MOONCAKE_TRACES.items() if t.path.exists()}
+sources = SOURCES if bundled else SOURCES[:2]
 source = st.radio("Workload", sources, horizontal=True, key="cap_source")
 default_caps, default_ps, source_key = None, 1, source
 if source == "Preset workload":
@@ -97,12 +98,12 @@ elif source == "Upload a trace":
     source_key = f"upload_{digest[0][:12]}"
     default_ps = li.MOONCAKE_PAGE_SIZE if workload.is_block_trace else 1
 else:
-    path = li.MOONCAKE_TRACE.resolve()
+    name = st.selectbox("Trace", list(bundled), key="cap_bundled")
+    trace = bundled[name]
+    path = trace.path.resolve()
     workload = _mooncake(str(path), path.stat().st_mtime)
-    default_caps, default_ps = li.MOONCAKE_CAPACITIES, li.MOONCAKE_PAGE_SIZE
-    st.caption("The synthetic trace released with Mooncake (FAST'25): prompts as 512-token block hashes, no text. "
-               "Its paper reports a 66 % hit rate with an infinite pool, and LRU at 3M tokens reaching about 46 % of "
-               "that. The whole trace takes a few seconds per point and core.")
+    default_caps, default_ps, source_key = trace.capacities, li.MOONCAKE_PAGE_SIZE, f"mooncake_{name}"
+    st.caption(trace.caption)
 
 longest = max(r.prompt_len for r in workload.requests)
 st.caption(f"**{workload.name}**: {len(workload):,} requests, {workload.prompt_tokens:,} prompt tokens "
