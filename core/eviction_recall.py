@@ -106,7 +106,7 @@ class RecallValue(Recall):
         self.n_all = self.r_all = 0.0
         self.next_decay = self.capacity
         # ARC starts its T1 target at 0 (all room to the hit pages) and moves it only on ghost hits: in a
-        # large pool on a short trace it never settles (the conversation trace at 32,000 blocks: 1.3 points
+        # large pool on a short trace it never settles (the conversation trace at 32,000 blocks: 0.8 points
         # under LRU). Here T1 loses its dead pages first whatever its size, so half the pool, no side
         # favoured, costs little where p moves fast (docs/eviction.md, "Held out")
         self.p = 0.5 * self.capacity
