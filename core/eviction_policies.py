@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from core.eviction import EvictionPolicy, register
 
@@ -85,9 +85,8 @@ class _Tracked(EvictionPolicy):
 class _Ghosts:
     """Names of recently evicted nodes with their sizes, oldest dropped past `limit` tokens."""
 
-    def __init__(self, limit: int, dropped: Optional[Callable[[object], None]] = None) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit, self.size, self.d = limit, 0, OrderedDict()
-        self.dropped = dropped      # called with the info of every name forgotten past the limit
 
     def add(self, name: tuple, size: int, info: object = True) -> None:
         old = self.d.pop(name, None)
@@ -96,10 +95,7 @@ class _Ghosts:
         self.d[name] = (size, info)
         self.size += size
         while self.size > self.limit and self.d:
-            gone = self.d.popitem(last=False)[1]
-            self.size -= gone[0]
-            if self.dropped is not None:
-                self.dropped(gone[1])
+            self.size -= self.d.popitem(last=False)[1][0]
 
     def pop(self, name: tuple):
         """The `info` stored with `name` (removing it), or None when it is not remembered."""
