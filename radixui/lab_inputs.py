@@ -33,7 +33,7 @@ MOONCAKE_TRACES = {
         Path(MOONCAKE_CONVERSATION), "2000p, 4000p, 8000p, 16000p, 32000p",
         "The conversation trace released with Mooncake (FAST'25): an hour of chat, 12,031 requests, the same "
         "prompt start for all and conversations that come back turn after turn; an infinite pool hits 37 % of "
-        "its prompt blocks. About three times the synthetic trace's work per point."),
+        "its prompt blocks. Its 288,500 prompt blocks are 2.4 times the synthetic trace's work per point."),
 }
 
 # Small defaults: every preset replays in about a second and fits the "through the real model" run.
