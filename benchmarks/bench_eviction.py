@@ -258,11 +258,12 @@ def run_bounds(path: str, cap: int) -> None:
     reqs, uses = block_uses(w)
     out = [r.output_len for r in w.requests]
     total = sum(len(ids) for ids in reqs)
+    never = 1 << 40
 
     def next_use(h: int, i: int) -> int:
         u = uses[h]
         k = bisect.bisect_right(u, i)
-        return u[k] if k < len(u) else 1 << 40
+        return u[k] if k < len(u) else never
 
     def sim(keep) -> float:     # keep(seen_before, next_use, i, t) -> a key; the lowest goes first
         cache, heap, ghost, hits, t = {}, [], OrderedDict(), 0, 0
@@ -285,7 +286,6 @@ def run_bounds(path: str, cap: int) -> None:
                             ghost.popitem(last=False)
         return hits / total
 
-    never = 1 << 40
     rows = {"lru": lambda s, n, i, t: (0, t),
             "seen before (4 pools) kept first, as static recall": lambda s, n, i, t: (int(s), t),
             "oracle on first-seen blocks (seen ones as lru)": lambda s, n, i, t: (int(s or n < never), t),
