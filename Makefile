@@ -21,7 +21,7 @@ $(STAMP): requirements.txt
 # the engine server on $(SERVER_PORT) and the dashboard attached to it; Ctrl-C stops both.
 # RADIX_ENGINE_URL=http://HOST:30000 make run starts only the dashboard, attached to that server.
 run: $(STAMP)
-	PORT=$(PORT) SERVER_PORT=$(SERVER_PORT) $(BIN)/python -m radixui.launch
+	PORT=$(PORT) SERVER_PORT=$(SERVER_PORT) $(BIN)/python -m core.server.launch
 
 # the engine server alone (e.g. on a GPU box): make serve ARGS="--host 0.0.0.0 --api-key KEY"
 serve: $(STAMP)

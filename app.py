@@ -1,6 +1,6 @@
 """RadixAttention, live: `streamlit run app.py`.
 
-The pages reach the engine only through `radixui.state.get_client()`: an engine in this process
+The pages reach the engine only through `radixui.connect.resources.get_client()`: an engine in this process
 (its own thread, shared by every tab), or `python -m core.server` when RADIX_ENGINE_URL is set.
 """
 import pathlib

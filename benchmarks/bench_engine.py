@@ -48,9 +48,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.engine import Engine  # noqa: E402
-from core.model import ModelRunner, resolve_model  # noqa: E402
-from core.sampling import SamplingParams  # noqa: E402
+from core.engine.engine import Engine  # noqa: E402
+from core.engine.model.loader import resolve_model
+from core.engine.model.runner import ModelRunner  # noqa: E402
+from core.engine.sampling import SamplingParams  # noqa: E402
 
 TEXT_MODULES = ("argparse", "collections", "json", "logging", "subprocess", "threading", "unittest", "asyncio",
                 "functools", "itertools", "pathlib", "dataclasses", "inspect", "typing", "email", "http.client",

@@ -1,4 +1,4 @@
-"""`lrb` and `lrb-arc` (core/eviction_learned.py) against LRU, ARC and the offline optimum, as gap closed.
+"""`lrb` and `lrb-arc` (core/cache/eviction/learned.py) against LRU, ARC and the offline optimum, as gap closed.
 
 The harness is benchmarks/bench_eviction.py's (same tables, same lab replays); this script only adds
 them to its "new policies" and runs every part for the policies given:
@@ -23,8 +23,9 @@ LEARNED = ["lrb", "lrb-arc"]
 def run_sensitivity(path: str, cap: int, base: str) -> None:
     """`base` (lrb or lrb-arc) with its two constants varied, plus LRB's own rule (rank every leaf by the
     predicted probability, ties LRU), at one capacity: how much the result hangs on each choice."""
-    from core.eviction import POLICIES, STATEFUL, _lru
-    from core.eviction_learned import LRB, LRBARC
+    from core.cache.eviction.base import lru_key
+    from core.cache.eviction.registry import POLICIES, STATEFUL
+    from core.cache.eviction.learned import LRB, LRBARC
     from core.lab import load_mooncake
     from core.lab.replay import replay
 
@@ -36,7 +37,7 @@ def run_sensitivity(path: str, cap: int, base: str) -> None:
             return (self.score(node), node.last_access_time)
 
     def run(name: str, cls: type) -> float:
-        STATEFUL[name], POLICIES[name] = cls, _lru          # this process only: nothing is registered
+        STATEFUL[name], POLICIES[name] = cls, lru_key          # this process only: nothing is registered
         r = replay(w, cap * 512, name, page_size=512, level="token")
         return r.hit_tokens / r.prompt_tokens
 
@@ -64,7 +65,8 @@ def run_oracle(path: str, cap: int) -> None:
     import bisect
     from collections import defaultdict
 
-    from core.eviction import POLICIES, STATEFUL, EvictionPolicy, _lru
+    from core.cache.eviction.base import EvictionPolicy, lru_key
+    from core.cache.eviction.registry import POLICIES, STATEFUL
     from core.lab import load_mooncake
     from core.lab.replay import replay
 
@@ -94,7 +96,7 @@ def run_oracle(path: str, cap: int) -> None:
     print(f"\n### Perfect-knowledge rankings of whole leaves at {cap:,} blocks (not online)\n")
     for b, label in ((0, "leaf Belady (farthest next use first)"), (300, "comes back within 300 requests? then LRU"),
                      (600, "comes back within 600 requests? then LRU")):
-        STATEFUL["_oracle"], POLICIES["_oracle"] = oracle(b), _lru
+        STATEFUL["_oracle"], POLICIES["_oracle"] = oracle(b), lru_key
         r = replay(w, cap * 512, "_oracle", page_size=512, level="token")
         print(f"- {label}: {r.hit_tokens / r.prompt_tokens:.4f}")
 

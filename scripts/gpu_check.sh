@@ -22,7 +22,7 @@ PYEOF
 # tests/tiny_models.py and tests/conftest.py put the engine's model on $RADIX_TEST_DEVICE
 export RADIX_TEST_DEVICE=$DEV
 "$PY" -m pytest -q -x -p no:cacheprovider \
-  tests/test_engine.py tests/test_engine_scheduling.py tests/test_engine_smollm2.py \
+  tests/engine/test_engine.py tests/engine/test_scheduler.py tests/engine/test_engine_smollm2.py \
   -k "greedy or cache_off or paged or fully_cached or retraction or eight or twelve or 118 or walkthrough"
 "$PY" benchmarks/bench_engine.py --device "$DEV" ${QUICK:+--quick}
 echo "gpu_check: done on $DEV"

@@ -283,7 +283,7 @@ def main(argv=None) -> int:
     print(f"\n{applicable} applicable mutants ({na} not applicable), {eq} of them equivalent (explained):")
     print(f"  BEFORE (suite without the mutant-killing tests): {before} killed, {applicable - before} survived")
     if not args.no_new:
-        print(f"  AFTER  (with tests/test_radix_mutants.py, tests/lab/test_replay_reference.py, "
+        print(f"  AFTER  (with tests/cache/test_radix_mutants.py, tests/lab/test_replay_reference.py, "
               f"tests/lab/test_lab_mutants.py): {after} killed, "
               f"{eq} equivalent, {left} unexplained survivors")
     print(f"  {time.perf_counter() - t0:.0f} s")

@@ -11,23 +11,23 @@ from dataclasses import dataclass
 
 # The suite each mutant runs against: the fast files of its area (the property test at 8 of its 21 policy x
 # page-size cases, one per policy plus lru at a second page size, to keep a whole run near 15 minutes).
-PROPERTIES = ("tests/test_radix_properties.py::test_random_request_flows[" + "] tests/test_radix_properties.py::"
+PROPERTIES = ("tests/cache/test_radix_properties.py::test_random_request_flows[" + "] tests/cache/test_radix_properties.py::"
               "test_random_request_flows[".join(["lru-1", "lru-4", "lfu-2", "fifo-4", "mru-1", "filo-2",
                                                  "priority-1", "slru-4"]) + "]").split()
-CACHE_TESTS = ["tests/test_radix_cache.py", "tests/test_eviction_heap.py", "tests/test_eviction.py", "tests/test_memory.py",
-               "tests/test_slot_store.py", "tests/test_radix_kernels.py", *PROPERTIES]
+CACHE_TESTS = ["tests/cache/test_radix_cache.py", "tests/cache/test_radix_evict.py", "tests/cache/eviction/test_registry.py", "tests/cache/test_allocator.py",
+               "tests/cache/test_slot_store.py", "tests/cache/test_radix_kernels.py", *PROPERTIES]
 LAB_TESTS = ["tests/lab/test_optimal.py", "tests/lab/test_replay.py"]
 # A lab file's own test files (the page-level replay, the host tier and the size search have theirs).
 LAB_FILE_TESTS = {
     "core/lab/replay.py": [*LAB_TESTS, "tests/lab/test_page_level.py", "tests/lab/test_host_tier.py"],
     "core/lab/lab_cache.py": ["tests/lab/test_page_level.py", "tests/lab/test_host_tier.py", *LAB_TESTS],
-    "core/lab/pages.py": [*LAB_TESTS, "tests/lab/test_page_level.py"],
+    "core/lab/page_trace.py": [*LAB_TESTS, "tests/lab/test_page_level.py"],
     "core/lab/host_tier.py": ["tests/lab/test_host_tier.py"],
     "core/lab/size.py": ["tests/lab/test_size.py"],
 }
 # Written to kill the survivors of the suite above; run only against a mutant that survived it, so one pass
 # gives both figures (a mutant the older suite kills, the larger one kills too).
-NEW_TESTS = {"cache": ["tests/test_radix_mutants.py"],
+NEW_TESTS = {"cache": ["tests/cache/test_radix_mutants.py"],
              "lab": ["tests/lab/test_replay_reference.py", "tests/lab/test_lab_mutants.py"]}
 
 
@@ -55,13 +55,13 @@ def M(name: str, file: str, description: str, *edits: tuple[str, str]) -> Mutant
     return Mutant(name, file, tuple(edits), description)
 
 
-RV = "core/radix_evict.py"
-RC, RN, MEM, K, EV = ("core/radix_cache.py", "core/radix_node.py", "core/memory.py", "core/slot_kernels.py",
-                      "core/eviction.py")
-RK = "core/radix_kernels.py"
-ST = "core/slot_store.py"
+RV = "core/cache/radix_evict.py"
+RC, RN, MEM, K, EV = ("core/cache/radix_cache.py", "core/cache/radix_node.py", "core/cache/allocator.py", "core/cache/slot_kernels.py",
+                      "core/cache/eviction/base.py")
+RK = "core/cache/radix_kernels.py"
+ST = "core/cache/slot_store.py"
 REP, OPT = "core/lab/replay.py", "core/lab/optimal.py"
-LC, PG, HT, SZ = "core/lab/lab_cache.py", "core/lab/pages.py", "core/lab/host_tier.py", "core/lab/size.py"
+LC, PG, HT, SZ = "core/lab/lab_cache.py", "core/lab/page_trace.py", "core/lab/host_tier.py", "core/lab/size.py"
 
 MUTANTS: list[Mutant] = [
     # ----- the prefix compare (radix_node.common_len, compiled in radix_kernels.prefix_len) and keys ----------
@@ -109,7 +109,7 @@ MUTANTS: list[Mutant] = [
       ("self._add_leaf(node, key, value, now, priority)",
        "self._add_leaf(node, key[:size - pos - 1], value[:size - pos - 1], now, priority)")),
     M("insert-root-key-shared", RC, "a leaf added from the root keeps the caller's key object (not its own)",
-      ("                key = RadixKey._of(key.token_ids, key.extra_key)", "                pass")),
+      ("                key = RadixKey.wrap(key.token_ids, key.extra_key)", "                pass")),
     M("insert-priority-overwrite", RC, "insert overwrites the path's priority instead of raising it",
       ("n.priority = max(n.priority, priority)", "n.priority = priority")),
     M("insert-no-dtype", RC, "insert keeps a value tensor of another dtype as it is",
@@ -171,7 +171,7 @@ MUTANTS: list[Mutant] = [
        "            pos += len(child.key)\n            if n < len(child.key):\n                break")),
     M("root-unlocked", RC, "the root starts with lock_ref 0",
       ("self.root_node.lock_ref = 1", "self.root_node.lock_ref = 0")),
-    # ----- the allocator (core/memory.py front, core/slot_store.py stores, core/slot_kernels.py run kernels) ------
+    # ----- the allocator (core/cache/allocator.py front, core/cache/slot_store.py stores, core/cache/slot_kernels.py run kernels) ------
     M("alloc-exact-refused", MEM, "alloc refuses when exactly enough pages are free",
       ("if num_pages > self._store.available_pages():", "if num_pages >= self._store.available_pages():")),
     M("alloc-not-dirty", MEM, "alloc does not mark the allocator as used (clear() then does nothing)",
@@ -259,7 +259,7 @@ MUTANTS: list[Mutant] = [
     M("replay-hits-after-insert", REP, "the replay counts hits after inserting the prompt (its own tokens hit)",
       ("            m = m2\n", "            self.hits += int(m2.indices.numel()) - hit\n            m = m2\n")),
     M("replay-output-as-prompt", REP, "the replay matches prompt + output, counting output tokens as prompt hits",
-      ("prompt = RadixKey._of(keys[:n_prompt], r.extra_key)", "prompt = RadixKey._of(keys[:n_cached], r.extra_key)")),
+      ("prompt = RadixKey.wrap(keys[:n_prompt], r.extra_key)", "prompt = RadixKey.wrap(keys[:n_cached], r.extra_key)")),
     M("replay-finish-not-told", REP, "the finished request's output length never reaches the policy",
       ("                                       output_len=r.output_len)", "                                       output_len=None)")),
     M("replay-finish-nothing-new-not-told", REP, "a finish that inserts no new page does not tell the policy",
@@ -331,8 +331,8 @@ MUTANTS: list[Mutant] = [
     M("pages-fresh-reused", PG, "fresh output pages reuse ids (they collide with later pages)",
       ("        start = self.count\n        self.count += n\n", "        start = self.count\n")),
     M("pages-block-any-size", PG, "block contents are used when the page size is not a multiple of the block",
-      ("if r.hash_ids is None or r._output is not None or page_size % r.block_size:",
-       "if r.hash_ids is None or r._output is not None:")),
+      ("if r.hash_ids is None or r.has_output_ids or page_size % r.block_size:",
+       "if r.hash_ids is None or r.has_output_ids:")),
     M("pages-one-namespace", PG, "requests of different extra_key share pages",
       ("        root = trie.root(r.extra_key)\n", "        root = trie.root(None)\n")),
     M("pages-finish-counted", PG, "pages touched on finish count as hits in the trace",

@@ -6,8 +6,15 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_runner():
-    import os
+    from core import env
+    from core.engine.model.runner import ModelRunner
 
-    from core.model import ModelRunner
+    return ModelRunner("default", device=env.test_device())  # scripts/gpu_check.sh
 
-    return ModelRunner("default", device=os.environ.get("RADIX_TEST_DEVICE", "cpu"))  # scripts/gpu_check.sh
+
+@pytest.fixture(scope="module")
+def walk():
+    """(cache, tokenizer, steps) of the article's walkthrough: time 0..3 on a pool of 11 slots."""
+    from tests.article_cache import article_walkthrough
+
+    return article_walkthrough()

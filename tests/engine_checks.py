@@ -1,8 +1,8 @@
 """Checks every hostile-input test ends with: nothing leaked, and the engine still serves exactly."""
 from __future__ import annotations
 
-from core.engine import Engine
-from core.sampling import SamplingParams
+from core.engine.engine import Engine
+from core.engine.sampling import SamplingParams
 from tests.tiny_models import reference_greedy
 
 

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from core.model import ModelRunner
+from core import env
+from core.engine.model.runner import ModelRunner
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=512)
@@ -28,7 +28,7 @@ def tiny_pair(family: str, seed: int = 0) -> tuple[torch.nn.Module, ModelRunner]
     ref.generation_config.eos_token_id = None
     ref.generation_config.pad_token_id = 0
     # scripts/gpu_check.sh sets RADIX_TEST_DEVICE=cuda; the reference model stays on the CPU
-    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device=os.environ.get("RADIX_TEST_DEVICE", "cpu"))
+    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device=env.test_device())
 
 
 @torch.no_grad()

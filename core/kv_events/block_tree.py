@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from core.kv_events.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, medium_name
 
@@ -230,8 +230,3 @@ class BlockTree:
         rows = [r for r in self.rates if r[0] >= end - window_s]
         span = max(end - rows[0][0], 1e-9) if len(rows) > 1 else window_s
         return sum(r[1] for r in rows) / span, sum(r[2] for r in rows) / span
-
-    def apply_all(self, batches: Iterable[tuple[int, KVEventBatch]]) -> "BlockTree":
-        for seq, b in batches:
-            self.apply(b, seq)
-        return self

@@ -1,6 +1,6 @@
 """Publish our radix cache's changes as SGLang publishes its own: KV events over ZMQ.
 
-A thread follows the cache's event log (core/events.py) and turns each new slice into one
+A thread follows the cache's event log (core/cache/events.py) and turns each new slice into one
 `KVEventBatch`: an insert becomes BlockStored (one block per page, chained on the parent's last
 page), an eviction BlockRemoved, a reset AllBlocksCleared. A split changes no block (nodes hold
 whole pages, so both halves keep their pages and hashes); it only moves hashes in our mirror.
@@ -23,12 +23,11 @@ from typing import Callable, Optional
 import zmq
 
 from core.kv_events.hashing import BlockHasher
-from core.kv_events.protocol import MEDIUM_GPU, AllBlocksCleared
+from core.kv_events.protocol import MEDIUM_GPU, AllBlocksCleared, encode_batch, seq_bytes, seq_from_bytes
 from core.kv_events.protocol import SGLangBlockRemoved as BlockRemoved
 from core.kv_events.protocol import SGLangBlockStored as BlockStored
 from core.kv_events.protocol import SGLangKVEventBatch as KVEventBatch
-from core.kv_events.protocol import encode_batch, seq_bytes, seq_from_bytes
-from core.kv_events.tap import ExtraKeyTap
+from core.observe.snapshot import snapshot_cache
 
 _BIND_HOSTS = ("*", "0.0.0.0", "::")
 
@@ -54,11 +53,14 @@ class KVEventPublisher:
                  interval: float = 0.02, dp_rank: int = 0, context: Optional[zmq.Context] = None) -> None:
         """`cache`: a RadixCache (its `events` log is followed). `snapshot`: returns a consistent
         CacheSnapshot (Engine.snapshot().cache, taken under the engine's lock); default
-        cache.snapshot, for a cache no other thread mutates."""
+        snapshot_cache(cache), for a cache no other thread mutates."""
+        if not cache.events.enabled:
+            raise ValueError("the cache records no events (record_events=False); KV events are made "
+                             "from its event log: build the cache with record_events=True")
         self.cache = cache
         self.page_size = cache.page_size
         self.hasher = BlockHasher(self.page_size, hash_scheme)
-        self._snapshot = snapshot or cache.snapshot
+        self._snapshot = snapshot or (lambda: snapshot_cache(cache))
         self.topic = topic.encode("utf-8")
         self.interval = interval
         self.dp_rank = dp_rank
@@ -93,12 +95,10 @@ class KVEventPublisher:
             raise ValueError(f"cannot open KV event sockets ({endpoint}, replay {replay_endpoint}): {e}; "
                              f"pick a free port or another address") from None
         self._mirror = _Mirror()
-        self._tap = ExtraKeyTap(cache)
         self._cv = threading.Condition()
         self._wanted = 0
         self._done = 0
         self._stop = threading.Event()
-        self._tap.install()            # before the first snapshot: every later root insert is tapped
         self._resync_pending = True   # the first batch: AllBlocksCleared + the tree as it is
         self._last_event = cache.events.last_seq
         self._thread = threading.Thread(target=self._loop, name="kv-events-pub", daemon=True)
@@ -148,7 +148,6 @@ class KVEventPublisher:
         with self._cv:
             self._cv.notify_all()
         self._thread.join(5.0)
-        self._tap.remove()
         self._close_sockets()
 
     def __enter__(self) -> "KVEventPublisher":
@@ -245,7 +244,6 @@ class KVEventPublisher:
     # ----- events -> KV events -----------------------------------------------------------------
     def _resync(self) -> list:
         snap = self._snapshot()
-        self._tap.drop_through(snap.seq)
         self._mirror.nodes.clear()
         self._last_event = snap.seq
         out: list = [AllBlocksCleared()]
@@ -258,8 +256,7 @@ class KVEventPublisher:
     def _convert(self, ev, out: list) -> None:
         kind = ev.kind
         if kind == "insert":
-            extra = self._tap.extra_key(ev)
-            self._store(ev.node, ev.parent, ev.token_ids, extra, out)
+            self._store(ev.node, ev.parent, ev.token_ids, ev.extra_key, out)
         elif kind == "split":
             digests, hashes, extra = self._mirror.nodes[ev.node]
             pages = ev.position // self.page_size

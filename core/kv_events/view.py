@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from core.kv_events.block_tree import BlockTree
-from core.snapshot import CacheSnapshot, NodeView
+from core.observe.snapshot import CacheSnapshot, NodeView
 
 ROOT_ID = 0
 

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from core.eviction import POLICIES
+from core.cache.eviction.registry import POLICIES
 
 if TYPE_CHECKING:
     from core.lab.units import ModelKV
@@ -54,7 +54,7 @@ def _params(items: Sequence[str]) -> dict[str, Any]:
 def _tokenizer(name: Optional[str]):
     if not name:
         return None
-    from transformers import AutoTokenizer   # only to read text traces; the model is never loaded
+    from transformers import AutoTokenizer  # only to read text traces; the model is never loaded
     tok = AutoTokenizer.from_pretrained(name)
     return lambda text: tok(text, add_special_tokens=False)["input_ids"]
 
@@ -145,8 +145,8 @@ def _check_args(args) -> Optional[ModelKV]:
 
 
 def cmd_sweep(args) -> int:
-    from core.lab.pages import Overlap
     from core.lab import plan_cli
+    from core.lab.page_trace import Overlap
     from core.lab.sweep import parse_capacities, parse_policies, run_sweep
     if args.address and args.backend != "ray":
         raise ValueError("--address names a Ray cluster; add --backend ray")
@@ -193,7 +193,7 @@ def cmd_sweep(args) -> int:
         paths = res.save(args.out, args.target)
         plan_cli.save_extras(paths, kv, hosts)
         try:   # the chart builder draws with plotly, so it lives with the dashboard (core never imports plotly)
-            from radixui.lab_plot import hit_rate_figure
+            from core.lab.chart import hit_rate_figure
             chart = paths["csv"].parent / "chart.html"
             hit_rate_figure(res, kv=kv).write_html(chart, include_plotlyjs=True)   # plotly.js inline: works offline
             paths["chart"] = chart
@@ -230,10 +230,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """`python -m core.lab` and the `radix-lab` command: main(), then exit with its code."""
     code = main()
     if code == 130:   # Ctrl-C: stop now, without seconds of interpreter teardown
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()

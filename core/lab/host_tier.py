@@ -2,7 +2,7 @@
 
 The device pool is the replay's RadixCache, unchanged; the host tier watches it through the replay's
 `host` seam (`core.lab.replay.HostTier`, page ids) and holds copies of pages (a page = a whole page of tokens *with its whole prefix*,
-the identity `core.lab.pages` uses):
+the identity `core.lab.page_trace` uses):
 
 - writes, by `--hicache-write-policy`:
   write_through: a page is copied to host when it enters the device tree;
@@ -33,7 +33,7 @@ from typing import Optional
 
 import numpy as np
 
-from core.lab.pages import Overlap
+from core.lab.page_trace import Overlap
 from core.lab.replay import ReplayResult, check_page_size, replay
 from core.lab.units import ModelKV
 from core.lab.workloads import Workload

@@ -10,7 +10,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from core.radix_cache import RadixCache
+from core.cache.radix_cache import RadixCache
+
 
 class LabCache(RadixCache):
     """The engine's RadixCache with two additions for the replay:

@@ -1,6 +1,6 @@
 """The two bounds every policy is drawn against: infinite capacity, and the offline optimum (Belady).
 
-Both work on the page trace (`core.lab.pages`), never on the radix tree:
+Both work on the page trace (`core.lab.page_trace`), never on the radix tree:
 
 - infinite capacity: a prompt page hits when any earlier access touched it;
 - offline optimum at page granularity, for a pool of C pages (Belady's MIN with bypass):
@@ -19,12 +19,12 @@ further (it must hold each running request's pages, cannot bypass), so it cannot
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
 
-from core.lab.pages import Overlap, PageTrace, page_trace
+from core.lab.page_trace import Overlap, PageTrace, page_trace
 from core.lab.workloads import Workload
 
 # Keys of pages with no future use: _NEVER + depth, so deeper pages count as used later.

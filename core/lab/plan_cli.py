@@ -13,8 +13,13 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from core.lab.host_tier import (DEFAULT_BANDWIDTH_GBPS, DEFAULT_PREFILL_TOKENS_PER_S, WRITE_POLICIES,
-                                check_write_policy, replay_with_host)
+from core.lab.host_tier import (
+    DEFAULT_BANDWIDTH_GBPS,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    WRITE_POLICIES,
+    check_write_policy,
+    replay_with_host,
+)
 from core.lab.units import ModelKV, add_bytes_columns, fmt_capacity, load_model_config, parse_capacity, shipped_models
 
 CAPACITY_HELP = ("comma-separated pool sizes: bytes of KV memory with --model-config (80GiB, 40GB), tokens "
@@ -174,11 +179,11 @@ def cmd_size(args, load, page_size_of) -> int:
     """`size`: checks every flag before the trace is read (as `sweep` does), then searches per policy.
     load(args) reads the workload; page_size_of(args, workload) resolves --page-size (a block trace's
     block size by default)."""
-    from core.lab.pages import Overlap
-    from core.lab.size import _check, size
+    from core.lab.page_trace import Overlap
+    from core.lab.size import check_goal, size
     from core.lab.sweep import parse_policies, prepare_out_dir
     check_common_args(args)
-    _check(args.target, args.tolerance)
+    check_goal(args.target, args.tolerance)
     kv = model_of(args)
     pols = parse_policies(args.policies)
     out = prepare_out_dir(args.out) if args.out else None

@@ -1,7 +1,7 @@
 """Sweep points as Ray tasks, so a sweep spreads over a Ray cluster (`--backend ray [--address]`).
 
-Each point runs the very same `core.lab.sweep._task` as a local worker process, after the same
-`_init_worker`, so results are identical to the local backend by construction. The workload
+Each point runs the very same `core.lab.sweep_worker.run_point` as a local worker process, after the
+same `init_worker`, so results are identical to the local backend by construction. The workload
 goes into Ray's object store once; a worker process initialises itself the first time it sees
 that object. Without an address a private local Ray instance is started and shut down again.
 """
@@ -10,18 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from core.lab import sweep_worker
+
 ROOT = Path(__file__).resolve().parents[2]
 _EXCLUDES = [".git", ".venv", "**/__pycache__", ".pytest_cache", ".hypothesis", "tests/e2e/artifacts", "lab_out"]
 _SEEN: dict[str, Any] = {}
 
 
 def _point(init_args: tuple, key: str, task: tuple, queue=None):
-    from core.lab import sweep
     if _SEEN.get("key") != key:
-        sweep._init_worker(*init_args)
+        sweep_worker.init_worker(*init_args)
         _SEEN["key"] = key
-    sweep._W["queue"] = queue          # a ray.util.queue.Queue: the point's progress goes to the driver
-    return sweep._task(*task)
+    sweep_worker.set_progress_queue(queue)   # a ray.util.queue.Queue: the point's progress goes to the driver
+    return sweep_worker.run_point(*task)
 
 
 def _runtime_env(address: Optional[str]) -> dict:

@@ -10,14 +10,14 @@ hit it) and keeps its path locked and its slots held until it finishes, timestam
 duration later; then its output is inserted as above.
 
 Two levels, the same numbers (tests/lab/test_replay.py holds them equal on every policy):
-- level="page" keys the tree by page: one id per page (`core.lab.pages.request_pages`, a trie id that
+- level="page" keys the tree by page: one id per page (`core.lab.page_trace.request_pages`, a trie id that
   names the page and its whole prefix), one slot per page, so the work per request scales with its
   pages, not its tokens. A page-level node splits, ages and is evicted exactly where the token-level
   node would, so every hit, eviction and rejection is the same.
 - level="token" expands every page into its tokens (a Mooncake block into 512 ids) and keys the tree
   by token, with the tree's own page_size: what the engine's cache does. Kept as the reference.
 "auto" is "page" for page_size > 1 and "token" for page_size 1 (where they are the same thing), and
-"token" for the stateful policies (core.eviction.is_stateful: arc, s3fifo, lecar, lhd, gdsf, recall...): they
+"token" for the stateful policies (core.cache.eviction.registry.is_stateful: arc, s3fifo, lecar, lhd, gdsf, recall...): they
 name nodes by their first units for their ghosts, and the first 4 tokens of a node are not its first
 4 pages, so only the token level replays exactly what the engine's cache does with them.
 
@@ -52,13 +52,14 @@ from typing import Callable, Optional, Protocol
 import numpy as np
 import torch
 
-from core.eviction import POLICIES, is_stateful
+from core.cache.allocator import SLOT_DTYPE, SlotAllocator
+from core.cache.eviction.registry import POLICIES, is_stateful
+from core.cache.radix_cache import RadixCache, RadixKey
 from core.lab.lab_cache import LabCache
 from core.lab.optimal import capacity_pages
-from core.lab.pages import ARRIVE, Overlap, PageTrace, event_order, request_pages
-from core.lab.workloads import Request, Workload
-from core.memory import SLOT_DTYPE, SlotAllocator
-from core.radix_cache import RadixCache, RadixKey
+from core.lab.page_trace import ARRIVE, Overlap, PageTrace, event_order, request_pages
+from core.lab.workloads import TraceRequest, Workload
+from core.observe.invariants import check_cache_invariants
 
 LEVELS = ("auto", "page", "token")
 HOST_METHODS = ("on_arrive", "match", "on_reject", "on_insert", "on_evict")   # HostTier's, in call order
@@ -180,7 +181,7 @@ class _Replayer:
         self.running: dict[int, tuple] = {}    # rid -> (locked node, slots, units in the tree)
         self._empty = torch.empty(0, dtype=SLOT_DTYPE)
 
-    def _units(self, i: int, r: Request) -> tuple[np.ndarray, int, int, int]:
+    def _units(self, i: int, r: TraceRequest) -> tuple[np.ndarray, int, int, int]:
         """(keys, whole prompt units, whole cached units, units to hold) of request i."""
         ps = self.page_size
         if self.page_level:
@@ -221,7 +222,7 @@ class _Replayer:
     def arrive(self, i: int, keep_running: bool) -> None:
         cache, r = self.cache, self.workload.requests[i]
         keys, n_prompt, n_cached, need = self._units(i, r)
-        prompt = RadixKey._of(keys[:n_prompt], r.extra_key)
+        prompt = RadixKey.wrap(keys[:n_prompt], r.extra_key)
         m = cache.match_prefix(prompt)
         hit = int(m.indices.numel())
         extra = self._host_hits(i, keys, hit, n_prompt)
@@ -265,7 +266,7 @@ class _Replayer:
         """cache_finished_req: insert prompt + output - 1 (whole pages), free duplicates and the tail."""
         r = self.workload.requests[i]
         if n_cached > in_tree:
-            cached = self.cache.insert(RadixKey._of(keys[:n_cached], r.extra_key), value[:n_cached],
+            cached = self.cache.insert(RadixKey.wrap(keys[:n_cached], r.extra_key), value[:n_cached],
                                        output_len=r.output_len)
             self._inserted(i, keys, cached, n_cached)
             self._free(value[in_tree:cached])
@@ -278,7 +279,7 @@ class _Replayer:
     def _check(self) -> None:
         if self.check:
             held = [v[t:] for _, v, t in self.running.values()]
-            self.cache.check_invariants(torch.cat(held) if held else self._empty)
+            check_cache_invariants(self.cache, torch.cat(held) if held else self._empty)
 
 
 def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_size: int = 1,

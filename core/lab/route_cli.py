@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.eviction import POLICIES
+from core.cache.eviction.registry import POLICIES
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -56,11 +56,11 @@ def add_route_parser(sub: Any, add_source) -> None:
 
 def cmd_route(args, load_workload, page_size_of) -> int:
     from core.lab.optimal import Bounds
+    from core.lab.page_trace import Overlap
     from core.lab.plan_cli import check_common_args
-    from core.lab.pages import Overlap
     from core.lab.replay import replay
     from core.lab.routing import ROUTING_POLICIES, RouterConfig, check_routing, replay_routed, route
-    from core.lab.sweep import parse_capacity
+    from core.lab.units import parse_capacity
     check_common_args(args)
     counts = _ints(args.replicas, "--replicas")
     routings = list(ROUTING_POLICIES) if args.routing.strip() == "all" else \

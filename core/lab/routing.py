@@ -32,9 +32,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from core.lab.pages import Overlap
+from core.lab.page_trace import Overlap
 from core.lab.replay import ReplayResult, replay
-from core.lab.workloads import Request, Workload, _copy
+from core.lab.workloads import TraceRequest, Workload
 
 ROUTING_POLICIES = ("round_robin", "cache_aware", "prefix_hash", "least_load")
 DESCRIPTIONS = {
@@ -135,7 +135,7 @@ class ApproxTree:
         return min(range(len(self.size)), key=lambda w: (self.size[w], w))
 
 
-def _units(r: Request) -> tuple[np.ndarray, int]:
+def _units(r: TraceRequest) -> tuple[np.ndarray, int]:
     """What the router matches a request by, and how many tokens one unit stands for."""
     if r.hash_ids is not None:
         return r.hash_ids, r.block_size
@@ -268,9 +268,9 @@ class RoutedResult:
 
 def split(workload: Workload, assignment: Sequence[int], replicas: int) -> list[Optional[Workload]]:
     """Each replica's share of the workload, in arrival order (None for a replica that got nothing)."""
-    shares: list[list[Request]] = [[] for _ in range(replicas)]
+    shares: list[list[TraceRequest]] = [[] for _ in range(replicas)]
     for r, w in zip(workload.requests, assignment):
-        shares[w].append(_copy(r))
+        shares[w].append(r.copy())
     return [Workload(f"{workload.name}@replica{w}", s, dict(workload.params)) if s else None
             for w, s in enumerate(shares)]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from core.lab.optimal import Bounds
-from core.lab.pages import Overlap
+from core.lab.page_trace import Overlap
 from core.lab.replay import check_policy, pool_pages_needed, replay
 from core.lab.units import ModelKV, fmt_capacity
 from core.lab.workloads import Workload
@@ -123,7 +123,8 @@ def search(f: Callable[[int], int], goal: float, hi_max: int, start: int = 1, lo
     return hi, lo, probes
 
 
-def _check(target: float, rel_tol: float) -> None:
+def check_goal(target: float, rel_tol: float) -> None:
+    """A size goal (a share of the infinite-capacity rate) and its tolerance, or a ValueError saying what to pass."""
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
         raise ValueError(f"--target must be a fraction in (0, 1], e.g. 0.9; got {target!r}")
     if isinstance(rel_tol, bool) or not isinstance(rel_tol, (int, float)) or not 0 < rel_tol < 1:
@@ -138,7 +139,7 @@ def _answer(name, target, goal, bounds: Bounds, found, lower, probes, note="") -
 
 def size_optimal(bounds: Bounds, target: float = 0.9, hi_max: Optional[int] = None, rel_tol: float = 0.01) -> SizeAnswer:
     """The optimum's smallest pool reaching target x the infinite rate."""
-    _check(target, rel_tol)
+    check_goal(target, rel_tol)
     inf = bounds.infinite().hit_tokens
     goal = target * inf
     hi_max = hi_max or bounds.distinct_pages + 1
@@ -153,7 +154,7 @@ def size_policy(workload: Workload, policy: str, bounds: Bounds, target: float =
                 overlap: Optional[Overlap] = None, rel_tol: float = 0.01, start: Optional[SizeAnswer] = None,
                 hi_max: Optional[int] = None) -> SizeAnswer:
     """One policy's smallest pool (replays through the real RadixCache), starting from the optimum's bracket."""
-    _check(target, rel_tol)
+    check_goal(target, rel_tol)
     check_policy(policy)
     ps = bounds.page_size
     inf = bounds.infinite().hit_tokens
@@ -181,7 +182,7 @@ def size(workload: Workload, policies: Sequence[str] = ("lru",), target: float =
          overlap: Optional[Overlap] = None, rel_tol: float = 0.01, workers: int = 1,
          with_optimal: bool = True) -> list[SizeAnswer]:
     """Per policy (and the optimum, first): the smallest pool reaching target x the infinite rate."""
-    _check(target, rel_tol)
+    check_goal(target, rel_tol)
     for p in policies:
         check_policy(p)
     bounds = Bounds(workload, page_size, overlap)

@@ -12,8 +12,8 @@ second while a point is running (the workers report through a queue), so a long 
 Ctrl-C (KeyboardInterrupt) stops the workers at once (they ignore SIGINT themselves, so only the
 calling process reports it) and propagates; nothing is written.
 
-Capacities are parsed in one place, `parse_capacity` (tokens, pages), which `core.lab.units.parse_capacity`
-extends with bytes of a model's KV (80GiB), and rounded down to whole pages by `parse_capacities`, so two
+Capacities are parsed in one place, `core.lab.units.parse_capacity` (tokens, pages, and bytes of a
+model's KV such as 80GiB), and rounded down to whole pages by `parse_capacities`, so two
 capacities in the same page count give one row.
 """
 from __future__ import annotations
@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
-import signal
 import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -30,33 +28,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-from core.eviction import POLICIES
+from core.cache.eviction.registry import POLICIES
+from core.lab import sweep_worker, units
 from core.lab.optimal import BoundResult, Bounds, capacity_pages
-from core.lab.pages import Overlap, PageTrace
-from core.lab.replay import ReplayResult, check_policy, replay
-from core.lab import units
+from core.lab.page_trace import Overlap
+from core.lab.replay import ReplayResult, check_policy
+from core.lab.sweep_worker import OPTIMAL, PointProgress
 from core.lab.workloads import Workload
 
 Progress = Callable[[int, int, dict], None]
-OPTIMAL = "optimal"
 BACKENDS = ("local", "ray")
-
-
-def parse_capacity(text: Union[str, int], page_size: int = 1) -> int:
-    """'3072000', '3M', '512k', '1.5G' (tokens) or '6000p' (pages) -> tokens."""
-    if isinstance(text, bool):
-        raise ValueError(f"capacity must be a number of tokens, got {text!r}")
-    if isinstance(text, int):
-        tokens = text
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]|p|pages?)?\s*", str(text))
-        if not m:
-            raise ValueError(f"cannot read capacity {text!r}: use tokens (3072000, 3M, 512k) or pages (6000p)")
-        num, unit = float(m.group(1)), (m.group(2) or "")
-        scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}.get(unit.lower(), page_size)
-        tokens = int(round(num * scale))
-    capacity_pages(tokens, page_size)   # raises below one page
-    return tokens
 
 
 def parse_capacities(spec: Union[str, Iterable[Union[str, int]]], page_size: int = 1,
@@ -67,7 +48,6 @@ def parse_capacities(spec: Union[str, Iterable[Union[str, int]]], page_size: int
     items = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
     if not items:
         raise ValueError("give at least one capacity")
-    # units.parse_capacity reads bytes and hands tokens and pages back to parse_capacity above
     return sorted({capacity_pages(units.parse_capacity(s, page_size, kv), page_size) * page_size for s in items})
 
 
@@ -210,35 +190,6 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-# ----- workers -----------------------------------------------------------------------------------
-_W: dict[str, Any] = {}
-PointProgress = Callable[[dict, float], None]
-
-
-def _init_worker(workload: Workload, page_size: int, overlap: Optional[Overlap], trace: Optional[PageTrace],
-                 level: str = "auto", queue=None) -> None:
-    import torch
-    torch.set_num_threads(1)
-    if queue is not None:   # a pool worker: Ctrl-C is the parent's to handle (it terminates us)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _W.update(workload=workload, page_size=page_size, overlap=overlap, trace=trace, bounds=None, queue=queue,
-              level=level)
-
-
-def _task(kind: str, capacity: int, policy: Optional[str], report: Optional[PointProgress] = None):
-    if kind == OPTIMAL:
-        if _W["bounds"] is None:
-            _W["bounds"] = Bounds(_W["workload"], _W["page_size"], _W["overlap"], trace=_W["trace"])
-        return _W["bounds"].optimal(capacity)
-    task = {"policy": policy, "capacity_tokens": capacity}
-    queue = _W.get("queue")
-    if report is None and queue is not None:
-        report = lambda t, f: queue.put((t["policy"], t["capacity_tokens"], f))  # noqa: E731
-    progress = None if report is None else (lambda done, total: report(task, done / total if total else 1.0))
-    return replay(_W["workload"], capacity, policy, _W["page_size"], _W["overlap"], progress=progress,
-                  trace=_W["trace"], level=_W["level"])
-
-
 def _row(res: Union[ReplayResult, BoundResult]) -> dict:
     if isinstance(res, ReplayResult):
         return res.to_dict()
@@ -252,7 +203,7 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
               backend: str = "local", ray_address: Optional[str] = None) -> SweepResult:
     """Replay every (capacity, policy) point, plus the optimum at each capacity and the infinite rate.
 
-    capacities are tokens (or strings such as '3M', '6000p', see parse_capacity), rounded down to
+    capacities are tokens (or strings such as '3M', '6000p', see core.lab.units.parse_capacity), rounded down to
     whole pages. workers <= 1 runs everything in this process; otherwise a ProcessPoolExecutor.
     level: the replay's ("auto", "page" or "token"; see core.lab.replay: the same numbers either way).
     backend="ray" runs each point as a Ray task instead (on the cluster at `ray_address`, or a
@@ -286,13 +237,12 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         run_on_ray(tasks, (workload, page_size, overlap, bounds.trace, level), done, ray_address,
                    num_cpus=max(1, workers), point_progress=point_progress)
     elif workers <= 1 or total == 1:
-        _init_worker(workload, page_size, overlap, bounds.trace, level)
-        _W["bounds"] = bounds
+        sweep_worker.init_worker(workload, page_size, overlap, bounds.trace, level, bounds=bounds)
         try:
             for t in tasks:
-                done(_task(*t, report=point_progress))
+                done(sweep_worker.run_point(*t, report=point_progress))
         finally:
-            _W.clear()
+            sweep_worker.clear()
     else:
         _run_pool(tasks, workers, mp_context, (workload, page_size, overlap, bounds.trace, level), done,
                   point_progress)
@@ -313,7 +263,7 @@ def _run_pool(tasks: list, workers: int, mp_context: Optional[str], initargs: tu
     import queue as queue_mod
     ctx = mp.get_context(mp_context) if mp_context else mp.get_context()
     q = ctx.Queue()
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=sweep_worker.init_worker,
                                initargs=(*initargs, q))
     ok = False
     try:
@@ -326,7 +276,7 @@ def _run_pool(tasks: list, workers: int, mp_context: Optional[str], initargs: tu
                 if point_progress is not None:
                     point_progress({"policy": policy, "capacity_tokens": capacity}, fraction)
 
-        pending = {pool.submit(_task, *t) for t in tasks}
+        pending = {pool.submit(sweep_worker.run_point, *t) for t in tasks}
         while pending:
             finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
             drain(0)

@@ -29,7 +29,7 @@ import os
 import zlib
 from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
 
-from core.lab.workloads import Request, Workload
+from core.lab.workloads import TraceRequest, Workload
 
 MOONCAKE_BLOCK = 512
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -133,12 +133,12 @@ def check_limit(limit: Optional[int]) -> Optional[int]:
     return limit
 
 
-def _parse(path: PathLike, on_error: str, parse_line: Callable[[Any], Request], kind: str,
-           limit: Optional[int]) -> tuple[list[Request], int]:
+def _parse(path: PathLike, on_error: str, parse_line: Callable[[Any], TraceRequest], kind: str,
+           limit: Optional[int]) -> tuple[list[TraceRequest], int]:
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     check_limit(limit)
-    reqs: list[Request] = []
+    reqs: list[TraceRequest] = []
     skipped = 0
     for lineno, line in _lines(path):
         if limit is not None and len(reqs) >= limit:
@@ -164,7 +164,7 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
     Hash ids are renumbered densely in order of first appearance (see the module docstring)."""
     dense: dict[int, int] = {}
 
-    def parse(obj: Any) -> Request:
+    def parse(obj: Any) -> TraceRequest:
         if not isinstance(obj, dict):
             raise ValueError("expected a JSON object with timestamp, input_length, output_length, hash_ids")
         n_in = _int(obj, "input_length", 1)
@@ -180,7 +180,7 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
             raise ValueError(f"input_length {n_in} needs ceil({n_in}/{block_size}) = {want} hash_ids, "
                              f"the line has {len(ids)}")
         ids = [dense.setdefault(h, len(dense)) for h in ids]
-        return Request(None, n_out, ts, hash_ids=ids, input_len=n_in, block_size=block_size)
+        return TraceRequest(None, n_out, ts, hash_ids=ids, input_len=n_in, block_size=block_size)
 
     reqs, skipped = _parse(path, on_error, parse, "Mooncake", limit)
     return Workload(os.path.basename(os.fspath(path)), reqs,
@@ -198,9 +198,9 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
             raise ValueError(f"the line holds text in {name!r}; pass a tokenizer (text -> token ids) to read texts")
         return _int_list(list(tokenizer(text)), f"tokenized {name}")
 
-    def parse(obj: Any) -> Request:
+    def parse(obj: Any) -> TraceRequest:
         if isinstance(obj, list):
-            return Request(_int_list(obj, "the token-id list"), default_output_len)
+            return TraceRequest(_int_list(obj, "the token-id list"), default_output_len)
         if not isinstance(obj, dict):
             raise ValueError("expected a list of token ids or a JSON object")
         for name in ("input_ids", "prompt_ids", "tokens"):
@@ -227,7 +227,7 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
         extra = obj.get("extra_key")
         if extra is not None and not isinstance(extra, str):
             raise ValueError(f"extra_key must be a string, got {extra!r}")
-        return Request(prompt, default_output_len if n_out is None else n_out, _number(obj, "timestamp"),
+        return TraceRequest(prompt, default_output_len if n_out is None else n_out, _number(obj, "timestamp"),
                        output, extra_key=extra)
 
     reqs, skipped = _parse(path, on_error, parse, "JSONL", limit)

@@ -149,7 +149,6 @@ def _byte_unit(unit: str) -> Optional[int]:
 
 def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[ModelKV] = None) -> int:
     """Tokens from '80GiB' / '40GB' (needs `kv`), '3M' (3,000,000 tokens), '512k', '6000p' (pages) or 3072000."""
-    from core.lab.sweep import parse_capacity as parse_tokens
     if isinstance(text, str):
         m = _CAP.fullmatch(text)
         scale = _byte_unit(m.group(2)) if m else None
@@ -166,7 +165,26 @@ def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[Model
                 raise ValueError(f"capacity {text!r} holds {whole:,} tokens of "
                                  f"{kv.name}, below one page of {page_size} tokens; give more")
             return tokens
-    return parse_tokens(text, page_size)
+    return _parse_tokens(text, page_size)
+
+
+def _parse_tokens(text: Union[str, int], page_size: int) -> int:
+    """'3072000', '3M', '512k', '1.5G' (tokens) or '6000p' (pages) -> tokens."""
+    if isinstance(text, bool):
+        raise ValueError(f"capacity must be a number of tokens, got {text!r}")
+    if isinstance(text, int):
+        tokens = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]|p|pages?)?\s*", str(text))
+        if not m:
+            raise ValueError(f"cannot read capacity {text!r}: use tokens (3072000, 3M, 512k) or pages (6000p)")
+        num, unit = float(m.group(1)), (m.group(2) or "")
+        scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}.get(unit.lower(), page_size)
+        tokens = int(round(num * scale))
+    if tokens < page_size:
+        raise ValueError(f"capacity of {tokens} tokens is below one page of {page_size} tokens; "
+                         f"give at least {page_size}")
+    return tokens
 
 
 def fmt_tokens(n: int) -> str:

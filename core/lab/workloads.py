@@ -1,6 +1,6 @@
 """Workloads for the capacity lab: requests as token ids (no text, no model), and four generators.
 
-A `Request` is what the replay needs from one call to an LLM server: the prompt's token ids,
+A `TraceRequest` is what the replay needs from one call to an LLM server: the prompt's token ids,
 how many tokens it generates, and optionally when it arrived. Outputs are token ids too: a
 generator that feeds answers back (multi-turn chat, tree-of-thought) fixes them so the next
 prompt can contain them; otherwise each request gets fresh ids that occur nowhere else.
@@ -42,7 +42,7 @@ def _id_array(ids: Any, what: str, below: Optional[int] = None) -> np.ndarray:
     return arr
 
 
-class Request:
+class TraceRequest:
     """One request: prompt token ids (or block hash ids), output length, optional timestamp (ms)."""
 
     __slots__ = ("rid", "output_len", "timestamp", "extra_key", "_prompt", "_output",
@@ -53,7 +53,7 @@ class Request:
                  hash_ids: Optional[Sequence[int] | np.ndarray] = None, input_len: Optional[int] = None,
                  block_size: int = 512, extra_key: Optional[str] = None, rid: int = 0) -> None:
         if (prompt is None) == (hash_ids is None):
-            raise ValueError("a Request needs exactly one of prompt (token ids) or hash_ids (block trace)")
+            raise ValueError("a TraceRequest needs exactly one of prompt (token ids) or hash_ids (block trace)")
         if hash_ids is not None:
             self.hash_ids = _id_array(hash_ids, "hash_ids")
             if isinstance(block_size, bool) or int(block_size) != block_size or not 1 <= block_size <= 1 << 18:
@@ -71,7 +71,7 @@ class Request:
             self.block_size = 0
             self.prompt_len = int(self._prompt.shape[0])
             if self.prompt_len == 0:
-                raise ValueError("a Request needs a non-empty prompt")
+                raise ValueError("a TraceRequest needs a non-empty prompt")
         self._output = None if output is None else _id_array(output, "output token ids", OUTPUT_ID_BASE)
         if self._output is not None:
             output_len = int(self._output.shape[0])
@@ -119,9 +119,21 @@ class Request:
             return self.prompt_ids()
         return np.concatenate([self.prompt_ids(), self.output_ids()[:-1]])
 
+    @property
+    def has_output_ids(self) -> bool:
+        """True when the workload fixed the output's token ids (a block trace or a plain prompt draws fresh ones)."""
+        return self._output is not None
+
+    def copy(self) -> "TraceRequest":
+        """The same request with a fresh rid slot (a workload slice renumbers its copies)."""
+        if self.hash_ids is not None:
+            return TraceRequest(None, self.output_len, self.timestamp, self._output, hash_ids=self.hash_ids,
+                                input_len=self.prompt_len, block_size=self.block_size, extra_key=self.extra_key)
+        return TraceRequest(self._prompt, self.output_len, self.timestamp, self._output, extra_key=self.extra_key)
+
     def __repr__(self) -> str:
         kind = f"blocks={self.hash_ids.shape[0]}" if self.hash_ids is not None else "tokens"
-        return (f"Request(rid={self.rid}, prompt_len={self.prompt_len}, {kind}, output_len={self.output_len}, "
+        return (f"TraceRequest(rid={self.rid}, prompt_len={self.prompt_len}, {kind}, output_len={self.output_len}, "
                 f"timestamp={self.timestamp})")
 
 
@@ -130,7 +142,7 @@ class Workload:
     """Requests in arrival order, with where they came from."""
 
     name: str
-    requests: list[Request]
+    requests: list[TraceRequest]
     params: dict[str, Any] = field(default_factory=dict)
     skipped_lines: int = 0           # malformed trace lines skipped (on_error="skip")
 
@@ -158,7 +170,7 @@ class Workload:
 
     def slice(self, start: int, stop: int) -> "Workload":
         """Requests [start:stop] as a new workload (a trace slice)."""
-        reqs = [_copy(r) for r in self.requests[start:stop]]
+        reqs = [r.copy() for r in self.requests[start:stop]]
         return Workload(f"{self.name}[{start}:{stop}]", reqs, dict(self.params), 0)
 
     def summary(self) -> dict[str, Any]:
@@ -167,9 +179,9 @@ class Workload:
                 "timestamps": self.has_timestamps, **self.params}
 
 
-def _renumber_hash_ids(reqs: list[Request]) -> None:
+def _renumber_hash_ids(reqs: list[TraceRequest]) -> None:
     """Dense hash ids (sorted order) for the block requests, when any would expand past MAX_EXPANDED_HASH.
-    A bijection on the ids, so prefix sharing and every hit rate stay as they were; the Request objects get
+    A bijection on the ids, so prefix sharing and every hit rate stay as they were; the TraceRequest objects get
     new arrays (the caller's arrays are not written)."""
     blocks = [r for r in reqs if r.hash_ids is not None]
     if not blocks or max(int(r.hash_ids.max()) for r in blocks) < MAX_EXPANDED_HASH:
@@ -180,13 +192,6 @@ def _renumber_hash_ids(reqs: list[Request]) -> None:
         n = r.hash_ids.shape[0]
         r.hash_ids = inverse[at:at + n].astype(np.int64)
         at += n
-
-
-def _copy(r: Request) -> Request:
-    if r.hash_ids is not None:
-        return Request(None, r.output_len, r.timestamp, r._output, hash_ids=r.hash_ids, input_len=r.prompt_len,
-                       block_size=r.block_size, extra_key=r.extra_key)
-    return Request(r._prompt, r.output_len, r.timestamp, r._output, extra_key=r.extra_key)
 
 
 # ----- generators ------------------------------------------------------------------------------
@@ -242,7 +247,7 @@ def generated_shared_prefix(num_groups: int = 64, prompts_per_group: int = 16, s
         perm = np.random.default_rng(seed).permutation(len(prompts))
         prompts = [prompts[i] for i in perm]
     ts = _timestamps(len(prompts), request_rate, seed)
-    reqs = [Request(p, output_len, t) for p, t in zip(prompts, ts)]
+    reqs = [TraceRequest(p, output_len, t) for p, t in zip(prompts, ts)]
     return Workload("generated-shared-prefix", reqs, dict(
         num_groups=num_groups, prompts_per_group=prompts_per_group, system_prompt_len=system_prompt_len,
         question_len=question_len, output_len=output_len, order=order, seed=seed))
@@ -277,7 +282,7 @@ def multi_turn_chat(num_sessions: int = 16, turns: int = 6, system_prompt_len: i
         rng = np.random.default_rng(seed + 2)
         pairs = [sessions[s][t] for t in range(turns) for s in rng.permutation(num_sessions)]
     ts = _timestamps(len(pairs), request_rate, seed)
-    reqs = [Request(p, output=a, timestamp=t) for (p, a), t in zip(pairs, ts)]
+    reqs = [TraceRequest(p, output=a, timestamp=t) for (p, a), t in zip(pairs, ts)]
     return Workload("multi-turn-chat", reqs, dict(
         num_sessions=num_sessions, turns=turns, system_prompt_len=system_prompt_len, user_len=user_len,
         output_len=output_len, order=order, seed=seed))
@@ -296,7 +301,7 @@ def few_shot(num_requests: int = 256, num_tasks: int = 4, examples_len: int = 30
     examples = [tok(examples_len) for _ in range(num_tasks)]
     tasks = np.random.default_rng(seed + 3).integers(0, num_tasks, size=num_requests)
     ts = _timestamps(num_requests, request_rate, seed)
-    reqs = [Request(np.concatenate([examples[t], tok(question_len)]), output_len, ts[i])
+    reqs = [TraceRequest(np.concatenate([examples[t], tok(question_len)]), output_len, ts[i])
             for i, t in enumerate(tasks)]
     return Workload("few-shot", reqs, dict(num_requests=num_requests, num_tasks=num_tasks,
                                            examples_len=examples_len, question_len=question_len,
@@ -329,7 +334,7 @@ def tree_of_thought(num_problems: int = 8, branching: int = 3, depth: int = 3, p
                         for _ in range(branching)]
                 frontier.extend(kids if order == "bfs" else reversed(kids))
     ts = _timestamps(len(pairs), request_rate, seed)
-    reqs = [Request(p, output=a, timestamp=t) for (p, a), t in zip(pairs, ts)]
+    reqs = [TraceRequest(p, output=a, timestamp=t) for (p, a), t in zip(pairs, ts)]
     return Workload("tree-of-thought", reqs, dict(
         num_problems=num_problems, branching=branching, depth=depth, problem_len=problem_len,
         step_len=step_len, thought_len=thought_len, order=order, seed=seed))
@@ -374,7 +379,7 @@ def concat(*workloads: Workload, name: Optional[str] = None) -> Workload:
     reqs, offset = [], 0.0
     for w in workloads:
         for r in w.requests:
-            c = _copy(r)
+            c = r.copy()
             c.timestamp = (r.timestamp + offset) if timed else None
             reqs.append(c)
         if timed:

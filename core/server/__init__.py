@@ -1,3 +1,3 @@
 """The engine as a service: `python -m core.server` (OpenAI-compatible routes, Prometheus
 metrics, the dashboard's state routes). This package file imports nothing, so a client can
-import `core.server.wire` without FastAPI; `core.server.app.create_app` builds the app."""
+import `core.observe.wire` without FastAPI; `core.server.app.create_app` builds the app."""

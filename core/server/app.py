@@ -9,11 +9,12 @@ import asyncio
 import secrets
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 
-from core.engine import Engine
+from core.engine.config import EngineConfig
+from core.engine.engine import Engine
 from core.server import errors, openai_routes, state_routes
 from core.server.errors import APIError
 from core.server.host import EngineHost
@@ -61,16 +62,19 @@ def make_auth(api_key: Optional[str]):
     return check
 
 
-def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[dict], Engine]] = None,
-               settings: Optional[ServerSettings] = None, initial_config: Optional[dict] = None) -> FastAPI:
+def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[EngineConfig], Engine]] = None,
+               settings: Optional[ServerSettings] = None,
+               initial_config: Union[EngineConfig, dict, None] = None) -> FastAPI:
     """Serve `engine`, or `factory(initial_config)`; `factory` also serves rebuilds from the dashboard.
     The app starts the engine loop on startup and stops it (aborting what is in flight) on shutdown."""
     s = settings or ServerSettings()
+    if isinstance(initial_config, dict):
+        initial_config = EngineConfig.from_dict({"model": s.model, **initial_config})
     if engine is None:
         if factory is None:
             raise ValueError("create_app needs an engine or a factory")
-        engine = factory(dict(initial_config or {"model": s.model}))
-    host = EngineHost(engine, factory, model=(initial_config or {}).get("model", s.model),
+        engine = factory(initial_config or EngineConfig(model=s.model))
+    host = EngineHost(engine, factory, model=initial_config.model if initial_config else s.model,
                       served_model_name=s.served_model_name, max_queue_requests=s.max_queue_requests,
                       kv_events_config=s.kv_events_config)
 
@@ -113,7 +117,7 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[dict
         pub = host.kv_publisher
         kv = None if pub is None else {"endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
                                        "block_size": host.engine.cache.page_size}
-        return {"model_path": host.model, "served_model_name": host.served_model_name, **host.engine.config,
+        return {"model_path": host.model, "served_model_name": host.served_model_name, **host.config(),
                 "max_queue_requests": host.max_queue_requests, "version": "radixattention", "kv_events": kv}
 
     @app.get("/health")

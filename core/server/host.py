@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-from core.engine import Engine
-from core.request import Completion, RequestHandle
-from core.sampling import SamplingParams
+from core.engine.config import EngineConfig
+from core.engine.engine import Engine
+from core.engine.request import Completion, RequestHandle
+from core.engine.sampling import SamplingParams
 from core.server.errors import APIError
-from core.server.metrics import ServerMetrics
+from core.server.prometheus import ServerMetrics
 
-EngineFactory = Callable[[dict], Engine]
+EngineFactory = Callable[[EngineConfig], Engine]
 OnPiece = Optional[Callable[[str], None]]
 OnDone = Optional[Callable[[Optional[Completion]], None]]
 
@@ -44,17 +45,18 @@ class EngineHost:
         return self._served_name or self.model
 
     def config(self) -> dict[str, Any]:
-        return {"model": self.model, **self.engine.config}
+        """The served engine's settings (EngineConfig as a dict), under the model name it was asked for."""
+        return {**self.engine.config.as_dict(), "model": self.model}
 
     def version(self) -> int:
         e = self.engine
-        return hash((id(e), self.generation, getattr(e, "_version", 0), e.cache.events.last_seq, e.step_count))
+        return hash((id(e), self.generation, e.version()))
 
     def _publish(self, engine: Engine):
         """KV cache events of `engine` on ZMQ (--kv-events-config, SGLang's JSON), or None."""
         if not self.kv_events_config:
             return None
-        from core.kv_events.config import attach_publisher
+        from core.kv_events.publish_config import attach_publisher
         return attach_publisher(engine, self.kv_events_config)
 
     # ----- requests ----------------------------------------------------------------------------
@@ -114,9 +116,9 @@ class EngineHost:
                                     f"still held); retry when the engine is idle")
             self.generation += 1
 
-    def rebuild(self, config: dict[str, Any]) -> None:
-        """Swap in an engine built from `config` (model + Engine kwargs); the old one keeps serving
-        if the new one fails to build (ValueError -> 400, anything else -> 400 with its type)."""
+    def rebuild(self, changes: dict[str, Any]) -> None:
+        """Swap in an engine built from the current settings with `changes` (EngineConfig names); the old
+        one keeps serving if the new one fails to build (ValueError -> 400, anything else -> 400 with its type)."""
         if self.factory is None:
             raise APIError(409, "this server was given a fixed engine and cannot rebuild it")
         with self._lock:
@@ -128,7 +130,8 @@ class EngineHost:
             self._rebuilding = True
         try:
             try:
-                new = self.factory(dict(config))
+                config = EngineConfig.from_dict(changes, base=self.engine.config.replace(model=self.model))
+                new = self.factory(config)
             except ValueError as exc:
                 raise APIError(400, str(exc)) from exc
             except Exception as exc:
@@ -136,7 +139,7 @@ class EngineHost:
             with self._lock:
                 self.metrics.sync_evictions()
                 old, was_running = self.engine, self.engine.running
-                self.engine, self.model = new, str(config.get("model", self.model))
+                self.engine, self.model = new, config.model
                 self.generation += 1
                 if self.kv_publisher is not None:      # free the ports, then follow the new cache
                     self.kv_publisher.close()

@@ -15,11 +15,11 @@ from typing import Any, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from core.request import Completion, RequestHandle
-from core.sampling import SamplingParams
+from core.engine.request import Completion, RequestHandle
+from core.engine.sampling import SamplingParams
 from core.server.errors import APIError, error_body
 from core.server.host import EngineHost
-from core.server.protocol import ChatCompletionRequest, CompletionRequest, _Sampling, parse
+from core.server.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, parse
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
 DISCONNECT_POLL_S = 0.5
@@ -50,7 +50,7 @@ def classify(host: EngineHost, prompt: Any, params: SamplingParams, exc: ValueEr
 class _Run:
     """The engine requests behind one API call, and where their pieces and results land."""
 
-    def __init__(self, host: EngineHost, body: _Sampling, prompts: list, stream: bool) -> None:
+    def __init__(self, host: EngineHost, body: SamplingFields, prompts: list, stream: bool) -> None:
         self.host, self.body = host, body
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -169,7 +169,7 @@ async def _stream(run: _Run, rid: str, obj: str, model: str, chat: bool):
 def router(host: EngineHost, read_body) -> APIRouter:
     r = APIRouter()
 
-    def check_model(body: _Sampling) -> str:
+    def check_model(body: SamplingFields) -> str:
         name = host.served_model_name
         if body.model is not None and body.model != name:
             raise APIError(404, f"model {body.model!r} not found; this server serves {name!r} (GET /v1/models)",

@@ -1,4 +1,4 @@
-"""The dashboard's routes under /state: everything `radixui.http_client.HttpClient` asks for.
+"""The dashboard's routes under /state: everything `radixui.connect.http_client.HttpClient` asks for.
 
 version (cheap: no snapshot is built), snapshot (JSON of `Engine.snapshot(wait=False)`, built
 and serialised once per engine change, 304 when the caller's ETag is current), events since a
@@ -8,59 +8,20 @@ submit / abort, config / rebuild, and step mode.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from dataclasses import fields
 from typing import Any, Optional
 
 from fastapi import APIRouter, Query, Request, Response
 
-from core.engine import Engine
-from core.events import Event
-from core.sampling import SamplingParams
-from core.server import wire
+from core.engine.sampling import SamplingParams
+from core.observe import wire
 from core.server.errors import APIError
 from core.server.host import EngineHost
 from core.server.openai_routes import classify
 
 MAX_EVENTS_PAGE = 10_000
 PARAM_FIELDS = {f.name for f in fields(SamplingParams)}
-
-
-def _ring(engine: Engine):
-    log = engine.cache.events
-    return getattr(log, "_events", None), getattr(log, "_lock", None)
-
-
-def events_newest(engine: Engine, since: int, limit: int) -> list[Event]:
-    """The newest `limit` events with seq > `since`, oldest first, walking back from the ring's end."""
-    ring, lock = _ring(engine)
-    if ring is None or lock is None:   # a log of another shape: use its public call
-        return engine.events_since(since)[-limit:]
-    out = []
-    with lock:
-        for ev in reversed(ring):
-            if ev.seq <= since or len(out) >= limit:
-                break
-            out.append(ev)
-    out.reverse()
-    return out
-
-
-def events_after(engine: Engine, since: int, limit: int) -> list[Event]:
-    """The oldest `limit` events with seq > `since` (a forward page: call again from the last seq)."""
-    ring, lock = _ring(engine)
-    if ring is None or lock is None:
-        return engine.events_since(since)[:limit]
-    with lock:
-        if not ring or ring[-1].seq <= since:
-            return []
-        start = max(0, since + 1 - ring[0].seq)
-        if len(ring) - start <= limit:     # the usual poll: a short tail, read from the end
-            tail = list(itertools.islice(reversed(ring), len(ring) - start))
-            tail.reverse()
-            return tail
-        return list(itertools.islice(ring, start, start + limit))
 
 
 MAX_TOKEN_IDS = 50_000
@@ -107,9 +68,9 @@ def router(host: EngineHost, read_body) -> APIRouter:
     @r.get("/events")
     async def events(since: int = Query(0, ge=0), limit: int = Query(2000, ge=1, le=MAX_EVENTS_PAGE),
                      newest: bool = False):
-        e = host.engine
-        page = (events_newest if newest else events_after)(e, since, limit)
-        return {"events": [wire.event_to_dict(ev) for ev in page], "last_seq": e.cache.events.last_seq}
+        log = host.engine.cache.events
+        page = log.page(since, limit, newest=newest)
+        return {"events": [wire.event_to_dict(ev) for ev in page], "last_seq": log.last_seq}
 
     @r.post("/requests")
     async def submit(request: Request):

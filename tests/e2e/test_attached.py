@@ -20,6 +20,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS
+
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 
 pytestmark = pytest.mark.timeout(600)
@@ -116,7 +117,7 @@ def test_a_request_from_the_openai_client_appears_in_the_page(stack, page):
 
 
 def test_a_prompt_sent_from_the_page_is_served_by_the_server(stack, page):
-    from radixui.http_client import HttpClient
+    from radixui.connect.http_client import HttpClient
 
     surl, _ = stack
     page.get_by_label("Raw completion").check(force=True)

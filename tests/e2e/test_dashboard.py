@@ -18,6 +18,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS
+
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 VIEWPORT = {"width": 1400, "height": 900}
 POOL_SLOTS = 160

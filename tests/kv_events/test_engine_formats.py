@@ -14,14 +14,14 @@ import msgspec
 import pytest
 import torch
 
+from core.cache.allocator import SlotAllocator
+from core.cache.radix_cache import RadixCache, RadixKey
 from core.kv_events.follower import StreamFollower
 from core.kv_events.hashing import BlockHasher
 from core.kv_events.protocol import BlockStored, SGLangKVEventBatch, decode_batch, encode_batch
 from core.kv_events.publisher import KVEventPublisher
 from core.kv_events.recorder import read_recording
 from core.kv_events.subscriber import KVEventSubscriber
-from core.memory import SlotAllocator
-from core.radix_cache import RadixCache, RadixKey
 from tests.kv_events.helpers import LOCAL
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")

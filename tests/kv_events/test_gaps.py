@@ -10,11 +10,12 @@ from collections import Counter
 
 import torch
 
+from core.cache.allocator import SlotAllocator
+from core.cache.radix_cache import RadixCache, RadixKey
 from core.kv_events.follower import StreamFollower
 from core.kv_events.publisher import KVEventPublisher
 from core.kv_events.subscriber import KVEventSubscriber
-from core.memory import SlotAllocator
-from core.radix_cache import RadixCache, RadixKey
+from core.observe.snapshot import snapshot_cache
 from tests.kv_events.helpers import LOCAL, radix_prefixes
 
 
@@ -79,7 +80,7 @@ def test_dropped_batch_is_reported_and_recovered_through_replay():
             [(0, 0, "joined late", True, 1), (2, 2, "missing batches", True, 2)]
         assert _paths(f) == [(0, "replay"), (1, "live"), (3, "live"), (2, "replay"), (3, "replay")]
         assert f.status()["exact"] and sub.replays == 2 and sub.errors == []
-        assert f.tree.prefixes() == radix_prefixes(cache.snapshot())
+        assert f.tree.prefixes() == radix_prefixes(snapshot_cache(cache))
         # every batch applied once; batch 3 came live and by replay: its second copy is the one duplicate
         assert f.batches == 4 and f.last_seq == 3
         assert f.duplicates == sum(c - 1 for c in _copies(f).values()) == 1
@@ -108,13 +109,13 @@ def test_gap_without_replay_socket_stays_unrecovered_until_cleared():
         # the child arrived without its parent: an orphan, counted, and the lookup path is broken
         tree = sub.follower.tree
         assert len(tree.orphans) == 1 and tree.stats()["orphans"] == 1
-        assert tree.prefixes() != radix_prefixes(cache.snapshot())
+        assert tree.prefixes() != radix_prefixes(snapshot_cache(cache))
         cache.evict(100)
         cache.reset()                          # AllBlocksCleared: exact again
         _insert(cache, [3, 3, 3, 3])
         _sync(pub, sub)
         assert sub.follower.status()["exact"]
-        assert tree.prefixes() == radix_prefixes(cache.snapshot())
+        assert tree.prefixes() == radix_prefixes(snapshot_cache(cache))
     finally:
         sub.close()
         pub.close()
@@ -133,12 +134,12 @@ def test_late_subscriber_catches_up_from_the_replay_buffer():
             gap = sub.catch_up()               # the thread's own catch-up: done once, this call waits for it
             assert (gap.start, gap.end, gap.reason, gap.recovered, gap.replayed) == (0, 5, "joined late", True, 6)
             assert sub.catch_up() is gap and sub.follower.gaps == [gap] and sub.replays == 1
-            assert sub.follower.tree.prefixes() == radix_prefixes(cache.snapshot())
+            assert sub.follower.tree.prefixes() == radix_prefixes(snapshot_cache(cache))
             assert pub.wait_for_subscribers(1, 10.0)
             _insert(cache, [9] * 4)
             _sync(pub, sub)
             f = sub.follower
-            assert f.tree.prefixes() == radix_prefixes(cache.snapshot())
+            assert f.tree.prefixes() == radix_prefixes(snapshot_cache(cache))
             assert f.status()["exact"] and f.gaps == [gap] and f.batches == 7 and f.duplicates == 0
             assert _paths(f) == [(s, "replay") for s in range(6)] + [(6, "live")]
         finally:
@@ -209,7 +210,7 @@ def test_topic_filters_and_replay_carries_the_topic():
         _insert(cache, [4, 4, 4, 4])
         seq = _sync(pub, mine)
         assert seq == 1 and _paths(mine.follower) == [(0, "replay"), (1, "live")]
-        assert mine.follower.tree.prefixes() == radix_prefixes(cache.snapshot())
+        assert mine.follower.tree.prefixes() == radix_prefixes(snapshot_cache(cache))
         # the XPUB filters by topic as it sends: batch 1 was never queued for "metrics" (a later frame
         # would be visible by now, as mine's was)
         assert other.follower.last_seq is None and not other.follower.arrivals and other.errors == []
@@ -240,7 +241,7 @@ def test_publisher_that_fails_midway_resyncs_instead_of_drifting():
         pub.flush()
         assert pub.errors == ["RuntimeError: boom"]
         _sync(pub, sub)            # the next round resyncs: AllBlocksCleared + the whole tree
-        assert sub.follower.tree.prefixes() == radix_prefixes(cache.snapshot())
+        assert sub.follower.tree.prefixes() == radix_prefixes(snapshot_cache(cache))
         assert sub.follower.status()["exact"] and sub.follower.tree.clears == 2
     finally:
         sub.close()

@@ -7,9 +7,9 @@ import pathlib
 import torch
 from streamlit.testing.v1 import AppTest
 
+from core.cache.allocator import SlotAllocator
+from core.cache.radix_cache import RadixCache, RadixKey
 from core.kv_events.publisher import KVEventPublisher
-from core.memory import SlotAllocator
-from core.radix_cache import RadixCache, RadixKey
 from tests.kv_events.helpers import LOCAL
 
 APP = str(pathlib.Path(__file__).resolve().parents[2] / "app.py")
@@ -26,7 +26,7 @@ def _page() -> AppTest:
 
 
 def _close_source() -> None:
-    from radixui.kv_source import get_holder
+    from radixui.connect.kv_source import get_holder
     get_holder().close()
 
 
@@ -47,7 +47,7 @@ def test_live_endpoint_shows_the_tree_and_exact_status():
         at.text_input(key="kv_replay").input(pub.replay_endpoint)
         at.run()
         at.toggle(key="kv_live").set_value(False)
-        from radixui.kv_source import get_holder
+        from radixui.connect.kv_source import get_holder
         assert get_holder().sub.follower.wait_for(seq, 5.0)
         at.run()
         assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
@@ -101,7 +101,7 @@ def test_a_dropped_batch_is_shown_then_filled_by_replay():
         at = _page()
         at.text_input(key="kv_endpoint").input(pub.endpoint).run()
         at.toggle(key="kv_live").set_value(False).run()
-        from radixui.kv_source import get_holder
+        from radixui.connect.kv_source import get_holder
         sub = get_holder().sub
         assert pub.wait_for_subscribers(1, 10.0)   # the page's SUB hears every batch from here
         cache.insert(RadixKey([9, 9]), cache.allocator.alloc(2))

@@ -10,14 +10,15 @@ import time
 import pytest
 import torch
 
-from core.kv_events.config import attach_publisher, parse_config
+from core.cache.allocator import SlotAllocator
+from core.cache.radix_cache import RadixCache, RadixKey
+from core.kv_events.publish_config import attach_publisher, parse_config
 from core.kv_events.publisher import KVEventPublisher
 from core.kv_events.recorder import Recorder, read_recording, replay_recording
 from core.kv_events.trace import convert_recording
 from core.lab.replay import replay
 from core.lab.traces import load_trace
-from core.memory import SlotAllocator
-from core.radix_cache import RadixCache, RadixKey
+from core.observe.snapshot import snapshot_cache
 from tests.kv_events.helpers import LOCAL, radix_prefixes
 
 PS = 4
@@ -69,7 +70,7 @@ def test_record_show_convert_from_the_command_line(tmp_path):
     frames = list(read_recording(out))
     assert [f.seq for f in frames] == list(range(7))
     f = replay_recording(out)
-    assert f.tree.prefixes() == radix_prefixes(cache.snapshot()) and f.status()["exact"]
+    assert f.tree.prefixes() == radix_prefixes(snapshot_cache(cache)) and f.status()["exact"]
     shown = subprocess.run([sys.executable, "-m", "core.kv_events", "show", str(out)], capture_output=True,
                            text=True, timeout=60)
     assert shown.returncode == 0 and json.loads(shown.stdout)["tree"]["blocks"] == len(f.tree.blocks)
@@ -84,8 +85,8 @@ def test_trace_holds_the_stored_prompts_and_answers_what_if_bigger(tmp_path):
     cache = RadixCache(SlotAllocator(16, page_size=PS), page_size=PS)   # small: prompts evict each other
     rec = Recorder(tmp_path / "ev.bin")
     with KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL) as pub:
-        from core.kv_events.subscriber import KVEventSubscriber
         from core.kv_events.follower import StreamFollower
+        from core.kv_events.subscriber import KVEventSubscriber
         assert pub.flush() == 0
         sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint,
                                 follower=StreamFollower(on_frame=rec))
@@ -136,8 +137,12 @@ def test_port_in_use_is_a_clear_error_and_leaks_nothing():
     with KVEventPublisher(cache, endpoint=LOCAL) as pub:
         with pytest.raises(ValueError, match="pick a free port"):
             KVEventPublisher(cache, endpoint=pub.endpoint, bind=True)
-        assert "append" in vars(cache.events)     # the first publisher's tap is still in place
-    assert "append" not in vars(cache.events)      # and gone with it
+        sent = pub.batches_sent
+        cache.insert(RadixKey(list(range(PS))), cache.allocator.alloc(PS))
+        assert pub.flush() >= 0 and pub.batches_sent > sent      # the first publisher still publishes
+        endpoint = pub.endpoint
+    with KVEventPublisher(cache, endpoint=endpoint, bind=True) as again:   # and its port is free once closed
+        assert again.endpoint == endpoint
 
 
 def test_torn_recording_is_reported(tmp_path):
@@ -175,6 +180,7 @@ def test_ctrl_c_before_the_thread_starts_still_closes(monkeypatch):
     """Ctrl-C landing inside start(), after the thread object exists but before it runs: close()
     (the recorder's finally) must close the sockets, not fail joining a thread never started."""
     import threading
+
     from core.kv_events.subscriber import KVEventSubscriber
     sub = KVEventSubscriber("tcp://127.0.0.1:9")
     def interrupted(self):

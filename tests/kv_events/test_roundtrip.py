@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from core.engine import Engine
-from core.kv_events.config import attach_publisher
+from core.engine.engine import Engine
+from core.engine.sampling import SamplingParams
+from core.kv_events.publish_config import attach_publisher
 from core.kv_events.subscriber import KVEventSubscriber
-from core.sampling import SamplingParams
 from tests.kv_events.helpers import radix_hashes, radix_prefixes, tree_hashes
 from tests.tiny_models import tiny_pair
 

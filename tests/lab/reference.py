@@ -1,5 +1,5 @@
 """Independent reference replays for the lab's tests, written from the definitions and sharing no code with
-core.lab beyond the Request fields: pages are named by the tuple of every token (or hash id) up to their end,
+core.lab beyond the TraceRequest fields: pages are named by the tuple of every token (or hash id) up to their end,
 the pool is an OrderedDict, the optimum is Belady's MIN by scanning.
 
 - `accesses`: a sequential workload as page accesses: on arrival the whole prompt pages (counted), on finish

@@ -9,15 +9,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.cache.allocator import SlotAllocator
+from core.cache.radix_cache import RadixCache, RadixKey
 from core.lab.host_tier import WRITE_POLICIES, HostTier, replay_with_host
 from core.lab.optimal import Bounds
-from core.lab.pages import Overlap
+from core.lab.page_trace import Overlap
 from core.lab.replay import HOST_METHODS, replay
 from core.lab.replay import HostTier as HostTierProtocol
 from core.lab.units import load_model_config
-from core.lab.workloads import Request, Workload, few_shot, generated_shared_prefix, multi_turn_chat, tree_of_thought
-from core.memory import SlotAllocator
-from core.radix_cache import RadixCache, RadixKey
+from core.lab.workloads import (
+    TraceRequest,
+    Workload,
+    few_shot,
+    generated_shared_prefix,
+    multi_turn_chat,
+    tree_of_thought,
+)
 
 
 def reference(w: Workload, cap: int, host_pages: int, policy: str, ps: int, write_policy: str):
@@ -192,7 +199,7 @@ def small_workloads(draw):
     for i in range(draw(st.integers(1, 8))):
         prompt = draw(st.lists(st.integers(0, 3), min_size=1, max_size=14))
         out = draw(st.lists(st.integers(0, 3), min_size=1, max_size=5))
-        reqs.append(Request(prompt, output=out, timestamp=float(draw(st.integers(0, 40))) + 10 * i))
+        reqs.append(TraceRequest(prompt, output=out, timestamp=float(draw(st.integers(0, 40))) + 10 * i))
     return Workload("small", reqs)
 
 
@@ -224,7 +231,7 @@ def test_two_requests_one_prefix_evicted_to_host_then_loaded_back():
     """A (40 tokens) then B (a different 40) then A again, in a device pool of one request: A's prompt
     goes to host when B evicts it (write-back) and comes back as a host hit of 40 tokens."""
     a, b = list(range(40)), list(range(100, 140))
-    w = Workload("aba", [Request(a, output=[7]), Request(b, output=[8]), Request(a + [1], output=[9])])
+    w = Workload("aba", [TraceRequest(a, output=[7]), TraceRequest(b, output=[8]), TraceRequest(a + [1], output=[9])])
     r = replay_with_host(w, 48, 64, "lru", 1, write_policy="write_back", check_invariants=True)
     assert r.device_hits.tolist() == [0, 0, 0] and r.host_hits.tolist() == [0, 0, 40]
     assert r.summary()["miss_tokens"] == 40 + 40 + 1

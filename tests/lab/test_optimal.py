@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.lab.optimal import _NEVER, Bounds, belady_hits, capacity_pages, next_counted_use
-from core.lab.pages import Overlap, page_trace
-from core.lab.workloads import Request, Workload
+from core.lab.page_trace import Overlap, page_trace
+from core.lab.workloads import TraceRequest, Workload
 
 MOONCAKE_TABLE2 = 0.66   # Mooncake FAST'25, Table 2: cache ratio at infinite capacity
 
@@ -91,7 +91,7 @@ tiny_tokens = st.lists(st.integers(0, 2), min_size=1, max_size=4)
 
 @st.composite
 def tiny_workloads(draw):
-    reqs = [Request(draw(tiny_tokens), output=draw(st.lists(st.integers(0, 2), max_size=3)))
+    reqs = [TraceRequest(draw(tiny_tokens), output=draw(st.lists(st.integers(0, 2), max_size=3)))
             for _ in range(draw(st.integers(1, 5)))]
     for r in reqs:
         if r.output_len == 0:
@@ -118,7 +118,7 @@ def test_optimum_equals_infinite_once_every_page_fits():
 
 def test_multi_turn_answers_count_toward_the_bounds():
     """Turn 2's prompt holds turn 1's answer: it hits because the answer was cached when turn 1 finished."""
-    w = Workload("chat", [Request([1, 2, 3], output=[7, 8, 9]), Request([1, 2, 3, 7, 8, 9, 4], output=[5])])
+    w = Workload("chat", [TraceRequest([1, 2, 3], output=[7, 8, 9]), TraceRequest([1, 2, 3, 7, 8, 9, 4], output=[5])])
     b = Bounds(w, 1)
     assert b.infinite().hit_tokens == 5        # 1 2 3 7 8 (9 was never computed: the last token has no KV)
     assert b.optimal(5).hit_tokens == 5 and b.optimal(3).hit_tokens == 3
@@ -126,8 +126,8 @@ def test_multi_turn_answers_count_toward_the_bounds():
 
 def test_overlap_changes_what_can_hit():
     """With overlap, B arrives before A has finished: A's prompt is cached (hit), its answer not yet."""
-    a = Request([1, 2], output=[3, 4, 5], timestamp=0.0)
-    b = Request([1, 2, 3, 4, 6], output=[7], timestamp=10.0)
+    a = TraceRequest([1, 2], output=[3, 4, 5], timestamp=0.0)
+    b = TraceRequest([1, 2, 3, 4, 6], output=[7], timestamp=10.0)
     w = Workload("o", [a, b])
     assert Bounds(w, 1).infinite().hit_tokens == 4
     assert Bounds(w, 1, Overlap(ms_per_output_token=20.0)).infinite().hit_tokens == 2

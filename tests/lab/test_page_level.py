@@ -6,11 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.eviction import POLICIES, is_stateful
+from core.cache.eviction.registry import POLICIES, is_stateful
 from core.lab.optimal import Bounds
-from core.lab.pages import Overlap, page_trace
+from core.lab.page_trace import Overlap, page_trace
 from core.lab.replay import pool_pages_needed, replay
-from core.lab.workloads import Request, Workload, few_shot, generated_shared_prefix, multi_turn_chat, tree_of_thought
+from core.lab.workloads import (
+    TraceRequest,
+    Workload,
+    few_shot,
+    generated_shared_prefix,
+    multi_turn_chat,
+    tree_of_thought,
+)
 
 ALL = [p for p in POLICIES if not is_stateful(p)]   # auto replays stateful policies by token (replay.py)
 
@@ -94,7 +101,7 @@ def small_workloads(draw):
         prompt = draw(st.lists(st.integers(0, 3), min_size=1, max_size=14))
         out = draw(st.lists(st.integers(0, 3), min_size=1, max_size=6))
         extra = draw(st.sampled_from([None, None, "a"]))
-        reqs.append(Request(prompt, output=out, timestamp=float(draw(st.integers(0, 40))) + 8 * i, extra_key=extra))
+        reqs.append(TraceRequest(prompt, output=out, timestamp=float(draw(st.integers(0, 40))) + 8 * i, extra_key=extra))
     return Workload("small", reqs)
 
 
@@ -136,7 +143,7 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
             self.calls.append(("evict", ids.tolist()))
 
     a, b = list(range(8)), list(range(10, 18))
-    w = Workload("ab", [Request(a, 1), Request(b, 1), Request(a, 1)])
+    w = Workload("ab", [TraceRequest(a, 1), TraceRequest(b, 1), TraceRequest(a, 1)])
     host = Host()
     r = replay(w, 8, "lru", 4, host=host)     # a pool of 2 pages of 4: b evicts a, a comes back
     plain = replay(w, 8, "lru", 4)
@@ -154,7 +161,7 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
 
     # a device hit (a's 2 pages, ids 0, 1), then a new prompt page (2) and an output page (3, at finish); a
     # prompt of 5 pages in a pool of 4 evicts the chain leaf first ([3], [2], [0, 1]) and is still rejected
-    w = Workload("hit-reject", [Request(a, 1), Request(a + [50] * 4, output=[60] * 5), Request(list(range(20, 40)), 1)])
+    w = Workload("hit-reject", [TraceRequest(a, 1), TraceRequest(a + [50] * 4, output=[60] * 5), TraceRequest(list(range(20, 40)), 1)])
     host = Host()
     r = replay(w, 16, "lru", 4, host=host)
     assert numbers(r) == numbers(replay(w, 16, "lru", 4))

@@ -5,13 +5,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.eviction import POLICIES
+from core.cache.eviction.registry import POLICIES
 from core.lab.optimal import Bounds
-from core.lab.pages import Overlap
+from core.lab.page_trace import Overlap, page_trace
 from core.lab.replay import replay
-from core.lab.pages import page_trace
-from core.lab.workloads import (Request, Workload, concat, few_shot, generated_shared_prefix, multi_turn_chat,
-                                tree_of_thought)
+from core.lab.workloads import (
+    TraceRequest,
+    Workload,
+    concat,
+    few_shot,
+    generated_shared_prefix,
+    multi_turn_chat,
+    tree_of_thought,
+)
 from tests.lab.reference import accesses, reference_infinite, reference_lru, reference_optimum
 
 ALL = list(POLICIES)
@@ -109,7 +115,7 @@ def small_workloads(draw):
     for i in range(n):
         prompt = draw(st.lists(st.integers(0, 3), min_size=1, max_size=12))
         out = draw(st.lists(st.integers(0, 3), min_size=1, max_size=5))
-        reqs.append(Request(prompt, output=out, timestamp=float(draw(st.integers(0, 50))) + 10 * i))
+        reqs.append(TraceRequest(prompt, output=out, timestamp=float(draw(st.integers(0, 50))) + 10 * i))
     return Workload("small", reqs)
 
 
@@ -169,8 +175,8 @@ def test_overlap_running_requests_hold_their_slots():
     """A runs 0..60 ms holding 8 slots of an 8-slot pool: B, arriving at 10 ms, finds no room and is rejected.
     Without overlap A has finished and B evicts it: two nodes, since A's prompt went into the tree
     when its prefill ended and its output joined below it when it finished (as the engine does)."""
-    a = Request(list(range(6)), output=[90, 91, 92], timestamp=0.0)
-    b = Request(list(range(100, 106)), output=[93, 94, 95], timestamp=10.0)
+    a = TraceRequest(list(range(6)), output=[90, 91, 92], timestamp=0.0)
+    b = TraceRequest(list(range(100, 106)), output=[93, 94, 95], timestamp=10.0)
     w = Workload("pair", [a, b])
     ov = Overlap(ms_per_output_token=20.0)
     r = replay(w, 8, "lru", overlap=ov, check_invariants=True)
@@ -181,8 +187,8 @@ def test_overlap_running_requests_hold_their_slots():
 
 def test_overlap_later_arrivals_hit_a_running_prompt():
     """cache_unfinished_req: A's prompt is in the tree as soon as A starts, so B hits it while A still runs."""
-    a = Request(list(range(10)), output=[50] * 5, timestamp=0.0)
-    b = Request(list(range(10)) + [77], output=[51], timestamp=1.0)
+    a = TraceRequest(list(range(10)), output=[50] * 5, timestamp=0.0)
+    b = TraceRequest(list(range(10)) + [77], output=[51], timestamp=1.0)
     w = Workload("pair", [a, b])
     r = replay(w, 64, "lru", overlap=Overlap(ms_per_output_token=10.0), check_invariants=True)
     assert r.hit_tokens == 10 and r.rejected == 0
@@ -210,12 +216,12 @@ def test_bad_input():
 def test_the_replay_tells_the_policy_each_finished_requests_output_length():
     """recall-value's pages carry the output bit length of the request that inserted them, whether the
     finish inserted output pages (A, B) or nothing new (C: one output token has no KV to cache)."""
-    from core.lab.pages import event_order
+    from core.lab.page_trace import event_order
     from core.lab.replay import _Replayer, _run
-    from core.lab.workloads import Request, Workload
+    from core.lab.workloads import TraceRequest, Workload
 
     a = list(range(1, 9))
-    w = Workload("told", [Request(a, 3), Request(a[:4] + [20, 21, 22, 23], 9), Request(list(range(30, 36)), 1)])
+    w = Workload("told", [TraceRequest(a, 3), TraceRequest(a[:4] + [20, 21, 22, 23], 9), TraceRequest(list(range(30, 36)), 1)])
     rep = _Replayer(w, 64, "recall-value", 1, False, True, None, None)
     _run(rep, event_order(w, None), False, None)
 

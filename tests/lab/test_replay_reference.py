@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.lab.pages import Overlap
+from core.lab.page_trace import Overlap
 from core.lab.replay import replay
-from core.lab.workloads import Request, Workload
+from core.lab.workloads import TraceRequest, Workload
 
 
 class _Node:
@@ -103,7 +103,7 @@ class RefReplay:
         self.evicted += freed
 
     # ----- the flow ---------------------------------------------------------------------------------------
-    def arrive(self, r: Request, keep_running: bool) -> None:
+    def arrive(self, r: TraceRequest, keep_running: bool) -> None:
         ps, ek = self.ps, r.extra_key
         seq = r.cached_ids().tolist()
         n_prompt = r.prompt_len - r.prompt_len % ps
@@ -129,7 +129,7 @@ class RefReplay:
         if not keep_running:
             self.finish(r)
 
-    def finish(self, r: Request) -> None:
+    def finish(self, r: TraceRequest) -> None:
         if r.rid not in self.running:
             return
         node, held = self.running.pop(r.rid)
@@ -148,7 +148,7 @@ class RefReplay:
             times = []
             for i, r in enumerate(w.requests):
                 end = r.timestamp + overlap.duration_ms(r.prompt_len, r.output_len)
-                times += [(r.timestamp, 1, i, "arrive"), (end, 0, i, "finish")]
+                times += [(r.timestamp, 1, i, "arrive"), (end, 0 if end > r.timestamp else 2, i, "finish")]
             events = [(k, i) for _, _, i, k in sorted(times)]
         for kind, i in events:
             self.now += 1
@@ -179,7 +179,7 @@ def workloads(draw):
             kw = {"output": draw(st.lists(st.integers(0, 2), min_size=1, max_size=6))}
         else:
             kw = {"output_len": draw(st.integers(0, 6))}
-        reqs.append(Request(prompt, timestamp=float(draw(st.integers(0, 30)) + 8 * i),
+        reqs.append(TraceRequest(prompt, timestamp=float(draw(st.integers(0, 30)) + 8 * i),
                             extra_key=draw(st.sampled_from([None, None, None, "t"])), **kw))
     return Workload("ref", reqs)
 
@@ -191,14 +191,23 @@ def test_replay_counts_equal_the_reference(w, pages, ps, overlap):
     assert counts(w, pages * ps, ps, ov) == RefReplay(pages * ps, ps).run(w, ov)
 
 
+def test_a_request_that_takes_no_time_frees_its_pages_after_its_own_arrival():
+    """No output and no cost per prompt token: it finishes at its arrival time, after arriving. Sorted the
+    other way it held its page forever, and the next request, in a pool sized to what the workload can
+    fill, was rejected."""
+    w = Workload("zero", [TraceRequest([0], output_len=0, timestamp=0.0), TraceRequest([1], output_len=0, timestamp=8.0)])
+    ov = Overlap(ms_per_output_token=5.0)
+    assert counts(w, 4, 2, ov) == RefReplay(4, 2).run(w, ov) == (0, 0, 0, 0)
+
+
 def test_known_answer_shared_prompt_then_eviction():
     """A: 8 prompt + 2 output tokens (9 cached: [1..8] then [20], 12 slots). B shares A's first 4 tokens: hit 4,
     A's edge splits into [1..4] -> {[5..8] -> [20], [9,9]}; 11 slots used. C is new and needs 9 slots, so it
     evicts 8: [20] (oldest), then [5..8] and [9,9] (same time: the older node first), then [1..4]: 4 nodes,
     11 tokens (whole leaves: more than asked)."""
-    a = Request([1, 2, 3, 4, 5, 6, 7, 8], output=[20, 21])
-    b = Request([1, 2, 3, 4, 9, 9], output=[22])
-    c = Request([7, 7, 7, 7, 7, 7, 7], output=[23, 24, 25])
+    a = TraceRequest([1, 2, 3, 4, 5, 6, 7, 8], output=[20, 21])
+    b = TraceRequest([1, 2, 3, 4, 9, 9], output=[22])
+    c = TraceRequest([7, 7, 7, 7, 7, 7, 7], output=[23, 24, 25])
     w = Workload("abc", [a, b, c])
     assert counts(w, 12, 1) == RefReplay(12, 1).run(w, None) == (4, 4, 11, 0)
 
@@ -207,9 +216,9 @@ def test_known_answer_pages_and_rejection():
     """Page size 4, 3 pages. A caches its 2 prompt pages. B hits page 1 (A's edge splits), needs 4 more pages
     (13 + 2 - 1 = 14 tokens, ceil 16, minus the hit), evicts A's unlocked page 2, is still short: rejected,
     no hits counted, its lock released. C then hits only page 1 (page 2 is gone) and fits."""
-    a = Request(list(range(8)), output=[50])
-    b = Request(list(range(4)) + [9] * 9, output=[51, 52])
-    c = Request(list(range(8)) + [60], output=[53])
+    a = TraceRequest(list(range(8)), output=[50])
+    b = TraceRequest(list(range(4)) + [9] * 9, output=[51, 52])
+    c = TraceRequest(list(range(8)) + [60], output=[53])
     w = Workload("pages", [a, b, c])
     assert counts(w, 12, 4) == RefReplay(12, 4).run(w, None) == (4, 1, 4, 1)
 
@@ -219,10 +228,10 @@ def test_overlap_known_answer_running_prompt_hit_and_held_slots(ps):
     """A (0-100 ms) holds 12 of 20 slots; B arrives at 1 ms and hits A's 8-token prompt (inserted on arrival),
     taking 4 more; C at 2 ms needs 13 while both run: nothing is evictable, rejected. D, after both finish,
     hits A's whole cached prompt + output (12 tokens): 8 + 12 hits, no eviction."""
-    a = Request(list(range(8)), output=[90, 91, 92, 93, 94], timestamp=0.0)
-    b = Request(list(range(8)) + [7] * 4, output=[95], timestamp=1.0)
-    c = Request([5] * 12, output=[96, 97], timestamp=2.0)
-    d = Request(list(range(8)) + [90, 91, 92, 93], output=[98], timestamp=500.0)
+    a = TraceRequest(list(range(8)), output=[90, 91, 92, 93, 94], timestamp=0.0)
+    b = TraceRequest(list(range(8)) + [7] * 4, output=[95], timestamp=1.0)
+    c = TraceRequest([5] * 12, output=[96, 97], timestamp=2.0)
+    d = TraceRequest(list(range(8)) + [90, 91, 92, 93], output=[98], timestamp=500.0)
     w = Workload("ov", [a, b, c, d])
     ov = Overlap(ms_per_output_token=20.0)
     got = counts(w, 20, ps, ov)
@@ -234,8 +243,8 @@ def test_overlap_known_answer_running_prompt_hit_and_held_slots(ps):
 def test_only_prompt_tokens_count_as_hits(ps):
     """B repeats A's prompt and starts its answer as A did: the tree holds B's prompt *and* the first tokens
     of its answer, but only the 4 prompt tokens are hits (the answer is generated, never prefilled)."""
-    a = Request([1, 2, 3, 4], output=[5, 6, 7])
-    b = Request([1, 2, 3, 4], output=[5, 6, 9])
+    a = TraceRequest([1, 2, 3, 4], output=[5, 6, 7])
+    b = TraceRequest([1, 2, 3, 4], output=[5, 6, 9])
     w = Workload("repeat", [a, b])
     assert counts(w, 32, ps) == RefReplay(32, ps).run(w, None) == (4, 0, 0, 0)
 
@@ -243,7 +252,7 @@ def test_only_prompt_tokens_count_as_hits(ps):
 def test_lru_evicts_by_the_clock_not_by_age():
     """The clock ticks per event: C re-hits A's prompt, so D's eviction takes B (least recently used), not A
     (created first), and E hits A again. 4 + 4 hits; one node evicted."""
-    reqs = [Request([1, 2, 3, 4]), Request([5, 6, 7, 8]), Request([1, 2, 3, 4]), Request([9, 9, 9, 9]),
-            Request([1, 2, 3, 4])]
+    reqs = [TraceRequest([1, 2, 3, 4]), TraceRequest([5, 6, 7, 8]), TraceRequest([1, 2, 3, 4]), TraceRequest([9, 9, 9, 9]),
+            TraceRequest([1, 2, 3, 4])]
     w = Workload("lru", reqs)
     assert counts(w, 8, 1) == RefReplay(8, 1).run(w, None) == (8, 1, 4, 0)

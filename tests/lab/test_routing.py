@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.lab.pages import Overlap
+from core.lab.page_trace import Overlap
 from core.lab.replay import replay
-from core.lab.routing import (ApproxTree, RouterConfig, prefix_keys, replay_routed, route, route_texts, split)
-from core.lab.workloads import Request, Workload
+from core.lab.routing import ApproxTree, RouterConfig, prefix_keys, replay_routed, route, route_texts, split
+from core.lab.workloads import TraceRequest, Workload
 
 SYS_A = list(range(1000, 1100))     # two 100-token system prompts
 SYS_B = list(range(2000, 2100))
@@ -22,7 +22,7 @@ def groups_workload(order: str) -> Workload:
     reqs, count = [], {"A": 0, "B": 0}
     for g in order:
         count[g] += 1
-        reqs.append(Request((SYS_A if g == "A" else SYS_B) + q(len(reqs)), output_len=1))
+        reqs.append(TraceRequest((SYS_A if g == "A" else SYS_B) + q(len(reqs)), output_len=1))
     return Workload("groups", reqs)
 
 
@@ -83,7 +83,7 @@ def test_below_the_cache_threshold_a_prompt_goes_to_the_smallest_tree():
     """A prompt sharing 20 of its 110 tokens (18 %) with replica 0 is sent to the empty replica 1
     at the default threshold 0.3 (smallest-tree misses), and follows the match at threshold 0.1."""
     shared = list(range(20))
-    w = Workload("t", [Request(shared + list(range(100, 190)), 1), Request(shared + list(range(200, 290)), 1)])
+    w = Workload("t", [TraceRequest(shared + list(range(100, 190)), 1), TraceRequest(shared + list(range(200, 290)), 1)])
     assert route(w, 2, "cache_aware", RouterConfig(miss_policy="smallest_tree")) == [0, 1]
     assert route(w, 2, "cache_aware", RouterConfig(cache_threshold=0.1, miss_policy="smallest_tree")) == [0, 0]
 
@@ -91,7 +91,7 @@ def test_below_the_cache_threshold_a_prompt_goes_to_the_smallest_tree():
 def test_a_miss_goes_to_the_least_loaded_worker():
     """With overlap, request 1 arrives while request 0 (another group) still runs on worker 0:
     its miss goes to worker 1; request 2 (group of 0) follows the match despite the load."""
-    reqs = [Request(SYS_A + q(0), 100, 0.0), Request(SYS_B + q(1), 100, 1.0), Request(SYS_A + q(2), 100, 2.0)]
+    reqs = [TraceRequest(SYS_A + q(0), 100, 0.0), TraceRequest(SYS_B + q(1), 100, 1.0), TraceRequest(SYS_A + q(2), 100, 2.0)]
     assert route(Workload("t", reqs), 2, "cache_aware", overlap=Overlap()) == [0, 1, 0]
 
 
@@ -99,7 +99,7 @@ def test_imbalance_sends_to_the_least_loaded():
     """Four long requests of one group in flight: with balance thresholds 1 / 1.5 the loads
     (2, 0) are imbalanced after two, so the third goes to replica 1 despite its prefix; the
     fourth (loads 2, 1: balanced) follows the prefix, held by both, to the most recent holder."""
-    reqs = [Request(SYS_A + q(i), output_len=100, timestamp=float(i)) for i in range(4)]
+    reqs = [TraceRequest(SYS_A + q(i), output_len=100, timestamp=float(i)) for i in range(4)]
     w = Workload("burst", reqs)
     ov = Overlap(ms_per_output_token=20.0)
     assert route(w, 2, "cache_aware", overlap=ov) == [0, 0, 0, 0]          # default abs threshold 64
@@ -127,7 +127,7 @@ def test_prefix_hash_is_stable_and_by_prefix():
 
 
 def test_route_texts_matches_characters():
-    w = Workload("t", [Request([1], 1), Request([2], 1), Request([3], 1)])
+    w = Workload("t", [TraceRequest([1], 1), TraceRequest([2], 1), TraceRequest([3], 1)])
     texts = ["You are a helpful assistant. Q: one", "Something else entirely", "You are a helpful assistant. Q: two"]
     assert route_texts(w, texts, 2, config=RouterConfig(miss_policy="smallest_tree")) == [0, 1, 0]
     # 'Q: two' shares 32 of 35 characters (0.91) with the first: below 0.95 it goes to the smaller tree

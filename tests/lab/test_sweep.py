@@ -1,5 +1,5 @@
 """Sweeps (in process and in a process pool), the results table, thresholds, files.
-(The chart lives in radixui/lab_plot.py: tests/radixui/test_lab_plot.py.)"""
+(The chart lives in core/lab/chart.py: tests/lab/test_chart.py.)"""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ import pytest
 
 from core.lab.optimal import Bounds
 from core.lab.replay import replay
-from core.lab.sweep import OPTIMAL, parse_capacities, parse_capacity, parse_policies, run_sweep
+from core.lab.sweep import OPTIMAL, parse_capacities, parse_policies, run_sweep
+from core.lab.units import parse_capacity
 from core.lab.workloads import few_shot, generated_shared_prefix
 
 

@@ -122,7 +122,7 @@ def hashed_trace(ids):
 
 
 def test_64_bit_hash_ids_give_the_hit_rates_of_the_same_trace_renumbered(tmp_path):
-    from core.eviction import POLICIES
+    from core.cache.eviction.registry import POLICIES
     from core.lab.optimal import Bounds
     from core.lab.replay import replay
     big = load_mooncake(write(tmp_path, hashed_trace(BIG), "big.jsonl"))
@@ -139,13 +139,13 @@ def test_64_bit_hash_ids_give_the_hit_rates_of_the_same_trace_renumbered(tmp_pat
 
 
 def test_block_requests_with_huge_hash_ids_are_renumbered_by_the_workload():
-    from core.lab.workloads import Request, Workload
-    w = Workload("x", [Request(hash_ids=[1 << 60, 3], input_len=1024), Request(hash_ids=[1 << 60], input_len=512)])
+    from core.lab.workloads import TraceRequest, Workload
+    w = Workload("x", [TraceRequest(hash_ids=[1 << 60, 3], input_len=1024), TraceRequest(hash_ids=[1 << 60], input_len=512)])
     assert [r.hash_ids.tolist() for r in w.requests] == [[1, 0], [1]]
     with pytest.raises(ValueError, match="below 2\\^63"):
-        Request(hash_ids=[1 << 64], input_len=512)
+        TraceRequest(hash_ids=[1 << 64], input_len=512)
     with pytest.raises(ValueError, match="too large"):
-        Request([1, 1 << 50])            # a token id in the output-id range
+        TraceRequest([1, 1 << 50])            # a token id in the output-id range
 
 
 def test_gzipped_trace_reads_like_the_plain_one(tmp_path):

@@ -8,13 +8,21 @@ import json
 import pandas as pd
 import pytest
 
+from core.cache.eviction.registry import POLICIES
 from core.lab.optimal import Bounds
-from core.eviction import POLICIES
 from core.lab.replay import pool_pages_needed, replay
 from core.lab.sweep import parse_capacities
-from core.lab.units import (GIB, add_bytes_columns, fmt_capacity, fmt_tokens, load_model_config, model_kv,
-                            parse_capacity, shipped_models)
-from core.lab.workloads import Request, Workload, multi_turn_chat
+from core.lab.units import (
+    GIB,
+    add_bytes_columns,
+    fmt_capacity,
+    fmt_tokens,
+    load_model_config,
+    model_kv,
+    parse_capacity,
+    shipped_models,
+)
+from core.lab.workloads import TraceRequest, Workload, multi_turn_chat
 
 # 2 x layers x kv heads x head dim x 2 bytes (bf16); DeepSeek-V3: (512 + 64) x 61 layers x 2 bytes
 EXPECTED = {"SmolLM2-135M": 2 * 30 * 3 * 64 * 2, "Llama-3.1-8B": 2 * 32 * 8 * 128 * 2,
@@ -118,8 +126,8 @@ def test_capacities_beyond_what_the_workload_fills_replay_there_and_lose_nothing
     # A's output leaf (inserted again at once), mru takes B's leaf, so B extended hits 0 of its 4 tokens.
     # The replay's own bound (tree + what running requests hold) keeps every policy at the infinite rate.
     a, o, bb = [1, 2], [5, 6, 7, 8, 9, 10], [20, 21, 22, 23]
-    dup = Workload("dup", [Request(a, output=o), Request(bb, output=[30]), Request(a, output=o),
-                           Request(bb + [24], output=[31])])
+    dup = Workload("dup", [TraceRequest(a, output=o), TraceRequest(bb, output=[30]), TraceRequest(a, output=o),
+                           TraceRequest(bb + [24], output=[31])])
     bd = Bounds(dup, 1)
     assert bd.distinct_pages == 12 and bd.infinite().hit_tokens == 2 + 4
     assert replay(dup, 13, "mru", 1).hit_tokens == 2 and replay(dup, 13, "mru", 1).evictions == 1

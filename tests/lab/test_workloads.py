@@ -1,12 +1,22 @@
-"""Workload generators and the Request model: shapes, sharing structure, determinism, bad input."""
+"""Workload generators and the TraceRequest model: shapes, sharing structure, determinism, bad input."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from core.lab.workloads import (GENERATORS, OUTPUT_ID_BASE, Request, Workload, concat, few_shot,
-                                generated_shared_prefix, make_workload, multi_turn_chat, tree_of_thought,
-                                workload_params)
+from core.lab.workloads import (
+    GENERATORS,
+    OUTPUT_ID_BASE,
+    TraceRequest,
+    Workload,
+    concat,
+    few_shot,
+    generated_shared_prefix,
+    make_workload,
+    multi_turn_chat,
+    tree_of_thought,
+    workload_params,
+)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -69,10 +79,10 @@ def test_few_shot_and_tree_of_thought_structure():
 
 
 def test_block_request_expands_hash_ids_and_fresh_outputs():
-    r = Request(hash_ids=[3, 9], input_len=700, output_len=4, block_size=512)
+    r = TraceRequest(hash_ids=[3, 9], input_len=700, output_len=4, block_size=512)
     ids = r.prompt_ids()
     assert len(ids) == 700 and ids[0] == 3 * 512 and ids[511] == 3 * 512 + 511 and ids[512] == 9 * 512
-    w = Workload("x", [r, Request(hash_ids=[3], input_len=10, output_len=4)])
+    w = Workload("x", [r, TraceRequest(hash_ids=[3], input_len=10, output_len=4)])
     a, b = w.requests[0].output_ids(), w.requests[1].output_ids()
     assert a.min() >= OUTPUT_ID_BASE and not set(a.tolist()) & set(b.tolist())
     assert len(r.cached_ids()) == 703 and (r.cached_ids()[700:] == a[:3]).all()
@@ -108,9 +118,9 @@ def test_concat_keeps_phases_in_order():
     (lambda: make_workload("nope"), "generated-shared-prefix"),
     (lambda: make_workload("few-shot", bogus=1), "bogus"),
     (lambda: Workload("empty", []), "no requests"),
-    (lambda: Request([], 1), "non-empty"),
-    (lambda: Request(hash_ids=[1, 2], input_len=300), "does not fit"),
-    (lambda: Request([1, 2], output_len=-1), "output_len"),
+    (lambda: TraceRequest([], 1), "non-empty"),
+    (lambda: TraceRequest(hash_ids=[1, 2], input_len=300), "does not fit"),
+    (lambda: TraceRequest([1, 2], output_len=-1), "output_len"),
 ])
 def test_bad_parameters_raise_value_error(call, msg):
     with pytest.raises(ValueError, match=msg):

@@ -12,7 +12,8 @@ import openai
 import pytest
 import uvicorn
 
-from core.engine import Engine
+from core.engine.config import EngineConfig
+from core.engine.engine import Engine
 from core.server.app import ServerSettings, create_app
 from core.server.host import EngineHost
 from tests.tiny_models import tiny_pair
@@ -63,10 +64,8 @@ def tiny_runner():
 
 
 def tiny_factory(runner):
-    def build(config: dict) -> Engine:
-        config = dict(config)
-        config.pop("model", None)
-        return Engine(runner, **config)
+    def build(config: EngineConfig) -> Engine:
+        return Engine(runner, config)
     return build
 
 

@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from core.engine import Engine
+from core.engine.engine import Engine
 from core.server.app import ServerSettings
 from tests.server.conftest import serving, wait_until
 

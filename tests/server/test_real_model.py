@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from core.engine import Engine
+from core.engine.engine import Engine
 from core.server.app import ServerSettings
 from tests.server.conftest import serving, wait_until
 

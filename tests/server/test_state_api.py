@@ -1,4 +1,4 @@
-"""The dashboard's /state routes through radixui.http_client.HttpClient, against the engine itself."""
+"""The dashboard's /state routes through radixui.connect.http_client.HttpClient, against the engine itself."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +8,10 @@ import httpx
 import numpy as np
 import pytest
 
-from core.sampling import SamplingParams
-from core.server import wire
-from radixui.http_client import HttpClient
-from radixui.state import EngineConfig
+from core.engine.sampling import SamplingParams
+from core.observe import wire
+from radixui.connect.http_client import HttpClient
+from radixui.connect.resources import EngineConfig
 from tests.server.conftest import wait_until
 
 PROMPT = [5, 17, 33, 2, 90, 61, 7, 12]

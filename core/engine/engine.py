@@ -1,0 +1,404 @@
+"""Engine: submit / step / background loop over a real model, the radix cache and the slot pool.
+
+`step()` is one deterministic scheduler step (tests and the walkthrough drive it by hand);
+`start()` runs the same steps in a thread so callers (the dashboard, the CLI) never block on
+generation. Everything a viewer needs comes out of `snapshot()` as an immutable value.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict, deque
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from core.cache.allocator import SlotAllocator
+from core.cache.radix_cache import RadixCache
+from core.engine import engine_snapshot, inputs
+from core.engine.config import EngineConfig
+from core.engine.engine_metrics import EngineMetrics
+from core.engine.inputs import Prompt
+from core.engine.model.forward_batch import ForwardBatch
+from core.engine.model.runner import ModelRunner
+from core.engine.request import ABORTED, FINISHED, Completion, Request, RequestHandle, stream_safe_len
+from core.engine.sampling import SamplingParams, sample_isolated
+from core.engine.scheduler import Scheduler
+from core.observe import snapshot as snap
+from core.observe.invariants import check_cache_invariants
+from core.observe.token_bytes import token_bytes
+
+_ENGINE_IDS = itertools.count()
+KEEP_FINISHED = 200          # finished requests kept for the dashboard's request table
+SWITCH_INTERVAL_S = 0.0002
+
+
+class Engine:
+    def __init__(self, model: Union[str, ModelRunner] = "default", config: Optional[EngineConfig] = None,
+                 **settings: Any) -> None:
+        """`model`: a name or path (loaded here) or a loaded ModelRunner. `settings`: any EngineConfig field
+        (pool_slots=..., eviction_policy=...), applied over `config` (default: EngineConfig's defaults).
+        Every setting is checked before the model loads."""
+        config = (config or EngineConfig()).replace(**settings)
+        if isinstance(model, (str, os.PathLike)):
+            config = config.replace(model=os.fspath(model))
+        self.config = config = config.validate()
+        self.runner = model if isinstance(model, ModelRunner) else inputs.load_model(model, config.device)
+        self.tokenizer = self.runner.tokenizer
+        self.device = self.runner.device
+        pool_slots, page_size = config.pool_slots, config.page_size
+        self.pool = inputs.make_pool(self.runner, pool_slots, page_size)
+        self.allocator = SlotAllocator(pool_slots, device=self.device, page_size=page_size)
+        self.cache = RadixCache(self.allocator, page_size=page_size, eviction_policy=config.eviction_policy,
+                                disable=config.disable_radix_cache, event_capacity=config.event_capacity)
+        self.cache.events.budget_bytes = config.event_budget_bytes
+        self.scheduler = Scheduler(self.cache, self.allocator, config.schedule_policy, config.max_running_requests,
+                                   config.max_prefill_tokens)
+        self.metrics = EngineMetrics()
+        self.step_count = 0
+        self.last_error: Optional[str] = None
+        size = pool_slots + page_size
+        self.slot_tokens = np.full(size, -1, dtype=np.int64)   # last token written per slot
+        self.k_norms = np.zeros((self.runner.num_layers, size), dtype=np.float32)
+        # Lock discipline: `_lock` serialises engine state (a step, abort, snapshot); `_table_lock`
+        # (the condition `_wake` waits on) guards the request table and the inbox, is held only for
+        # a few dict/list operations, and is always taken after `_lock`, never before it.
+        self._requests: "OrderedDict[str, Request]" = OrderedDict()
+        self._finished: "deque[str]" = deque()
+        self._inbox: list[Request] = []
+        self._lock = threading.RLock()
+        self.loop_thread_name = f"radix-engine-{next(_ENGINE_IDS)}"   # one name per engine: tests count its loops
+        self._table_lock = threading.Lock()
+        self._wake = threading.Condition(self._table_lock)
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._version = 0
+        self._snap: Optional[tuple] = None
+        self._pieces: dict[int, str] = {}
+
+    # ----- submitting --------------------------------------------------------------------------
+    def tokenize(self, prompt: Prompt) -> tuple[list[int], str]:
+        """Raw text (no special tokens added), token ids, or chat messages (the chat template)."""
+        return inputs.tokenize(self.tokenizer, self.runner.vocab_size, prompt)
+
+    def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None, rid: Optional[str] = None,
+               extra_key: Optional[str] = None) -> RequestHandle:
+        """Queue a request (thread-safe). Bad input raises ValueError here and queues nothing.
+
+        The request runs with a frozen copy of `params` made here: changing `params` afterwards
+        affects only requests submitted later."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params = params.frozen()
+        inputs.check_rid(rid)
+        inputs.check_extra_key(extra_key)
+        ids, text = self.tokenize(prompt)
+        pool, ps = self.allocator.num_slots, self.allocator.page_size
+        need = len(ids) + params.max_new_tokens - 1
+        if len(ids) > pool:
+            raise ValueError(f"prompt of {len(ids):,} tokens does not fit a pool of {pool:,} slots; raise pool_slots")
+        if need + (-need) % ps > pool:
+            raise ValueError(f"prompt of {len(ids):,} tokens plus max_new_tokens={params.max_new_tokens} needs "
+                             f"{need:,} slots, more than the pool's {pool:,}; lower max_new_tokens or raise pool_slots")
+        if len(ids) + params.max_new_tokens > self.runner.max_context_len:
+            raise ValueError(f"prompt of {len(ids):,} tokens plus max_new_tokens={params.max_new_tokens} exceeds the "
+                             f"model's context of {self.runner.max_context_len:,} tokens; shorten the prompt")
+        req = Request(ids, params, text, rid, extra_key)
+        req.generator = params.make_generator(self.device)
+        with self._wake:
+            if req.rid in self._requests:
+                raise ValueError(f"request id {req.rid!r} is already in use; pick another rid")
+            self._requests[req.rid] = req
+            self._inbox.append(req)
+            self._version += 1
+            self._wake.notify()
+        return RequestHandle(req)
+
+    def generate(self, prompts: Sequence[Prompt], params: Optional[SamplingParams] = None,
+                 timeout: Optional[float] = None) -> list[Completion]:
+        """Submit all, wait for all. All or nothing: a bad prompt, a timeout or an interrupt aborts
+        the ones already queued, so nothing is left running without a handle."""
+        if isinstance(prompts, (str, bytes, dict)):
+            raise ValueError("generate takes a list of prompts; wrap a single prompt in a list")
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        handles: list[RequestHandle] = []
+        try:
+            for p in prompts:
+                handles.append(self.submit(p, params))
+            while not self.running and not all(h.done() for h in handles):
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise TimeoutError(f"generate did not finish within {timeout} s; the requests were aborted")
+                if not self.step() and not all(h.done() for h in handles):
+                    raise RuntimeError("engine is idle but requests are unfinished")
+            return [h.result(None if deadline is None else max(0.0, deadline - time.perf_counter()))
+                    for h in handles]
+        except BaseException:
+            for h in handles:
+                self.abort(h.rid)
+            raise
+
+    def abort(self, rid: str) -> bool:
+        """Release everything request `rid` holds, at any stage. False if it is unknown or done."""
+        with self._lock:
+            with self._wake:
+                req = self._requests.get(rid)
+                if req is None or req.state in (FINISHED, ABORTED) or req.done.is_set():
+                    return False
+                if req in self._inbox:
+                    self._inbox.remove(req)
+            self.scheduler.abort(req)
+            self.metrics.requests_aborted += 1
+            self._complete(req, "abort")
+            return True
+
+    # ----- stepping ----------------------------------------------------------------------------
+    def _drain_inbox(self) -> None:
+        with self._wake:
+            new, self._inbox = self._inbox, []
+        for req in new:
+            self.scheduler.add(req)
+
+    def has_work(self) -> bool:
+        return bool(self._inbox or self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> bool:
+        """One scheduler step: admit, run one mixed batch, sample, cache. False when idle.
+
+        A failure is confined to the request it belongs to (that request ends with `error` set and
+        gives back its slots); a model failure fails the batch it ran. Nothing is left half-committed."""
+        with self._lock:
+            self._drain_inbox()
+            sched = self.scheduler
+            try:
+                items = sched.schedule()
+            finally:
+                failed = sched.take_failed()
+                for req, exc in failed:
+                    self._fail(req, exc, released=True)
+            if not items:
+                if failed:
+                    self._after_step()
+                return bool(failed)
+            for it in items:
+                if not it.req.counted:
+                    it.req.counted = True
+                    self.metrics.on_admit(len(it.req.prompt_ids), it.req.cached_tokens or 0)
+            try:
+                batch = ForwardBatch.build([(it.tokens, it.req.kv_slots, it.new_slots) for it in items],
+                                           device=self.device)
+                logits = self.runner.forward(batch, self.pool)
+                self._record_kv(batch)
+            except Exception as exc:  # a model failure fails this batch, not the engine
+                for it in items:
+                    sched.drop(it)
+                    self._fail(it.req, exc)
+                self._after_step()
+                return True
+            prefill = sum(max(0, min(len(it.req.prompt_ids), it.req.computed + len(it.tokens)) - it.req.computed)
+                          for it in items)
+            to_sample: list[tuple[int, Request]] = []
+            for i, it in enumerate(items):
+                try:
+                    if sched.commit(it):
+                        to_sample.append((i, it.req))
+                except Exception as exc:
+                    self._fail(it.req, exc)
+            decodes = 0
+            for req, tok in self._sample(logits, to_sample):
+                try:
+                    self._append_token(req, tok)
+                    decodes += 1
+                except Exception as exc:
+                    self._fail(req, exc)
+            self.metrics.on_step(prefill, decodes)
+            self._after_step()
+            return True
+
+    def _sample(self, logits: torch.Tensor, to_sample: list[tuple[int, Request]]) -> list[tuple[Request, int]]:
+        """One token per request; a request whose sampling fails fails alone."""
+        got, failed = sample_isolated(logits, [i for i, _ in to_sample], [r for _, r in to_sample])
+        for req, exc in failed:
+            self._fail(req, exc)
+        return got
+
+    def _fail(self, req: Request, exc: BaseException, released: bool = False) -> None:
+        """End `req` with an error and give back what it holds (uncached)."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if not released:
+            try:
+                self.scheduler.discard(req)
+            except Exception:
+                self.last_error += "; releasing it failed: " + traceback.format_exc(limit=2)
+        req.error = self.last_error
+        if not req.done.is_set():
+            self.metrics.requests_aborted += 1
+            self._complete(req, "abort")
+
+    def _after_step(self) -> None:
+        self.step_count += 1
+        self.cache.tick()
+        self._version += 1
+
+    def _record_kv(self, batch: ForwardBatch) -> None:
+        slots = batch.out_slots
+        self.slot_tokens[slots.cpu().numpy()] = batch.input_ids.cpu().numpy()
+        norms = torch.linalg.vector_norm(self.pool.k_buffer[:, slots].float(), dim=(-2, -1))
+        self.k_norms[:, slots.cpu().numpy()] = norms.cpu().numpy()
+
+    def _append_token(self, req: Request, tok: int) -> None:
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+            self.metrics.on_first_token(req.first_token_time - req.submit_time)
+        req.output_ids.append(tok)
+        reason = None
+        if tok in self.runner.eos_token_ids and not req.params.ignore_eos:
+            reason = "eos"
+        text = self._decode(req.output_ids)
+        for s in req.params.stop:
+            at = text.find(s)
+            if at >= 0:
+                text, reason = text[:at], "stop"
+        if reason is None and len(req.output_ids) >= req.params.max_new_tokens:
+            reason = "length"
+        req.output_text = text
+        safe = text[:stream_safe_len(text, req.params.stop, reason is not None)]
+        if len(safe) > req.streamed_len and safe.startswith(req.streamed_text):
+            req.stream_queue.put(safe[req.streamed_len:])
+            req.streamed_text = safe
+        if reason is not None:
+            self.scheduler.finish(req)
+            self.metrics.requests_finished += 1
+            self._complete(req, reason)
+
+    def _decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _complete(self, req: Request, reason: str) -> None:
+        req.finish_reason = reason
+        req.finish_time = time.perf_counter()
+        if reason == "abort":
+            req.state = ABORTED
+        req.stream_queue.put(None)
+        req.done.set()
+        self._version += 1
+        with self._wake:
+            self._finished.append(req.rid)
+            while len(self._finished) > KEEP_FINISHED:
+                old = self._finished.popleft()
+                gone = self._requests.get(old)
+                if gone is not None and gone.done.is_set():
+                    del self._requests[old]
+
+    # ----- background loop ---------------------------------------------------------------------
+    def start(self) -> "Engine":
+        old = self._thread
+        if old is not None and old.is_alive():
+            if not self._stop.is_set():
+                return self
+            old.join()  # a stop() that timed out mid-step: let that loop end, never run two
+        self._stop.clear()
+        # The loop thread needs the GIL back after each of the ~1,000 torch ops of a forward; with
+        # the default 5 ms switch interval a busy caller thread (a dashboard) stalls it for seconds.
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._thread = threading.Thread(target=self._loop, name=self.loop_thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self._thread = None  # else keep it: start() waits for it instead of starting a second
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.step()
+            except Exception:  # never let the loop die; record and keep serving
+                self.last_error = traceback.format_exc(limit=3)
+                busy = False
+            if not busy:
+                with self._wake:
+                    if not self._inbox and not self._stop.is_set():
+                        self._wake.wait(timeout=0.05)
+
+    # ----- control -----------------------------------------------------------------------------
+    def reset_cache(self) -> None:
+        """Empty the tree and free every slot; refused while requests hold slots."""
+        with self._lock:
+            if self.scheduler.running:
+                raise ValueError(f"{len(self.scheduler.running)} request(s) are running; "
+                                 f"wait for them or abort them before resetting the cache")
+            self.cache.reset()
+            self.metrics.reset()
+            self._version += 1
+
+    def check_invariants(self) -> None:
+        with self._lock:
+            check_cache_invariants(self.cache, self.scheduler.held_slots())
+
+    # ----- views (the snapshot is built in engine_snapshot.py) ---------------------------------
+    def version(self) -> int:
+        """A number that changes whenever anything a viewer sees changed (requests, steps, the cache)."""
+        return hash((self._version, self.cache.events.last_seq, self.step_count))
+
+    def request_tokens(self, rid: str) -> Optional[dict]:
+        """{"prompt_ids", "output_ids"} of a request still in the engine's table (the last finished ones
+        stay), or None: a viewer walks the tree with them to show the path the request matched."""
+        with self._table_lock:
+            req = self._requests.get(rid)
+            if req is None:
+                return None
+            return {"prompt_ids": [int(t) for t in req.prompt_ids], "output_ids": [int(t) for t in req.output_ids]}
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Each token's raw bytes, so a viewer decodes whole runs (byte-level BPE splits characters)."""
+        if self.tokenizer is None:
+            return [str(int(t)).encode() for t in token_ids]
+        return token_bytes(self.tokenizer, token_ids)
+
+    def token_piece(self, tok: int) -> str:
+        """A token decoded alone, once per distinct token (the snapshot's token_text)."""
+        piece = self._pieces.get(tok)
+        if piece is None:
+            piece = self._pieces[tok] = self.tokenizer.decode([tok]) if self.tokenizer is not None else str(tok)
+        return piece
+
+    def snapshot(self, wait: bool = True) -> snap.EngineSnapshot:
+        """An immutable view of everything; rebuilt only when something changed.
+
+        With `wait=False` a viewer never stalls behind a running step: while a step holds the
+        engine, it gets the view as of the previous step (the dashboard refreshes on time)."""
+        if not self._lock.acquire(timeout=0.02 if not wait and self._snap is not None else -1):
+            return self._snap[1]
+        try:
+            key = (self.cache.events.last_seq, self._version, self.step_count)
+            if self._snap is None or self._snap[0] != key:
+                with self._wake:
+                    table = list(self._requests.values())
+                    inbox = len(self._inbox)
+                self._snap = (key, engine_snapshot.build(self, table, inbox))
+            return self._snap[1]
+        finally:
+            self._lock.release()
+
+    def events_since(self, seq: int, limit: Optional[int] = None) -> list:
+        """Events after `seq`, oldest first; with `limit`, only the first `limit` of them."""
+        return self.cache.events.since(seq, limit)

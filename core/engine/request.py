@@ -1,0 +1,148 @@
+"""A request's life: its tokens, the slots it holds, and the handle a caller waits on."""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from core.cache.allocator import SLOT_DTYPE
+from core.cache.radix_cache import TreeNode
+from core.engine.sampling import SamplingParams
+
+WAITING, RUNNING, FINISHED, ABORTED = "waiting", "running", "finished", "aborted"
+_rids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Completion:
+    rid: str
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int          # prompt tokens served from the radix cache at (first) admission
+    finish_reason: Optional[str]  # "length", "stop", "eos", "abort"
+    ttft: Optional[float]       # seconds from submit to the first token
+    total_time: float
+    error: Optional[str] = None
+
+
+class Request:
+    """Scheduler-side state. `kv_slots` hold the K/V of fill_ids[:computed]; the first
+    `tree_len` of them belong to the radix tree (locked through `last_node`), the rest and
+    `tail_slots` (unused slots of a partly filled page) belong to this request."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, prompt_text: str = "",
+                 rid: Optional[str] = None, extra_key: Optional[str] = None) -> None:
+        self.rid = rid if rid is not None else f"r{next(_rids)}"
+        self.prompt_ids = list(prompt_ids)
+        self.prompt_text = prompt_text
+        self.params = params
+        self.extra_key = extra_key
+        self.output_ids: list[int] = []
+        self.output_text = ""
+        self.streamed_text = ""     # the prefix of output_text already sent to stream()
+        self.state = WAITING
+        self.finish_reason: Optional[str] = None
+        self.error: Optional[str] = None
+        self.generator: Optional[torch.Generator] = None
+        self.kv_slots = torch.empty(0, dtype=SLOT_DTYPE)
+        self.tail_slots = torch.empty(0, dtype=SLOT_DTYPE)
+        self.tree_len = 0
+        self.last_node: Optional[TreeNode] = None
+        self.cached_tokens: Optional[int] = None
+        self.admissions: list[int] = []  # cached tokens found at each admission (re-admission after retraction too)
+        self.admit_order = 0
+        self.counted = False        # admitted once: counted in the hit-rate metrics
+        self.submit_time = time.perf_counter()
+        self.first_token_time: Optional[float] = None
+        self.finish_time: Optional[float] = None
+        self.done = threading.Event()
+        self.stream_queue: "queue.Queue[Optional[str]]" = queue.Queue()
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def streamed_len(self) -> int:
+        return len(self.streamed_text)
+
+    @property
+    def computed(self) -> int:
+        return int(self.kv_slots.numel())
+
+    def own_slots(self) -> torch.Tensor:
+        return torch.cat([self.kv_slots[self.tree_len:], self.tail_slots])
+
+    def completion(self) -> Completion:
+        end = self.finish_time or time.perf_counter()
+        ttft = None if self.first_token_time is None else self.first_token_time - self.submit_time
+        return Completion(rid=self.rid, text=self.output_text, token_ids=list(self.output_ids),
+                          prompt_tokens=len(self.prompt_ids), cached_tokens=self.cached_tokens or 0,
+                          finish_reason=self.finish_reason, ttft=ttft, total_time=end - self.submit_time,
+                          error=self.error)
+
+
+def stream_safe_len(text: str, stop: Sequence[str], finished: bool) -> int:
+    """How much of `text` can be streamed now: all of it once finished; before that, everything
+    but an incomplete UTF-8 tail (decoded as U+FFFD) and the longest suffix that could still grow
+    into a stop string. Holding back only that keeps the stream a prefix of the final text."""
+    if finished:
+        return len(text)
+    end = len(text)
+    while end and text[end - 1] == "\ufffd" and len(text) - end < 4:  # a UTF-8 character is at most 4 bytes
+        end -= 1
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, end), hold, -1):
+            if text.endswith(s[:k], 0, end):
+                hold = k
+                break
+    return end - hold
+
+
+class RequestHandle:
+    """What `Engine.submit` returns: wait for the result or stream the text as it comes."""
+
+    def __init__(self, req: Request) -> None:
+        self._req = req
+        self.rid = req.rid
+
+    def done(self) -> bool:
+        return self._req.done.is_set()
+
+    def partial_text(self) -> str:
+        """The text generated so far (all of it once done): what Ctrl-C in the CLI prints."""
+        return self._req.output_text
+
+    def result(self, timeout: Optional[float] = None) -> Completion:
+        if not self._req.done.wait(timeout):
+            raise TimeoutError(f"request {self.rid} did not finish within {timeout} s "
+                               f"(is the engine loop started? call Engine.start() or Engine.step())")
+        return self._req.completion()
+
+    def stream_available(self) -> str:
+        """The streamed text that has arrived and not been read yet, without waiting."""
+        parts = []
+        while True:
+            try:
+                piece = self._req.stream_queue.get_nowait()
+            except queue.Empty:
+                return "".join(parts)
+            if piece is None:
+                self._req.stream_queue.put(None)  # keep the end marker for stream()
+                return "".join(parts)
+            parts.append(piece)
+
+    def stream(self, timeout: Optional[float] = None) -> Iterator[str]:
+        """Text deltas as tokens arrive; ends when the request finishes or is aborted."""
+        while True:
+            piece = self._req.stream_queue.get(timeout=timeout)
+            if piece is None:
+                return
+            yield piece

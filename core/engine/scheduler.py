@@ -1,0 +1,303 @@
+"""Continuous batching over the radix cache: admit, allocate (evicting), batch, cache, retract.
+
+One `schedule()` call builds a mixed batch: running requests first (a decode is one new
+token; a chunked prefill continues within the token budget), then waiting requests in
+policy order (`lpm` = longest prefix match first, as SGLang, falling back to `fcfs` above
+128 waiting, where sorting costs more than it saves and starves unique prompts). As SGLang's
+in-batch prefix caching does, a waiting request that shares 32+ not-yet-cached prefix tokens
+with one admitted this step (or still prefilling) is held back a step, so it hits the cache
+instead of computing the same prefix twice. Slots come from the allocator; when it runs dry,
+`RadixCache.evict` frees unlocked leaves, and if decoding still cannot continue the newest
+running request is retracted (its computed tokens stay cached).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from core.cache.allocator import SLOT_DTYPE, SlotAllocator
+from core.cache.radix_cache import RadixCache, RadixKey
+from core.cache.radix_node import common_len
+from core.engine.config import SCHEDULE_POLICIES
+from core.engine.request import ABORTED, FINISHED, RUNNING, WAITING, Request
+
+LPM_FALLBACK_WAITING = 128      # SGLang: above this many waiting requests lpm schedules as fcfs
+IN_BATCH_PREFIX_TOKENS = 32     # SGLang's IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD
+MAX_HELD_PER_STEP = LPM_FALLBACK_WAITING  # hold-back checks stop here, so a step costs O(128), not O(queue)
+
+
+@dataclass
+class ScheduledItem:
+    req: Request
+    tokens: list[int]          # the tokens computed this step: fill_ids[computed : computed + n]
+    new_slots: torch.Tensor    # where their K/V go
+
+
+class Scheduler:
+    def __init__(self, cache: RadixCache, allocator: SlotAllocator, schedule_policy: str,
+                 max_running_requests: int, max_prefill_tokens: int) -> None:
+        """The settings come from EngineConfig (its defaults, checks and help)."""
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown schedule policy {schedule_policy!r}; choose one of: {', '.join(SCHEDULE_POLICIES)}")
+        if max_running_requests < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
+        self.cache, self.allocator = cache, allocator
+        self.page_size = allocator.page_size
+        self.policy = schedule_policy
+        self.max_running_requests = max_running_requests
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._admit_counter = 0
+        self.retractions = 0
+        self.held_back = 0             # admissions deferred a step by in-batch prefix sharing
+        self.failed: list[tuple[Request, BaseException]] = []  # requests a step could not serve
+
+    # ----- slots -----------------------------------------------------------------------------
+    def _alloc(self, req: Request, n: int) -> Optional[torch.Tensor]:
+        """`n` slots for the request's next tokens: its partly filled page first, then new pages."""
+        tail = req.tail_slots
+        if n <= tail.numel():
+            req.tail_slots = tail[n:]
+            return tail[:n]
+        need = n - tail.numel()
+        need += (-need) % self.page_size
+        slots = self.allocator.alloc(need)
+        if slots is None:
+            self.cache.evict(need - self.allocator.available())
+            slots = self.allocator.alloc(need)
+            if slots is None:
+                return None
+        got = torch.cat([tail, slots])
+        req.tail_slots = got[n:]
+        return got[:n]
+
+    def _key(self, req: Request, n: int) -> RadixKey:
+        return RadixKey(req.fill_ids[:n], req.extra_key)
+
+    def _lock(self, req: Request, node) -> None:
+        self.cache.inc_lock_ref(node)
+        req.last_node = node
+
+    def _unlock(self, req: Request) -> None:
+        if req.last_node is not None:
+            self.cache.dec_lock_ref(req.last_node)
+            req.last_node = None
+
+    def cache_unfinished(self, req: Request) -> None:
+        """After a prefill chunk: put the computed tokens in the tree and lock the longer path."""
+        n = req.computed - req.computed % self.page_size
+        if self.cache.disable or n <= req.tree_len:
+            return
+        key = self._key(req, n)
+        cached = self.cache.insert(key, req.kv_slots[:n], req.params.priority)
+        self.allocator.free(req.kv_slots[req.tree_len:cached])
+        m = self.cache.match_prefix(key)
+        old = req.last_node
+        self._lock(req, m.last_node)
+        if old is not None:
+            self.cache.dec_lock_ref(old)
+        req.kv_slots = torch.cat([m.indices, req.kv_slots[n:]])
+        req.tree_len = int(m.indices.numel())
+
+    def release(self, req: Request, cache_kv: bool = True, finished: bool = False) -> None:
+        """Give back everything `req` holds; with `cache_kv` its computed tokens go into the tree
+        first (cache_finished_req: prompt + output minus the last token, whose KV never existed).
+        `finished`: it ended normally, so the policy hears its output length (an abort's is cut short)."""
+        n = req.computed - req.computed % self.page_size
+        free_from = req.tree_len
+        told = len(req.output_ids) if finished else None
+        if cache_kv and not self.cache.disable and n > req.tree_len:
+            cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority, output_len=told)
+            self.allocator.free(req.kv_slots[req.tree_len:cached])
+            free_from = n
+        elif told is not None and req.last_node is not None:   # the finish added no page
+            self.cache.request_finished(req.last_node, told)
+        self.allocator.free(torch.cat([req.kv_slots[free_from:], req.tail_slots]))
+        self._unlock(req)
+        req.kv_slots = req.kv_slots[:0]
+        req.tail_slots = req.tail_slots[:0]
+        req.tree_len = 0
+
+    def held_slots(self) -> torch.Tensor:
+        """Slots running requests own outside the tree (for the conservation invariant)."""
+        parts = [r.own_slots() for r in self.running]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=SLOT_DTYPE)
+
+    # ----- queue -----------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        req.state = WAITING
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+            self.release(req, cache_kv=True)
+        req.state = ABORTED
+
+    def finish(self, req: Request) -> None:
+        self.running.remove(req)
+        self.release(req, cache_kv=True, finished=True)
+        req.state = FINISHED
+
+    def _retract_newest(self) -> Request:
+        victim = max(self.running, key=lambda r: r.admit_order)
+        self.running.remove(victim)
+        self.release(victim, cache_kv=True)
+        victim.state = WAITING
+        self.waiting.insert(0, victim)
+        self.retractions += 1
+        return victim
+
+    # ----- one step --------------------------------------------------------------------------
+    def schedule(self) -> list[ScheduledItem]:
+        """Pick this step's work and give it slots. Returns an empty list when idle."""
+        items: list[ScheduledItem] = []
+        budget = self.max_prefill_tokens
+        for req in sorted(self.running, key=lambda r: r.admit_order):
+            if req not in self.running:
+                continue  # retracted while making room for an older request
+            try:
+                item, budget = self._continue(req, items, budget)
+            except Exception as exc:  # this request fails, the others run
+                items = [it for it in items if it.req is not req]
+                self._fail(req, exc)
+                continue
+            if item is not None:
+                items.append(item)
+        items.extend(self._admit(budget))
+        return items
+
+    def discard(self, req: Request) -> None:
+        """Take `req` out of the queues and give back what it holds, uncached (its K/V may be half
+        written): what a failed request leaves behind."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        self.release(req, cache_kv=False)
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        """Discard `req` and hand it to the engine to complete with the error."""
+        try:
+            self.discard(req)
+        finally:
+            self.failed.append((req, exc))
+
+    def take_failed(self) -> list[tuple[Request, BaseException]]:
+        out, self.failed = self.failed, []
+        return out
+
+    def _continue(self, req: Request, items: list[ScheduledItem], budget: int):
+        """The next item of a running request (one decode token or the next prefill chunk)."""
+        remaining = len(req.fill_ids) - req.computed
+        n = 1 if remaining == 1 else min(remaining, budget)
+        if n <= 0:
+            return None, budget
+        slots = self._alloc(req, n)
+        while slots is None and len(self.running) > 1:
+            victim = self._retract_newest()
+            items[:] = [it for it in items if it.req is not victim]
+            if victim is req:
+                break
+            slots = self._alloc(req, n)
+        if slots is None:
+            return None, budget
+        if remaining > 1:
+            budget -= n
+        return ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots), budget
+
+    def _order_waiting(self) -> tuple[list[Request], dict[int, int]]:
+        """Waiting requests in admission order, and the cached prefix length of those it measured."""
+        if self.policy == "fcfs" or len(self.waiting) < 2 or len(self.waiting) > LPM_FALLBACK_WAITING:
+            return list(self.waiting), {}
+        lens = {id(r): self.cache.peek_prefix_len(self._key(r, len(r.fill_ids) - 1)) for r in self.waiting}
+        return sorted(self.waiting, key=lambda r: -lens[id(r)]), lens  # stable: FCFS among equals
+
+    def _in_flight(self) -> list[tuple[np.ndarray, Optional[str]]]:
+        """Prompts still being prefilled: a waiting request sharing their prefix waits for the cache."""
+        return [(np.asarray(r.prompt_ids, dtype=np.int64), r.extra_key) for r in self.running
+                if r.computed < len(r.prompt_ids)]
+
+    def _hold_back(self, req: Request, cached: int, in_flight: list[tuple[np.ndarray, Optional[str]]]) -> bool:
+        """True if `req` shares 32+ uncached prefix tokens with a prompt being computed now."""
+        if self.cache.disable or not in_flight:
+            return False
+        ids = np.asarray(req.fill_ids[:-1], dtype=np.int64)
+        if ids.shape[0] - cached < IN_BATCH_PREFIX_TOKENS:
+            return False
+        return any(extra == req.extra_key and common_len(other, ids, 1) - cached >= IN_BATCH_PREFIX_TOKENS
+                   for other, extra in in_flight)
+
+    def _admit(self, budget: int) -> list[ScheduledItem]:
+        items: list[ScheduledItem] = []
+        order, lens = self._order_waiting()
+        in_flight = self._in_flight()
+        held = 0
+        for req in order:
+            if len(self.running) >= self.max_running_requests or budget <= 0:
+                break
+            try:
+                cached = lens.get(id(req))
+                if cached is None and in_flight and not self.cache.disable:
+                    cached = self.cache.peek_prefix_len(self._key(req, len(req.fill_ids) - 1))
+                if self._hold_back(req, cached or 0, in_flight):
+                    self.held_back += 1
+                    held += 1
+                    if held >= MAX_HELD_PER_STEP:
+                        break   # a step never scans a huge queue: the rest wait their turn anyway
+                    continue
+                item = self._admit_one(req, budget)
+            except Exception as exc:  # this request fails, the others are admitted
+                self._fail(req, exc)
+                continue
+            if item is None:
+                break
+            budget -= len(item.tokens)
+            items.append(item)
+            in_flight.append((np.asarray(req.prompt_ids, dtype=np.int64), req.extra_key))
+        return items
+
+    def _admit_one(self, req: Request, budget: int) -> Optional[ScheduledItem]:
+        """Match `req`'s prefix, lock it and give it slots for its first chunk; None if the pool is full."""
+        m = self.cache.match_prefix(self._key(req, len(req.fill_ids) - 1))
+        self._lock(req, m.last_node)
+        n = min(len(req.fill_ids) - int(m.indices.numel()), budget)
+        req.kv_slots, req.tree_len = m.indices, int(m.indices.numel())
+        slots = self._alloc(req, n)
+        if slots is None:
+            self._unlock(req)
+            req.kv_slots, req.tree_len = req.kv_slots[:0], 0
+            return None
+        if req.cached_tokens is None:
+            req.cached_tokens = min(req.tree_len, len(req.prompt_ids))
+        req.admissions.append(req.tree_len)
+        self.waiting.remove(req)
+        req.state = RUNNING
+        self._admit_counter += 1
+        req.admit_order = self._admit_counter
+        self.running.append(req)
+        return ScheduledItem(req, req.fill_ids[req.computed:req.computed + n], slots)
+
+    def commit(self, item: ScheduledItem) -> bool:
+        """Record a computed item; True when the request's whole fill is computed (sample now)."""
+        req = item.req
+        req.kv_slots = torch.cat([req.kv_slots, item.new_slots])
+        if req.computed == len(req.fill_ids):
+            if req.computed - len(item.tokens) < len(req.prompt_ids):
+                # its prefill just ended: share the prompt now, not when the request finishes, so the
+                # requests admitted next step hit it (SGLang caches every prefilled request this way)
+                self.cache_unfinished(req)
+            return True
+        self.cache_unfinished(req)
+        return False
+
+    def drop(self, item: ScheduledItem) -> None:
+        """A step failed: hand the item's fresh slots back to its request, which the caller then
+        releases without caching (their K/V may be half written)."""
+        item.req.tail_slots = torch.cat([item.new_slots, item.req.tail_slots])

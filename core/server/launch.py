@@ -1,0 +1,130 @@
+"""`make run`: the engine server (`python -m core.server`) and the dashboard attached to it.
+
+With $RADIX_ENGINE_URL set, only the dashboard starts, attached to that server (a GPU box).
+Ctrl-C stops both, and so do SIGTERM (`kill`, a service manager) and SIGHUP (the terminal closed); if either
+child dies, the other is stopped too, and on Linux a launcher killed outright (SIGKILL) takes them with it:
+nothing is left running on the ports.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Optional, Sequence
+
+from core import env
+from core.engine.config import EngineConfig
+from core.server.child_process import start_child
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout: app.py lives there
+
+
+def server_flags() -> list[str]:
+    """The dashboard's demo scale (EngineConfig.dashboard): a pool small enough to see every slot;
+    RADIX_POOL_SLOTS=160 make run gives a demo that evicts within a few prompts."""
+    return EngineConfig.dashboard(env.pool_slots()).to_args(["pool_slots", "max_running_requests",
+                                                              "max_prefill_tokens"])
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600, path: str = "/health") -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}{path}", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM / SIGHUP: stop the children as Ctrl-C does
+
+
+def _stop(procs: list[subprocess.Popen], dashboard_url: str = "") -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # already stopping: a second signal must not
+        signal.signal(sig, signal.SIG_IGN)                        # cut this short and orphan a child
+    if dashboard_url and procs[-1].poll() is None:
+        # Streamlit stopped while its web server is still starting prints a traceback ("'Server' object has
+        # no attribute 'servers'", 1.67): its port can already accept before it serves; let it finish first
+        _wait_healthy(dashboard_url, procs[-1], timeout=10, path="/_stcore/health")
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.time() + 15
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="make run", description="Start the engine server and the dashboard attached to "
+                                 "it (with RADIX_ENGINE_URL set: only the dashboard, attached to that server). "
+                                 "Ctrl-C stops both.")
+    ap.add_argument("--port", default=os.environ.get("PORT", "8501"), help="the dashboard's port (make run PORT=...)")
+    ap.add_argument("--server-port", default=os.environ.get("SERVER_PORT", "30000"),
+                    help="the engine server's port (make run SERVER_PORT=...)")
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    ui_port = str(args.port)
+    dashboard = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", ui_port]
+    child_env = dict(os.environ)
+    procs: list[subprocess.Popen] = []
+    dashboard_url = ""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    try:
+        if not env.engine_urls():
+            port = int(args.server_port)
+            if _port_busy(port):
+                print(f"port {port} is taken (another engine server?). Attach to it with "
+                      f"RADIX_ENGINE_URL=http://127.0.0.1:{port} make run, or pick another with "
+                      f"SERVER_PORT={port + 1} make run", file=sys.stderr)
+                return 2
+            url = f"http://127.0.0.1:{port}"
+            server = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning",
+                      *server_flags()]
+            procs.append(start_child(server, cwd=ROOT, env=child_env))   # ends with this launcher
+            print(f"engine server starting on {url} (the first start converts the model, about 30 s)...",
+                  file=sys.stderr, flush=True)
+            if not _wait_healthy(url, procs[0]):
+                print("the engine server did not come up; see its messages above", file=sys.stderr)
+                return 1
+            child_env["RADIX_ENGINE_URL"] = url
+            print(f"engine server ready: {url}  (try: curl {url}/v1/models)", file=sys.stderr, flush=True)
+        else:
+            print(f"attaching the dashboard to {','.join(env.engine_urls())}", file=sys.stderr, flush=True)
+        procs.append(start_child(dashboard, cwd=ROOT, env=child_env))
+        dashboard_url = f"http://127.0.0.1:{ui_port}"
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.3)
+        dead = next(p for p in procs if p.poll() is not None)
+        return dead.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(procs, dashboard_url)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

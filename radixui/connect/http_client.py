@@ -1,0 +1,140 @@
+"""HttpClient: the EngineClient (radixui/connect/client.py) of an engine served by `python -m core.server`.
+
+The page calls `version()` (cheap) on each refresh and `snapshot()` only when it moved; the
+snapshot itself is fetched with its ETag, so an unchanged engine costs a 304 and no JSON.
+Errors keep the interface's contract: bad input -> ValueError with the server's message,
+refusals (reset while running, rebuild that fails) -> the message string, an unreachable
+server -> ConnectionError that names the URL and how to start one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import httpx
+
+from core.cache.events import Event
+from core.engine.config import EngineConfig
+from core.engine.config import names as config_names
+from core.engine.sampling import SamplingParams
+from core.observe import wire
+from core.observe.snapshot import EngineSnapshot
+
+MAX_EVENTS_PAGE = 10_000   # core.server.state_routes.MAX_EVENTS_PAGE (not imported: that pulls in FastAPI)
+
+
+class HttpClient:
+    def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self._snap: Optional[EngineSnapshot] = None
+        self._etag: Optional[str] = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ----- transport ---------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ConnectionError(f"no engine server answers at {self.url} ({type(exc).__name__}: {exc}); start one "
+                                  f"with `python -m core.server` or fix RADIX_ENGINE_URL") from exc
+
+    @staticmethod
+    def _message(r: httpx.Response) -> str:
+        try:
+            return r.json()["error"]["message"]
+        except Exception:
+            return f"HTTP {r.status_code}: {r.text[:200]}"
+
+    def _json(self, method: str, path: str, **kw) -> Any:
+        r = self._request(method, path, **kw)
+        if r.status_code in (400, 413):
+            raise ValueError(self._message(r))
+        if r.status_code >= 400:
+            raise RuntimeError(f"{method} {path} failed: {self._message(r)}")
+        return r.json()
+
+    def _status(self) -> dict:
+        return self._json("GET", "/state/version")
+
+    # ----- EngineClient ------------------------------------------------------------------------
+    def version(self) -> int:
+        return int(self._status()["version"])
+
+    def snapshot(self) -> EngineSnapshot:
+        headers = {"If-None-Match": self._etag} if self._etag and self._snap is not None else {}
+        r = self._request("GET", "/state/snapshot", headers=headers)
+        if r.status_code == 304 and self._snap is not None:
+            return self._snap
+        if r.status_code >= 400:
+            raise RuntimeError(f"GET /state/snapshot failed: {self._message(r)}")
+        self._snap, self._etag = wire.snapshot_from_json(r.content), r.headers.get("etag")
+        return self._snap
+
+    def events_since(self, seq: int, limit: int = 2000) -> list[Event]:
+        limit = max(1, min(int(limit), MAX_EVENTS_PAGE))   # the server's page bound
+        data = self._json("GET", "/state/events", params={"since": max(0, int(seq)), "limit": limit,
+                                                          "newest": "true"})
+        return [wire.event_from_dict(d) for d in data["events"]]
+
+    def submit(self, prompt, params: SamplingParams, extra_key: Optional[str] = None) -> str:
+        p = dataclasses.asdict(params)
+        p["stop"] = list(p["stop"]) if not isinstance(p["stop"], str) else p["stop"]
+        body = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "params": p, "extra_key": extra_key}
+        r = self._request("POST", "/state/requests", json=body)
+        if r.status_code in (400, 413, 503):
+            raise ValueError(self._message(r))
+        if r.status_code >= 400:
+            raise RuntimeError(f"submit failed: {self._message(r)}")
+        return r.json()["rid"]
+
+    def token_bytes(self, token_ids) -> list[str]:
+        out: list[str] = []
+        ids = [t.item() if hasattr(t, "item") else t for t in token_ids]   # numpy ints as JSON; the server checks types
+        for i in range(0, len(ids), 50_000):          # core.server.state_routes.MAX_TOKEN_IDS a call
+            out += self._json("POST", "/state/token_bytes", json={"ids": ids[i:i + 50_000]})["bytes"]
+        return out
+
+    def request_tokens(self, rid: str) -> Optional[dict]:
+        r = self._request("GET", f"/state/requests/{rid}/tokens")
+        if r.status_code == 404:
+            return None
+        if r.status_code >= 400:
+            raise RuntimeError(f"GET /state/requests/{rid}/tokens failed: {self._message(r)}")
+        return r.json()
+
+    def abort(self, rid: str) -> bool:
+        return bool(self._json("POST", f"/state/requests/{rid}/abort")["aborted"])
+
+    def config(self) -> EngineConfig:
+        data = self._json("GET", "/state/config")
+        known = set(config_names())     # a newer server may know settings this dashboard does not
+        return EngineConfig(**{k: v for k, v in data.items() if k in known})
+
+    def rebuild(self, config: EngineConfig) -> Optional[str]:
+        r = self._request("POST", "/state/rebuild", json=config.as_dict())
+        return None if r.status_code == 200 else self._message(r)
+
+    def reset_cache(self) -> Optional[str]:
+        r = self._request("POST", "/flush_cache")
+        return None if r.status_code == 200 else self._message(r)
+
+    def last_error(self) -> Optional[str]:
+        return self._status()["last_error"]
+
+    def is_stepping(self) -> bool:
+        return bool(self._status()["stepping"])
+
+    def set_step_mode(self, on: bool) -> None:
+        self._json("POST", "/state/step_mode", json={"on": bool(on)})
+
+    def step(self) -> bool:
+        r = self._request("POST", "/state/step")
+        if r.status_code == 409:   # the loop is running: it steps by itself
+            return False
+        if r.status_code >= 400:
+            raise RuntimeError(f"step failed: {self._message(r)}")
+        return bool(r.json()["stepped"])

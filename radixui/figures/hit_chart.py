@@ -1,0 +1,50 @@
+"""Hit rate over time, from the request table: cumulative and over the last `window` requests,
+one point per admitted request (the engine's own KPIs use the same two definitions)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from radixui.figures.plot import figure
+
+WINDOW = 20
+CUMULATIVE_COLOUR, RECENT_COLOUR = "#1f2937", "#2f7fd8"
+
+
+def hit_rate_series(requests: Sequence, window: int = WINDOW) -> dict[str, list]:
+    """x = request number in submit order (only requests already admitted: a waiting request has
+    no cached-token count yet), cumulative and recent hit rate in percent of prompt tokens."""
+    x, cum, recent, rids = [], [], [], []
+    tot_c = tot_p = 0
+    last: list[tuple[int, int]] = []
+    for i, r in enumerate(requests, start=1):
+        if r.state == "waiting" or not r.prompt_tokens:
+            continue
+        tot_c += r.cached_tokens
+        tot_p += r.prompt_tokens
+        last = (last + [(r.cached_tokens, r.prompt_tokens)])[-window:]
+        x.append(i)
+        rids.append(r.rid)
+        cum.append(100.0 * tot_c / tot_p)
+        recent.append(100.0 * sum(c for c, _ in last) / sum(p for _, p in last))
+    return {"x": x, "cumulative": cum, "recent": recent, "rid": rids}
+
+
+def hit_rate_figure(requests: Sequence, window: int = WINDOW, height: int = 190) -> go.Figure:
+    s = hit_rate_series(requests, window)
+    traces = [dict(type="scatter", x=s["x"], y=s["cumulative"], mode="lines+markers", name="cumulative",
+                   line=dict(color=CUMULATIVE_COLOUR, width=2), marker=dict(size=5), customdata=s["rid"],
+                   hovertemplate="request %{customdata}<br>cumulative %{y:.1f}%<extra></extra>"),
+              dict(type="scatter", x=s["x"], y=s["recent"], mode="lines", name=f"last {window}",
+                   line=dict(color=RECENT_COLOUR, width=2, dash="dash"), customdata=s["rid"],
+                   hovertemplate=f"request %{{customdata}}<br>last {window}: %{{y:.1f}}%<extra></extra>")]
+    layout = dict(height=height, margin=dict(l=40, r=8, t=28, b=28), paper_bgcolor="#ffffff", plot_bgcolor="#ffffff",
+                  title=dict(text="Cache hit rate (% of prompt tokens)", x=0.01, font=dict(size=12)),
+                  xaxis=dict(title=None, gridcolor="#f3f4f6", dtick=1 if len(s["x"]) <= 12 else None),
+                  yaxis=dict(range=[0, 100], gridcolor="#e5e7eb", ticksuffix="%"),
+                  legend=dict(orientation="h", x=1, xanchor="right", y=1.12, yanchor="bottom", font=dict(size=10)))
+    if not s["x"]:
+        layout["annotations"] = [dict(xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                                      text="no request admitted yet", font=dict(color="#6b7280"))]
+    return figure(traces, layout)

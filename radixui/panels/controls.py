@@ -1,0 +1,75 @@
+"""Sidebar controls of the Live page: engine settings (rebuild), reset, refresh and step mode.
+Everything goes through the EngineClient, so the same sidebar drives a local or a remote engine."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import streamlit as st
+
+from core.engine.config import FORM_FIELDS, describe_choice, form_options
+from radixui.connect.client import EngineClient
+
+
+def engine_settings(client: EngineClient) -> None:
+    """The engine's settings form, one widget per EngineConfig setting that has one; Apply rebuilds."""
+    cfg = client.config()
+    with st.sidebar.form("engine_settings"):
+        st.markdown("**Engine** (applying rebuilds it)")
+        values = {f.name: _widget(f, getattr(cfg, f.name)) for f in FORM_FIELDS}
+        if st.form_submit_button("Apply", width="stretch"):
+            values["model"] = values["model"].strip() or "default"
+            try:
+                new = cfg.replace(**values).validate()
+            except ValueError as exc:
+                st.session_state.flash = ("error", f"Engine not changed: {exc}")
+                return
+            err = client.rebuild(new)
+            if err:
+                st.session_state.flash = ("error", f"Engine not changed: {err}")
+            else:
+                st.session_state.flash = ("success", f"Engine rebuilt: {new.pool_slots} slots, {new.eviction_policy}")
+                st.session_state.pop("tt_seq", None)
+
+
+def _widget(f: dataclasses.Field, value: Any) -> Any:
+    label, help_ = f.metadata["label"], f.metadata["help"]
+    kind = f.metadata["form"]
+    if kind == "text":
+        return st.text_input(label, value, help=help_)
+    if kind == "number":
+        return int(st.number_input(label, min_value=f.metadata["minimum"] or 0, max_value=10_000_000, value=int(value),
+                                   step=64 if f.name == "pool_slots" else 1, help=help_))
+    if kind == "checkbox":
+        return st.checkbox(label, value, help=help_)
+    options = form_options(f)
+    if value not in options:
+        options.append(value)
+    return st.selectbox(label, options, index=options.index(value), help=help_,
+                        format_func=lambda v: describe_choice(f.name, v))
+
+
+def live_controls(client: EngineClient) -> tuple[bool, float]:
+    """Returns (live refresh on, poll interval s). Step mode stops the engine loop."""
+    sb = st.sidebar
+    sb.markdown("**View**")
+    live = sb.toggle("Live refresh", value=True, help="Pause to freeze the views while you read them")
+    interval = sb.select_slider("Check for changes every", options=[0.25, 0.5, 1.0, 2.0], value=1.0,
+                                format_func=lambda s: f"{s:g} s",
+                                help="The page polls a cheap version number and redraws only when the engine changed; every poll also costs the browser a repaint, so while nothing runs or waits it polls every 3 s (or this, if longer)")
+    stepping = client.is_stepping()
+    step_mode = sb.toggle("Step mode", value=stepping,
+                          help="Stop the engine thread and advance one scheduler step per click")
+    if step_mode != stepping:
+        client.set_step_mode(step_mode)
+    if step_mode and sb.button("Step", width="stretch", help="One scheduler step: admit, batch, sample, cache"):
+        if not client.step():
+            st.session_state.flash = ("info", "Nothing to do: no request is waiting or running.")
+    if sb.button("Reset cache", width="stretch"):
+        err = client.reset_cache()
+        if err:
+            st.session_state.flash = ("error", err)
+        else:
+            st.session_state.pop("tt_seq", None)
+            st.session_state.flash = ("success", "Cache reset: the tree is empty and every slot is free.")
+    return live, interval

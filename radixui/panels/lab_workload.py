@@ -1,0 +1,108 @@
+"""Capacity lab, section 1: the workload to replay (a preset generator, an uploaded trace, or a bundled
+Mooncake trace) and the capacities and page size that suit it."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Optional
+
+import streamlit as st
+
+from core.lab.traces import load_mooncake
+from core.lab.workloads import GENERATORS, Workload
+from radixui.connect.resources import DEFAULT_MODEL, get_holder, get_runner
+from radixui.panels import lab_inputs as li
+
+SOURCES = ["Preset workload", "Upload a trace", "Bundled Mooncake trace"]
+
+
+@dataclass
+class WorkloadChoice:
+    workload: Workload
+    default_caps: Optional[str]     # capacities that suit it (None: suggest from its size)
+    default_ps: int                 # its natural page size (a block trace's block size)
+    source_key: str                 # names the widgets that depend on this workload
+
+
+@st.cache_resource(show_spinner="Reading the Mooncake trace...")
+def _mooncake(path: str, mtime: float):
+    return load_mooncake(path)
+
+
+def model_name() -> str:
+    """The model of the in-process engine the lab tokenizes text and runs prompts with."""
+    holder = get_holder()
+    return holder.config.model if holder.config else DEFAULT_MODEL
+
+
+def _tokenize(text: str) -> list:
+    """Text lines of an uploaded trace: the engine's tokenizer (loads the model once, on first use)."""
+    return get_runner(model_name()).tokenizer.encode(text, add_special_tokens=False)
+
+
+def workload_section() -> WorkloadChoice:
+    """The workload picker; stops the page (st.stop) while there is nothing to replay yet."""
+    bundled = {name: t for name, t in li.MOONCAKE_TRACES.items() if t.path.exists()}
+    sources = SOURCES if bundled else SOURCES[:2]
+    source = st.radio("Workload", sources, horizontal=True, key="cap_source")
+    default_caps, default_ps, source_key = None, 1, source
+    if source == "Preset workload":
+        name = st.selectbox("Generator", list(GENERATORS), key="cap_preset",
+                            format_func=lambda n: f"{n}: {(GENERATORS[n].__doc__ or '').strip().splitlines()[0].replace('`', '')}")
+        source_key = name
+        params = {}
+        with st.expander("Workload parameters", expanded=False):
+            cols = st.columns(4)
+            for i, (k, v) in enumerate(li.preset_params(name).items()):
+                col, key, hlp = cols[i % 4], f"cap_p_{name}_{k}", li.PARAM_HELP.get(k)
+                if (name, k) in li.CHOICES:
+                    params[k] = col.selectbox(k, li.CHOICES[name, k], index=li.CHOICES[name, k].index(v), key=key, help=hlp)
+                elif k == "request_rate":
+                    params[k] = col.number_input(k, min_value=0.0, value=float(v or 0.0), step=1.0, key=key, help=hlp)
+                else:
+                    params[k] = int(col.number_input(k, min_value=0 if k == "seed" else 1, value=int(v), step=1, key=key,
+                                                     help=hlp))
+        try:
+            workload = li.preset_workload(name, params)
+        except ValueError as exc:
+            st.error(f"These workload parameters do not work: {exc}")
+            st.stop()
+        default_caps = li.PRESET_CAPACITIES.get(name)
+    elif source == "Upload a trace":
+        up = st.file_uploader("Trace (JSONL)", type=["jsonl", "json", "txt"], key="cap_upload",
+                              help="Mooncake lines {timestamp, input_length, output_length, hash_ids}, or one request a "
+                                   "line: [token ids], {\"input_ids\": [...], \"output_len\": 8} or {\"text\": \"...\"} "
+                                   "(texts are tokenized with the engine's tokenizer, which loads the model once).")
+        skip = st.checkbox("Skip malformed lines (count them instead of stopping at the first)", key="cap_skip")
+        if up is None:
+            st.info("Upload a Mooncake JSONL trace or a JSONL of token-id lists to replay it. No file yet: pick "
+                    "“Preset workload” to try the lab at once.")
+            st.stop()
+        data = up.getvalue()
+        digest = (hashlib.sha1(data).hexdigest(), skip)
+        cached = st.session_state.get("cap_upload_parsed")
+        if cached is not None and cached[0] == digest:
+            workload = cached[1]
+        else:
+            try:
+                workload = li.read_uploaded_trace(data, up.name, _tokenize, skip)
+            except ValueError as exc:
+                st.error(f"Cannot use this trace: {exc}")
+                st.stop()
+            st.session_state.cap_upload_parsed = (digest, workload)
+        if workload.skipped_lines:
+            st.warning(f"{workload.skipped_lines:,} malformed line(s) skipped.")
+        source_key = f"upload_{digest[0][:12]}"
+        default_ps = li.MOONCAKE_PAGE_SIZE if workload.is_block_trace else 1
+    else:
+        name = st.selectbox("Trace", list(bundled), key="cap_bundled")
+        trace = bundled[name]
+        path = trace.path.resolve()
+        workload = _mooncake(str(path), path.stat().st_mtime)
+        default_caps, default_ps, source_key = trace.capacities, li.MOONCAKE_PAGE_SIZE, f"mooncake_{name}"
+        st.caption(trace.caption)
+
+    longest = max(r.prompt_len for r in workload.requests)
+    st.caption(f"**{workload.name}**: {len(workload):,} requests, {workload.prompt_tokens:,} prompt tokens "
+               f"(longest {longest:,}), {'with' if workload.has_timestamps else 'no'} timestamps.")
+    return WorkloadChoice(workload, default_caps, default_ps, source_key)

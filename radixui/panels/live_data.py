@@ -1,0 +1,101 @@
+"""What the Live page keeps between reruns, fetched incrementally through the client: the events
+since the last reset (only the new ones each time), token bytes for the labels, and figures that
+are rebuilt only when their inputs changed."""
+from __future__ import annotations
+
+from typing import Any, Callable, MutableMapping, Optional
+
+from core.cache.events import ev_get, ev_kind
+from core.observe.snapshot import EngineSnapshot
+from core.observe.time_travel import Replayer, empty_snapshot
+from core.observe.token_bytes import TokenDecoder
+
+MAX_EVENTS = 100_000   # the engine's ring; time travel covers at most this many events
+FETCH = 20_000
+
+
+class EventStore:
+    """Events since the latest reset, in order, fetched with `events_since(last_seq)` so each
+    refresh moves only what is new. `complete` is False when the ring dropped some."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.last_seq = 0
+        self.start_seq = 0      # the reset (or 0) the events follow
+        self.complete = True
+        self.replayer: Optional[Replayer] = None
+
+    def sync(self, client: Any, snap: EngineSnapshot) -> None:
+        if snap.seq < self.last_seq:          # a rebuilt engine starts counting again
+            self.__init__()
+        while self.last_seq < snap.seq:
+            new = client.events_since(self.last_seq, FETCH)
+            if not new:
+                break
+            first = int(ev_get(new[0], "seq"))
+            if first != self.last_seq + 1:      # the ring dropped some: restart from what is left
+                self.events, self.complete, self.replayer = [], False, None
+            self._add(new)
+            if len(new) < FETCH:
+                break
+
+    def _add(self, new: list) -> None:
+        for i in range(len(new) - 1, -1, -1):
+            if ev_kind(new[i]) == "reset":
+                self.events, self.complete, self.replayer = [], True, None
+                self.start_seq = int(ev_get(new[i], "seq"))
+                new = new[i + 1:]
+                break
+        self.events.extend(new)
+        if len(self.events) > MAX_EVENTS:
+            del self.events[:len(self.events) - MAX_EVENTS]
+            self.complete, self.replayer = False, None
+        if new:
+            self.last_seq = int(ev_get(new[-1], "seq"))
+        elif self.start_seq > self.last_seq:
+            self.last_seq = self.start_seq
+        if self.replayer is not None and new:
+            self.replayer.extend(new)
+
+    def recent(self, n: int = 2000) -> list:
+        return self.events[-n:]
+
+    def replayer_for(self, snap: EngineSnapshot) -> Replayer:
+        """A Replayer over the events since the reset, extended as events arrive (its checkpoints
+        stay valid), so a time-travel step replays at most one checkpoint interval."""
+        if self.replayer is None:
+            initial = empty_snapshot(snap.cache.num_slots, snap.cache.page_size, snap.cache.policy,
+                                     seq=self.start_seq)
+            self.replayer = Replayer(initial, self.events)
+        return self.replayer
+
+
+def event_store(state: MutableMapping) -> EventStore:
+    if "_events" not in state:
+        state["_events"] = EventStore()
+    return state["_events"]
+
+
+def decoder(state: MutableMapping, client: Any, snap: EngineSnapshot, model: str) -> TokenDecoder:
+    """A TokenDecoder for the snapshot's tokens; their bytes come from the client once per token
+    (when that call fails, labels join per-token pieces)."""
+    known: dict = state.setdefault("_token_bytes", {}).setdefault(model, {})
+    missing = [t for t in snap.token_text if t not in known]
+    if missing:
+        try:
+            hexes = client.token_bytes(missing)
+        except (ValueError, KeyError, OSError):   # OSError covers an unreachable server
+            hexes = None
+        if hexes and len(hexes) == len(missing):
+            known.update({t: bytes.fromhex(h) for t, h in zip(missing, hexes)})
+    return TokenDecoder(snap.token_text, known)
+
+
+def cached_figure(state: MutableMapping, name: str, key: tuple, build: Callable[[], Any],
+                  fresh: bool = True) -> Any:
+    """Rebuild a figure only when its inputs (the key) changed; with `fresh=False` (a hidden view)
+    keep whatever was built last, and build only when there is none yet."""
+    store = state.setdefault("_figs", {})
+    if name not in store or (fresh and store[name][0] != key):
+        store[name] = (key, build())
+    return store[name][1]

@@ -1,0 +1,256 @@
+"""Issue 10, items 1-3, 6 and 9: inputs that passed validation and then stalled or leaked the engine.
+Each test ends with no slot leaked and the engine still serving exact greedy output."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from core.engine.engine import Engine
+from core.engine.request import ABORTED
+from core.engine.sampling import SamplingParams
+from tests.engine_checks import still_serves
+from tests.tiny_models import reference_greedy, tiny_pair
+
+PROMPTS = [[7, 3, 9, 2, 11, 5], [8, 8, 1, 2], [4, 10, 12, 13, 14], [21, 22, 23], [30, 31, 32, 33, 34, 35]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair("llama")
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -1e-9, "0.5", None, True])
+def test_item1_non_finite_or_mistyped_temperature_is_refused(pair, temperature):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        e.submit([1, 2, 3], SamplingParams(temperature=temperature))
+    still_serves(e, ref)
+
+
+def test_item1_tiny_temperature_is_greedy_as_in_sglang(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    got = e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=6, temperature=1e-40))[0]
+    assert got.error is None and got.token_ids == reference_greedy(ref, PROMPTS[0], 6)
+    still_serves(e, ref)
+
+
+def test_item1_a_request_the_model_poisons_fails_alone(pair):
+    """A model fault confined to one request (NaN logits: its prompt holds a token whose embedding
+    is NaN) fails that request only: the four innocent ones in the same batch finish exactly."""
+    ref, runner = pair
+    poisoned_ref, poisoned_runner = tiny_pair("llama")
+    with torch.no_grad():
+        poisoned_runner.model.model.embed_tokens.weight[99] = float("nan")
+    e = Engine(poisoned_runner, pool_slots=300)
+    bad = e.submit([5, 99, 6], SamplingParams(max_new_tokens=4, temperature=0.8, seed=1))
+    good = [e.submit(p, SamplingParams(max_new_tokens=5)) for p in PROMPTS[:4]]
+    assert e.step()   # one batch holds all five
+    while e.has_work():
+        e.step()
+    c = bad.result(0)
+    assert c.finish_reason == "abort" and "non-finite" in c.error and e._requests[bad.rid].state == ABORTED
+    for p, h in zip(PROMPTS, good):
+        assert h.result(0).error is None and h.result(0).token_ids == reference_greedy(ref, p, 5)
+    still_serves(e, poisoned_ref)
+
+
+@pytest.mark.parametrize("priority", [None, "high", 1.5, True, 2 ** 70])
+def test_item2_bad_priority_is_refused(pair, priority):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=64, eviction_policy="priority")
+    with pytest.raises(ValueError, match="priority must be an integer"):
+        e.submit([1, 2, 3], SamplingParams(priority=priority))
+    still_serves(e, ref)
+
+
+def test_item2_priority_reaches_the_tree_and_the_priority_policy(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=64, eviction_policy="priority")
+    e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=2, priority=7))
+    e.generate([PROMPTS[1]], SamplingParams(max_new_tokens=2, priority=0))
+    snap = e.snapshot().cache
+    low = [n for n in snap.nodes[1:] if n.priority == 0]
+    high = [n for n in snap.nodes[1:] if n.priority == 7]
+    # each request's path (its prompt node and its output-token leaf) carries its priority
+    assert [n.token_ids for n in high][0] == tuple(PROMPTS[0]) and [n.token_ids for n in low][0] == tuple(PROMPTS[1])
+    assert len(low) == len(high) == 2
+    # the low-priority path goes first although it is the most recently used
+    assert set(snap.eviction_order[:2]) == {n.id for n in low}
+    assert set(snap.eviction_order[2:]) == {n.id for n in high}
+    still_serves(e, ref)
+
+
+@pytest.mark.parametrize("extra_key", [["tenant"], {"a": 1}, 5, b"t"])
+def test_item3_unhashable_or_non_string_extra_key_is_refused(pair, extra_key):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match="extra_key must be None or a string"):
+        e.submit([1, 2, 3], extra_key=extra_key)
+    assert e.step() is False
+    still_serves(e, ref)
+
+
+def test_item3_extra_key_separates_namespaces(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    p = PROMPTS[0] * 3
+    a = e.submit(p, SamplingParams(max_new_tokens=2), extra_key="alice")
+    e.generate([], None)
+    while e.has_work():
+        e.step()
+    b = e.submit(p, SamplingParams(max_new_tokens=2), extra_key="bob")
+    c = e.submit(p, SamplingParams(max_new_tokens=2), extra_key="alice")
+    while e.has_work():
+        e.step()
+    assert (a.result(0).cached_tokens, b.result(0).cached_tokens, c.result(0).cached_tokens) == (0, 0, len(p) - 1)
+    assert a.result(0).token_ids == b.result(0).token_ids == c.result(0).token_ids
+    still_serves(e, ref)
+
+
+def test_item6_params_are_copied_and_frozen_at_submit(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=40)
+    params = SamplingParams(max_new_tokens=4)
+    h = e.submit(PROMPTS[0], params)
+    params.max_new_tokens = 10_000          # would need far more than the 40-slot pool
+    params.temperature = float("nan")
+    params.stop = None
+    req = e._requests[h.rid]
+    assert req.params is not params and req.params.max_new_tokens == 4
+    with pytest.raises(AttributeError, match="frozen"):
+        req.params.max_new_tokens = 10_000
+    while e.has_work():
+        e.step()
+    assert h.result(0).token_ids == reference_greedy(ref, PROMPTS[0], 4)
+    with pytest.raises(ValueError, match="temperature"):   # what is validated now is what runs
+        e.submit(PROMPTS[0], params)
+    still_serves(e, ref)
+
+
+@pytest.mark.parametrize("stop", [None, [""], [1], b"x", ("a",) * 65])
+def test_bad_stop_is_refused(pair, stop):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match="stop must be"):
+        e.submit([1, 2], SamplingParams(stop=stop))
+    still_serves(e, ref)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("seed", -1, "seed must be None or an integer"), ("seed", 1.5, "seed must be None or an integer"),
+    ("top_k", 2.0, "top_k must be an integer"), ("top_p", float("nan"), r"top_p must be in \(0, 1\]"),
+    ("ignore_eos", "yes", "ignore_eos must be True or False"), ("max_new_tokens", 3.0, "max_new_tokens must be"),
+])
+def test_every_field_is_type_checked(pair, field, value, message):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match=message):
+        e.submit([1, 2], SamplingParams(**{field: value}))
+    still_serves(e, ref)
+
+
+def test_item9_generate_is_all_or_nothing(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        e.generate([PROMPTS[0], PROMPTS[1], [999]], SamplingParams(max_new_tokens=3))
+    assert not e.has_work() and all(r.state == ABORTED for r in e._requests.values())
+    still_serves(e, ref)
+
+
+def test_item9_generate_timeout_cancels(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=400).start()
+    try:
+        with pytest.raises(TimeoutError):
+            e.generate([PROMPTS[0], PROMPTS[1]], SamplingParams(max_new_tokens=300, ignore_eos=True), timeout=0.01)
+        assert all(r.state == ABORTED for r in e._requests.values())
+    finally:
+        e.stop()
+    still_serves(e.start(), ref)
+
+
+def test_item9_generate_timeout_without_a_loop(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=400)
+    with pytest.raises(TimeoutError):
+        e.generate([PROMPTS[2]], SamplingParams(max_new_tokens=300), timeout=0.0)
+    still_serves(e, ref)
+
+
+def test_item9_short_stop_then_start_never_runs_two_loops(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=400).start()
+    h = e.submit(PROMPTS[0], SamplingParams(max_new_tokens=60))
+    e.stop(timeout=0)        # shorter than any step
+    e.start()
+    loops = [t for t in threading.enumerate() if t.name == e.loop_thread_name]
+    assert len(loops) == 1
+    assert h.result(timeout=120).token_ids == reference_greedy(ref, PROMPTS[0], 60)
+    e.stop()
+    assert not [t for t in threading.enumerate() if t.name == e.loop_thread_name]
+    still_serves(e, ref)
+
+
+@pytest.mark.parametrize("prompt, message", [
+    (b"hello", "not bytes"), (bytearray(b"\x01\x02"), "not bytes"), ({"role": "user"}, "a prompt is a string"),
+    ([1, 2.0], "a prompt is a string"), ([True, 1], "a prompt is a string"), (42, "a prompt is a string"),
+    (None, "a prompt is a string"),
+])
+def test_item9_bytes_and_odd_prompts_are_refused(pair, prompt, message):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match=message):
+        e.submit(prompt)
+    still_serves(e, ref)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(pool_slots=True), "pool_slots must be an integer"), (dict(pool_slots=64.0), "pool_slots must be an integer"),
+    (dict(max_running_requests=2.5), "max_running_requests must be an integer"),
+    (dict(max_prefill_tokens=0), "max_prefill_tokens must be an integer"),
+    (dict(page_size="2"), "page_size must be an integer"),
+    (dict(disable_radix_cache="no"), "disable_radix_cache must be True or False"),
+    (dict(pool_slots=10 ** 12), "lower pool_slots"),
+])
+def test_item9_bad_engine_settings(pair, kwargs, message):
+    _, runner = pair
+    with pytest.raises(ValueError, match=message):
+        Engine(runner, **kwargs)
+
+
+@pytest.mark.parametrize("model, message", [
+    (None, "model must be 'default', a local model path or a ModelRunner"),
+    (3, "model must be 'default'"),
+])
+def test_item9_bad_model_argument(model, message):
+    with pytest.raises(ValueError, match=message):
+        Engine(model)
+
+
+def test_item9_cuda_on_a_cpu_box_is_one_value_error():
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="unknown device"):
+            Engine("default", device="tpu9")
+    else:
+        with pytest.raises(ValueError, match="CUDA is not available on this machine; pass --device cpu"):
+            Engine("default", device="cuda")
+
+
+def test_bad_rid_and_params_type(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match="rid must be None or a non-empty string"):
+        e.submit([1], rid=["x"])
+    with pytest.raises(ValueError, match="params must be SamplingParams"):
+        e.submit([1], params={"max_new_tokens": 2})
+    e.submit([1], rid="same")
+    with pytest.raises(ValueError, match="already in use"):
+        e.submit([2], rid="same")
+    while e.has_work():
+        e.step()
+    still_serves(e, ref)

@@ -1,0 +1,160 @@
+"""The Live page's pure parts: the request table, notes, the form's checks, the KPI line, the
+SGLang status line, the hit-rate series, and the walkthrough's note on the article's numbers."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from core.cache.events import AllocEvent, EvictEvent
+from core.observe.snapshot import RequestView
+from core.observe.time_travel import empty_snapshot
+from radixui.figures.hit_chart import hit_rate_figure, hit_rate_series
+from radixui.figures.kpis import kpi_line, kpis, sglang_status
+from radixui.figures.narrate import article_token_note, word_groups
+from radixui.figures.plot import validate
+from radixui.panels.live_views import TABLE_COLUMNS, _selected_rid, chunked_prefill_note, request_table
+from radixui.panels.prompt_panel import form_params
+
+
+def req(rid, state="finished", prompt=10, cached=0, out=3, ttft=0.25):
+    return RequestView(rid=rid, state=state, prompt_tokens=prompt, cached_tokens=cached, output_tokens=out,
+                       prompt_text="p", output_text="o", finish_reason="length" if state == "finished" else None,
+                       ttft=ttft, total_time=1.0)
+
+
+class Snap:
+    def __init__(self, requests):
+        self.requests = tuple(requests)
+        self.cache = empty_snapshot(64)
+
+
+def test_request_table_lists_pending_submissions_first_and_marks_the_shown_path():
+    snap = Snap([req("r1", cached=4, prompt=5), req("r2", state="waiting", ttft=None, out=0)])
+    df = request_table(snap, {"r1": ("p", 0.0), "r9": ("Why is the sky blue", 1.0)}, selected="r1")
+    assert list(df.columns) == TABLE_COLUMNS and "TTFT from submit (s)" in TABLE_COLUMNS
+    assert list(df["request"]) == ["r9", "r2", "r1"]          # r1 is listed by the engine: not pending
+    assert list(df["state"]) == ["submitted", "waiting", "finished"]
+    assert list(df["cached / prompt"]) == ["", "", "4 / 5"]    # waiting: not matched yet
+    assert list(df["path"]) == ["", "", "◀ in tree"]
+
+
+def test_selected_row_maps_to_the_rid_drawn_last_run():
+    ss = {"_table_rids": ["r9", "r2", "r1"], "req_table": {"selection": {"rows": [2], "columns": []}}}
+    assert _selected_rid(ss) == "r1"
+    ss["_table_rids"] = ["r10", "r9", "r2", "r1"]               # a new row on top: still r1
+    assert _selected_rid(ss) == "r1"
+    ss["req_table"] = {"selection": {"rows": [], "columns": []}}
+    assert _selected_rid(ss) is None
+
+
+def test_chunked_prefill_is_explained():
+    assert chunked_prefill_note(Snap([req("r1", prompt=1024)]), 1024) is None
+    note = chunked_prefill_note(Snap([req("r1", prompt=1112)]), 1024)
+    assert "1,112 tokens, more than max prefill (1,024)" in note and "prefilled in 2 chunks" in note
+    assert "shows as 2 nodes" in note
+
+
+@pytest.mark.parametrize("fields, message", [
+    ((-5, 0, 1, 0, 1, 0), "Max new tokens must be a whole number of at least 1; got -5"),
+    ((0, 0, 1, 0, 1, 0), "Max new tokens must be a whole number of at least 1; got 0"),
+    ((2.5, 0, 1, 0, 1, 0), "Max new tokens must be a whole number"),
+    ((math.nan, 0, 1, 0, 1, 0), "Max new tokens"),
+    ((8, -1, 1, 0, 1, 0), "Temperature must be at least 0 and at most 2"),
+    ((8, 0, 0, 0, 1, 0), "Top p must be above 0 and at most 1"),
+    ((8, 0, 1, -3, 1, 0), "Top k must be a whole number of at least 0"),
+    ((8, 0, 1, 0, 0, 0), "Copies must be a whole number from 1 to 64"),
+    ((8, 0, 1, 0, 65, 0), "Copies must be a whole number from 1 to 64"),
+    ((8, 0, 1, 0, 1, 0.5), "Priority must be a whole number"),
+])
+def test_form_params_name_the_bad_field(fields, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        form_params(*fields)
+
+
+def test_form_params_pass_the_values_through():
+    params, copies = form_params(100000, 0.7, 0.9, 40, 3, 5)
+    assert (params.max_new_tokens, params.temperature, params.top_p, params.top_k, params.priority) == \
+        (100000, 0.7, 0.9, 40, 5)
+    assert copies == 3 and isinstance(params.max_new_tokens, int)
+
+
+def test_kpi_line_is_one_element_with_every_tile_and_the_step():
+    m = {"hit_rate": 0.5, "running": 0, "waiting": 0, "locked_slots": 0, "free_slots": 10}
+    line = kpi_line(m, step=42)
+    assert line.count("class='kpi-l'") == len(kpis(m)) == 10
+    assert ">step 42<" in line and line.startswith("<div") and line.count("<div") == 1
+    assert "<b class='kpi-v'>0 / 0</b>" in line and "<b class='kpi-v'>50.0%</b>" in line
+
+
+def test_sglang_status_line():
+    m = {"running": 2, "waiting": 1, "num_slots": 1024, "free_slots": 1000, "token_usage": 24 / 1024,
+         "hit_rate": 0.452, "decode_tokens_per_s": 12.345}
+    assert sglang_status(m) == ("#running-req: 2, #queue-req: 1, #token: 24, token usage: 0.02, "
+                                "cache hit rate: 45.2%, gen throughput (token/s): 12.35")
+    assert sglang_status({}).startswith("#running-req: –, #queue-req: –, #token: –")
+
+
+def test_hit_rate_series_cumulative_and_recent():
+    rs = [req("a", prompt=10, cached=0), req("b", state="waiting", cached=0), req("c", prompt=10, cached=10),
+          req("d", prompt=20, cached=5)]
+    s = hit_rate_series(rs, window=2)
+    assert s["x"] == [1, 3, 4] and s["rid"] == ["a", "c", "d"]      # the waiting one has no count yet
+    assert s["cumulative"] == [0.0, 50.0, 37.5]
+    assert s["recent"] == [0.0, 50.0, 50.0]                        # (10 + 5) / (10 + 20)
+    fig = validate(hit_rate_figure(rs))
+    assert [t.name for t in fig.data] == ["cumulative", "last 20"]
+
+
+def test_word_groups_join_pieces_into_words():
+    assert word_groups(["Why", " my", " code", " won", "'t", " compile"]) == \
+        [["Why"], [" my"], [" code"], [" won", "'t"], [" compile"]]
+
+
+def test_article_note_explains_the_extra_slot_at_time_3():
+    tokens = ["Why", " my", " code", " won", "'t", " compile"]
+    events = [EvictEvent(seq=1, time=3, node=3, parent=2, token_ids=(5, 6, 7, 8), slots=(6, 7, 8, 9),
+                         last_access_time=1, policy_key=(1,)),
+              AllocEvent(seq=2, time=3, slots=(6, 7, 8))]
+    note = article_token_note(tokens, 3, events)
+    assert "'won't' is ' won' + ''t'" in note and "the prompt is 6 tokens, not 5" in note
+    assert "3 new tokens need slots where the article needs 2" in note
+    assert "alloc(3) takes [6,7,8] where the article's takes [6,7]" in note
+    assert "only [9] stays free but stale (the article: [8,9])" in note
+    assert article_token_note(["Why", " my", " code", " is", " slow"], 3, events) is None
+
+
+def test_cached_figure_rebuilds_on_new_inputs_and_a_hidden_view_keeps_its_last():
+    from radixui.panels.live_data import cached_figure
+    ss, built = {}, []
+    make = lambda tag: (lambda: built.append(tag) or tag)  # noqa: E731
+    assert cached_figure(ss, "row", (1,), make("a"), fresh=False) == "a"   # none yet: built even hidden
+    assert cached_figure(ss, "row", (2,), make("b"), fresh=False) == "a"   # hidden: the last one
+    assert cached_figure(ss, "row", (1,), make("c")) == "a"                # same inputs: not rebuilt
+    assert cached_figure(ss, "row", (2,), make("d")) == "d"                # open, new inputs: rebuilt
+    assert built == ["a", "d"]
+
+
+@pytest.mark.parametrize("metrics, quiet", [
+    ({"running": 0, "waiting": 0}, True), ({"running": 1, "waiting": 0}, False),
+    ({"running": 0, "waiting": 2}, False), ({}, True), (None, True),
+])
+def test_engine_quiet_means_nothing_running_or_queued(metrics, quiet):
+    from radixui.panels.live_views import engine_quiet
+
+    class S:
+        pass
+    s = S()
+    s.metrics = metrics
+    assert engine_quiet(s) is quiet
+
+
+def test_event_log_marks_splits_and_evictions_in_a_plain_frame():
+    from core.cache.events import SplitEvent
+    from radixui.panels.live_views import log_table
+    events = [AllocEvent(seq=1, time=1.0, slots=(1, 2)), SplitEvent(seq=2, time=2.0, node=1, new_parent=2, position=1),
+              EvictEvent(seq=3, time=3.0, node=1, parent=0, token_ids=(5,), slots=(2,),
+                         last_access_time=2.0, policy_key=(2.0,))]
+    df = log_table(events, None, ["alloc", "split", "evict"])
+    assert list(df["seq"]) == [3, 2, 1] and list(df["highlight"]) == ["✕ evict", "✂ split", ""]
+    assert list(log_table(events, None, ["alloc"])["seq"]) == [1]

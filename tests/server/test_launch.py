@@ -1,0 +1,80 @@
+"""`make run` (core/server/launch.py): Ctrl-C from a terminal reaches the whole foreground process
+group, `kill` or a service manager sends SIGTERM to the launcher, a closed terminal sends SIGHUP to the
+group, and SIGKILL can't be caught: each time both the engine server and the dashboard must stop
+(quietly where the launcher lives to stop them) and free their ports."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(300)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _start_launcher() -> tuple[subprocess.Popen, int, int]:
+    ui, srv = _free_port(), _free_port()
+    env = dict(os.environ, PORT=str(ui), SERVER_PORT=str(srv), RADIX_POOL_SLOTS="64")
+    env.pop("RADIX_ENGINE_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "core.server.launch"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)   # a terminal's group
+    deadline = time.time() + 240
+    while time.time() < deadline and not (_listening(ui) and _listening(srv)):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv}/health", timeout=5) as r:
+        assert r.status == 200
+    return proc, ui, srv
+
+
+@pytest.mark.parametrize("signum,to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, True)],
+                         ids=["ctrl-c to the terminal group", "sigterm to the launcher", "sighup to the group"])
+def test_a_stop_signal_stops_both_quietly(signum: int, to_group: bool):
+    proc, ui, srv = _start_launcher()
+    try:
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out, out
+    assert not _listening(ui) and not _listening(srv)
+
+
+def test_a_killed_launcher_takes_both_children_with_it():
+    """SIGKILL can't be handled: the children, in their own sessions, stop on the parent-death signal."""
+    proc, ui, srv = _start_launcher()
+    try:
+        proc.kill()
+        proc.communicate(timeout=30)
+        deadline = time.time() + 30
+        while time.time() < deadline and (_listening(ui) or _listening(srv)):
+            time.sleep(0.5)
+        assert not _listening(ui) and not _listening(srv)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
