@@ -6,6 +6,7 @@ generation. Everything a viewer needs comes out of `snapshot()` as an immutable 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -22,7 +23,7 @@ from core.cache.allocator import SlotAllocator
 from core.cache.radix_cache import RadixCache
 from core.engine import engine_snapshot, inputs
 from core.engine.config import EngineConfig
-from core.engine.engine_metrics import EngineMetrics
+from core.engine.engine_metrics import EngineGauges, EngineMetrics
 from core.engine.inputs import Prompt
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
@@ -35,6 +36,8 @@ from core.observe.token_bytes import token_bytes
 
 _ENGINE_IDS = itertools.count()
 KEEP_FINISHED = 200          # finished requests kept for the dashboard's request table
+SNAPSHOT_WAIT_S = 2.0        # longest a stale reader waits for the running step to publish
+WATCH_S = 5.0                # a viewer that read a snapshot this recently gets one published after every step
 SWITCH_INTERVAL_S = 0.0002
 
 
@@ -78,7 +81,12 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._version = 0
-        self._snap: Optional[tuple] = None
+        # Publication: at the end of every step the engine publishes its gauges, and while someone read a
+        # snapshot in the last WATCH_S seconds the whole snapshot too; readers take them without the lock.
+        self._snap: Optional[snap.EngineSnapshot] = None
+        self._gauges = EngineGauges(num_slots=self.allocator.num_slots, free_slots=self.allocator.available())
+        self._watched_until = 0.0
+        self._published = threading.Condition()
         self._pieces: dict[int, str] = {}
 
     # ----- submitting --------------------------------------------------------------------------
@@ -156,6 +164,7 @@ class Engine:
             self.scheduler.abort(req)
             self.metrics.requests_aborted += 1
             self._complete(req, "abort")
+            self._publish()
             return True
 
     # ----- stepping ----------------------------------------------------------------------------
@@ -245,6 +254,16 @@ class Engine:
         self.step_count += 1
         self.cache.tick()
         self._version += 1
+        self._publish()
+
+    def _publish(self) -> None:
+        """End of a step (engine lock held): the gauges always; the snapshot while someone watches."""
+        sched = self.scheduler
+        self._gauges = EngineGauges(step=self.step_count, running=len(sched.running), waiting=len(sched.waiting),
+                                    free_slots=self.allocator.available(), num_slots=self.allocator.num_slots,
+                                    hit_rate_recent=self.metrics.recent_hit_rate())
+        if time.monotonic() < self._watched_until:
+            self._refresh_snapshot()
 
     def _record_kv(self, batch: ForwardBatch) -> None:
         slots = batch.out_slots
@@ -349,6 +368,7 @@ class Engine:
             self.cache.reset()
             self.metrics.reset()
             self._version += 1
+            self._publish()
 
     def check_invariants(self) -> None:
         with self._lock:
@@ -381,23 +401,45 @@ class Engine:
             piece = self._pieces[tok] = self.tokenizer.decode([tok]) if self.tokenizer is not None else str(tok)
         return piece
 
-    def snapshot(self, wait: bool = True) -> snap.EngineSnapshot:
-        """An immutable view of everything; rebuilt only when something changed.
+    def gauges(self) -> EngineGauges:
+        """Running, waiting, token usage and the recent hit rate as of the last finished step (never waits;
+        `waiting` also counts requests submitted since, not yet drained into the scheduler)."""
+        g = self._gauges
+        inbox = len(self._inbox)
+        return dataclasses.replace(g, waiting=g.waiting + inbox) if inbox else g
 
-        With `wait=False` a viewer never stalls behind a running step: while a step holds the
-        engine, it gets the view as of the previous step (the dashboard refreshes on time)."""
-        if not self._lock.acquire(timeout=0.02 if not wait and self._snap is not None else -1):
-            return self._snap[1]
-        try:
-            key = (self.cache.events.last_seq, self._version, self.step_count)
-            if self._snap is None or self._snap[0] != key:
-                with self._wake:
-                    table = list(self._requests.values())
-                    inbox = len(self._inbox)
-                self._snap = (key, engine_snapshot.build(self, table, inbox))
-            return self._snap[1]
-        finally:
-            self._lock.release()
+    def snapshot(self, wait: bool = True) -> snap.EngineSnapshot:
+        """An immutable view of everything: the engine as of its last finished step.
+
+        `wait=True` takes the engine lock and always describes the engine right now. With `wait=False`
+        a viewer never waits behind a running step: it gets the snapshot the engine published at the end
+        of its last step (reading marks the engine watched, so it publishes after every step from then
+        on); only a snapshot older than the last finished step (nobody watched) waits for the next."""
+        self._watched_until = time.monotonic() + WATCH_S
+        if wait or self._snap is None:
+            with self._lock:
+                return self._refresh_snapshot()
+        if self._lock.acquire(blocking=False):        # between steps: describe the engine right now
+            try:
+                return self._refresh_snapshot()
+            finally:
+                self._lock.release()
+        with self._published:                         # a step is running: its end publishes (we watch now)
+            self._published.wait_for(lambda: self._snap.step >= self.step_count or not self.running,
+                                     timeout=SNAPSHOT_WAIT_S)
+        return self._snap
+
+    def _refresh_snapshot(self) -> snap.EngineSnapshot:
+        """The snapshot of the engine now (engine lock held): rebuilt only when something changed."""
+        version = self.version()
+        if self._snap is None or self._snap.version != version:
+            with self._wake:
+                table = list(self._requests.values())
+                inbox = len(self._inbox)
+            self._snap = engine_snapshot.build(self, table, inbox, version)
+            with self._published:
+                self._published.notify_all()
+        return self._snap
 
     def events_since(self, seq: int, limit: Optional[int] = None) -> list:
         """Events after `seq`, oldest first; with `limit`, only the first `limit` of them."""

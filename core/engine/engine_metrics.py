@@ -3,7 +3,25 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Optional
+
+
+@dataclass(frozen=True)
+class EngineGauges:
+    """What a scrape reads, as of the end of the engine's last step (published then, read without a lock)."""
+
+    step: int = 0
+    running: int = 0          # requests in the running batch
+    waiting: int = 0          # requests queued (the scheduler's queue and the inbox)
+    free_slots: int = 0
+    num_slots: int = 0
+    hit_rate_recent: float = 0.0
+
+    @property
+    def token_usage(self) -> float:
+        """Share of KV slots not free (the tree and running requests), as SGLang's token_usage."""
+        return (self.num_slots - self.free_slots) / self.num_slots if self.num_slots else 0.0
 
 
 class EngineMetrics:
@@ -32,6 +50,11 @@ class EngineMetrics:
         self.decode_tokens += decode_tokens
         self._decode_times.append((time.perf_counter(), decode_tokens))
 
+    def recent_hit_rate(self) -> float:
+        """Hit rate of the last `window` admissions (a glance; the counters give the true rate)."""
+        recent_p = sum(p for _, p in self._recent)
+        return sum(c for c, _ in self._recent) / recent_p if recent_p else 0.0
+
     def on_first_token(self, ttft: float) -> None:
         self._ttfts.append(ttft)
 
@@ -46,12 +69,10 @@ class EngineMetrics:
     def as_dict(self, free_slots: int, evictable_slots: int, locked_slots: int, in_use_slots: int,
                 num_slots: int, evicted_tokens: int, waiting: int, running: int,
                 retractions: int, step: int) -> dict[str, float]:
-        recent_c = sum(c for c, _ in self._recent)
-        recent_p = sum(p for _, p in self._recent)
         last_ttft: Optional[float] = self._ttfts[-1] if self._ttfts else None
         return {
             "hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-            "hit_rate_recent": recent_c / recent_p if recent_p else 0.0,
+            "hit_rate_recent": self.recent_hit_rate(),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "prefill_tokens_computed": self.prefill_computed,

@@ -32,7 +32,7 @@ class SnapshotSource(Protocol):
 EVICTED_TEXT_EVENTS = 2000   # evicted tokens named in token_text: those of the last N events
 
 
-def build(engine: SnapshotSource, table: list[Request], inbox: int) -> snap.EngineSnapshot:
+def build(engine: SnapshotSource, table: list[Request], inbox: int, version: int = 0) -> snap.EngineSnapshot:
     """Call with the engine lock held; `table` and `inbox` were read under the table lock."""
     cache_view = snapshot_cache(engine.cache)
     held = engine.scheduler.held_slots().cpu().numpy()
@@ -62,7 +62,7 @@ def build(engine: SnapshotSource, table: list[Request], inbox: int) -> snap.Engi
     toks.discard(-1)
     return snap.EngineSnapshot(seq=cache_view.seq, step=engine.step_count, cache=cache_view, pool=pool,
                                requests=reqs, metrics=metrics,
-                               token_text={t: engine.token_piece(t) for t in sorted(toks)})
+                               token_text={t: engine.token_piece(t) for t in sorted(toks)}, version=version)
 
 
 def request_view(r: Request) -> snap.RequestView:
