@@ -66,7 +66,7 @@ class Gap:
                    d.get("recovered"), int(d.get("replayed", 0)))
 
 
-Frame = tuple  # (seq, payload, topic)
+Replayed = tuple  # (seq, payload, topic): a frame from the replay socket
 
 
 class StreamFollower:
@@ -85,7 +85,7 @@ class StreamFollower:
         self.last_ts: Optional[float] = None   # the latest batch's own timestamp
         self.last_recv: Optional[float] = None  # wall clock when the latest frame arrived
         self.suspect_since: Optional[int] = None  # an unrecovered gap: the tree may miss blocks
-        self._held: Optional[Frame] = None
+        self._held: Optional[Replayed] = None
         self._joining: Optional[Gap] = None    # the catch-up's gap, until the first live frame
         self._fold: Optional[Gap] = None       # the pending gap continues the catch-up's
         self._expected: list[Gap] = []         # gaps a recording says are coming (`expect_gap`)
@@ -128,7 +128,7 @@ class StreamFollower:
             return False
         return self.last_ts is not None and ts > self.last_ts
 
-    def resolve(self, gap: Gap, replayed: Iterable[Frame]) -> None:
+    def resolve(self, gap: Gap, replayed: Iterable[Replayed]) -> None:
         """Apply batches a replay returned (any order, duplicates fine), then the held frame. What
         the replay no longer holds is lost: the gap is narrowed to it (recovered=False)."""
         with self.lock:
@@ -142,7 +142,7 @@ class StreamFollower:
             self._apply_all(frames)
             self.changed.notify_all()
 
-    def catch_up(self, replayed: Iterable[Frame]) -> Optional[Gap]:
+    def catch_up(self, replayed: Iterable[Replayed]) -> Optional[Gap]:
         """Apply a replay from seq 0 taken when joining a running stream. Returns the "joined late"
         gap it filled (or narrowed to the batches the buffer no longer held), or None when the replay
         was empty or live frames got here first (then what it returned is applied if next, and
@@ -180,28 +180,26 @@ class StreamFollower:
         self.gaps.append(gap)
         return gap
 
-    def _plan(self, replayed: Iterable[Frame], held: Optional[Frame]) -> tuple[list, list]:
-        """The frames to apply, in order, from the replay and the held frame; and the seq ranges
-        neither holds (lost). Copies of seqs already applied, or repeated, are duplicates."""
+    def _plan(self, replayed: Iterable[Replayed], held: Optional[Replayed]) -> tuple[list, list]:
+        """The frames to apply, in seq order, from the replay and the held frame (a replayed copy
+        first); and the seq ranges neither holds (lost). Copies of seqs already applied, or
+        repeated, are duplicates."""
+        frames = [(*f, "replay") for f in replayed]
+        self.arrivals.extend((f[0], "replay") for f in sorted(frames, key=lambda f: f[0]))
+        if held is not None:
+            frames.append((*held, "held"))
         todo: list = []
         lost: list = []
         nxt = 0 if self.last_seq is None else self.last_seq + 1
-        for seq, payload, topic in sorted(replayed, key=lambda f: f[0]):
-            self.arrivals.append((seq, "replay"))
+        for frame in sorted(frames, key=lambda f: (f[0], f[3] == "held")):
+            seq = frame[0]
             if seq < nxt:
-                self.duplicates += 1
+                self.duplicates += 1   # e.g. the held frame the replay gave back too: applied once, from there
                 continue
             if seq > nxt:
                 lost.append((nxt, seq - 1))
-            todo.append((seq, payload, topic, "replay"))
+            todo.append(frame)
             nxt = seq + 1
-        if held is not None:
-            if held[0] < nxt:
-                self.duplicates += 1   # the replay gave this batch back too: applied once, from there
-            else:
-                if held[0] > nxt:
-                    lost.append((nxt, held[0] - 1))
-                todo.append((*held, "held"))
         return todo, lost
 
     def _settle(self, gap: Gap, lost: list, replayed: int, fold: Optional[Gap]) -> list[Gap]:

@@ -212,3 +212,12 @@ def test_late_join_on_the_engines_own_publisher(engine):
         assert g.offer(*frame) is None
     assert _gaps(g) == [(3, 14, "missing batches", False, 5)] and g.status()["missing_batches"] == 12
     assert len(g.tree.blocks) == 3 + 8 and g.duplicates == 2     # 18 (held) and 19 (live) came back by replay
+
+
+def test_held_frame_missing_from_a_replay_that_goes_past_it_is_still_applied():
+    f = StreamFollower()
+    assert f.offer(0, _stored(0, 0.0)) is None
+    gap = f.offer(4, _stored(4, 4.0))                  # 1..3 missing
+    f.resolve(gap, [(s, _stored(s, float(s)), b"") for s in (2, 3, 5, 6)])   # the buffer starts at 2, and 4 is not in it
+    assert _gaps(f) == [(1, 1, "missing batches", False, 4)]
+    assert f.last_seq == 6 and sorted(k[1] for k in f.tree.blocks) == [0, 2, 3, 4, 5, 6] and f.duplicates == 0
