@@ -22,16 +22,31 @@ Neither engine imports on a CPU-only machine (CUDA dependencies), and CI must no
    KVEventSubscriber records what arrives (and, from SGLang's and vLLM's replay ROUTER, a
    catch-up from seq 0), so the fixture files hold the engines' frames byte for byte.
 4. It writes the expected block tree after every batch (from the scenario's own bookkeeping
-   and the engines' hash functions) and a table of the engines' block hashes.
+   and the engines' hash functions) and a table of the engines' block hashes (plain, and salted
+   as SGLang's recorder hashes a cache_salt in its default and dynamo formats).
+5. Parity: the same cache changes (plain and salted inserts, an eviction, a flush) as SGLang's
+   recorder and vLLM's BlockPool (its own `_build_block_stored_event`, `_emit_block_removed_events`
+   and extra-key functions) report them, as msgpack bytes our publisher must equal.
+6. Decoders: the engines' KVEventBatch types (msgspec.inspect) as data, from which the tests
+   rebuild each engine's own decoder.
+7. Late join: each engine's publisher with buffer_steps 5 publishes 20 one-block batches, a raw
+   DEALER asks its replay ROUTER from seq 0 (it answers 15..19), then 3 more; a raw SUB keeps
+   every frame. Our KVEventSubscriber joins for real meanwhile and must end with 8 blocks, one
+   gap, 15 batches missing.
+8. Tiers: SGLang HiCache write-through (CPU_PINNED copies) and a vLLM hybrid model (two KV cache
+   groups) with CPU offloading, recorded from seq 1 on (so one store is an orphan), with the
+   requests `convert` must make of them.
 
 Files: {sglang,vllm}_live.bin and {sglang,vllm}_replay.bin (core.kv_events.recorder format),
-{sglang,vllm}_expected.json, hashes.json.
+{sglang,vllm}_expected.json, hashes.json, parity.json, decoders.json,
+{sglang,vllm}_buffer5_{live,replay}.bin, {sglang,vllm}_tiers.bin, convert_expected.json.
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import logging
@@ -43,6 +58,7 @@ import tempfile
 import time
 import types
 import zipfile
+from collections.abc import Iterable
 from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,6 +113,20 @@ def functions(path: str, names: list, namespace: dict) -> dict:
     return namespace
 
 
+def methods(path: str, cls: str, names: list, namespace: dict):
+    """A class holding only the named methods of `cls` from a module's source (attributes are set
+    on the instance), so one can call the engine's own method bodies without its whole machinery."""
+    tree = ast.parse(open(path).read())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    keep = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert {n.name for n in keep} == set(names), f"missing in {cls}: {set(names) - {n.name for n in keep}}"
+    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), namespace)
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+    return type(cls, (), {"__init__": __init__, **{n: namespace[n] for n in names}})
+
+
 @dataclasses.dataclass
 class _Addr:
     host: str
@@ -147,7 +177,7 @@ def load_sglang(wheel: str, dest: str):
 
 def load_vllm(wheel: str, dest: str):
     extract(wheel, ["vllm/distributed/kv_events.py", "vllm/config/kv_events.py", "vllm/utils/hashing.py",
-                    "vllm/v1/core/kv_cache_utils.py"], dest)
+                    "vllm/v1/core/kv_cache_utils.py", "vllm/v1/core/block_pool.py"], dest)
     for pkg in ("vllm", "vllm.config", "vllm.distributed", "vllm.utils", "vllm.v1", "vllm.v1.core"):
         stub(pkg)
     stub("vllm.config.utils", config=dataclasses.dataclass)
@@ -167,13 +197,28 @@ def load_vllm(wheel: str, dest: str):
                     "_NON_CRYPTO_HASH_FUNCTIONS": frozenset({hashing.xxhash, hashing.xxhash_cbor}),
                     "logger": logging.getLogger("vllm")})
     ns["init_none_hash"](hashing.sha256)
+    # how vLLM's block pool builds its events: the extra keys per block, BlockStored, BlockRemoved
+    utils = os.path.join(dest, "vllm/v1/core/kv_cache_utils.py")
+    ns.update({"Request": Any, "Iterable": Iterable, "BlockHashWithGroupId": bytes, "hashlib": hashlib,
+               "tensor_data": None})
+    functions(utils, ["generate_block_hash_extra_keys", "_gen_mm_extra_hash_keys", "_gen_lora_extra_hash_keys",
+                      "_gen_prompt_embeds_extra_hash_keys", "to_event_extra_keys", "get_block_hash", "get_group_id",
+                      "make_block_hash_with_group_id"], ns)
+    ns["maybe_convert_block_hash"] = lambda h: h     # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES unset: bytes
+    pool = methods(os.path.join(dest, "vllm/v1/core/block_pool.py"), "BlockPool",
+                   ["_build_block_stored_event", "_generate_event_extra_keys", "_lookahead_token_ids",
+                    "_emit_block_removed_events"],
+                   dict(ns, BlockStored=kv.BlockStored, BlockRemoved=kv.BlockRemoved, ExternalBlockHash=bytes | int,
+                        generate_lookahead_block_hash_extra_keys=None))
+    ns["block_pool"] = pool(medium=kv.MEDIUM_GPU, num_hash_lookahead_tokens=0, enable_kv_cache_events=True,
+                            kv_event_queue=[])
     return kv, hashing, ns
 
 
 # ----- an SGLang radix tree, as its recorder sees it ------------------------------------------------------
 class SKey:
-    def __init__(self, ids, extra_key=None):
-        self.token_ids, self.extra_key, self.cache_salt, self.is_bigram = list(ids), extra_key, None, False
+    def __init__(self, ids, extra_key=None, cache_salt=None):
+        self.token_ids, self.extra_key, self.cache_salt, self.is_bigram = list(ids), extra_key, cache_salt, False
 
     def __len__(self):
         return len(self.token_ids)
@@ -210,9 +255,9 @@ def sglang_block_rows(root, recorder) -> list:
 
 def sglang_scenario(kv, events_mod, ns):
     ps = 4
-    # dynamo_format: namespaced nodes publish namespaced hashes (SGLang does so by default only for LoRA
-    # namespaces); our publisher always does, see core/kv_events/hashing.py
-    rec = events_mod.KVCacheEventRecorder(enabled=True, page_size=ps, dynamo_format=True)
+    # the default format; the namespaced node is salted (a request's cache_salt), as our publisher
+    # publishes a key's extra_key, see core/kv_events/hashing.py
+    rec = events_mod.KVCacheEventRecorder(enabled=True, page_size=ps)
     root = SNode(SKey([]), None)
     batches, expected = [], []
     media = {}   # tuple(tokens of node) -> tiers, for the expected view
@@ -229,9 +274,9 @@ def sglang_scenario(kv, events_mod, ns):
     b = SNode(SKey([9, 10, 11, 12]), a); rec.record_store(b)
     emit("two chained nodes")
     c = SNode(SKey([13, 14, 15, 16, 17, 18, 19, 20]), a); rec.record_store(c)
-    t = SNode(SKey([1, 2, 3, 4], extra_key="tenant-b"), root); rec.record_store(t)
+    t = SNode(SKey([1, 2, 3, 4], cache_salt="tenant-b"), root); rec.record_store(t)
     w = SNode(SKey([70000 * 70000, 5, 6, 7]), root); rec.record_store(w)    # an id above 2^32: the wide hash
-    emit("a sibling, a namespaced node, a wide token id")
+    emit("a sibling, a salted node, a wide token id")
     # split a at 4 tokens as SGLang's _split_node does: no event, hashes divided between the halves
     a2 = SNode(SKey([1, 2, 3, 4]), root)
     root.children.remove(a2); root.children.remove(a)
@@ -326,6 +371,291 @@ def publish_and_record(engine: str, make_publisher, batches: list) -> None:
           f"(gaps {sub.follower.status()['gaps']}) and from its replay socket")
 
 
+# ----- more scenarios: hashes, byte parity, the engines' decoders, late joins, tier copies ----------------
+def write_json(name: str, doc) -> None:
+    with open(os.path.join(OUT, name), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def make_publisher(engine: str, kv, endpoint: str, replay: str, buffer_steps: int = 10_000):
+    if engine == "sglang":
+        return kv.ZmqEventPublisher(0, endpoint=endpoint, replay_endpoint=replay, bind=True, buffer_steps=buffer_steps)
+    return kv.ZmqEventPublisher(0, endpoint=endpoint.replace("127.0.0.1", "*"), replay_endpoint=replay,
+                                buffer_steps=buffer_steps)
+
+
+def sglang_chain_hashes(kv, events_mod, tokens: list, page: int, salt: Optional[str], fmt: str) -> list:
+    """The published hashes of one node under the root, from SGLang's recorder."""
+    rec = events_mod.KVCacheEventRecorder(enabled=True, page_size=page, dynamo_format=fmt == "dynamo")
+    root = SNode(SKey([]), None)
+    node = SNode(SKey(tokens, cache_salt=salt), root)
+    rec.record_store(node)
+    return [h for ev in rec.take() for h in ev.block_hashes]
+
+
+def hash_rows(skv, sevents, sns, vhash, vns) -> list:
+    """Block hashes straight from the engines' functions, for hashing.py."""
+    rows = []
+    for tokens, page, salt, fmt in (([1, 2, 3, 4, 5, 6, 7, 8], 4, None, "default"), (list(range(100, 133)), 16, None, "default"),
+                                    ([5, 2**33, 7, 8], 2, None, "default"), ([1, 2, 3], 1, None, "default"),
+                                    ([9] * 8, 4, "tenant-b", "default"), ([9] * 8, 4, "tenant-b", "dynamo"),
+                                    ([9] * 8, 4, None, "dynamo"), ([5, 2**33, 7, 8], 2, "é salt", "default"),
+                                    ([5, 2**33, 7, 8], 2, "é salt", "dynamo")):
+        full = len(tokens) - len(tokens) % page
+        rows.append({"scheme": "sglang", "format": fmt, "tokens": tokens[:full], "page_size": page, "salt": salt,
+                     "hashes": sglang_chain_hashes(skv, sevents, tokens[:full], page, salt, fmt)})
+    for tokens, page, salt in (([1, 2, 3, 4, 5, 6, 7, 8], 4, None), ([1, 2, 3, 4], 1, None), ([9] * 8, 4, "tenant-b")):
+        req = vllm_request(tokens, salt)
+        rows.append({"scheme": "vllm", "tokens": tokens, "page_size": page, "salt": salt,
+                     "hashes_hex": [h.hex() for h in vllm_hashes(vhash, vns, req, page)]})
+    return rows
+
+
+def vllm_request(tokens: list, salt: Optional[str] = None):
+    """What vLLM's hashing and block pool read of a Request (no LoRA, no multimodal, no embeds)."""
+    return types.SimpleNamespace(all_token_ids=list(tokens), lora_request=None, cache_salt=salt, session_id=None,
+                                 mm_features=[], prompt_embeds=None)
+
+
+def vllm_hashes(vhash, vns, req, bs: int) -> list:
+    """Request.block_hashes as vLLM's request block hasher computes them (extra keys per block)."""
+    out, parent = [], None
+    for start in range(0, len(req.all_token_ids) - bs + 1, bs):
+        extra, _ = vns["generate_block_hash_extra_keys"](req, start, start + bs, 0)
+        parent = vns["hash_block_tokens"](vhash.sha256, parent, req.all_token_ids[start:start + bs], extra)
+        out.append(parent)
+    return out
+
+
+def vllm_stored(vhash, vns, req, num_cached: int, bs: int, group: int = 0):
+    """The BlockStored vLLM's BlockPool.cache_full_blocks queues for a request's new full blocks."""
+    hashes = vllm_hashes(vhash, vns, req, bs)
+    pool = vns["block_pool"]
+    extra = [pool._generate_event_extra_keys(req, i * bs, (i + 1) * bs, 0)[0] for i in range(num_cached, len(hashes))]
+    return pool._build_block_stored_event(req, block_hashes=hashes[num_cached:],
+                                          parent_block_hash=hashes[num_cached - 1] if num_cached else None,
+                                          start_token_idx=num_cached * bs, end_token_idx=len(hashes) * bs,
+                                          block_size=bs, kv_cache_group_id=group, extra_keys_list=extra,
+                                          lookahead_token_ids=None)
+
+
+def vllm_removed(vns, block_hash: bytes, group: int = 0) -> list:
+    pool = vns["block_pool"]
+    pool.kv_event_queue = []
+    pool._emit_block_removed_events([vns["make_block_hash_with_group_id"](block_hash, group)])
+    return pool.kv_event_queue
+
+
+PARITY = [("insert", [1, 2, 3, 4, 5, 6, 7, 8], None), ("insert", list(range(1, 13)), None),
+          ("insert", [1, 2, 3, 4, 5, 6, 7, 8], "tenant-b"), ("insert", [1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16], "tenant-b"),
+          ("evict", list(range(1, 13)), None), ("reset", [], None)]
+
+
+def sglang_parity(kv, events_mod, fmt: str) -> dict:
+    """PARITY's cache changes as SGLang's radix cache reports them (one node per insert)."""
+    ps = 4
+    rec = events_mod.KVCacheEventRecorder(enabled=True, page_size=ps, dynamo_format=fmt == "dynamo")
+    root = SNode(SKey([]), None)
+    a = SNode(SKey([1, 2, 3, 4, 5, 6, 7, 8]), root)
+    b = SNode(SKey([9, 10, 11, 12]), a)
+    t = SNode(SKey([1, 2, 3, 4, 5, 6, 7, 8], cache_salt="tenant-b"), root)
+    t2 = SNode(SKey([13, 14, 15, 16], cache_salt="tenant-b"), t)
+    steps = []
+    for (op, tokens, salt), act in zip(PARITY, (lambda: rec.record_store(a), lambda: rec.record_store(b),
+                                                lambda: rec.record_store(t), lambda: rec.record_store(t2),
+                                                lambda: rec.record_remove(b), rec.record_all_cleared)):
+        act()
+        steps.append({"op": op, "tokens": tokens, "salt": salt, "events_hex": msgspec_encode(rec.take()).hex()})
+    return {"page_size": ps, "format": fmt, "steps": steps}
+
+
+def vllm_parity(kv, vhash, vns) -> dict:
+    """PARITY's cache changes as vLLM's block pool reports them (one BlockStored per request's new blocks)."""
+    bs = 4
+    r1, r2 = vllm_request(PARITY[0][1]), vllm_request(PARITY[1][1])
+    r3, r4 = vllm_request(PARITY[2][1], "tenant-b"), vllm_request(PARITY[3][1], "tenant-b")
+    events = [[vllm_stored(vhash, vns, r1, 0, bs)], [vllm_stored(vhash, vns, r2, 2, bs)],
+              [vllm_stored(vhash, vns, r3, 0, bs)], [vllm_stored(vhash, vns, r4, 2, bs)],
+              vllm_removed(vns, vllm_hashes(vhash, vns, r2, bs)[2]), [kv.AllBlocksCleared()]]
+    return {"page_size": bs, "steps": [{"op": op, "tokens": tokens, "salt": salt, "events_hex": msgspec_encode(evs).hex()}
+                                       for (op, tokens, salt), evs in zip(PARITY, events)]}
+
+
+def msgspec_encode(obj) -> bytes:
+    import msgspec
+    return msgspec.msgpack.Encoder().encode(obj)
+
+
+def type_tree(tp) -> dict:
+    """An engine's KVEventBatch type as data (msgspec.inspect), from which a test rebuilds the same decoder."""
+    import msgspec.inspect as mi
+    seen: dict = {}
+
+    def walk(t) -> dict:
+        if isinstance(t, mi.StructType):
+            name = t.cls.__name__
+            if name not in seen:
+                seen[name] = None
+                seen[name] = {"tag_field": t.tag_field, "tag": t.tag, "array_like": t.array_like,
+                              "forbid_unknown_fields": t.forbid_unknown_fields,
+                              "fields": [{"name": f.name, "required": f.required, "type": walk(f.type),
+                                          **({} if f.required else {"default": None})} for f in t.fields]}
+                assert all(f.required or f.default is None for f in t.fields), name
+            return {"kind": "struct", "name": name}
+        if isinstance(t, (mi.ListType, mi.VarTupleType)):
+            return {"kind": "list" if isinstance(t, mi.ListType) else "vartuple", "item": walk(t.item_type)}
+        if isinstance(t, mi.UnionType):
+            return {"kind": "union", "types": [walk(x) for x in t.types]}
+        simple = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "str", mi.BytesType: "bytes",
+                  mi.NoneType: "none", mi.AnyType: "any", mi.BoolType: "bool"}
+        assert type(t) in simple, t
+        return {"kind": simple[type(t)]}
+
+    root = walk(mi.type_info(tp))
+    return {"root": root, "structs": seen}
+
+
+def sglang_one_block(kv, events_mod, n: int):
+    """A batch storing one new page [n]*4 under the root, from SGLang's recorder."""
+    rec = events_mod.KVCacheEventRecorder(enabled=True, page_size=4)
+    rec.record_store(SNode(SKey([n] * 4), SNode(SKey([]), None)))
+    return kv.KVEventBatch(ts=1_700_000_200.0 + n, events=rec.take())
+
+
+def vllm_one_block(kv, vhash, vns, n: int):
+    return kv.KVEventBatch(ts=1_700_000_300.0 + n, events=[vllm_stored(vhash, vns, vllm_request([n] * 4), 0, 4)])
+
+
+class RawSub:
+    """A plain ZMQ SUB that keeps every frame as it arrives (no follower in the way)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+        self.sock = zmq.Context.instance().socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sock.connect(endpoint)
+        self.frames: list = []
+
+    def wait(self, count: int, timeout: float = 10.0) -> list:
+        end = time.monotonic() + timeout
+        while len(self.frames) < count and time.monotonic() < end:
+            if self.sock.poll(100):
+                topic, seq, payload = self.sock.recv_multipart()
+                self.frames.append((int.from_bytes(seq, "big", signed=True), topic, payload))
+        assert len(self.frames) >= count, (len(self.frames), count)
+        return self.frames
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def raw_replay(endpoint: str, start: int) -> list:
+    """What the engine's replay ROUTER answers a DEALER asking from `start`: (seq, topic, payload) up to the end marker."""
+    import zmq
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send_multipart([b"", start.to_bytes(8, "big")])
+    out = []
+    while True:
+        assert sock.poll(5000), "no replay answer"
+        _, topic, seq, payload = sock.recv_multipart()
+        seq = int.from_bytes(seq, "big", signed=True)
+        if seq == -1:
+            break
+        out.append((seq, topic, payload))
+    sock.close(linger=0)
+    return out
+
+
+def write_frames(name: str, frames: list) -> None:
+    from core.kv_events.recorder import Recorder
+    with Recorder(os.path.join(OUT, name)) as rec:
+        for seq, topic, payload in frames:
+            rec.write(seq, topic, payload, 0.0)
+
+
+def late_join(engine: str, make, batch, before: int = 20, after: int = 3) -> None:
+    """The engine's publisher with a replay buffer of 5: `before` batches, then a late joiner, then
+    `after` more. Kept: every frame (a SUB there from the start), and what the replay ROUTER
+    answered from seq 0 when the joiner came. Checked here: our subscriber, joining for real."""
+    from core.kv_events.subscriber import KVEventSubscriber
+    port, rport = free_port(), free_port()
+    pub = make(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}")
+    raw = RawSub(f"tcp://127.0.0.1:{port}")
+    time.sleep(0.5)
+    for n in range(before):
+        pub.publish(batch(n + 1))
+    raw.wait(before)
+    replayed = raw_replay(f"tcp://127.0.0.1:{rport}", 0)
+    assert [f[0] for f in replayed] == list(range(before - 5, before)), [f[0] for f in replayed]
+    sub = KVEventSubscriber(f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{rport}").start()
+    sub.catch_up()
+    time.sleep(0.5)   # a PUB drops what it sends before a SUB's subscription reached it
+    for n in range(before, before + after):
+        pub.publish(batch(n + 1))
+    frames = raw.wait(before + after)
+    assert sub.follower.wait_for(before + after - 1, 10)
+    st = sub.follower.status()
+    blocks = len(sub.follower.tree.blocks)
+    sub.close()
+    raw.close()
+    pub.shutdown()
+    assert (blocks, st["gaps"], st["missing_batches"]) == (5 + after, 1, before - 5), (blocks, st)
+    write_frames(f"{engine}_buffer5_live.bin", frames)
+    write_frames(f"{engine}_buffer5_replay.bin", replayed)
+    print(f"{engine}: late joiner on a buffer of 5 after {before} batches, {after} more: {blocks} blocks, "
+          f"{st['gaps']} gap, {st['missing_batches']} missing")
+
+
+def record_from(engine: str, make, batches: list, name: str, first: int = 0) -> None:
+    """Publish with the engine's publisher; keep the frames from seq `first` on (a recording begun then)."""
+    port, rport = free_port(), free_port()
+    pub = make(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{rport}")
+    raw = RawSub(f"tcp://127.0.0.1:{port}")
+    time.sleep(0.5)
+    for b in batches:
+        pub.publish(b)
+    frames = raw.wait(len(batches))
+    raw.close()
+    pub.shutdown()
+    write_frames(name, [f for f in frames if f[0] >= first])
+
+
+def sglang_tiers(kv, events_mod):
+    """HiCache write-through (every GPU store copied to host, CPU_PINNED) seen by a recording that
+    began after the batch storing [1..4]: [5..8] is an orphan there."""
+    rec = events_mod.KVCacheEventRecorder(enabled=True, page_size=4)
+    root = SNode(SKey([]), None)
+    p = SNode(SKey([1, 2, 3, 4]), root)
+    q = SNode(SKey([5, 6, 7, 8]), p)
+    r = SNode(SKey(list(range(9, 17))), root)
+    s_ = SNode(SKey([17, 18, 19, 20]), r)
+    batches = []
+    for step in ((p,), (q,), (r,), (s_,)):
+        for node in step:
+            rec.record_store(node)
+            rec.record_store(node, medium=kv.StorageMedium.CPU)
+        batches.append(kv.KVEventBatch(ts=1_700_000_400.0 + len(batches), events=rec.take()))
+    rec.record_remove(s_)   # GPU evicts [17..20]; host keeps it
+    batches.append(kv.KVEventBatch(ts=1_700_000_400.0 + len(batches), events=rec.take()))
+    return batches, {"prompts": [list(range(9, 17)), list(range(9, 21))], "tier_copies": 3, "other_groups": 0,
+                     "orphans": 1}
+
+
+def vllm_tiers(kv, vhash, vns):
+    """A hybrid model (two KV cache groups store every request) with CPU offloading, seen by a
+    recording that began after the batch storing [1..4]: [5..8] is an orphan there."""
+    bs = 4
+    p, q = vllm_request([1, 2, 3, 4]), vllm_request(list(range(1, 9)))
+    r, s_ = vllm_request(list(range(9, 17))), vllm_request(list(range(9, 21)))
+    both = lambda req, cached: [vllm_stored(vhash, vns, req, cached, bs, g) for g in (0, 1)]
+    offload = vllm_stored(vhash, vns, r, 0, bs)
+    offload.medium = kv.MEDIUM_CPU      # the offloading connector re-announces the blocks on its tier
+    batches = [both(p, 0), both(q, 1), both(r, 0), [offload], both(s_, 2)]
+    return ([kv.KVEventBatch(ts=1_700_000_500.0 + i, events=evs) for i, evs in enumerate(batches)],
+            {"prompts": [list(range(9, 17)), list(range(9, 21))], "tier_copies": 1, "other_groups": 3, "orphans": 1})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wheels", help="folder holding (or to receive) the two wheels")
@@ -337,10 +667,9 @@ def main() -> int:
     vkv, vhash, vns = load_vllm(found["vllm"], dest)
 
     ps, sb, sexp = sglang_scenario(skv, sevents, sns)
-    publish_and_record("sglang", lambda ep, rep: skv.ZmqEventPublisher(0, endpoint=ep, replay_endpoint=rep, bind=True), sb)
+    publish_and_record("sglang", lambda ep, rep: make_publisher("sglang", skv, ep, rep), sb)
     bs, vb, vexp = vllm_scenario(vkv, vhash, vns)
-    publish_and_record("vllm", lambda ep, rep: vkv.ZmqEventPublisher(0, endpoint=ep.replace("127.0.0.1", "*"),
-                                                                      replay_endpoint=rep), vb)
+    publish_and_record("vllm", lambda ep, rep: make_publisher("vllm", vkv, ep, rep), vb)
 
     def hexable(x):
         return {"bytes": x.hex()} if isinstance(x, bytes) else x
@@ -351,25 +680,20 @@ def main() -> int:
                 {"note": s["note"], "blocks": [[hexable(r[0]), hexable(r[1]), r[2], r[3]] for r in s["blocks"]]}
                 for s in exp]}, f, indent=1)
 
-    # block hashes straight from the engines' functions, for hashing.py
-    rows = []
-    native = sys.modules["sglang.srt.mem_cache.cpp_utils.native_hash"]
-    for tokens, page, extra in (([1, 2, 3, 4, 5, 6, 7, 8], 4, None), (list(range(100, 133)), 16, None),
-                                ([5, 2**33, 7, 8], 2, None), ([1, 2, 3], 1, None), ([9] * 8, 4, "tenant-b")):
-        full = len(tokens) - len(tokens) % page
-        digests = native.get_native_hash(tokens[:full], None, page)
-        seed = skv.kv_event_namespace_seed(extra_key=extra, cache_salt=None)
-        ints = [skv.namespaced_block_hash(sns["hash_str_to_int64"](d), namespace_seed=seed) for d in digests]
-        rows.append({"scheme": "sglang", "tokens": tokens[:full], "page_size": page, "extra_key": extra, "hashes": ints})
-    for tokens, page, extra in (([1, 2, 3, 4, 5, 6, 7, 8], 4, None), ([1, 2, 3, 4], 1, None), ([9] * 8, 4, "tenant-b")):
-        parent, out = None, []
-        for i in range(0, len(tokens), page):
-            ek = (("cache_salt", extra),) if extra is not None and i == 0 else None
-            parent = vns["hash_block_tokens"](vhash.sha256, parent, tokens[i:i + page], ek)
-            out.append(parent.hex())
-        rows.append({"scheme": "vllm", "tokens": tokens, "page_size": page, "extra_key": extra, "hashes_hex": out})
-    with open(os.path.join(OUT, "hashes.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json("hashes.json", hash_rows(skv, sevents, sns, vhash, vns))
+    write_json("parity.json", {"sglang-default": sglang_parity(skv, sevents, "default"),
+                               "sglang-dynamo": sglang_parity(skv, sevents, "dynamo"),
+                               "vllm": vllm_parity(vkv, vhash, vns)})
+    write_json("decoders.json", {"sglang": type_tree(skv.KVEventBatch), "vllm": type_tree(vkv.KVEventBatch)})
+    for engine, kv, batch in (("sglang", skv, lambda n: sglang_one_block(skv, sevents, n)),
+                              ("vllm", vkv, lambda n: vllm_one_block(vkv, vhash, vns, n))):
+        late_join(engine, lambda ep, rep, kv=kv, engine=engine: make_publisher(engine, kv, ep, rep, buffer_steps=5), batch)
+    expected = {}
+    for engine, kv, (batches, want) in (("sglang", skv, sglang_tiers(skv, sevents)), ("vllm", vkv, vllm_tiers(vkv, vhash, vns))):
+        record_from(engine, lambda ep, rep, kv=kv, engine=engine: make_publisher(engine, kv, ep, rep), batches,
+                    f"{engine}_tiers.bin", first=1)
+        expected[engine] = want
+    write_json("convert_expected.json", expected)
     print("wrote", ", ".join(sorted(os.listdir(OUT))))
     return 0
 

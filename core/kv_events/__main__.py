@@ -23,7 +23,7 @@ def _record(args) -> int:
         check_endpoint(args.replay, "replay endpoint")
     rec = Recorder(args.out)
     sub = KVEventSubscriber(args.endpoint, topic=args.topic, replay_endpoint=args.replay,
-                            follower=StreamFollower(on_frame=rec))
+                            follower=StreamFollower(on_frame=rec, on_gap=rec.gap))
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     start = time.monotonic()
@@ -68,8 +68,8 @@ def _show(args) -> int:
     errors: list = []
     f = replay_recording(args.recording, errors=errors)
     out = {"stream": f.status(), "tree": f.tree.stats(), "media": f.tree.media_counts(),
-           "gaps": [{"start": g.start, "end": g.end, "reason": g.reason, "recovered": g.recovered}
-                    for g in f.gaps], "warnings": errors}
+           "gaps": [{k: v for k, v in g.as_dict().items() if k != "detected_ts"} for g in f.gaps],
+           "warnings": errors}
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -79,8 +79,15 @@ def _convert(args) -> int:
     errors: list = []
     summary = convert_recording(args.recording, args.out, output_len=args.output_len, errors=errors)
     print(json.dumps(dict(summary, warnings=errors), indent=2))
+    skipped = summary["tier_copies"] + summary["other_groups"] + summary["orphans"]
+    if skipped:
+        print(f"not replayed: {summary['tier_copies']} tier copies (stores on CPU/disk tiers), "
+              f"{summary['other_groups']} stores of other KV cache groups, {summary['orphans']} orphaned "
+              f"stores (parent chain unknown): each request is counted once, from its device store",
+              file=sys.stderr)
     if summary["requests"] == 0:
-        print("the recording holds no BlockStored events: nothing to replay", file=sys.stderr)
+        print("the recording holds no device-tier BlockStored with a known parent chain: nothing to replay"
+              if skipped else "the recording holds no BlockStored events: nothing to replay", file=sys.stderr)
         return 1
     return 0
 

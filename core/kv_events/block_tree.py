@@ -181,6 +181,16 @@ class BlockTree:
             key = b.parent
         return tuple(t for toks in reversed(out) for t in toks)
 
+    def chain_known(self, key: Optional[Key]) -> bool:
+        """Whether every block from `key` up to a root is held (None: under the root), so the
+        tokens before a block stored under `key` are all known."""
+        while key is not None:
+            b = self.blocks.get(key)
+            if b is None:
+                return False
+            key = b.parent
+        return True
+
     def prefixes(self) -> Counter:
         """Multiset of token prefixes, one per block: equal for two trees exactly when they hold
         the same blocks in the same places (what the tests compare with the engine's radix tree)."""

@@ -9,8 +9,11 @@ Decoding: `BlockStored` / `BlockRemoved` hold SGLang's fields (sglang/srt/disagg
 kv_events.py, sglang 0.5.23) then vLLM's (vllm/distributed/kv_events.py, vllm 0.33.0) with
 defaults, so one decoder reads both engines; unknown fields are ignored, so a newer engine's
 additions do not break decoding. Encoding: the `SGLang*` structs are exactly SGLang's fields in
-its order, so a batch we publish is byte for byte what SGLang would send (field order and even
-the field count matter: msgspec sizes the map header by the fields a struct could emit). vLLM's block hashes are 32-byte sha256 digests
+its order, and the `VLLM*` structs vLLM's, so a batch we publish is byte for byte what that
+engine would send and decodes with its own `KVEventBatch` (field order and even the field count
+matter: msgspec sizes the map header by the fields a struct could emit; vLLM requires lora_id,
+medium and lora_name in every BlockStored). SGLang's decoder cannot read a vLLM stream (its
+hashes are ints, vLLM's bytes), nor vLLM's an SGLang one (no lora_name). vLLM's block hashes are 32-byte sha256 digests
 (`bytes`) unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is set; SGLang's are signed int64.
 """
 from __future__ import annotations
@@ -92,6 +95,40 @@ class SGLangKVEventBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[Union[SGLangBlockStored, SGLangBlockRemoved, AllBlocksCleared]]
     attn_dp_rank: Optional[int] = None
+
+
+class VLLMBlockStored(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockStored"):
+    """vLLM 0.33's BlockStored, field for field: lora_id, medium and lora_name have no default,
+    so vLLM's decoder requires them (None included) in every BlockStored."""
+    block_hashes: list[BlockHash]
+    parent_block_hash: Optional[BlockHash]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+    extra_keys: Optional[list[Optional[tuple]]] = None
+    group_idx: Optional[int] = None
+    kv_cache_spec_kind: Optional[str] = None
+    kv_cache_spec_sliding_window: Optional[int] = None
+    locality: Optional[str] = None
+    ownership: Optional[str] = None
+    session_id: Optional[str] = None
+    lookahead_token_ids: Optional[list[list[int]]] = None
+
+
+class VLLMBlockRemoved(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockRemoved"):
+    block_hashes: list[BlockHash]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
+    locality: Optional[str] = None
+    ownership: Optional[str] = None
+
+
+class VLLMKVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Union[VLLMBlockStored, VLLMBlockRemoved, AllBlocksCleared]]
+    data_parallel_rank: Optional[int] = None
 
 
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)

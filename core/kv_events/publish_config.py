@@ -5,8 +5,8 @@ Same JSON shape as SGLang's KVEventsConfig (sglang/srt/disaggregation/kv_events.
      "topic": "", "buffer_steps": 10000, "hwm": 100000, "max_queue_size": 100000,
      "bind": null, "format": "default"}
 plus one field of ours, "hash": "sglang" (default) or "vllm", the block hash scheme.
-`max_queue_size` is accepted for compatibility (we read the cache's log, not a queue) and
-`format` "dynamo" changes nothing here: we always namespace extra_key hashes (hashing.py).
+`max_queue_size` is accepted for compatibility (we read the cache's log, not a queue); `format`
+"dynamo" maps salted block hashes through SGLang's namespace seed, as SGLang does (hashing.py).
 """
 from __future__ import annotations
 
@@ -67,4 +67,4 @@ def attach_publisher(engine, config_json: str, interval: float = 0.02):
         return None
     return KVEventPublisher(engine.cache, snapshot=lambda: engine.snapshot().cache, endpoint=cfg.endpoint,
                             replay_endpoint=cfg.replay_endpoint, topic=cfg.topic, buffer_steps=cfg.buffer_steps,
-                            hwm=cfg.hwm, bind=cfg.bind, hash_scheme=cfg.hash, interval=interval)
+                            hwm=cfg.hwm, bind=cfg.bind, hash_scheme=cfg.hash, interval=interval, fmt=cfg.format)

@@ -5,7 +5,13 @@ A thread follows the cache's event log (core/cache/events.py) and turns each new
 page), an eviction BlockRemoved, a reset AllBlocksCleared. A split changes no block (nodes hold
 whole pages, so both halves keep their pages and hashes); it only moves hashes in our mirror.
 Consecutive stores that continue one chain, and consecutive removals, coalesce as SGLang's
-KVCacheEventRecorder does. Frames and the replay ROUTER follow ZmqEventPublisher exactly. The
+KVCacheEventRecorder does. Frames and the replay ROUTER follow ZmqEventPublisher exactly.
+
+A key's extra_key is published as SGLang's / vLLM's `cache_salt` (hashing.py says why): SGLang
+events carry it in BlockStored.cache_salt, vLLM events as the first block's extra key. With
+`"hash": "vllm"` the events are vLLM 0.33's, field for field (lora_id, medium, lora_name always
+sent, group_idx 0, extra_keys one entry per block, one BlockRemoved per block) so vLLM's own
+decoder reads them. The
 socket is an XPUB rather than a PUB: the same wire to every SUB, but it hands us each
 subscription, so `wait_for_subscribers` can tell when a subscriber really hears the next batch
 (a PUB drops what it sends before a SUB's subscription reached it, and nothing says when that is).
@@ -23,10 +29,9 @@ from typing import Callable, Optional
 import zmq
 
 from core.kv_events.hashing import BlockHasher
-from core.kv_events.protocol import MEDIUM_GPU, AllBlocksCleared, encode_batch, seq_bytes, seq_from_bytes
-from core.kv_events.protocol import SGLangBlockRemoved as BlockRemoved
-from core.kv_events.protocol import SGLangBlockStored as BlockStored
-from core.kv_events.protocol import SGLangKVEventBatch as KVEventBatch
+from core.kv_events.protocol import (MEDIUM_GPU, AllBlocksCleared, SGLangBlockRemoved, SGLangBlockStored,
+                                     SGLangKVEventBatch, VLLMBlockRemoved, VLLMBlockStored, VLLMKVEventBatch,
+                                     encode_batch, seq_bytes, seq_from_bytes)
 from core.observe.snapshot import snapshot_cache
 
 _BIND_HOSTS = ("*", "0.0.0.0", "::")
@@ -50,16 +55,19 @@ class KVEventPublisher:
     def __init__(self, cache, snapshot: Optional[Callable] = None, endpoint: str = "tcp://*:5557",
                  replay_endpoint: Optional[str] = None, topic: str = "", buffer_steps: int = 10_000,
                  hwm: int = 100_000, bind: Optional[bool] = None, hash_scheme: str = "sglang",
-                 interval: float = 0.02, dp_rank: int = 0, context: Optional[zmq.Context] = None) -> None:
+                 interval: float = 0.02, dp_rank: int = 0, context: Optional[zmq.Context] = None,
+                 fmt: str = "default") -> None:
         """`cache`: a RadixCache (its `events` log is followed). `snapshot`: returns a consistent
         CacheSnapshot (Engine.snapshot().cache, taken under the engine's lock); default
-        snapshot_cache(cache), for a cache no other thread mutates."""
+        snapshot_cache(cache), for a cache no other thread mutates. `fmt`: SGLang's "default" or
+        "dynamo" event format (dynamo maps salted hashes through SGLang's namespace seed)."""
         if not cache.events.enabled:
             raise ValueError("the cache records no events (record_events=False); KV events are made "
                              "from its event log: build the cache with record_events=True")
         self.cache = cache
         self.page_size = cache.page_size
-        self.hasher = BlockHasher(self.page_size, hash_scheme)
+        self.hasher = BlockHasher(self.page_size, hash_scheme, fmt)
+        self.vllm = hash_scheme == "vllm"
         self._snapshot = snapshot or (lambda: snapshot_cache(cache))
         self.topic = topic.encode("utf-8")
         self.interval = interval
@@ -228,9 +236,11 @@ class KVEventPublisher:
                 break
             self._last_event = ev.seq
         if out:
-            self._send(KVEventBatch(ts=time.time(), events=out, attn_dp_rank=self.dp_rank))
+            batch = (VLLMKVEventBatch(ts=time.time(), events=out, data_parallel_rank=self.dp_rank) if self.vllm
+                     else SGLangKVEventBatch(ts=time.time(), events=out, attn_dp_rank=self.dp_rank))
+            self._send(batch)
 
-    def _send(self, batch: KVEventBatch) -> None:
+    def _send(self, batch) -> None:
         payload = encode_batch(batch)
         seq = self._seq
         self._seq += 1
@@ -265,39 +275,55 @@ class KVEventPublisher:
         elif kind == "evict":
             entry = self._mirror.nodes.pop(ev.node, None)
             if entry is not None and entry[1]:
-                self._enqueue(out, BlockRemoved(block_hashes=list(entry[1]), medium=MEDIUM_GPU))
+                self._removed(out, list(entry[1]))
         elif kind == "reset":
             self._mirror.nodes.clear()
             self._enqueue(out, AllBlocksCleared())
 
-    def _store(self, node: int, parent: int, token_ids, extra: Optional[str], out: list) -> None:
+    def _store(self, node: int, parent: int, token_ids, salt: Optional[str], out: list) -> None:
         up = self._mirror.nodes.get(parent)
         prior = up[0][-1] if up and up[0] else None
         parent_hash = up[1][-1] if up and up[1] else None
         if up is not None:
-            extra = up[2]
-        digests, hashes = self.hasher.chain(prior, token_ids, extra)
-        self._mirror.nodes[node] = (digests, hashes, extra)
+            salt = up[2]
+        digests, hashes = self.hasher.chain(prior, token_ids, salt)
+        self._mirror.nodes[node] = (digests, hashes, salt)
         ps = self.page_size
         for i, h in enumerate(hashes):
-            self._enqueue(out, BlockStored(block_hashes=[h], parent_block_hash=parent_hash,
-                                           token_ids=list(token_ids[i * ps:(i + 1) * ps]), block_size=ps,
-                                           lora_id=None, medium=MEDIUM_GPU))
+            tokens = list(token_ids[i * ps:(i + 1) * ps])
+            if self.vllm:   # vLLM hashes the salt into a request's first block only, and says so there
+                first = prior is None and i == 0 and salt is not None
+                ev = VLLMBlockStored(block_hashes=[h], parent_block_hash=parent_hash, token_ids=tokens, block_size=ps,
+                                     lora_id=None, medium=MEDIUM_GPU, lora_name=None,
+                                     extra_keys=[(salt,) if first else None], group_idx=0)
+            else:
+                ev = SGLangBlockStored(block_hashes=[h], parent_block_hash=parent_hash, token_ids=tokens,
+                                       block_size=ps, lora_id=None, medium=MEDIUM_GPU, cache_salt=salt)
+            self._enqueue(out, ev)
             parent_hash = h
+
+    def _removed(self, out: list, hashes: list) -> None:
+        if self.vllm:   # vLLM frees blocks one by one: one BlockRemoved each
+            out.extend(VLLMBlockRemoved(block_hashes=[h], medium=MEDIUM_GPU, group_idx=0) for h in hashes)
+        else:
+            self._enqueue(out, SGLangBlockRemoved(block_hashes=hashes, medium=MEDIUM_GPU))
 
     @staticmethod
     def _enqueue(out: list, ev) -> None:
-        """SGLang's coalescing: a store continuing the previous store's chain, or a removal after
-        a removal in the same tier, joins it."""
+        """SGLang's coalescing: a store continuing the previous store's chain (same tier, block size,
+        LoRA and salt), or a removal after a removal in the same tier, joins it."""
         if out:
             tail = out[-1]
-            if isinstance(tail, BlockRemoved) and isinstance(ev, BlockRemoved) and tail.medium == ev.medium:
+            if isinstance(tail, SGLangBlockRemoved) and isinstance(ev, SGLangBlockRemoved) and tail.medium == ev.medium:
                 tail.block_hashes.extend(ev.block_hashes)
                 return
-            if (isinstance(tail, BlockStored) and isinstance(ev, BlockStored) and tail.medium == ev.medium
-                    and tail.block_size == ev.block_size and tail.lora_id == ev.lora_id and tail.block_hashes
-                    and ev.parent_block_hash == tail.block_hashes[-1]):
+            if (type(tail) is type(ev) and isinstance(ev, (SGLangBlockStored, VLLMBlockStored))
+                    and tail.medium == ev.medium and tail.block_size == ev.block_size and tail.lora_id == ev.lora_id
+                    and tail.lora_name == ev.lora_name and getattr(tail, "cache_salt", None) == getattr(ev, "cache_salt", None)
+                    and tail.block_hashes and ev.parent_block_hash == tail.block_hashes[-1]):
                 tail.block_hashes.extend(ev.block_hashes)
                 tail.token_ids.extend(ev.token_ids)
+                if isinstance(ev, VLLMBlockStored):
+                    tail.extra_keys.extend(ev.extra_keys)
                 return
         out.append(ev)

@@ -4,8 +4,10 @@ Frames are `[topic, seq (8 bytes, big-endian), payload]` as SGLang's and vLLM's
 ZmqEventPublisher send them. When a sequence number is skipped (a slow subscriber, a PUB
 high-water mark, joining after the engine started), the subscriber asks the publisher's ROUTER
 replay socket for everything from the first missing seq: a DEALER sends `[b"", start seq]` and
-reads `[b"", topic, seq, payload]` frames until the end marker (seq -1). What the replay cannot
-give back stays an unrecovered gap, shown in the view.
+reads `[b"", topic, seq, payload]` frames until the end marker (seq -1). The publisher answers
+with every batch its buffer (the last `buffer_steps`) holds from that seq on: those are applied,
+and what it no longer holds stays one unrecovered gap (follower.py), shown in the view. Each
+range is asked for once: after a replay the follower is past it, lost part included.
 """
 from __future__ import annotations
 

@@ -1,11 +1,20 @@
 """A recorded KV event stream -> a capacity lab trace (plain JSONL of token ids, core/lab/traces.py).
 
-Each BlockStored chain is one request the engine computed: its prompt is the tokens of the
+Each BlockStored chain the device computed is one request: its prompt is the tokens of the
 parent chain already cached (a hit) followed by the newly stored blocks (the miss). Timestamps
-are the batch's, in ms from the first batch. Replaying these against a bigger pool asks "what if
-my cache were twice as big" of the user's own traffic. What the events cannot show is said in
-the summary: requests that hit the cache entirely store nothing, so SGLang never reports them
-(vLLM does, as a BlockStored of blocks already cached, which count here as requests too).
+are the batch's, in ms from the first request. Replaying these against a bigger pool asks "what
+if my cache were twice as big" of the user's own traffic.
+
+A request is counted once, so only device-tier stores (medium GPU; none given means GPU) of the
+first KV cache group (group_idx 0; SGLang sends none) whose whole parent chain is known become
+requests. The rest is counted in the summary and not replayed: tier copies (SGLang HiCache's
+CPU_PINNED write-through, vLLM's CPU offload: the same blocks again, on another tier), other
+groups (a hybrid model's per-group stores of the same request), and orphans (a parent the stream
+never showed or already removed: the prompt would be cut short).
+
+What the events cannot show is said here too: requests that hit the cache entirely store nothing,
+so SGLang never reports them (vLLM does, as a BlockStored of blocks already cached, which count
+here as requests too).
 """
 from __future__ import annotations
 
@@ -14,15 +23,31 @@ import os
 from typing import Optional
 
 from core.kv_events.block_tree import BlockTree
-from core.kv_events.protocol import BlockStored
+from core.kv_events.follower import StreamFollower
+from core.kv_events.protocol import MEDIUM_GPU, BlockStored, medium_name
 from core.kv_events.recorder import replay_recording
+
+FIRST_GROUP = 0
+
+
+def store_kind(ev: BlockStored, tree: BlockTree) -> str:
+    """"request", or why the store is not one: "tier_copy", "other_group", "orphan" (tree as it
+    stood before the store)."""
+    if medium_name(ev.medium) != MEDIUM_GPU:
+        return "tier_copy"
+    group = ev.group_idx or 0
+    if group != FIRST_GROUP:
+        return "other_group"
+    parent = None if ev.parent_block_hash is None else (group, ev.parent_block_hash)
+    return "request" if tree.chain_known(parent) else "orphan"
 
 
 def convert_recording(path, out, output_len: int = 0, errors: Optional[list] = None) -> dict:
-    """Write one JSONL request per stored chain; returns a summary (requests, blocks, gaps)."""
-    from core.kv_events.follower import StreamFollower
+    """Write one JSONL request per device store; returns a summary (requests, what was skipped, gaps)."""
     tree = BlockTree()
-    counts = {"requests": 0, "blocks_requested": 0, "blocks_stored": 0}
+    counts = {"requests": 0, "blocks_requested": 0, "blocks_stored": 0,
+              "tier_copies": 0, "other_groups": 0, "orphans": 0}
+    plural = {"tier_copy": "tier_copies", "other_group": "other_groups", "orphan": "orphans"}
     t0: list = []
     try:
         fh = open(out, "w", encoding="utf-8")
@@ -32,13 +57,16 @@ def convert_recording(path, out, output_len: int = 0, errors: Optional[list] = N
     def before(ev, ts: float) -> None:   # the tree as it stood when the engine stored this chain
         if not isinstance(ev, BlockStored) or not ev.block_hashes:
             return
-        if not t0:
-            t0.append(ts)
-        group = ev.group_idx or 0
-        prefix = () if ev.parent_block_hash is None else tree.path_tokens((group, ev.parent_block_hash))
+        kind = store_kind(ev, tree)
+        if kind != "request":
+            counts[plural[kind]] += 1
+            return
+        prefix = () if ev.parent_block_hash is None else tree.path_tokens((FIRST_GROUP, ev.parent_block_hash))
         tokens = [t for t in prefix if isinstance(t, int)] + [t for t in ev.token_ids if isinstance(t, int)]
         if not tokens:
             return
+        if not t0:
+            t0.append(ts)
         counts["blocks_requested"] += len(tokens) // max(1, ev.block_size)
         counts["blocks_stored"] += len(ev.block_hashes)
         counts["requests"] += 1

@@ -18,19 +18,24 @@ def gap_panel(st, status: dict, gaps: list, live: bool = True) -> None:
         return
     age = time.time() - status["last_recv"] if status["last_recv"] and live else None
     missing = status["missing_batches"]
+    lost_gaps = sum(1 for g in gaps if g.lost)
     if status["exact"]:
         filled = [g for g in gaps if g.recovered and g.reason != "publisher restarted"]
         extra = f"; {len(filled)} gap(s) filled from the replay socket" if filled else ""
+        if missing:
+            extra += (f"; {missing:,} batch(es) lost before that ({lost_gaps} gap(s)), made good since by "
+                      f"the engine clearing its cache")
         st.success(f"Exact: every batch up to seq {last:,} applied{extra}"
                    + (f" · last batch {age:.0f} s ago" if age is not None else ""))
     else:
-        st.error(f"{missing:,} batch(es) missing since seq {status['suspect_since']:,} and not recovered: the tree "
-                 f"may lack blocks (or hold removed ones) until the engine clears its cache. Give the replay "
-                 f"endpoint to fill gaps.")
+        st.error(f"{missing:,} batch(es) lost ({lost_gaps} gap(s)): missing since seq {status['suspect_since']:,} "
+                 f"and not recovered, the replay buffer no longer held them (or there is no replay endpoint). "
+                 f"The tree may lack blocks (or hold removed ones) until the engine clears its cache.")
     if gaps:
         rows = [{"from seq": g.start, "to seq": g.end, "batches": g.size, "reason": g.reason,
                  "recovered": {True: "yes", False: "no", None: "pending"}[g.recovered], "replayed": g.replayed,
-                 "when": time.strftime("%H:%M:%S", time.localtime(g.detected_ts))} for g in reversed(gaps)]
+                 "lost": g.lost, "when": time.strftime("%H:%M:%S", time.localtime(g.detected_ts))}
+                for g in reversed(gaps)]
         with st.expander(f"Gaps and catch-ups ({len(gaps)})", expanded=not status["exact"]):
             st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
@@ -46,7 +51,8 @@ def kpi_tiles(st, stats: dict, media: dict, rate: tuple, status: dict) -> None:
              ("Branch points", f"{stats['branch_blocks']:,}", "blocks with two or more children"),
              ("Orphans", f"{stats['orphans']:,}", "blocks whose parent is not cached: no prefix lookup reaches them"),
              ("Batches", f"{status['batches']:,}", f"DP ranks seen: {status['dp_ranks'] or '–'}; duplicates "
-                                                   f"ignored: {status['duplicates']}")]
+                                                   f"ignored: {status['duplicates']}; lost for good: "
+                                                   f"{status['missing_batches']:,}")]
     for row in (tiles[:4], tiles[4:]):
         for col, (label, value, help_) in zip(st.columns(4), row):
             col.metric(label, value, help=help_)

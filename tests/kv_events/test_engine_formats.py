@@ -22,9 +22,7 @@ from core.kv_events.protocol import BlockStored, SGLangKVEventBatch, decode_batc
 from core.kv_events.publisher import KVEventPublisher
 from core.kv_events.recorder import read_recording
 from core.kv_events.subscriber import KVEventSubscriber
-from tests.kv_events.helpers import LOCAL
-
-FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+from tests.kv_events.helpers import FIX, LOCAL, engine_decoder
 
 
 def _hash(x):
@@ -89,13 +87,113 @@ def test_vllm_specifics_bytes_hashes_reuse_and_evicted_parent():
 
 
 def test_our_hashes_are_the_engines_hashes():
+    """Plain and salted chains, SGLang's default and dynamo formats, vLLM's cache_salt extra key."""
     with open(os.path.join(FIX, "hashes.json")) as fh:
         rows = json.load(fh)
     assert {r["scheme"] for r in rows} == {"sglang", "vllm"}
+    assert {(r.get("format"), r["salt"] is not None) for r in rows if r["scheme"] == "sglang"} == \
+        {("default", False), ("default", True), ("dynamo", False), ("dynamo", True)}
     for r in rows:
-        _, published = BlockHasher(r["page_size"], r["scheme"]).chain(None, r["tokens"], r["extra_key"])
+        hasher = BlockHasher(r["page_size"], r["scheme"], r.get("format", "default"))
+        _, published = hasher.chain(None, r["tokens"], r["salt"])
         want = r["hashes"] if r["scheme"] == "sglang" else [bytes.fromhex(h) for h in r["hashes_hex"]]
         assert published == want, r
+
+
+def test_salted_sglang_hashes_start_from_the_cache_salt_seed():
+    """SGLang's default format hashes a salted chain from sha256("sglang-cache-salt-v1" 0 salt) and
+    publishes the plain int64 of it: not the unsalted hash, not a namespace-mapped one."""
+    with open(os.path.join(FIX, "hashes.json")) as fh:
+        rows = {(r["format"], r["salt"]): r["hashes"] for r in json.load(fh)
+                if r["scheme"] == "sglang" and r["tokens"] == [9] * 8}
+    salted, dynamo, plain = rows[("default", "tenant-b")], rows[("dynamo", "tenant-b")], rows[("dynamo", None)]
+    assert len({tuple(salted), tuple(dynamo), tuple(plain)}) == 3
+    assert BlockHasher(4, "sglang").chain(None, [9] * 8)[1] == plain
+    assert BlockHasher(4, "sglang").chain(None, [9] * 8, "tenant-b")[1] == salted
+    assert BlockHasher(4, "sglang", "dynamo").chain(None, [9] * 8, "tenant-b")[1] == dynamo
+
+
+def _parity_events(engine: str, fmt: str, steps: list, page_size: int) -> list:
+    """Our publisher, given PARITY's cache changes (scripts/make_kv_event_fixtures.py): the raw
+    events of each step's batch."""
+    cache = RadixCache(SlotAllocator(64, page_size=page_size), page_size=page_size)
+    pub = KVEventPublisher(cache, endpoint=LOCAL, interval=3600, hash_scheme=engine, fmt=fmt)
+    out = []
+    try:
+        assert pub.flush() == 0
+        for step in steps:
+            if step["op"] == "insert":
+                key = RadixKey(step["tokens"], step["salt"])
+                m = cache.match_prefix(key)
+                cache.insert(key, torch.cat([m.indices, cache.allocator.alloc(len(step["tokens"]) - len(m.indices))]))
+            elif step["op"] == "evict":
+                cache.evict(page_size)     # the least recently used leaf: [9..12]
+            else:
+                cache.reset()
+            before = pub.last_seq
+            assert pub.flush() == before + 1
+            # the events exactly as sent: their bytes, not a re-encoding (map header sizes differ)
+            out.append(msgspec.msgpack.decode(pub._buffer[-1][1], type=tuple[float, msgspec.Raw, int]))
+    finally:
+        pub.close()
+    return out
+
+
+@pytest.mark.parametrize("name", ["sglang-default", "sglang-dynamo", "vllm"])
+def test_our_publisher_sends_what_the_engine_sends_for_the_same_cache_changes(name):
+    """Plain and salted inserts, a child under each, an eviction, a flush: each step's events are the
+    bytes SGLang's recorder (default and dynamo format) or vLLM's block pool queue for the same
+    changes, cache_salt field, vLLM's lora_name / extra_keys / group_idx and all."""
+    with open(os.path.join(FIX, "parity.json")) as fh:
+        doc = json.load(fh)[name]
+    engine, fmt = (name.split("-") + ["default"])[:2]
+    ours = _parity_events(engine, fmt, doc["steps"], doc["page_size"])
+    for step, batch in zip(doc["steps"], ours):
+        assert bytes(batch[1]).hex() == step["events_hex"], (step["op"], step["salt"], msgspec.msgpack.decode(batch[1]))
+        assert batch[2] == 0          # the dp rank, third in the array
+
+
+def _stream(engine: str) -> list:
+    """Payloads our publisher sends for a small workload: salted and plain chains, evictions, a reset."""
+    cache = RadixCache(SlotAllocator(32, page_size=4), page_size=4)
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, hash_scheme=engine, interval=3600)
+    try:
+        pub.flush()
+        for ids, salt in (([1] * 12, None), ([1] * 8 + [2] * 4, None), ([1] * 8, "tenant-b"), ([3] * 16, "t2")):
+            key = RadixKey(ids, salt)
+            m = cache.match_prefix(key)
+            if cache.allocator.available() < len(ids) - len(m.indices):
+                cache.evict(len(ids) - len(m.indices) - cache.allocator.available())
+            cache.insert(key, torch.cat([m.indices, cache.allocator.alloc(len(ids) - len(m.indices))]))
+            pub.flush()
+        cache.evict(8)
+        pub.flush()
+        cache.reset()
+        pub.flush()
+        return [payload for _, payload in pub._buffer]
+    finally:
+        pub.close()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_each_engines_own_decoder_reads_our_stream_in_its_format(engine):
+    decoder = engine_decoder(engine)
+    payloads = _stream(engine)
+    kinds = [type(e).__name__ for p in payloads for e in decoder.decode(p).events]
+    assert {"BlockStored", "BlockRemoved", "AllBlocksCleared"} <= set(kinds), kinds
+    if engine == "vllm":
+        stored = [e for p in payloads for e in decoder.decode(p).events if type(e).__name__ == "BlockStored"]
+        assert all(e.lora_name is None and e.group_idx == 0 and len(e.extra_keys) == len(e.block_hashes)
+                   for e in stored)
+        assert [e.extra_keys[0] for e in stored if e.parent_block_hash is None] == [None, ("tenant-b",), ("t2",)]
+    else:
+        salts = [e.cache_salt for p in payloads for e in decoder.decode(p).events if type(e).__name__ == "BlockStored"]
+        assert salts.count("tenant-b") == 1 and salts.count("t2") == 1
+    # the rebuilt decoders are the engines' strict ones: neither reads the other's stream
+    other = engine_decoder("sglang" if engine == "vllm" else "vllm")
+    with pytest.raises(msgspec.ValidationError):
+        for p in payloads:
+            other.decode(p)
 
 
 def test_our_publisher_sends_what_sglang_sends_for_the_same_tree():

@@ -144,3 +144,39 @@ def test_a_dropped_batch_is_shown_then_filled_by_replay():
         _close_source()
         pub.close()
         pub2.close()
+
+
+def test_page_says_how_many_batches_a_late_join_lost():
+    """Buffer of 5, 20 batches before the page subscribes, 3 after: 8 blocks, one gap, 15 lost;
+    after the engine flushes its cache the tree is exact again and the page still says 15 were lost."""
+    cache = RadixCache(SlotAllocator(128, page_size=2), page_size=2)
+    pub = KVEventPublisher(cache, endpoint=LOCAL, replay_endpoint=LOCAL, buffer_steps=5, interval=3600)
+    try:
+        assert pub.flush() == 0
+        for n in range(1, 20):
+            cache.insert(RadixKey([n, n]), cache.allocator.alloc(2))
+            assert pub.flush() == n
+        at = _page()
+        at.text_input(key="kv_endpoint").input(pub.endpoint)
+        at.text_input(key="kv_replay").input(pub.replay_endpoint).run()
+        at.toggle(key="kv_live").set_value(False).run()
+        from radixui.connect.kv_source import get_holder
+        sub = get_holder().sub
+        assert sub.catch_up().end == 14 and pub.wait_for_subscribers(1, 10.0)
+        for n in range(20, 23):
+            cache.insert(RadixKey([n, n]), cache.allocator.alloc(2))
+            assert sub.follower.wait_for(pub.flush(), 5.0)
+        at.run()
+        assert not at.exception
+        assert any("15 batch(es) lost (1 gap(s))" in e.value for e in at.error), [e.value for e in at.error]
+        assert {m.label: m.value for m in at.metric}["Blocks cached"] == "8"
+        table = next(d.value for d in at.dataframe if "lost" in d.value.columns)
+        assert table[["from seq", "to seq", "reason", "lost"]].values.tolist() == [[0, 14, "joined late", 15]]
+        cache.evict(100)
+        cache.reset()
+        assert sub.follower.wait_for(pub.flush(), 5.0)
+        at.run()
+        assert not at.error and any("15 batch(es) lost before that" in s.value for s in at.success)
+    finally:
+        _close_source()
+        pub.close()

@@ -202,3 +202,28 @@ def test_bad_addresses_are_clear_errors():
     r = subprocess.run([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "h:1", "--out", "/dev/null"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a ZMQ address" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_convert_counts_each_request_once_from_its_device_store(engine, tmp_path):
+    """Streams from SGLang's / vLLM's own publisher, recorded from seq 1 on: SGLang HiCache copies
+    every store to CPU_PINNED (write-through); vLLM's hybrid model stores each request in two KV
+    cache groups and offloads to CPU. Only device-tier stores of group 0 with a known parent chain
+    are requests; tier copies, other groups and orphans ([5..8], whose parent was stored before
+    the recording began) are counted, not replayed."""
+    import os
+
+    from tests.kv_events.helpers import FIX
+    with open(os.path.join(FIX, "convert_expected.json")) as fh:
+        want = json.load(fh)[engine]
+    out = tmp_path / "trace.jsonl"
+    summary = convert_recording(os.path.join(FIX, f"{engine}_tiers.bin"), out)
+    assert [r.prompt_ids().tolist() for r in load_trace(out).requests] == want["prompts"]
+    assert {k: summary[k] for k in ("requests", "tier_copies", "other_groups", "orphans")} == \
+        {"requests": len(want["prompts"]), "tier_copies": want["tier_copies"], "other_groups": want["other_groups"],
+         "orphans": want["orphans"]}
+    assert summary["blocks_stored"] == 3 and summary["blocks_requested"] == 5
+    conv = subprocess.run([sys.executable, "-m", "core.kv_events", "convert", os.path.join(FIX, f"{engine}_tiers.bin"),
+                           "--out", str(tmp_path / "cli.jsonl")], capture_output=True, text=True, timeout=60)
+    assert conv.returncode == 0 and json.loads(conv.stdout)["orphans"] == 1
+    assert f"not replayed: {want['tier_copies']} tier copies" in conv.stderr

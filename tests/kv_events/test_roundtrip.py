@@ -1,5 +1,6 @@
 """Our engine publishes, a subscriber rebuilds: the block tree equals the engine's radix tree at
-every step of a random workload (page sizes 1 and 16), through evictions and a flush."""
+every step of a random workload (page sizes 1 and 16; SGLang's default and dynamo formats, salted
+requests included), through evictions and a flush."""
 from __future__ import annotations
 
 import random
@@ -24,14 +25,14 @@ def _prompt(rng: random.Random, stems: list, unit: int) -> list:
     return stem + [rng.randrange(1, 128) for _ in range(rng.randrange(1, 3 * unit + 3))]
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_rebuilt_tree_equals_radix_tree_every_step(runner, page_size):
+@pytest.mark.parametrize("page_size,fmt", [(1, "default"), (16, "dynamo")])
+def test_rebuilt_tree_equals_radix_tree_every_step(runner, page_size, fmt):
     rng = random.Random(page_size)
     unit = max(page_size, 4)
     pool = 8 * unit   # small: the workload must evict
     engine = Engine(runner, pool_slots=pool, page_size=page_size, max_prefill_tokens=64, max_running_requests=3)
     pub = attach_publisher(engine, '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", '
-                                   '"replay_endpoint": "tcp://127.0.0.1:0"}')
+                                   f'"replay_endpoint": "tcp://127.0.0.1:0", "format": "{fmt}"}}')
     assert pub.flush() == 0   # batch 0 (AllBlocksCleared) is out before anyone listens: the subscriber catches up on it
     sub = KVEventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint).start()
     try:
@@ -55,7 +56,7 @@ def test_rebuilt_tree_equals_radix_tree_every_step(runner, page_size):
                 with sub.follower.lock:
                     tree = sub.follower.tree
                     assert tree.prefixes() == radix_prefixes(snap), f"step {steps}"
-                    assert tree_hashes(tree) == radix_hashes(snap), f"step {steps}"
+                    assert tree_hashes(tree) == radix_hashes(snap, "sglang", fmt), f"step {steps}"
                     assert not tree.orphans
             if round_ == 4:
                 engine.reset_cache()   # flush_cache: AllBlocksCleared
