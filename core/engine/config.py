@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -46,6 +47,8 @@ class EngineConfig:
                                          form="number", label="Max running requests")
     max_prefill_tokens: int = _setting(2048, "token budget of one step's prefill chunks", minimum=1,
                                        form="number", label="Max prefill tokens (a step)")
+    mixed_step_ratio: float = _setting(2.5, "while requests decode, a step carrying prefill chunks takes at most "
+                                            "about this many decode-only steps (0: no cap)", minimum=0)
     disable_radix_cache: bool = _setting(False, "turn prefix caching off (the baseline)", form="checkbox",
                                          label="Disable radix cache (baseline)")
     device: str = _setting("auto", "auto (CUDA if available), cpu, cuda, cuda:N")
@@ -128,6 +131,12 @@ def _check(f: dataclasses.Field, value: Any) -> None:
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
         return
+    if f.type in ("float", float):
+        minimum = meta["minimum"] or 0
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+                or value < minimum:
+            raise ValueError(f"{name} must be a finite number >= {minimum}, got {value!r}")
+        return
     if f.type in ("int", int):
         minimum = meta["minimum"] or 0
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -153,7 +162,7 @@ def add_flags(parser: argparse.ArgumentParser, defaults: Optional[EngineConfig] 
         if isinstance(value, bool):
             parser.add_argument(flag, action="store_true", default=value, help=meta["help"])
             continue
-        kind = int if isinstance(value, int) else str
+        kind = float if isinstance(value, float) else int if isinstance(value, int) else str
         choices = list(meta["choices"]()) if meta["choices"] else None
         parser.add_argument(flag, type=kind, default=value, choices=choices,
                             help=f"{meta['help']} (default {value})")

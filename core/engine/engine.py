@@ -30,6 +30,7 @@ from core.engine.model.runner import ModelRunner
 from core.engine.request import ABORTED, FINISHED, Completion, Request, RequestHandle, stream_safe_len
 from core.engine.sampling import SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
+from core.engine.step_budget import StepBudget
 from core.observe import snapshot as snap
 from core.observe.invariants import check_cache_invariants
 from core.observe.token_bytes import token_bytes
@@ -62,6 +63,7 @@ class Engine:
         self.cache.events.budget_bytes = config.event_budget_bytes
         self.scheduler = Scheduler(self.cache, self.allocator, config.schedule_policy, config.max_running_requests,
                                    config.max_prefill_tokens)
+        self.step_budget = StepBudget(config.max_prefill_tokens, config.mixed_step_ratio)
         self.metrics = EngineMetrics()
         self.step_count = 0
         self.last_error: Optional[str] = None
@@ -186,7 +188,7 @@ class Engine:
             self._drain_inbox()
             sched = self.scheduler
             try:
-                items = sched.schedule()
+                items = sched.schedule(self.step_budget.tokens(sched.decoding()))
             finally:
                 failed = sched.take_failed()
                 for req, exc in failed:
@@ -199,6 +201,7 @@ class Engine:
                 if not it.req.counted:
                     it.req.counted = True
                     self.metrics.on_admit(len(it.req.prompt_ids), it.req.cached_tokens or 0)
+            started = time.perf_counter()
             try:
                 batch = ForwardBatch.build([(it.tokens, it.req.kv_slots, it.new_slots) for it in items],
                                            device=self.device)
@@ -227,6 +230,8 @@ class Engine:
                 except Exception as exc:
                     self._fail(req, exc)
             self.metrics.on_step(prefill, decodes)
+            singles = sum(1 for it in items if len(it.tokens) == 1)
+            self.step_budget.observe(time.perf_counter() - started, batch.num_tokens - singles, singles)
             self._after_step()
             return True
 

@@ -120,6 +120,10 @@ class RequestHandle:
         """The text generated so far (all of it once done): what Ctrl-C in the CLI prints."""
         return self._req.output_text
 
+    def partial_ids(self) -> list[int]:
+        """The token ids generated so far (a copy): how far a running request got."""
+        return list(self._req.output_ids)
+
     def result(self, timeout: Optional[float] = None) -> Completion:
         if not self._req.done.wait(timeout):
             raise TimeoutError(f"request {self.rid} did not finish within {timeout} s "

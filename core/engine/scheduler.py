@@ -155,23 +155,44 @@ class Scheduler:
         return victim
 
     # ----- one step --------------------------------------------------------------------------
-    def schedule(self) -> list[ScheduledItem]:
-        """Pick this step's work and give it slots. Returns an empty list when idle."""
+    def schedule(self, budget: Optional[int] = None) -> list[ScheduledItem]:
+        """Pick this step's work and give it slots. Returns an empty list when idle.
+
+        `budget`: the prefill tokens this step may carry (default max_prefill_tokens; the engine passes
+        a smaller one while requests decode, see step_budget.py). Running decodes always step. Waiting
+        requests are owed up to half of the budget before a running chunked prefill takes the rest, so
+        a short request arriving behind a long prompt is admitted at the next step, and the long prompt
+        still advances every step."""
+        budget = self.max_prefill_tokens if budget is None else max(1, budget)
+        for_new = self._owed_to_waiting(budget)
         items: list[ScheduledItem] = []
-        budget = self.max_prefill_tokens
+        chunk_budget = budget - for_new
         for req in sorted(self.running, key=lambda r: r.admit_order):
             if req not in self.running:
                 continue  # retracted while making room for an older request
             try:
-                item, budget = self._continue(req, items, budget)
+                item, chunk_budget = self._continue(req, items, chunk_budget)
             except Exception as exc:  # this request fails, the others run
                 items = [it for it in items if it.req is not req]
                 self._fail(req, exc)
                 continue
             if item is not None:
                 items.append(item)
-        items.extend(self._admit(budget))
+        items.extend(self._admit(chunk_budget + for_new))
         return items
+
+    def decoding(self) -> int:
+        """Running requests whose next step is a decode (one token)."""
+        return sum(1 for r in self.running if len(r.fill_ids) - r.computed == 1)
+
+    def _owed_to_waiting(self, budget: int) -> int:
+        """Prefill tokens kept from running chunked prefills for waiting requests: what those that could be
+        admitted want, at most half the budget (0 when nothing waits or no chunked prefill runs)."""
+        if not self.waiting or not any(len(r.fill_ids) - r.computed > 1 for r in self.running):
+            return 0
+        room = self.max_running_requests - len(self.running)
+        want = sum(len(r.fill_ids) for r in self.waiting[:max(0, room)])
+        return min(budget // 2, want)
 
     def discard(self, req: Request) -> None:
         """Take `req` out of the queues and give back what it holds, uncached (its K/V may be half

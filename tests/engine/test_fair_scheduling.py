@@ -1,0 +1,97 @@
+"""Fair scheduling: while a long prompt is prefilled in chunks, running decodes keep stepping, a short
+request that arrives is admitted at the next step, and the chunk of a step shrinks while others decode
+(step_budget.py) so their inter-token latency stays near its solo value. Outputs stay exact."""
+from __future__ import annotations
+
+import pytest
+
+from core.engine.engine import Engine
+from core.engine.sampling import SamplingParams
+from core.engine.step_budget import MIN_PREFILL_TOKENS, StepBudget
+from tests.tiny_models import reference_greedy, tiny_pair
+
+LONG = [(7 * i) % 120 + 3 for i in range(400)]
+SHORT = [5, 9, 2]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair("llama")
+
+
+def test_decodes_keep_stepping_while_a_long_prompt_is_prefilled_in_chunks(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=64, mixed_step_ratio=0)
+    stream = e.submit(SHORT, SamplingParams(max_new_tokens=30, ignore_eos=True))
+    e.step()                                             # the stream's prefill; it decodes from now on
+    long = e.submit(LONG, SamplingParams(max_new_tokens=3, ignore_eos=True))
+    steps, tokens_during = 0, []
+    while not long.done():
+        before = len(stream.partial_ids()) if not stream.done() else None
+        e.step()
+        steps += 1
+        if before is not None and not stream.done():
+            tokens_during.append(len(stream.partial_ids()) - before)
+    assert steps >= 400 // 64                            # the long prompt took several chunked steps
+    assert tokens_during and set(tokens_during) == {1}   # and the stream got a token in every one of them
+    while e.has_work():
+        e.step()
+    assert stream.result(0).token_ids == reference_greedy(ref, SHORT, 30)
+    assert long.result(0).token_ids == reference_greedy(ref, LONG, 3)
+
+
+def test_a_short_request_behind_a_long_prompt_is_admitted_at_the_next_step(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=64, mixed_step_ratio=0)
+    long = e.submit(LONG, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    e.step()
+    e.step()                                             # two chunks in: 128 of 400 tokens computed
+    short = e.submit(SHORT, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    e.step()
+    assert len(short.partial_ids()) == 1                 # its prefill ran in the very next step: first token out
+    assert not long.done()
+    while e.has_work():
+        e.step()
+    assert short.result(0).token_ids == reference_greedy(ref, SHORT, 2)
+    assert long.result(0).token_ids == reference_greedy(ref, LONG, 2)
+    e.check_invariants()
+
+
+def test_the_long_prompt_still_advances_every_step_while_short_requests_keep_coming(pair):
+    _, runner = pair
+    e = Engine(runner, pool_slots=2048, max_prefill_tokens=64, max_running_requests=64, mixed_step_ratio=0)
+    long = e.submit(LONG, SamplingParams(max_new_tokens=1, ignore_eos=True))
+    e.step()
+    steps = 1
+    while not long.done():
+        e.submit([steps] * 40, SamplingParams(max_new_tokens=1, ignore_eos=True))   # a 40-token arrival a step
+        e.step()
+        steps += 1
+    # arrivals are owed at most half of the 64-token budget: the long prompt gets >= 32 tokens every step
+    assert steps <= 1 + (400 - 64 + 31) // 32
+
+
+def test_the_step_budget_keeps_a_mixed_step_near_ratio_decode_steps():
+    b = StepBudget(max_tokens=2048, ratio=2.5)
+    assert b.tokens(decoding=3) == 2048                  # nothing measured yet: the whole budget
+    for _ in range(20):
+        b.observe(0.020, prefill_tokens=0, decodes=3)    # a decode-only step: 20 ms
+        b.observe(0.020 + 512 * 0.0005, prefill_tokens=512, decodes=3)   # each prefill token: 0.5 ms more
+    assert b.decode_s == pytest.approx(0.020) and b.token_s == pytest.approx(0.0005)
+    assert b.tokens(decoding=3) == int(1.5 * 0.020 / 0.0005) == 60   # 20 ms + 60 x 0.5 ms = 2.5 x 20 ms
+    assert b.tokens(decoding=0) == 2048                  # nothing decodes: the whole budget
+    b.token_s = 1.0                                      # a very slow prefill still advances
+    assert b.tokens(decoding=1) == MIN_PREFILL_TOKENS
+    assert StepBudget(max_tokens=2048, ratio=0, decode_s=0.02, token_s=0.001).tokens(5) == 2048   # 0: no cap
+
+
+def test_chunked_and_whole_prefill_give_the_same_tokens_with_the_budget_on(pair):
+    ref, runner = pair
+    for budget in (16, 64, 2048):
+        e = Engine(runner, pool_slots=1024, max_prefill_tokens=budget)
+        hs = [e.submit(LONG, SamplingParams(max_new_tokens=4, ignore_eos=True)),
+              e.submit(SHORT, SamplingParams(max_new_tokens=12, ignore_eos=True))]
+        while e.has_work():
+            e.step()
+        assert hs[0].result(0).token_ids == reference_greedy(ref, LONG, 4)
+        assert hs[1].result(0).token_ids == reference_greedy(ref, SHORT, 12)
