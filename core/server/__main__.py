@@ -63,10 +63,12 @@ class RunnerCache:
         from core.engine.engine import Engine
         from core.engine.model.runner import ModelRunner
 
+        key = (config.model, config.model_impl, config.dtype)
         with self._lock:
-            if config.model not in self._runners:
-                self._runners[config.model] = ModelRunner(config.model, device=self.device)
-            runner = self._runners[config.model]
+            if key not in self._runners:
+                self._runners[key] = ModelRunner(config.model, device=self.device, impl=config.model_impl,
+                                                 numerics=config.dtype)
+            runner = self._runners[key]
         return Engine(runner, config)
 
 

@@ -18,7 +18,7 @@ from radixui.connect.client import Prompt
 class EngineHolder:
     """The live engine and its config; `rebuild` swaps engines only when the new one loads."""
 
-    def __init__(self, load_runner: Callable[[str], ModelRunner], first_config: Callable[[], EngineConfig]) -> None:
+    def __init__(self, load_runner: Callable[[EngineConfig], ModelRunner], first_config: Callable[[], EngineConfig]) -> None:
         self.load_runner, self.first_config = load_runner, first_config
         self.lock = threading.Lock()
         self.config: Optional[EngineConfig] = None
@@ -42,7 +42,7 @@ class EngineHolder:
             return None
 
     def _build(self, config: EngineConfig) -> None:
-        engine = Engine(self.load_runner(config.validate().model), config)
+        engine = Engine(self.load_runner(config.validate()), config)
         old, self.engine, self.config = self.engine, engine, config
         engine.start()
         if old is not None:

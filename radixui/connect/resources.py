@@ -28,14 +28,14 @@ def torch_threads() -> int:
 
 
 @st.cache_resource(show_spinner="Loading the model (the first start converts it once, about 30 s)...")
-def get_runner(model: str) -> ModelRunner:
+def get_runner(model: str, impl: str = "auto", numerics: str = "auto") -> ModelRunner:
     torch.set_num_threads(torch_threads())
-    return ModelRunner(model)
+    return ModelRunner(model, impl=impl, numerics=numerics)
 
 
 @st.cache_resource
 def get_holder() -> EngineHolder:
-    return EngineHolder(get_runner, default_config)
+    return EngineHolder(lambda c: get_runner(c.model, c.model_impl, c.dtype), default_config)
 
 
 @st.cache_resource(show_spinner="Running the article's four prompts through the model...")

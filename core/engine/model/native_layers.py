@@ -1,0 +1,308 @@
+"""Building blocks of the native Llama-family forward (core/engine/model/native_llama.py): weights in three
+numerics, RoPE tables, and the attention plan of one ForwardBatch.
+
+Everything here is plain torch ops, chosen for CPU decode, where one forward of a small model is a
+few hundred ops and every op and every copy shows:
+
+* `Linear`: a fused weight (QKV, gate+up) in fp32, bf16, or weight-only int8 with one fp32 scale
+  per output channel (`torch.ops.aten._weight_int8pack_mm`, the CPU kernel gpt-fast uses).
+* `rope_tables`: cos / sign-folded sin for every position, computed once as Hugging Face does
+  (float32 `position * inv_freq`, `cos`, `sin`, times `attention_scaling`), so RoPE costs two
+  multiplies, a roll and an add per layer, bit-identical to `apply_rotary_pos_emb`.
+* `AttentionPlan`: the gather indices and masks of a batch, built once per forward and shared by
+  every layer; `attend` then runs at most one attention call for all decodes and one for all
+  extends (the few cases that would pad too much fall back to the batch's own padded groups).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from core.engine.model import native_kernels
+from core.engine.model.forward_batch import ForwardBatch
+
+# An all-extends padded call may cost at most this many times the attention work of the requests
+# run alone (same rule, same value, as ForwardBatch's own extend groups).
+PAD_FACTOR = 2.0
+
+
+# Rows up to which int8 weights run the decode GEMV kernel; larger batches (prefill) use the bf16 copy.
+INT8_GEMV_MAX_ROWS = 16
+
+
+class Linear:
+    """y = x @ W^T (+ b) for one (possibly fused) projection, in the model's numerics.
+
+    kind "fp32": the weight stored transposed ([in, out]); `x @ Wt` measured 1.5-1.9x faster than
+        F.linear's `x @ W^T` for one row on this CPU (MKL's gemv on the transposed layout), the same
+        for many rows.
+    kind "bf16": bf16 weight [out, in] and bf16 activations (oneDNN, AVX512-BF16).
+    kind "int8": weight-only int8, symmetric, one fp32 scale per output channel (w ~= q * scale),
+        fp32 activations. Up to INT8_GEMV_MAX_ROWS rows (decode) run the C kernel `w8_gemv`
+        (core/engine/model/native_kernels.c; fallback `_weight_int8pack_mm` on bf16 activations); more rows
+        (prefill) run a bf16 GEMM on the dequantized weight (bf16(q * scale)), kept next to it.
+    """
+
+    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features")
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str) -> None:
+        weight = weight.detach()
+        self.kind = kind
+        self.out_features = weight.shape[0]
+        self.dense = self.dense_bias = None
+        if kind == "int8":
+            w = weight.float()
+            scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            self.scales = scales.contiguous()
+            self.bias = None if bias is None else bias.detach().float().contiguous()
+            self.dense = (self.weight.float() * scales[:, None]).to(torch.bfloat16).contiguous()
+            self.dense_bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        elif kind == "fp32":
+            self.weight = weight.float().t().contiguous()          # [in, out]
+            self.scales = None
+            self.bias = None if bias is None else bias.detach().float().contiguous()
+        elif kind == "bf16":
+            self.weight = weight.to(torch.bfloat16).contiguous()
+            self.scales = None
+            self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
+        else:
+            raise ValueError(f"unknown weight kind {kind!r}")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        kind = self.kind
+        if kind == "fp32":
+            if self.bias is None:
+                return torch.matmul(x, self.weight)
+            return torch.addmm(self.bias, x, self.weight)
+        if kind == "bf16":
+            return F.linear(x, self.weight, self.bias)
+        if x.shape[0] <= INT8_GEMV_MAX_ROWS and x.device.type == "cpu":
+            if native_kernels.available():
+                return native_kernels.w8_gemv(x.contiguous(), self.weight, self.scales, self.bias)
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
+                                                   self.scales.to(torch.bfloat16)).float()
+            return y if self.bias is None else y.add_(self.bias)
+        return F.linear(x.to(torch.bfloat16), self.dense, self.dense_bias).float()
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias, self.dense)
+                   if t is not None)
+
+
+def rope_tables(inv_freq: torch.Tensor, attention_scaling: float, num_positions: int,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos [P, D] and sign-folded sin [P, D] (first half negated) for positions 0..P-1.
+
+    Hugging Face: freqs = position.float() * inv_freq; emb = cat(freqs, freqs); cos = emb.cos() *
+    scaling, cast to the activations' dtype. `x * cos + roll(x, D/2) * sin_signed` then equals
+    `x * cos + rotate_half(x) * sin` bit for bit ((-a) * b == -(a * b) in IEEE arithmetic).
+    """
+    pos = torch.arange(num_positions, dtype=torch.int64).float()
+    freqs = pos[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = (emb.cos() * attention_scaling).to(dtype)
+    sin = (emb.sin() * attention_scaling).to(dtype)
+    half = sin.shape[-1] // 2
+    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return cos.contiguous(), sin.contiguous()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D]; cos/sin [T, 1, D] from `rope_tables`."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
+
+
+def _additive(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
+
+
+@dataclass(eq=False)
+class Padded:
+    """Requests attended in one padded call: queries padded to q_len, keys to kv_len."""
+
+    rows: int
+    q_len: int
+    kv_len: int
+    q_index: Optional[torch.Tensor]  # [rows * q_len] flat token of each padded query; None: all tokens, in order
+    slots: torch.Tensor              # [rows * kv_len] pool slot of each padded key (pads read slot 0)
+    q_pos: torch.Tensor              # [rows, q_len] position of each padded query
+    seq_lens: torch.Tensor           # [rows]
+    valid: Optional[torch.Tensor]    # [rows * q_len] real queries; None: all are
+    out_index: Optional[torch.Tensor]  # [real] flat token of each real query; None when valid is None
+    cache: dict = field(default_factory=dict)
+
+    def mask(self, window: Optional[int], dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """[rows, 1, q_len, kv_len] additive mask (causal, window, padding), or None when every key
+        of every query is visible (plain decodes of one length, no window)."""
+        key = ("mask", window, dtype)
+        if key not in self.cache:
+            k_pos = torch.arange(self.kv_len, device=self.slots.device)[None, None, :]
+            q_pos = self.q_pos[:, :, None]
+            ok = k_pos <= q_pos                   # q_pos < seq_len, so this also masks padded keys
+            if window is not None:
+                ok = ok & (k_pos > q_pos - window)
+            self.cache[key] = None if bool(ok.all()) else _additive(ok, dtype)[:, None]
+        return self.cache[key]
+
+    def first_key(self, window: Optional[int]) -> torch.Tensor:
+        """[rows] first visible key of each decode (0, or seq_len - window inside a sliding window)."""
+        key = ("first", window)
+        if key not in self.cache:
+            lens = self.seq_lens
+            self.cache[key] = (torch.zeros_like(lens) if window is None
+                               else (lens - window).clamp(min=0)).contiguous()
+        return self.cache[key]
+
+    def buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A scratch tensor reused by every layer of this forward (no per-layer allocation)."""
+        key = ("buf", name, shape, dtype)
+        if key not in self.cache:
+            self.cache[key] = torch.empty(shape, dtype=dtype, device=self.slots.device)
+        return self.cache[key]
+
+
+def _padded(batch: ForwardBatch, rows: list[int], all_tokens: bool) -> Padded:
+    dev = batch.device
+    ns = torch.tensor([batch.extend_lens[r] for r in rows], dtype=torch.int64)
+    ps = torch.tensor([batch.prefix_lens[r] for r in rows], dtype=torch.int64)
+    starts = torch.tensor([batch.extend_starts[r] for r in rows], dtype=torch.int64)
+    q_len, kv_len = int(ns.max()), int((ns + ps).max())
+    i = torch.arange(q_len)[None, :]
+    step = torch.minimum(i, ns[:, None] - 1)          # pads repeat the request's last query
+    table = torch.zeros((len(rows), kv_len), dtype=torch.int64, device=dev)
+    for b, r in enumerate(rows):
+        s = batch.seq_slots[r]
+        table[b, : s.numel()] = s
+    valid = (i < ns[:, None]).reshape(-1)
+    q_index = (starts[:, None] + step).reshape(-1)
+    whole = bool(valid.all())
+    return Padded(rows=len(rows), q_len=q_len, kv_len=kv_len,
+                  q_index=None if all_tokens and whole else q_index.to(dev),
+                  slots=table.reshape(-1), q_pos=(ps[:, None] + step).to(dev),
+                  seq_lens=(ns + ps).to(dev), valid=None if whole else valid.to(dev),
+                  out_index=None if whole else q_index[valid].to(dev))
+
+
+@dataclass(eq=False)
+class AttentionPlan:
+    """What every layer's attention needs from one ForwardBatch, computed once per forward.
+
+    * decodes: all one-token requests, one call: the C kernel over pool slots (no gather), or
+      a padded gather + SDPA where the kernel is unavailable.
+    * fresh: a single request with no cached prefix: its own new K/V, `is_causal`, no gather.
+    * extends: all other multi-token requests in one padded call (gather + SDPA), unless padding
+      would cost more than PAD_FACTOR times the real work; then the batch's own groups (few calls).
+    """
+
+    num_tokens: int
+    decodes: Optional[Padded] = None
+    decode_idx: Optional[torch.Tensor] = None   # [Rd] flat token of each decode; None: all tokens
+    fresh: Optional[tuple[int, int]] = None     # (start, length) of a lone uncached extend
+    extends: list[Padded] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, batch: ForwardBatch) -> "AttentionPlan":
+        plan = cls(num_tokens=batch.num_tokens)
+        if batch.decode_rows:
+            pure = len(batch.decode_rows) == batch.num_requests
+            plan.decodes = _padded(batch, batch.decode_rows, all_tokens=pure)
+            plan.decode_idx = None if pure else plan.decodes.q_index
+        rows = batch.extend_rows
+        if not rows:
+            return plan
+        if len(rows) == 1 and batch.prefix_lens[rows[0]] == 0:
+            r = rows[0]
+            plan.fresh = (batch.extend_starts[r], batch.extend_lens[r])
+            return plan
+        real = sum(batch.extend_lens[r] * batch.seq_slots[r].numel() for r in rows)
+        q_max = max(batch.extend_lens[r] for r in rows)
+        l_max = max(batch.seq_slots[r].numel() for r in rows)
+        if len(rows) * q_max * l_max <= PAD_FACTOR * real:
+            plan.extends = [_padded(batch, rows, all_tokens=not batch.decode_rows)]
+        else:
+            groups = [g.rows for g in batch.extend_groups] + [[r] for r in batch.extend_singles]
+            plan.extends = [_padded(batch, g, all_tokens=False) for g in groups]
+        return plan
+
+
+def fresh_causal_mask(n: int, window: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
+    """Bool [n, n] causal+window mask of an uncached extend, or None when `is_causal` is exact."""
+    if window is None or window >= n:
+        return None
+    q = torch.arange(n, device=device)[:, None]
+    k = torch.arange(n, device=device)[None, :]
+    return (k <= q) & (k > q - window)
+
+
+def _gather(p: Padded, buf: torch.Tensor, name: str) -> torch.Tensor:
+    """Rows of one pool layer at p.slots, into a buffer reused by every layer."""
+    out = p.buffer(name, (p.slots.numel(),) + tuple(buf.shape[1:]), buf.dtype)
+    return torch.index_select(buf, 0, p.slots, out=out)
+
+
+def attend_padded(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                  window: Optional[int], scale: float) -> torch.Tensor:
+    """Attention of the padded requests `p` over their pool slots: gather + one SDPA call.
+
+    q: [rows * q_len, H, D] (already indexed by p.q_index); k_buf/v_buf: one layer of the pool,
+    [slots, KVH, D]. Returns [rows * q_len, H, D] (padded queries included).
+    """
+    heads, d = q.shape[1], q.shape[2]
+    kvh = k_buf.shape[1]
+    k = _gather(p, k_buf, "k").view(p.rows, p.kv_len, kvh, d).transpose(1, 2)
+    v = _gather(p, v_buf, "v").view(p.rows, p.kv_len, kvh, d).transpose(1, 2)
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    qq = q.view(p.rows, p.q_len, heads, d).transpose(1, 2)
+    o = F.scaled_dot_product_attention(qq, k, v, attn_mask=p.mask(window, q.dtype), scale=scale,
+                                       enable_gqa=heads != kvh)          # [rows, H, q_len, D]
+    return o.transpose(1, 2).reshape(p.rows * p.q_len, heads, d)
+
+
+# Decode attention splits each request's keys into chunks so that there are about this many
+# (request, chunk) work items per thread (flash-decoding); chunks hold 32..512 keys.
+ITEMS_PER_THREAD = 8
+
+
+def decode_chunks(requests: int, kv_len: int, threads: int) -> tuple[int, int]:
+    """(keys per chunk, chunks per request) of the C decode attention."""
+    per_row = max(1, -(-ITEMS_PER_THREAD * threads // requests))
+    chunk = max(32, -(-kv_len // per_row))
+    chunk = min(native_kernels.MAX_CHUNK, -(-chunk // 32) * 32)
+    return chunk, -(-kv_len // chunk)
+
+
+def attend_decodes(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                   window: Optional[int], scale: float) -> torch.Tensor:
+    """One query per request ([Rd, H, D], rows may be strided) over its slots -> [Rd, H, D].
+
+    With the C kernel: read K/V rows straight from the pool by slot (no gathered copy).
+    Without: gather + SDPA (fp32) or gather + two batched matmuls (bf16, where CPU SDPA is slow).
+    """
+    rd, heads, d = q.shape
+    kvh = k_buf.shape[1]
+    if native_kernels.available() and d <= native_kernels.MAX_D and heads // kvh <= native_kernels.MAX_G \
+            and q.device.type == "cpu":
+        key = ("chunks", window)
+        if key not in p.cache:
+            p.cache[key] = decode_chunks(rd, p.kv_len, torch.get_num_threads())
+        chunk, nchunks = p.cache[key]
+        scratch = p.buffer("scratch", (rd * kvh * nchunks * (heads // kvh) * (d + 2),), torch.float32)
+        out = torch.empty((rd, heads, d), dtype=q.dtype)
+        return native_kernels.decode_attention(q, k_buf, v_buf, p.slots.view(rd, p.kv_len), p.first_key(window),
+                                               p.seq_lens, scale, chunk, nchunks, scratch, out)
+    if q.dtype == torch.float32:
+        return attend_padded(p, q, k_buf, v_buf, window, scale)
+    g = heads // kvh
+    k = _gather(p, k_buf, "k").view(rd, p.kv_len, kvh, d).to(q.dtype)
+    v = _gather(p, v_buf, "v").view(rd, p.kv_len, kvh, d).to(q.dtype)
+    mask = p.mask(window, torch.float32)
+    s = torch.matmul(q.reshape(rd, kvh, g, d), k.permute(0, 2, 3, 1)).float() * scale   # [Rd, KVH, G, L]
+    if mask is not None:
+        s = s + mask                                                           # [Rd, 1, 1, L]
+    probs = torch.softmax(s, dim=-1).to(q.dtype)
+    return torch.matmul(probs, v.transpose(1, 2)).reshape(rd, heads, d)

@@ -1,0 +1,340 @@
+"""NativeLlama: the Llama-family forward (Llama, Mistral, Qwen2, Qwen3) written directly against the
+KV pool, a drop-in for ModelRunner.forward without transformers' per-layer machinery.
+
+Built from a loaded Hugging Face model (its weights, config and RoPE frequencies are taken as they
+are: `rotary_emb.inv_freq` / `attention_scaling` come from transformers' own ROPE_INIT_FUNCTIONS),
+then independent of it:
+
+    native = NativeLlama.from_hf(hf_model, dtype="fp32" | "bf16" | "int8")
+    pool = native.make_pool(num_slots, page_size)   # a KVPool in native.kv_dtype
+    logits = native.forward(batch, pool)            # [R, vocab] float32, ModelRunner.forward's contract
+
+Per layer: one fused QKV matmul, (Qwen3) one RMSNorm over the q and k heads, RoPE from precomputed
+tables, one index_copy_ per K and V into the pool, at most one attention call for all decodes and
+one for all extends (core/engine/model/native_layers.py: AttentionPlan, built once per forward), o_proj, one
+fused gate+up matmul, SiLU*up, down. The LM head runs on the last token of each request only.
+On CPU, decode attention reads K/V straight from the pool by slot (core/engine/model/native_kernels.c, built
+with the system compiler on first use; torch fallbacks otherwise), and decode-sized batches use
+fused C kernels for residual+RMSNorm and SiLU*up.
+
+Numerics ("dtype"):
+  fp32  weights, activations and KV pool fp32: Hugging Face fp32 to ~1e-7 on the test models.
+  bf16  weights, activations and KV pool bf16 (fp32 accumulation inside the kernels).
+  int8  weight-only int8 (one fp32 scale per output channel) for every projection and the LM head,
+        run by the C GEMV on fp32 activations for up to 16 rows (decode); larger batches (prefill)
+        run a bf16 GEMM on the dequantized weights. Activations and the KV pool stay fp32
+        (kv_dtype="bf16" halves the KV bytes).
+Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
+Refused (ValueError, route to the Hugging Face path): other families, non-SiLU MLPs, RoPE types
+whose frequencies depend on the sequence length (dynamic, longrope).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from core.engine.model import native_kernels
+from core.engine.model.forward_batch import ForwardBatch
+from core.cache.kv_pool import KVPool
+from core.engine.model.native_layers import (AttentionPlan, Linear, apply_rope, attend_decodes, attend_padded, fresh_causal_mask,
+                                rope_tables)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
+KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FUSED_MAX_TOKENS = 16   # batches up to this many tokens use the fused C norm / SiLU kernels (fp32 activations)
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq does not depend on the sequence length
+
+
+def unsupported_reason(hf_model: torch.nn.Module) -> Optional[str]:
+    """Why NativeLlama cannot run this model (route it to the Hugging Face path), or None."""
+    cfg = hf_model.config.get_text_config()
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {cfg.model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (only silu)"
+    rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", None)
+    if rotary is None or not isinstance(rope_type, str) or rope_type not in _STATIC_ROPE:
+        return f"rope type {rope_type!r} (supported: {', '.join(_STATIC_ROPE)})"
+    if getattr(cfg, "head_dim", None) not in (None, hf_model.model.layers[0].self_attn.head_dim):
+        return "head_dim mismatch"
+    return None
+
+
+def layer_windows(cfg) -> list[Optional[int]]:
+    """Sliding window of each layer (None: full attention), as the Hugging Face attention modules
+    get it: Mistral passes config.sliding_window to every layer; Qwen2/Qwen3 only to layers whose
+    layer_types entry is "sliding_attention"; Llama has none."""
+    n = cfg.num_hidden_layers
+    types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    if cfg.model_type == "llama" or window is None:
+        return [None] * n
+    if cfg.model_type == "mistral" and types is None:
+        return [window] * n
+    types = types or ["full_attention"] * n
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+class _Layer:
+    __slots__ = ("input_norm", "post_norm", "qk_norm", "qkv", "o", "gate_up", "down", "window")
+
+
+class NativeLlama(torch.nn.Module):
+    """See the module docstring. Holds its own copies of the weights (fused, converted)."""
+
+    def __init__(self, hf_model: torch.nn.Module, dtype: str = "fp32", kv_dtype: Optional[str] = None,
+                 max_positions: Optional[int] = None, cuda_graphs: bool = False) -> None:
+        super().__init__()
+        reason = unsupported_reason(hf_model)
+        if reason is not None:
+            raise ValueError(f"NativeLlama cannot run {type(hf_model).__name__}: {reason}; use the Hugging Face path")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        cfg = hf_model.config.get_text_config()
+        base = hf_model.model
+        self.config = cfg
+        self.mode = dtype
+        self.act_dtype = DTYPES[dtype]
+        if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
+        self.kv_dtype = KV_DTYPES[kv_dtype] if kv_dtype else self.act_dtype
+        self.device = next(hf_model.parameters()).device
+        attn0 = base.layers[0].self_attn
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = attn0.head_dim
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = cfg.vocab_size
+        self.scale = float(attn0.scaling)
+        self.eps = float(cfg.rms_norm_eps)
+        wkind = dtype
+
+        def norm_w(w: torch.Tensor) -> torch.Tensor:
+            return w.detach().to(self.act_dtype).contiguous()
+
+        def cat_bias(*mods) -> Optional[torch.Tensor]:
+            if all(m.bias is None for m in mods):
+                return None
+            return torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, device=m.weight.device)
+                              for m in mods])
+
+        self.layers: list[_Layer] = []
+        windows = layer_windows(cfg)
+        for i, hl in enumerate(base.layers):
+            a, m = hl.self_attn, hl.mlp
+            L = _Layer()
+            L.input_norm = norm_w(hl.input_layernorm.weight)
+            L.post_norm = norm_w(hl.post_attention_layernorm.weight)
+            if hasattr(a, "q_norm"):   # Qwen3: RMSNorm over each head's D, separate weights for q and k
+                L.qk_norm = torch.cat([a.q_norm.weight.detach()[None].expand(self.num_heads, -1),
+                                       a.k_norm.weight.detach()[None].expand(self.num_kv_heads, -1)]).to(self.act_dtype)
+            else:
+                L.qk_norm = None
+            L.qkv = Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                           cat_bias(a.q_proj, a.k_proj, a.v_proj), wkind)
+            L.o = Linear(a.o_proj.weight, a.o_proj.bias, wkind)
+            L.gate_up = Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                               cat_bias(m.gate_proj, m.up_proj), wkind)
+            L.down = Linear(m.down_proj.weight, m.down_proj.bias, wkind)
+            L.window = windows[i]
+            self.layers.append(L)
+        self.intermediate = self.layers[0].gate_up.out_features // 2
+        self.final_norm = norm_w(base.norm.weight)
+        emb = base.embed_tokens.weight.detach()
+        self.embed = emb.to(self.act_dtype).contiguous()
+        head_w = hf_model.lm_head.weight
+        tied = head_w.data_ptr() == emb.data_ptr() and wkind != "int8"
+        self.lm_head = Linear(self.embed if tied else head_w, getattr(hf_model.lm_head, "bias", None), wkind)
+        rotary = base.rotary_emb
+        positions = int(max_positions or getattr(cfg, "max_position_embeddings", 2048))
+        self.max_positions = positions
+        self.cos, self.sin = rope_tables(rotary.inv_freq.detach().cpu(), float(rotary.attention_scaling), positions,
+                                         self.act_dtype)
+        self.cos, self.sin = self.cos.to(self.device), self.sin.to(self.device)
+        # UNTESTED (no GPU where this was written): replay captured decode steps on CUDA, core/native_cuda.py
+        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        self._graph_decoders: dict = {}
+
+    @classmethod
+    def from_hf(cls, hf_model: torch.nn.Module, dtype: str = "fp32", **kw) -> "NativeLlama":
+        return cls(hf_model, dtype=dtype, **kw)
+
+    def make_pool(self, num_slots: int, page_size: int = 1) -> KVPool:
+        return KVPool(self.num_layers, num_slots, self.num_kv_heads, self.head_dim,
+                      dtype=self.kv_dtype, device=self.device, page_size=page_size)
+
+    def weight_bytes(self) -> int:
+        n = sum(t.numel() * t.element_size() for t in (self.embed, self.final_norm, self.cos, self.sin))
+        for L in self.layers:
+            n += L.qkv.nbytes() + L.o.nbytes() + L.gate_up.nbytes() + L.down.nbytes()
+        return n + (0 if self.lm_head.weight is self.embed else self.lm_head.nbytes())
+
+    def decode_step_fn(self, attention: str = "sdpa"):
+        """A pure torch function of one decode step, for CUDA graphs and torch.compile:
+
+            step(ids [R], pos [R], out_slots [R], slots [R, L], lens [R], k_cache, v_cache) -> [R, vocab] fp32
+
+        k_cache / v_cache are the pool's whole buffers ([layers, slots, KVH, D]); request r attends
+        slots[r, :lens[r]] (its new token's slot included; padding reads slot 0, masked). No Python
+        data-dependent branch, no host sync, no C kernel: every shape comes from the inputs.
+        attention "sdpa": gather + F.scaled_dot_product_attention (CUDA's kernels); "sum": gather
+        written as broadcast multiply + sum, which inductor fuses into one loop over the pool rows.
+        """
+        h, kvh, d, eps, hidden = self.num_heads, self.num_kv_heads, self.head_dim, self.eps, (self.hidden_size,)
+        g, inter, scale, act, kvd = h // kvh, self.intermediate, self.scale, self.act_dtype, self.kv_dtype
+        layers, embed, cos_t, sin_t = self.layers, self.embed, self.cos, self.sin
+        final_norm, head = self.final_norm, self.lm_head
+        windows = sorted({L.window for L in layers}, key=lambda w: -1 if w is None else w)
+
+        def step(ids, pos, out_slots, slots, lens, k_cache, v_cache):
+            r, lmax = slots.shape
+            x = embed[ids]
+            cos, sin = cos_t[pos][:, None, :], sin_t[pos][:, None, :]
+            cols = torch.arange(lmax, device=slots.device)[None, :]
+            ok = {w: (cols < lens[:, None]) if w is None else (cols < lens[:, None]) & (cols >= lens[:, None] - w)
+                  for w in windows}                                              # [R, L] per window
+            for li, L in enumerate(layers):
+                y = F.rms_norm(x, hidden, L.input_norm, eps)
+                qkv = L.qkv(y)
+                qk = qkv[:, :(h + kvh) * d].view(r, h + kvh, d)
+                if L.qk_norm is not None:
+                    qk = F.rms_norm(qk, (d,), None, eps) * L.qk_norm
+                qk = apply_rope(qk, cos, sin)
+                q, k = qk[:, :h], qk[:, h:]
+                v = qkv[:, (h + kvh) * d:].view(r, kvh, d)
+                k_cache[li].index_copy_(0, out_slots, k.to(kvd))
+                v_cache[li].index_copy_(0, out_slots, v.to(kvd))
+                kk, vv = k_cache[li][slots].to(act), v_cache[li][slots].to(act)   # [R, L, KVH, D]
+                visible = ok[L.window]
+                if attention == "sdpa":
+                    mask = torch.zeros((r, 1, 1, lmax), dtype=act, device=x.device).masked_fill_(
+                        ~visible[:, None, None, :], float("-inf"))
+                    o = F.scaled_dot_product_attention(q[:, :, None, :], kk.transpose(1, 2), vv.transpose(1, 2),
+                                                       attn_mask=mask, scale=scale, enable_gqa=g > 1)
+                    o = o.reshape(r, h * d)
+                else:
+                    s = (q.view(r, 1, kvh, g, d).float() * kk[:, :, :, None, :].float()).sum(-1) * scale
+                    s = s.masked_fill(~visible[:, :, None, None], float("-inf"))
+                    p = torch.softmax(s, dim=1)                                  # over L
+                    o = (p[..., None] * vv[:, :, :, None, :].float()).sum(1).to(act).reshape(r, h * d)
+                x = x + L.o(o)
+                y = F.rms_norm(x, hidden, L.post_norm, eps)
+                gu = L.gate_up(y)
+                x = x + L.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+            return head(F.rms_norm(x, hidden, final_norm, eps)).float()
+
+        return step
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Run the new tokens of `batch`, writing their K/V into `pool`; [R, vocab] float32 logits."""
+        if pool.dtype != self.kv_dtype:
+            raise ValueError(f"the KV pool holds {pool.dtype}, NativeLlama({self.mode}) writes {self.kv_dtype}; "
+                             f"make the pool with NativeLlama.make_pool")
+        with torch.inference_mode():
+            if self.cuda_graphs:
+                decoder = self._graph_decoders.get(id(pool))
+                if decoder is None or decoder.pool is not pool:
+                    from core.engine.model.native_cuda import CudaGraphDecoder
+                    decoder = self._graph_decoders[id(pool)] = CudaGraphDecoder(self, pool)
+                logits = decoder.try_run(batch)
+                if logits is not None:
+                    return logits
+            return self._forward(batch, pool)
+
+    def _forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        plan = AttentionPlan.build(batch)
+        if int(batch.positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
+                             f"({self.max_positions} positions)")
+        t = batch.num_tokens
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        cos = self.cos.index_select(0, batch.positions)[:, None, :]    # [T, 1, D], shared by all layers
+        sin = self.sin.index_select(0, batch.positions)[:, None, :]
+        out_slots = batch.out_slots
+        x = self.embed.index_select(0, batch.input_ids)                   # [T, hidden]
+        eps, hidden = self.eps, (self.hidden_size,)
+        q_end, k_end = h * d, (h + kvh) * d
+        kvd = self.kv_dtype
+        kv_cast = kvd != self.act_dtype
+        # Decode-sized fp32 batches: residual add + RMSNorm and SiLU*up as single C calls
+        # (core/engine/model/native_kernels.c); each replaces 6-8 torch ops of ~5 us dispatch each.
+        fused = (self.act_dtype == torch.float32 and t <= FUSED_MAX_TOKENS and x.device.type == "cpu"
+                 and native_kernels.available())
+
+        def resid_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor):
+            if fused:
+                return x, native_kernels.add_rms_norm(x, delta, w, eps)   # x += delta in place
+            if delta is not None:
+                x = x + delta
+            return x, F.rms_norm(x, hidden, w, eps)
+
+        inter = self.intermediate
+        layers = self.layers
+        x, y = resid_norm(x, None, layers[0].input_norm)
+        for li, L in enumerate(layers):
+            qkv = L.qkv(y)                                                # [T, (H + 2 KVH) D]
+            qk = qkv[:, :k_end].view(t, h + kvh, d)
+            if L.qk_norm is not None:
+                qk = F.rms_norm(qk, (d,), None, eps) * L.qk_norm
+            qk = apply_rope(qk, cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
+            v = qkv[:, k_end:].view(t, kvh, d)
+            k_buf, v_buf = pool.k_buffer[li], pool.v_buffer[li]
+            if kv_cast:   # what the pool holds is what every later read sees: attend to that, too
+                k, v = k.to(kvd), v.to(kvd)
+                k_buf.index_copy_(0, out_slots, k)
+                v_buf.index_copy_(0, out_slots, v)
+                k, v = k.to(self.act_dtype), v.to(self.act_dtype)
+            else:
+                k_buf.index_copy_(0, out_slots, k)
+                v_buf.index_copy_(0, out_slots, v)
+            o = self._attention(plan, q, k, v, k_buf, v_buf, L.window)  # [T, H, D]
+            x, y = resid_norm(x, L.o(o.reshape(t, q_end)), L.post_norm)
+            gu = L.gate_up(y)
+            act = native_kernels.silu_mul(gu) if fused else F.silu(gu[:, :inter]) * gu[:, inter:]
+            delta = L.down(act)
+            if li + 1 < len(layers):
+                x, y = resid_norm(x, delta, layers[li + 1].input_norm)
+            else:
+                x = x + delta
+        last = x.index_select(0, batch.logits_indices)
+        return self.lm_head(F.rms_norm(last, hidden, self.final_norm, eps)).float()
+
+    def _attention(self, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+        t, h, d = q.shape
+        gqa = h != k.shape[1]
+        dec = plan.decodes
+        if dec is not None and plan.decode_idx is None:   # a pure decode batch: the common step
+            return attend_decodes(dec, q, k_buf, v_buf, window, self.scale)
+        out = q.new_empty((t, h, d))
+        if dec is not None:
+            o = attend_decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, self.scale)
+            out.index_copy_(0, plan.decode_idx, o)
+        if plan.fresh is not None:
+            s, n = plan.fresh
+            mask = fresh_causal_mask(n, window, q.device)
+            # 4-D inputs: with 3-D ones CPU SDPA takes the O(n^2)-memory math path (4x slower at n=1024)
+            o = F.scaled_dot_product_attention(
+                q[s:s + n].transpose(0, 1)[None], k[s:s + n].transpose(0, 1)[None], v[s:s + n].transpose(0, 1)[None],
+                attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=gqa)[0]   # [H, n, D]
+            if s == 0 and n == t:
+                return o.transpose(0, 1)
+            out[s:s + n] = o.transpose(0, 1)
+        for p in plan.extends:
+            qp = q if p.q_index is None else q.index_select(0, p.q_index)
+            o = attend_padded(p, qp, k_buf, v_buf, window, self.scale)
+            if p.out_index is None and p.q_index is None:
+                return o
+            if p.valid is None:
+                out.index_copy_(0, p.q_index, o)
+            else:
+                out.index_copy_(0, p.out_index, o[p.valid])
+        return out
+
