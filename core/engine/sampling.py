@@ -120,7 +120,7 @@ class SamplingParams:
             raise ParamError("logit_bias", f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token id: "
                                            f"bias pairs, got {type(bias).__name__}")
         for k, b in bias.items():
-            tok = int(k) if isinstance(k, str) and k.isdigit() and len(k) < 12 else k
+            tok = int(k) if isinstance(k, str) and k.isdigit() and len(k) < 10 else k
             if not _is_int(tok) or tok < 0:
                 raise ParamError("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
             if not _is_real(b) or not -LOGIT_BIAS_RANGE <= b <= LOGIT_BIAS_RANGE:

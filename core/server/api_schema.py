@@ -175,8 +175,12 @@ def generation_responses(model: type[BaseModel]) -> dict:
                   "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
-def install(app: FastAPI) -> None:
-    """Build the document once: request models in components, OpenAI's error body on every operation."""
+OPEN_PATHS = ("/health",)
+
+
+def install(app: FastAPI, secured: bool = False) -> None:
+    """Build the document once: request models in components, OpenAI's error body on every operation, and
+    (`secured`: the server has a key) the bearer scheme on every route but /health."""
 
     def openapi() -> dict:
         if app.openapi_schema is not None:
@@ -189,12 +193,17 @@ def install(app: FastAPI) -> None:
         comps.pop("HTTPValidationError", None)
         comps.pop("ValidationError", None)
         error = {"application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}
-        for ops in doc.get("paths", {}).values():
+        if secured:
+            doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
+                                                               "description": "--api-key or --admin-key"}}
+        for path, ops in doc.get("paths", {}).items():
             for op in ops.values():
                 responses = op.setdefault("responses", {})
                 responses.pop("422", None)
                 for status, text in ERROR_STATUSES.items():
                     responses.setdefault(str(status), {"description": text, "content": error})
+                if secured and path not in OPEN_PATHS:
+                    op["security"] = [{"bearer": []}]
         app.openapi_schema = doc
         return doc
 

@@ -133,6 +133,6 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
             return body
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(errors.RETRY_AFTER_S)})
 
-    api_schema.install(app)
+    api_schema.install(app, secured=not keys.open)
     app.add_middleware(BrowserGuard, policy=HostPolicy(s.bind, s.allowed_hosts, s.allowed_origins))
     return app

@@ -186,8 +186,10 @@ class SamplingFields(BaseModel):
     def param_error(self, exc: ParamError) -> APIError:
         """The engine's message about one of its fields, about the OpenAI field the client sent."""
         names = {"max_new_tokens": self.max_tokens_param(), "min_new_tokens": "min_tokens"}
-        field = names.get(exc.field, exc.field)
-        return APIError(400, str(exc).replace(exc.field, field), field, "invalid_value")
+        message = str(exc)
+        for ours, theirs in names.items():
+            message = message.replace(ours, theirs)
+        return APIError(400, message, names.get(exc.field, exc.field), "invalid_value")
 
 
 class CompletionRequest(SamplingFields):

@@ -38,6 +38,11 @@ class Choice:
 def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prompt_param: str,
               max_param: str) -> Optional[APIError]:
     """Why `n_ids` prompt tokens plus max_new_tokens cannot run on `engine` (naming the field to change)."""
+    vocab = engine.runner.vocab_size
+    bad = [t for t in (params.logit_bias or {}) if int(t) >= vocab]
+    if bad:
+        return APIError(400, f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab - 1})",
+                        "logit_bias", "invalid_value")
     pool, ps = engine.allocator.num_slots, engine.allocator.page_size
     context = engine.runner.max_context_len
     if n_ids > pool:
