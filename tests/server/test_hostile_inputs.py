@@ -7,6 +7,7 @@ import time
 import weakref
 
 import httpx
+import psutil
 import pytest
 
 from core.engine.engine import Engine
@@ -146,18 +147,28 @@ def test_rebuild_loads_only_models_under_the_roots_and_says_the_same_whether_a_p
 
 
 def test_a_rebuild_onto_another_model_releases_the_old_one(tmp_path):
-    a, b = make_tiny_checkpoint(tmp_path / "a", seed=1), make_tiny_checkpoint(tmp_path / "b", seed=2)
+    """Three rebuilds onto three other ~110 MB models: the first model is collected and the process does not
+    grow by the models it no longer serves (it grew ~390 MB when every loaded model was kept)."""
+    models = [make_tiny_checkpoint(tmp_path / f"m{i}", seed=i, hidden=512, context=1024) for i in range(4)]
     cache = RunnerCache("cpu")
-    settings = ServerSettings(model=str(a), model_roots=[str(tmp_path)])
-    with serving(factory=cache, initial_config={"model": str(a), "pool_slots": 128}, settings=settings) as s:
+    settings = ServerSettings(model=str(models[0]), model_roots=[str(tmp_path)])
+    with serving(factory=cache, initial_config={"model": str(models[0]), "pool_slots": 128}, settings=settings) as s:
+        def use(model) -> None:    # a forward pass touches every weight, so the model is really in memory
+            out = s.client().completions.create(model=str(model), prompt=[1, 2, 3], max_tokens=2,
+                                                extra_body={"ignore_eos": True})
+            assert out.usage.completion_tokens == 2
+
+        use(models[0])
         first = weakref.ref(cache.runner)
-        for model in (b, a, b):
+        base = psutil.Process().memory_info().rss
+        for model in models[1:]:
             r = httpx.post(s.url + "/state/rebuild", json={"model": str(model)}, timeout=120)
             assert r.status_code == 200, r.text
+            use(model)
+        grown = (psutil.Process().memory_info().rss - base) / 2**20
         assert first() is None                     # the first model is gone, not kept in a cache
-        assert cache.model == str(b) and s.engine.runner is cache.runner
-        out = s.client().completions.create(model=str(b), prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True})
-        assert out.usage.completion_tokens == 3
+        assert cache.model == str(models[3]) and s.engine.runner is cache.runner
+        assert grown < 100, f"RSS grew {grown:.0f} MB over three rebuilds"
 
 
 def test_the_openapi_schema_documents_bodies_errors_content_types_and_unique_operation_ids(tiny):
