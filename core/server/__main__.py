@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"(default {DEFAULT_DRAIN_S:g})")
     ap.add_argument("--cpu-workers", type=int, default=DEFAULT_WORKERS,
                     help=f"threads for tokenizing and other CPU work off the event loop (default {DEFAULT_WORKERS})")
+    ap.add_argument("--stream-response-default-include-usage", action="store_true",
+                    help="end every stream with a usage chunk, as if stream_options.include_usage were set (SGLang's "
+                         "flag: bench_serving's chat client then takes the prompt length from the server)")
     ap.add_argument("--kv-events-config", default=None, metavar="JSON",
                     help="publish KV cache events as SGLang does, e.g. '{\"publisher\": \"zmq\", "
                          "\"endpoint\": \"tcp://127.0.0.1:5557\", \"replay_endpoint\": \"tcp://127.0.0.1:5558\"}'")
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                               kv_events_config=args.kv_events_config, bind=args.host,
                               allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
                               model_roots=args.model_roots, cpu_workers=args.cpu_workers,
-                              read_timeout=args.read_timeout)
+                              read_timeout=args.read_timeout,
+                              stream_usage_by_default=args.stream_response_default_include_usage)
     try:
         app = create_app(factory=RunnerCache(args.device), settings=settings, initial_config=args.engine_config)
     except ValueError as exc:

@@ -42,6 +42,7 @@ class ServerSettings:
     model_roots: Optional[Sequence[str]] = None   # where a rebuild may load models (default: model_store.py)
     cpu_workers: int = DEFAULT_WORKERS
     read_timeout: float = DEFAULT_READ_TIMEOUT_S
+    stream_usage_by_default: bool = False       # SGLang's --stream-response-default-include-usage
 
 
 def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[EngineConfig], Engine]] = None,
@@ -78,7 +79,7 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
     errors.install(app)
     read_body = make_body_reader(s.max_body_bytes, s.read_timeout)
     inference, admin = keys.inference_dependency(), keys.admin_dependency()
-    app.include_router(openai_routes.router(host, pool, read_body, inference))
+    app.include_router(openai_routes.router(host, pool, read_body, inference, s.stream_usage_by_default))
     app.include_router(state_routes.router(host, pool, read_body, inference, admin))
 
     @app.get("/metrics", operation_id="metrics", response_class=Response,

@@ -144,8 +144,10 @@ class SamplingFields(BaseModel):
             raise APIError(400, "cache_salt must be a non-empty string (or left out)", "cache_salt", "invalid_value")
         return key
 
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+    def include_usage(self, default: bool = False) -> bool:
+        """Whether a stream ends with a usage chunk: stream_options.include_usage, or the server's default
+        (SGLang's --stream-response-default-include-usage)."""
+        return bool(self.stream_options and self.stream_options.include_usage) or default
 
     def max_tokens_param(self) -> str:
         return "max_tokens"

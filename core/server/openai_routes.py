@@ -7,8 +7,11 @@ while waiting for a whole answer, aborts its requests, so their slots come back 
 Usage counts each prompt once, however many choices it has (`n`), as OpenAI and SGLang do: the
 prompt and cached tokens of a prompt's first choice, the completion tokens of all. With
 `return_cached_tokens_details` (SGLang's extension, what `bench_serving --cache-report` asks for),
-the response carries `sglext.cached_tokens_details` = {"device": cached tokens of the first choice,
-"host": 0} when that choice hit the cache (in a stream: a chunk with no choices before the usage).
+the response carries SGLang's `sglext.cached_tokens_details` = {"device": cached tokens of the first
+choice, "host": 0} when that choice hit the cache (SGLang sends nothing on a miss). In a stream it
+rides on the last choice's finishing chunk: SGLang 0.5.23 sends it in a chunk of its own with
+`"choices": []`, which its own bench_serving completions client (sglang-oai) fails on
+(`data["choices"][0]`), so here both of its clients (completions and chat) read it.
 """
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
-async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool):
+async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_default: bool):
     created = int(time.time())
     rid = run.response_id
     k = len(run.choices)
@@ -102,19 +105,18 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool):
                 return
             if c.text.startswith(sent[i]) and len(c.text) > len(sent[i]):   # never lose a tail
                 yield _sse(chunk(i, c.text[len(sent[i]):], None))
-            yield _sse(chunk(i, None, FINISH.get(c.finish_reason, c.finish_reason)))
+            last = chunk(i, None, FINISH.get(c.finish_reason, c.finish_reason))
+            ext = sglext(run.body, run.done.get(0)) if len(run.done) == k else None
+            yield _sse({**last, "sglext": ext} if ext is not None else last)
         done = [run.done[i] for i in range(k)]
-        ext = sglext(run.body, done[0] if done else None)
-        if ext is not None:
-            yield _sse(head({"sglext": ext}))
-        if run.body.include_usage():
+        if run.body.include_usage(usage_by_default):
             yield _sse(head({"usage": usage(done, run.body.choices_per_prompt)}))
         yield "data: [DONE]\n\n"
     finally:  # the client left (the task is cancelled here) or we finished: nothing stays running
         run.close()
 
 
-def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
+def router(host: EngineHost, pool: CpuPool, read_body, inference, usage_by_default: bool = False) -> APIRouter:
     r = APIRouter()
 
     def check_model(body: SamplingFields) -> str:
@@ -135,7 +137,8 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
         await run.start(prompts, "messages" if chat else "prompt")
         if body.stream:
             obj = "chat.completion.chunk" if chat else "text_completion"
-            return _ClosingStream(run, _stream(run, obj, model, chat), media_type="text/event-stream",
+            return _ClosingStream(run, _stream(run, obj, model, chat, usage_by_default),
+                                  media_type="text/event-stream",
                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             done = await run.wait_all(request)
