@@ -77,6 +77,22 @@ NOT_HONOURED: dict[str, tuple[tuple, str]] = {
     "verbosity": ((None,), "verbosity is not supported by this server"),
     "store": ((None, False), "store is not supported: this server keeps no completions"),
     "service_tier": ((None, "auto", "default"), "service tiers are not supported; leave service_tier out"),
+    # SGLang's extensions (sglang-router fills in their defaults when it forwards a request)
+    "no_stop_trim": ((None, False), "no_stop_trim is not supported: stop strings are always trimmed"),
+    "skip_special_tokens": ((None, True), "special tokens are always skipped in the output"),
+    "spaces_between_special_tokens": ((None, True), "spaces_between_special_tokens can only be true"),
+    "return_hidden_states": ((None, False), "hidden states are not returned by this server"),
+    "min_p": ((None, 0, 0.0), "min_p is not supported by this server"),
+    "stop_token_ids": ((None, []), "stop_token_ids are not supported; use stop strings"),
+    "lora_path": ((None,), "LoRA adapters are not supported by this server"),
+    "rid": ((None,), "request ids are chosen by this server (unguessable); drop rid"),
+    "regex": ((None,), "constrained decoding (regex) is not supported by this server"),
+    "ebnf": ((None,), "constrained decoding (ebnf) is not supported by this server"),
+    "json_schema": ((None,), "constrained decoding (json_schema) is not supported by this server"),
+    "continue_final_message": ((None, False), "continue_final_message is not supported by this server"),
+    "chat_template_kwargs": ((None, {}), "chat_template_kwargs are not supported by this server"),
+    "separate_reasoning": ((None, True, False), ""),      # no reasoning model: nothing to separate
+    "stream_reasoning": ((None, True, False), ""),
 }
 
 
@@ -113,6 +129,17 @@ class SamplingFields(BaseModel):
     logprobs: _schema({"anyOf": [{"type": "boolean"}, {**Int, "minimum": 0}, {"type": "null"}]}) = None
     store: Optional[StrictBool] = None
     service_tier: Optional[str] = None
+    no_stop_trim: Optional[StrictBool] = None
+    skip_special_tokens: Optional[StrictBool] = None
+    spaces_between_special_tokens: Optional[StrictBool] = None
+    return_hidden_states: Optional[StrictBool] = None
+    min_p: _schema(_nullable({**Number, "minimum": 0, "maximum": 1})) = None
+    stop_token_ids: Optional[list[int]] = None
+    lora_path: Optional[str] = None
+    rid: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    json_schema: Optional[str] = None
 
     def check_unsupported(self) -> None:
         for name, (noop, why) in NOT_HONOURED.items():
@@ -263,6 +290,10 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Optional[str] = None
     web_search_options: Optional[dict[str, Any]] = None
     verbosity: Optional[str] = None
+    continue_final_message: Optional[StrictBool] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    separate_reasoning: Optional[StrictBool] = None
+    stream_reasoning: Optional[StrictBool] = None
 
     def check_unsupported(self) -> None:
         super().check_unsupported()

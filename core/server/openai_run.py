@@ -92,6 +92,7 @@ class ChoiceRun:
         self.next = 0
         self.closed = False
         self.engine = None
+        self.key: Optional[str] = None
         self.tasks: set[asyncio.Task] = set()
 
     # ----- start ---------------------------------------------------------------------------------

@@ -40,15 +40,18 @@ class SnapshotCache:
         self.snap = None
         self.bodies: dict[bool, bytes] = {}
 
-    def body(self, admin: bool) -> tuple[bytes, int]:
-        v = self.host.version()
-        snap = self.host.engine.snapshot(wait=False)
+    def body(self, admin: bool) -> tuple[bytes, str]:
+        """(JSON, ETag): the ETag is the version this snapshot describes (host.version() while it is current,
+        never the version now), and says whose view it is."""
+        e = self.host.engine
+        snap = e.snapshot(wait=False)
         with self.lock:
             if self.snap is not snap:
                 self.snap, self.bodies = snap, {}
             if admin not in self.bodies:
                 self.bodies[admin] = wire.snapshot_to_json(snap if admin else redact.snapshot(snap))
-            return self.bodies[admin], v
+            return self.bodies[admin], f'"{hash((id(e), self.host.generation, snap.version))}{"a" if admin else "r"}"'
+
 
 
 def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIRouter:
@@ -73,12 +76,10 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
                                            "admin key)"},
                       304: {"description": "unchanged since the ETag sent in If-None-Match"}})
     async def snapshot(request: Request, caller: Caller = Depends(inference)):
-        role = "a" if caller.admin else "r"
-        etag = f'"{host.version()}{role}"'
+        body, etag = await pool.run(snapshots.body, caller.admin)
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"ETag": etag})
-        body, v = await pool.run(snapshots.body, caller.admin)
-        return Response(body, media_type="application/json", headers={"ETag": f'"{v}{role}"'})
+        return Response(body, media_type="application/json", headers={"ETag": etag})
 
     @r.get("/events", operation_id="state_events", response_model=api_schema.EventPage)
     async def events(since: int = Query(0, ge=0, le=2 ** 62), limit: int = Query(2000, ge=1, le=MAX_EVENTS_PAGE),

@@ -99,6 +99,21 @@ def test_response_format_json_schema_is_refused_with_the_openai_parse_helper(tin
     assert exc.value.body["param"] == "response_format"
 
 
+def test_what_sglang_router_adds_when_it_forwards_is_accepted(tiny):
+    # sglang-router 0.3.2 re-serialises a request with SGLang's defaults filled in (captured from its traffic)
+    r = post(tiny, {"prompt": PROMPT, "max_tokens": 2, "temperature": 0.0, "stream": False, "echo": False,
+                    "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True,
+                    "return_hidden_states": False})
+    assert r.status_code == 200, r.text
+    r = post(tiny, {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "max_completion_tokens": 2,
+                    "stream": False, "no_stop_trim": False, "ignore_eos": False, "continue_final_message": False,
+                    "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True,
+                    "return_hidden_states": False}, "/v1/chat/completions")
+    assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]    # past the fields
+    r = post(tiny, {"prompt": PROMPT, "no_stop_trim": True})
+    assert r.status_code == 400 and error_of(r)["param"] == "no_stop_trim"
+
+
 def test_no_op_values_and_peers_fields_are_accepted(tiny):
     # what SGLang's bench_serving (sglang-oai) and GuideLLM send, and OpenAI fields at their defaults
     r = post(tiny, {"prompt": PROMPT, "max_tokens": 2, "temperature": 0.0, "best_of": 1, "ignore_eos": True,
@@ -172,3 +187,14 @@ def test_an_idle_replicas_metrics_show_every_counter_at_0(tiny_runner):
                  "sglang:e2e_request_latency_seconds_count", "sglang:inter_token_latency_seconds_count",
                  "sglang:num_running_reqs", "sglang:num_queue_reqs"):
         assert samples[name].value == 0.0 and samples[name].labels == {"model_name": "tiny"}, name
+
+
+def test_stream_usage_by_default_ends_every_stream_with_usage(tiny_runner):
+    """SGLang's --stream-response-default-include-usage: bench_serving's chat client then reads the server's prompt
+    length (chat template included) instead of its own count."""
+    settings = ServerSettings(model="tiny", stream_usage_by_default=True)
+    with serving(Engine(tiny_runner, pool_slots=64), settings=settings) as s:
+        with httpx.stream("POST", s.url + "/v1/completions", timeout=30,
+                          json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": True}) as r:
+            chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 8
