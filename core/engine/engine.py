@@ -240,7 +240,8 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, to_sample: list[tuple[int, Request]]) -> list[tuple[Request, int]]:
         """One token per request; a request whose sampling fails fails alone."""
-        got, failed = sample_isolated(logits, [i for i, _ in to_sample], [r for _, r in to_sample])
+        got, failed = sample_isolated(logits, [i for i, _ in to_sample], [r for _, r in to_sample],
+                                      sorted(self.runner.eos_token_ids))
         for req, exc in failed:
             self._fail(req, exc)
         return got
@@ -283,13 +284,16 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
             self.metrics.on_first_token(req.first_token_time - req.submit_time)
+        before = req.output_text
         req.output_ids.append(tok)
         reason = None
-        if tok in self.runner.eos_token_ids and not req.params.ignore_eos:
+        early = len(req.output_ids) < req.params.min_new_tokens   # min_new_tokens: no EOS, no stop string yet
+        if tok in self.runner.eos_token_ids and not req.params.ignore_eos and not early:
             reason = "eos"
         text = self._decode(req.output_ids)
-        for s in req.params.stop:
-            at = text.find(s)
+        for s in () if early else req.params.stop:
+            # past min_new_tokens, only a stop string that ends in the new text counts (SGLang's tail check)
+            at = text.find(s, max(0, len(before) - len(s) + 1) if req.params.min_new_tokens else 0)
             if at >= 0:
                 text, reason = text[:at], "stop"
         if reason is None and len(req.output_ids) >= req.params.max_new_tokens:

@@ -1,8 +1,17 @@
-"""Per-request sampling: greedy, temperature, top-k, top-p, seeds, stop strings.
+"""Per-request sampling: greedy, temperature, top-k, top-p, seeds, stop strings, and SGLang's logit
+processors: frequency, presence and repetition penalties, logit_bias and min_new_tokens.
 
 Parameters are validated at submit time and the engine runs a frozen copy of what it validated,
 so a bad value (NaN, None, a string, a mutation after submit) is the submitter's error, never a
 failure inside the engine loop that other requests would feel.
+
+The processors follow SGLang's semantics (sglang/srt/sampling/penaltylib, sampling_batch_info.py):
+counts are over the request's output tokens only; the additive penalties (frequency: count times
+penalty; presence: penalty once a token appeared; min_new_tokens: -inf on the stop tokens while the
+output is shorter) come first, then repetition (a token that appeared has a positive logit divided
+by the penalty, a negative one multiplied), then logit_bias is added; temperature, top-k and top-p
+act on the result, and a greedy row takes its argmax. They are applied to the rows that use them,
+all such rows of a batch at once; a batch where no row uses them runs exactly the path it ran before.
 """
 from __future__ import annotations
 
@@ -17,6 +26,16 @@ import torch
 # As SGLang: a temperature this small is greedy (dividing logits by 1e-40 would overflow to inf).
 SAMPLING_EPS = 1e-6
 MAX_STOP_STRINGS = 64
+MAX_LOGIT_BIAS = 1024            # entries of one logit_bias
+LOGIT_BIAS_RANGE = 100.0         # OpenAI's [-100, 100]
+
+
+class ParamError(ValueError):
+    """A bad sampling parameter; `field` names it (the server turns it into OpenAI's `param`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def _is_int(x: Any) -> bool:
@@ -37,6 +56,11 @@ class SamplingParams:
     stop: Sequence[str] = field(default_factory=tuple)
     ignore_eos: bool = False
     priority: int = 0               # used by the "priority" eviction policy
+    frequency_penalty: float = 0.0  # [-2, 2]: minus penalty x times the token appeared in the output
+    presence_penalty: float = 0.0   # [-2, 2]: minus penalty once the token appeared in the output
+    repetition_penalty: float = 1.0  # (0, 2]: 1 = off; a token that appeared is made less (>1) likely
+    min_new_tokens: int = 0         # no EOS and no stop string before this many output tokens
+    logit_bias: Optional[dict] = None  # token id -> [-100, 100] added to its logit
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen"):
@@ -45,44 +69,87 @@ class SamplingParams:
         object.__setattr__(self, name, value)
 
     def validate(self) -> None:
-        """Raise ValueError naming the field and what to change; normalises `stop` to a tuple."""
+        """Raise ParamError (a ValueError) naming the field and what to change; normalises `stop` to a tuple
+        and logit_bias keys to ints."""
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+            raise ParamError("max_new_tokens", f"max_new_tokens must be an integer >= 1, got "
+                                               f"{self.max_new_tokens!r}")
         if not _is_real(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy) and finite, got {self.temperature!r}")
+            raise ParamError("temperature", f"temperature must be >= 0 (0 = greedy) and finite, got "
+                                            f"{self.temperature!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ParamError("top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2 ** 63):
-            raise ValueError(f"seed must be None or an integer in [0, 2**63), got {self.seed!r}")
+            raise ParamError("seed", f"seed must be None or an integer in [0, 2**63), got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+            raise ParamError("ignore_eos", f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not _is_int(self.priority) or abs(self.priority) >= 2 ** 62:
-            raise ValueError(f"priority must be an integer (higher = kept longer by the 'priority' "
-                             f"eviction policy), got {self.priority!r}")
+            raise ParamError("priority", f"priority must be an integer (higher = kept longer by the 'priority' "
+                                         f"eviction policy), got {self.priority!r}")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
         if stop is None or isinstance(stop, (bytes, bytearray)) or not isinstance(stop, (list, tuple)):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {stop!r}")
+            raise ParamError("stop", f"stop must be a string or a list of non-empty strings, got {stop!r}")
         if any(not isinstance(s, str) or not s for s in stop) or len(stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop must be a list of at most {MAX_STOP_STRINGS} non-empty strings, got {stop!r}")
+            raise ParamError("stop", f"stop must be a list of at most {MAX_STOP_STRINGS} non-empty strings, "
+                                     f"got {stop!r}")
+        self._validate_processors()
         if not self.__dict__.get("_frozen"):
             self.stop = tuple(stop)
+            if self.logit_bias is not None:
+                self.logit_bias = {int(k): float(b) for k, b in self.logit_bias.items()}
+
+    def _validate_processors(self) -> None:
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2.0 <= value <= 2.0:
+                raise ParamError(name, f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+        if not _is_real(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 2.0:
+            raise ParamError("repetition_penalty", f"repetition_penalty must be in (0, 2] (1 = off), got "
+                                                   f"{self.repetition_penalty!r}")
+        if not _is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ParamError("min_new_tokens", f"min_new_tokens must be an integer in [0, max_new_tokens "
+                                               f"({self.max_new_tokens})], got {self.min_new_tokens!r}")
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+            raise ParamError("logit_bias", f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token id: "
+                                           f"bias pairs, got {type(bias).__name__}")
+        for k, b in bias.items():
+            tok = int(k) if isinstance(k, str) and k.isdigit() and len(k) < 10 else k
+            if not _is_int(tok) or tok < 0:
+                raise ParamError("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+            if not _is_real(b) or not -LOGIT_BIAS_RANGE <= b <= LOGIT_BIAS_RANGE:
+                raise ParamError("logit_bias", f"logit_bias values must be numbers in [-100, 100], got {b!r} "
+                                               f"for token {k!r}")
 
     def frozen(self) -> "SamplingParams":
         """A validated, normalised copy that refuses mutation: what a request actually runs with."""
         self.validate()
+        bias = None if self.logit_bias is None else {int(k): float(b) for k, b in self.logit_bias.items()}
         copy = SamplingParams(max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature),
                               top_k=int(self.top_k), top_p=float(self.top_p),
                               seed=None if self.seed is None else int(self.seed), stop=tuple(self.stop),
-                              ignore_eos=bool(self.ignore_eos), priority=int(self.priority))
+                              ignore_eos=bool(self.ignore_eos), priority=int(self.priority),
+                              frequency_penalty=float(self.frequency_penalty),
+                              presence_penalty=float(self.presence_penalty),
+                              repetition_penalty=float(self.repetition_penalty),
+                              min_new_tokens=int(self.min_new_tokens), logit_bias=bias or None)
         object.__setattr__(copy, "_frozen", True)
         return copy
 
     def __copy__(self) -> "SamplingParams":
         return dataclasses.replace(self)
+
+    @property
+    def processed(self) -> bool:
+        """Whether any logit processor (penalties, logit_bias, min_new_tokens) is on."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_new_tokens)
 
     @property
     def greedy(self) -> bool:
@@ -117,9 +184,52 @@ def sample_row(row: torch.Tensor, p: SamplingParams, g: Optional[torch.Generator
     return int(torch.multinomial(probs, 1, generator=g).item())
 
 
+def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]],
+                   stop_ids: Sequence[int] = ()) -> torch.Tensor:
+    """`logits` [R, vocab] with each row's penalties, min_new_tokens and logit_bias applied, the rows that
+    use them processed together; `logits` itself (untouched) when no row does. `outputs[r]`: row r's
+    output tokens so far; `stop_ids`: the tokens min_new_tokens holds back (EOS)."""
+    rows = [r for r, p in enumerate(params) if p.processed]
+    if not rows:
+        return logits
+    dev, vocab = logits.device, logits.shape[-1]
+    ps = [params[r] for r in rows]
+    sub = logits[torch.tensor(rows, device=dev)].float()
+    lengths = [len(outputs[r]) for r in rows]
+    counts = torch.zeros((len(rows), vocab), dtype=torch.float32, device=dev)
+    if sum(lengths):
+        row_of = torch.repeat_interleave(torch.arange(len(rows), device=dev), torch.tensor(lengths, device=dev))
+        toks = torch.tensor([t for r in rows for t in outputs[r]], dtype=torch.long, device=dev)
+        counts.index_put_((row_of, toks), torch.ones_like(toks, dtype=torch.float32), accumulate=True)
+
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32, device=dev).unsqueeze(1)
+
+    sub -= column([p.frequency_penalty for p in ps]) * counts
+    sub -= column([p.presence_penalty for p in ps]) * (counts > 0)
+    early = [i for i, p in enumerate(ps) if lengths[i] < p.min_new_tokens]
+    stops = [t for t in stop_ids if 0 <= t < vocab]
+    if early and stops:
+        sub[torch.tensor(early, device=dev).unsqueeze(1), torch.tensor(stops, device=dev)] = float("-inf")
+    scale = torch.where(counts > 0, column([p.repetition_penalty for p in ps]), 1.0)
+    sub = torch.where(sub < 0, sub * scale, sub / scale)
+    bias = [(i, t, b) for i, p in enumerate(ps) for t, b in (p.logit_bias or {}).items()]
+    if bias:
+        if any(t >= vocab for _, t, _ in bias):
+            raise ParamError("logit_bias", f"logit_bias names a token id outside the vocabulary (0..{vocab - 1})")
+        bi, bt, bv = zip(*bias)
+        sub[torch.tensor(bi, device=dev), torch.tensor(bt, device=dev)] += torch.tensor(bv, device=dev)
+    out = logits.float() if logits.dtype != torch.float32 else logits.clone()
+    out[torch.tensor(rows, device=dev)] = sub
+    return out
+
+
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[Optional[torch.Generator]]) -> list[int]:
+           generators: Sequence[Optional[torch.Generator]], outputs: Optional[Sequence[Sequence[int]]] = None,
+           stop_ids: Sequence[int] = ()) -> list[int]:
     """One token per row of `logits` [R, vocab]; greedy rows share one vectorised argmax."""
+    if outputs is not None:
+        logits = process_logits(logits, params, outputs, stop_ids)
     out = logits.argmax(dim=-1).tolist()
     for r, (p, g) in enumerate(zip(params, generators)):
         if not p.greedy:
@@ -127,21 +237,23 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     return out
 
 
-def sample_isolated(logits: torch.Tensor, rows: list[int], owners: list) -> tuple[list, list]:
-    """`sample` for the requests `owners` (each with .params and .generator) at `rows` of `logits`:
-    ([(owner, token)], [(owner, exception)]). One bad row fails only its owner."""
+def sample_isolated(logits: torch.Tensor, rows: list[int], owners: list,
+                    stop_ids: Sequence[int] = ()) -> tuple[list, list]:
+    """`sample` for the requests `owners` (each with .params, .generator and .output_ids) at `rows` of
+    `logits`: ([(owner, token)], [(owner, exception)]). One bad row fails only its owner."""
     if not rows:
         return [], []
     index = torch.tensor(rows, device=logits.device)
     try:
-        toks = sample(logits[index], [o.params for o in owners], [o.generator for o in owners])
+        toks = sample(logits[index], [o.params for o in owners], [o.generator for o in owners],
+                      [o.output_ids for o in owners], stop_ids)
         return list(zip(owners, toks)), []
     except Exception:
         pass
     got, failed = [], []
     for r, o in zip(rows, owners):  # find the culprit(s): one row at a time
         try:
-            got.append((o, sample(logits[r:r + 1], [o.params], [o.generator])[0]))
+            got.append((o, sample(logits[r:r + 1], [o.params], [o.generator], [o.output_ids], stop_ids)[0]))
         except Exception as exc:
             failed.append((o, exc))
     return got, failed

@@ -1,16 +1,25 @@
 """`--kv-events-config` as SGLang takes it, and `attach_publisher(engine, config_json)` for the server.
 
 Same JSON shape as SGLang's KVEventsConfig (sglang/srt/disaggregation/kv_events.py):
-    {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558",
+    {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558",
      "topic": "", "buffer_steps": 10000, "hwm": 100000, "max_queue_size": 100000,
      "bind": null, "format": "default"}
 plus one field of ours, "hash": "sglang" (default) or "vllm", the block hash scheme.
 `max_queue_size` is accepted for compatibility (we read the cache's log, not a queue); `format`
 "dynamo" maps salted block hashes through SGLang's namespace seed, as SGLang does (hashing.py).
+
+The events carry every cached block's token ids (prompts and outputs, which any copy of the
+model's tokenizer decodes) to any subscriber, with no authentication. So the endpoint defaults to
+loopback (SGLang's default is `tcp://*:5557`), and binding beyond this machine (`tcp://*:...`,
+`0.0.0.0`, a routable address) prints a warning that says so; put such a socket only on a network
+where everyone who can reach it may read every prompt. A loopback endpoint is bound unless the
+config says `"bind": false` (SGLang would connect to it).
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+import ipaddress
+import sys
+from typing import Literal, Optional, TextIO
 
 import msgspec
 
@@ -19,7 +28,7 @@ from core.kv_events.hashing import SCHEMES
 
 class KVEventsConfig(msgspec.Struct, forbid_unknown_fields=True):
     publisher: str = "null"
-    endpoint: str = "tcp://*:5557"
+    endpoint: str = "tcp://127.0.0.1:5557"
     bind: Optional[bool] = None
     replay_endpoint: Optional[str] = None
     buffer_steps: int = 10_000
@@ -58,13 +67,62 @@ def parse_config(config_json: str) -> KVEventsConfig:
     return cfg
 
 
+def _host(endpoint: str) -> str:
+    return endpoint.split("://", 1)[1].rsplit(":", 1)[0].split(";")[-1].strip("[]")
+
+
+def is_loopback(endpoint: str) -> bool:
+    """ipc:// and inproc:// (this machine's), or tcp to localhost / a loopback address."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = _host(endpoint) if "://" in endpoint else ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def publisher_binds(cfg: KVEventsConfig) -> bool:
+    """Whether the publisher binds its endpoint: "bind" when given; else SGLang's rule (wildcards, ipc,
+    port 0), and a loopback address binds too (the default endpoint; SGLang would connect to it)."""
+    from core.kv_events.publisher import should_bind
+    if cfg.bind is not None:
+        return cfg.bind
+    return should_bind(cfg.endpoint) or is_loopback(cfg.endpoint)
+
+
+def exposed_endpoints(cfg: KVEventsConfig) -> list[str]:
+    """The endpoints this config binds beyond loopback (a wildcard, a routable address or name)."""
+    if cfg.publisher == "null":
+        return []
+    bound = ([cfg.endpoint] if publisher_binds(cfg) else []) + [e for e in (cfg.replay_endpoint,) if e]
+    return [e for e in bound if not is_loopback(e)]
+
+
+def warn_if_exposed(cfg: KVEventsConfig, out: Optional[TextIO] = None) -> list[str]:
+    """Print one warning naming what a non-loopback bind publishes; returns the exposed endpoints."""
+    exposed = exposed_endpoints(cfg)
+    if exposed:
+        every = any(_host(e) in ("*", "0.0.0.0", "::", "") for e in exposed)
+        print(f"warning: KV events bind {', '.join(exposed)}{' (every interface)' if every else ''}: anyone who "
+              f"reaches {'them' if len(exposed) > 1 else 'it'} receives, unauthenticated, every cached block's token "
+              f"ids (prompts and outputs, decodable with the model's tokenizer), block hashes, namespaces "
+              f"(cache_salt / extra_key) and the cache's evictions; bind tcp://127.0.0.1:PORT unless everyone on "
+              f"that network may read every prompt", file=out or sys.stderr, flush=True)
+    return exposed
+
+
 def attach_publisher(engine, config_json: str, interval: float = 0.02):
     """Start publishing `engine`'s radix cache as KV events; returns the publisher (call `.close()`
-    at shutdown) or None when the config says publisher "null"."""
+    at shutdown) or None when the config says publisher "null". A non-loopback bind is warned about."""
     from core.kv_events.publisher import KVEventPublisher
     cfg = parse_config(config_json)
     if cfg.publisher == "null":
         return None
+    warn_if_exposed(cfg)
     return KVEventPublisher(engine.cache, snapshot=lambda: engine.snapshot().cache, endpoint=cfg.endpoint,
                             replay_endpoint=cfg.replay_endpoint, topic=cfg.topic, buffer_steps=cfg.buffer_steps,
-                            hwm=cfg.hwm, bind=cfg.bind, hash_scheme=cfg.hash, interval=interval, fmt=cfg.format)
+                            hwm=cfg.hwm, bind=publisher_binds(cfg), hash_scheme=cfg.hash, interval=interval,
+                            fmt=cfg.format)

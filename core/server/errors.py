@@ -1,7 +1,14 @@
 """Errors in OpenAI's JSON shape, so the official clients raise their usual exception types
-(BadRequestError, AuthenticationError, NotFoundError, ...) with our message in them."""
+(BadRequestError, AuthenticationError, NotFoundError, ...) with our message in them.
+
+As OpenAI's: `{"error": {"message", "type", "param", "code"}}` with `code` a string and `param`
+the request field at fault (or null). Every 503 carries Retry-After, every 405 Allow, every 401
+WWW-Authenticate. A body is written ASCII-escaped, so an error that quotes a lone surrogate a
+client sent still renders (as `\\ud800`) instead of failing with a 500.
+"""
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -9,24 +16,49 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         409: "conflict_error", 413: "request_too_large", 503: "service_unavailable"}
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+         409: "conflict_error", 413: "invalid_request_error", 415: "invalid_request_error",
+         503: "service_unavailable"}
+CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
+         405: "method_not_allowed", 408: "request_timeout", 409: "conflict", 413: "request_too_large",
+         415: "unsupported_media_type", 500: "internal_error", 503: "service_unavailable"}
+RETRY_AFTER_S = 1
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> None:
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[dict[str, str]] = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
 
 def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
     return {"error": {"message": message, "type": TYPES.get(status, "server_error"), "param": param,
-                      "code": code if code is not None else status}}
+                      "code": code or CODES.get(status, "error")}}
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a lone surrogate quoted back cannot break it."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def error_headers(status: int, headers: Optional[dict[str, str]] = None) -> dict[str, str]:
+    out = dict(headers or {})
+    if status == 401:
+        out.setdefault("WWW-Authenticate", "Bearer")
+    if status == 503:
+        out.setdefault("Retry-After", str(RETRY_AFTER_S))
+    return out
 
 
 def error_response(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
                    headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+    return AsciiJSONResponse(error_body(status, message, param, code), status_code=status,
+                             headers=error_headers(status, headers))
 
 
 def install(app: FastAPI) -> None:
@@ -34,22 +66,35 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return error_response(exc.status, exc.message, exc.param, exc.code, headers)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 405:
+            allow = (exc.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path}; use {allow or 'another method'}"
+        return error_response(exc.status_code, message, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, describe_validation(exc.errors()))
+        errs = exc.errors()
+        return error_response(400, describe_validation(errs), first_field(errs))
+
+
+def first_field(errors) -> Optional[str]:
+    """The top-level request field of pydantic's first error (OpenAI's `param`)."""
+    for e in errors[:1]:
+        loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
+        if loc:
+            return loc[0]
+    return None
 
 
 def describe_validation(errors) -> str:
     """pydantic's error list as one sentence a user can act on."""
     parts = []
     for e in errors[:5]:
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path"))
         parts.append(f"{where or 'body'}: {e.get('msg', 'invalid')}")
     return "invalid request: " + "; ".join(parts)

@@ -1,32 +1,53 @@
-"""EngineHost: the one engine a server serves, what it has in flight, and its rebuilds.
+"""EngineHost: the one engine a server serves, its queue positions, who owns each request, and rebuilds.
 
-Every request the server submits (OpenAI routes and the dashboard's) goes through `submit`,
-which starts a watcher thread that drains the request's `RequestHandle.stream()` (a blocking
-queue) and hands pieces to a callback (the routes hop them onto the event loop with
-`call_soon_threadsafe`). One thread per request keeps the engine's API untouched and never
-parks a blocking wait on the event loop or on asyncio's small default executor.
+Admission: every engine request holds one of `max_queue_requests` queue positions, taken with
+`reserve` before anything is tokenized (503 with Retry-After when none is left, while rebuilding
+or while draining for shutdown). One HTTP request reserves at most `max_request_share` positions
+and feeds its prompts through them, so a request with 300 prompts cannot take the whole queue.
+
+Tokenizing (`prepare`) takes no lock: the engine is fixed while positions are reserved (a rebuild
+or a flush waits for none to be held). A prompt whose length in characters alone proves it can
+never fit is refused before the tokenizer sees it.
+
+Every request the server submits goes through `submit`, which starts a watcher thread that drains
+the request's `RequestHandle.stream()` (a blocking queue) and hands pieces to a callback (the routes
+hop them onto the event loop with `call_soon_threadsafe`). Each request is owned by the caller
+that submitted it: only that caller (or the admin) may abort it or read its tokens.
 """
 from __future__ import annotations
 
+import secrets
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.request import Completion, RequestHandle
 from core.engine.sampling import SamplingParams
+from core.server.auth import Caller
 from core.server.errors import APIError
+from core.server.model_store import ModelRoots, default_roots, release_memory
 from core.server.prometheus import ServerMetrics
 
 EngineFactory = Callable[[EngineConfig], Engine]
 OnPiece = Optional[Callable[[str], None]]
-OnDone = Optional[Callable[[Optional[Completion]], None]]
+OnDone = Optional[Callable[[Optional[Completion], Optional[str]], None]]   # (completion, why it was aborted)
+KEEP_OWNERS = 4096           # owners remembered for finished requests (the engine keeps its last 200)
+BYTES_MARGIN = 2             # a prompt is refused unread only past twice what could ever fit
+SHUTDOWN, CLIENT_ABORT, DISCONNECT = "shutdown", "aborted", "disconnect"
+
+
+def new_id(prefix: str) -> str:
+    """An unguessable id (96 random bits): knowing one request's id says nothing about another's."""
+    return f"{prefix}-{secrets.token_hex(12)}"
 
 
 class EngineHost:
     def __init__(self, engine: Engine, factory: Optional[EngineFactory] = None, model: str = "default",
                  served_model_name: Optional[str] = None, max_queue_requests: int = 256,
-                 kv_events_config: Optional[str] = None) -> None:
+                 kv_events_config: Optional[str] = None, model_roots: Optional[ModelRoots] = None,
+                 max_request_share: Optional[int] = None) -> None:
         self.engine = engine
         self.kv_events_config = kv_events_config
         self.kv_publisher = self._publish(engine)     # a bad config raises ValueError before serving
@@ -34,9 +55,17 @@ class EngineHost:
         self.model = model
         self._served_name = served_model_name
         self.max_queue_requests = max_queue_requests
+        self.max_request_share = min(max_queue_requests, max_request_share or max(1, max_queue_requests // 8))
+        self.model_roots = model_roots or ModelRoots(default_roots(model), model)
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)   # notified when a request leaves or a position frees
         self.inflight: dict[str, RequestHandle] = {}
+        self.reserved = 0
+        self.draining = False
+        self.owners: "OrderedDict[str, str]" = OrderedDict()
+        self.abort_reasons: dict[str, str] = {}
         self._rebuilding = False
+        self._char_limits: dict[int, Optional[int]] = {}
         self.generation = 0          # bumps on rebuild and flush: part of version()
         self.metrics = ServerMetrics(self)
 
@@ -59,19 +88,67 @@ class EngineHost:
         from core.kv_events.publish_config import attach_publisher
         return attach_publisher(engine, self.kv_events_config)
 
-    # ----- requests ----------------------------------------------------------------------------
-    def submit(self, prompt: Any, params: SamplingParams, extra_key: Optional[str] = None,
-               on_piece: OnPiece = None, on_done: OnDone = None) -> RequestHandle:
-        """Queue on the engine (ValueError: the engine's verdict on the input), or 503 when full."""
+    # ----- admission ---------------------------------------------------------------------------
+    def reserve(self, n: int) -> Engine:
+        """Hold `n` queue positions (503 when the server cannot take them now); the engine they are for."""
         with self._lock:
+            if self.draining:
+                raise APIError(503, "the server is shutting down and takes no new requests; retry on another "
+                                    "replica or after it restarts", code="server_shutting_down")
             if self._rebuilding:
                 raise APIError(503, "the engine is being rebuilt with new settings; retry in a few seconds")
-            if len(self.inflight) >= self.max_queue_requests:
-                raise APIError(503, f"the server has {len(self.inflight)} requests in flight, its limit "
-                                    f"(--max-queue-requests {self.max_queue_requests}); retry later")
-            engine = self.engine
-            handle = engine.submit(prompt, params, extra_key=extra_key)
+            if self.reserved + n > self.max_queue_requests:
+                raise APIError(503, f"the server has {self.reserved} requests in flight and {n} more would pass its "
+                                    f"limit (--max-queue-requests {self.max_queue_requests}); retry later",
+                               code="queue_full")
+            self.reserved += n
+            return self.engine
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.reserved = max(0, self.reserved - n)
+            self._changed.notify_all()
+
+    def char_limit(self, engine: Engine) -> Optional[int]:
+        """Characters past which a text prompt cannot fit this engine, whatever it tokenizes to: a token
+        is at most the vocabulary's longest piece in bytes, and a character at least one byte."""
+        key = id(engine)
+        if key not in self._char_limits:
+            tok = engine.tokenizer
+            limit = None
+            if tok is not None:
+                longest = max((len(p.encode("utf-8", "replace")) for p in tok.get_vocab()), default=1)
+                fits = min(engine.allocator.num_slots, engine.runner.max_context_len)
+                limit = BYTES_MARGIN * max(longest, 1) * fits
+            self._char_limits = {key: limit}
+        return self._char_limits[key]
+
+    def prepare(self, engine: Engine, prompt: Any, prompt_param: str = "prompt") -> tuple[list[int], int]:
+        """(token ids, prompt length) of `prompt`, tokenized without any lock; 413 when its text alone
+        proves it can never fit, 400 (naming `prompt_param`) when the engine refuses it."""
+        limit = self.char_limit(engine)
+        if limit is not None:
+            chars = prompt_chars(prompt)
+            if chars > limit:
+                raise APIError(413, f"the {prompt_param} has {chars:,} characters, more than any prompt this engine "
+                                    f"can hold ({limit:,} at most: {engine.allocator.num_slots:,} slots); shorten it",
+                               prompt_param, "context_length_exceeded")
+        try:
+            ids, _ = engine.tokenize(prompt)
+        except ValueError as exc:
+            raise APIError(400, str(exc), prompt_param) from exc
+        return ids, len(ids)
+
+    # ----- requests ----------------------------------------------------------------------------
+    def submit(self, engine: Engine, ids: list[int], params: SamplingParams, extra_key: Optional[str],
+               owner: str, rid: str, on_piece: OnPiece = None, on_done: OnDone = None) -> RequestHandle:
+        """Queue token ids on `engine` under a reserved position (ValueError: the engine's verdict)."""
+        handle = engine.submit(ids, params, rid=rid, extra_key=extra_key)
+        with self._lock:
             self.inflight[handle.rid] = handle
+            self.owners[handle.rid] = owner
+            while len(self.owners) > KEEP_OWNERS:
+                self.owners.popitem(last=False)
         threading.Thread(target=self._watch, args=(handle, on_piece, on_done), daemon=True,
                          name=f"radix-watch-{handle.rid}").start()
         return handle
@@ -86,25 +163,57 @@ class EngineHost:
         finally:
             with self._lock:
                 self.inflight.pop(handle.rid, None)
+                reason = self.abort_reasons.pop(handle.rid, None)
+                self._changed.notify_all()
             if completion is not None:
                 self.metrics.on_finish(completion)   # before on_done: a client that has its answer sees it counted
             if on_done is not None:
-                on_done(completion)
+                on_done(completion, reason)
 
-    def abort(self, rid: str) -> bool:
+    def abort(self, rid: str, reason: str = CLIENT_ABORT) -> bool:
+        with self._lock:
+            if rid in self.inflight:
+                self.abort_reasons.setdefault(rid, reason)
         return self.engine.abort(rid)
 
-    def abort_all(self) -> None:
+    def owned(self, caller: Caller, rid: str) -> list[str]:
+        """The engine requests `rid` names (a request id, or an OpenAI response id: all its choices) that
+        `caller` may act on; [] when there are none, whether or not someone else's exist."""
+        with self._lock:
+            names = [rid] if rid in self.owners else [r for r in self.owners if r.startswith(rid + "-")]
+            return [r for r in names if caller.admin or self.owners[r] == caller.identity]
+
+    def abort_owned(self, caller: Caller, rid: str) -> Optional[bool]:
+        """None when `caller` has no such request; else whether anything was still running."""
+        names = self.owned(caller, rid)
+        if not names:
+            return None
+        return any([self.abort(r, CLIENT_ABORT) for r in names])
+
+    def abort_all(self, reason: str = SHUTDOWN) -> None:
         for rid in list(self.inflight):
-            self.engine.abort(rid)
+            self.abort(rid, reason)
+
+    # ----- draining (SIGTERM) --------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        with self._lock:
+            self.draining = True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no engine request is in flight; False when `timeout` passed first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self.inflight, timeout)
 
     # ----- control -----------------------------------------------------------------------------
+    def _check_quiet(self, what: str) -> None:
+        if self.inflight or self.reserved:
+            raise APIError(409, f"{max(len(self.inflight), self.reserved)} request(s) are in flight; wait for them "
+                                f"to finish (or abort them) before {what}")
+
     def flush_cache(self) -> None:
         """Empty the tree; 409 while anything is in flight, and 200 only when every slot is free."""
         with self._lock:
-            if self.inflight:
-                raise APIError(409, f"{len(self.inflight)} request(s) are in flight; wait for them to finish "
-                                    f"(or abort them) before flushing the cache")
+            self._check_quiet("flushing the cache")
             self.metrics.sync_evictions()
             try:
                 self.engine.reset_cache()
@@ -118,13 +227,16 @@ class EngineHost:
 
     def rebuild(self, changes: dict[str, Any]) -> None:
         """Swap in an engine built from the current settings with `changes` (EngineConfig names); the old
-        one keeps serving if the new one fails to build (ValueError -> 400, anything else -> 400 with its type)."""
+        one keeps serving if the new one fails to build (ValueError -> 400, anything else -> 400 with its
+        type), and is released once the new one serves."""
         if self.factory is None:
             raise APIError(409, "this server was given a fixed engine and cannot rebuild it")
+        if not isinstance(changes, dict):
+            raise APIError(400, "send the engine settings as a JSON object")
+        if "model" in changes:
+            self.model_roots.check(changes["model"], current=self.model)
         with self._lock:
-            if self.inflight:
-                raise APIError(409, f"{len(self.inflight)} request(s) are in flight; wait for them (or abort "
-                                    f"them) before changing the engine's settings")
+            self._check_quiet("changing the engine's settings")
             if self._rebuilding:
                 raise APIError(409, "a rebuild is already in progress")
             self._rebuilding = True
@@ -147,11 +259,23 @@ class EngineHost:
             if was_running:
                 new.start()
             old.stop()
+            del old
+            release_memory()
         finally:
             self._rebuilding = False
 
     def shutdown(self) -> None:
-        self.abort_all()
+        self.abort_all(SHUTDOWN)
         self.engine.stop()
         if self.kv_publisher is not None:
             self.kv_publisher.close()
+
+
+def prompt_chars(prompt: Any) -> int:
+    """Characters of a text prompt or of chat messages' roles and contents (0 for token ids)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, (list, tuple)):
+        return sum(len(m["role"]) + len(m["content"]) for m in prompt
+                   if isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str))
+    return 0

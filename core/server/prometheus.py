@@ -4,7 +4,10 @@ Counters are counted by the server as each request completes and never go down (
 /flush_cache, not on a rebuild), so `rate(sglang:cached_tokens_total[5m]) /
 rate(sglang:prompt_tokens_total[5m])` is the true hit rate over any window; the
 `sglang:cache_hit_rate` gauge (the engine's last 20 admissions) is for a glance only.
-Gauges are read from the engine at scrape time.
+Every counter is there from the start, at 0, so an idle replica's scrape has the same series as a
+busy one's. Gauges are read from the gauges the engine publishes at the end of each step
+(`Engine.gauges()`): no lock is taken, so a scrape never waits behind a step and never reads an old
+view while the engine is busy.
 """
 from __future__ import annotations
 
@@ -76,6 +79,10 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.evictions = EvictionTally()
         r.register(_EngineCollector(self))
+        name = host.served_model_name
+        for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.num_requests,
+                       self.aborted, self.ttft, self.itl, self.e2e):
+            metric.labels(name)       # present at 0 before the first request
 
     def on_finish(self, c: Completion) -> None:
         name = self.host.served_model_name
@@ -103,7 +110,7 @@ class ServerMetrics:
 
 
 class _EngineCollector:
-    """Gauges and the eviction counters, read from the live engine when Prometheus scrapes."""
+    """Gauges (from the engine's published gauges) and the eviction counters, when Prometheus scrapes."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
@@ -111,14 +118,14 @@ class _EngineCollector:
     def collect(self):
         host = self.metrics.host
         name = host.served_model_name
-        m = host.engine.snapshot(wait=False).metrics
+        g = host.engine.gauges()
         tokens, evictions = self.metrics.sync_evictions()
         for metric, doc, value in (
-                ("sglang:num_running_reqs", "Requests in the running batch", m["running"]),
-                ("sglang:num_queue_reqs", "Requests waiting to be admitted", m["waiting"]),
-                ("sglang:token_usage", "Share of KV slots not free (tree + running requests)", m["token_usage"]),
+                ("sglang:num_running_reqs", "Requests in the running batch", g.running),
+                ("sglang:num_queue_reqs", "Requests waiting to be admitted", g.waiting),
+                ("sglang:token_usage", "Share of KV slots not free (tree + running requests)", g.token_usage),
                 ("sglang:cache_hit_rate", "Hit rate of the last 20 admissions (use the counters' rate() "
-                                          "for the true rate)", m["hit_rate_recent"])):
+                                          "for the true rate)", g.hit_rate_recent)):
             g = GaugeMetricFamily(metric, doc, labels=["model_name"])
             g.add_metric([name], float(value))
             yield g

@@ -3,8 +3,13 @@
 The page calls `version()` (cheap) on each refresh and `snapshot()` only when it moved; the
 snapshot itself is fetched with its ETag, so an unchanged engine costs a 304 and no JSON.
 Errors keep the interface's contract: bad input -> ValueError with the server's message,
-refusals (reset while running, rebuild that fails) -> the message string, an unreachable
-server -> ConnectionError that names the URL and how to start one.
+refusals (reset while running, rebuild that fails, either without the admin key) -> the message
+string, an unreachable server -> ConnectionError that names the URL and how to start one; step mode
+without the admin key -> PermissionError with the server's message.
+
+The dashboard logs in with its own key: RADIX_ADMIN_KEY when set (everything, prompts included),
+else RADIX_API_KEY (the engine's state without prompt text, its own requests, no rebuild or step
+mode); the server's roles are described in core/server/auth.py.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any, Optional
 
 import httpx
 
+from core import env
 from core.cache.events import Event
 from core.engine.config import EngineConfig
 from core.engine.config import names as config_names
@@ -24,9 +30,12 @@ MAX_EVENTS_PAGE = 10_000   # core.server.state_routes.MAX_EVENTS_PAGE (not impor
 
 
 class HttpClient:
-    def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 30.0,
+                 admin_key: Optional[str] = None) -> None:
+        """`api_key` / `admin_key`: default RADIX_API_KEY / RADIX_ADMIN_KEY; the admin key is sent when there is one."""
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        key = admin_key or env.admin_key() or api_key or env.api_key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         self._snap: Optional[EngineSnapshot] = None
         self._etag: Optional[str] = None
@@ -107,7 +116,12 @@ class HttpClient:
         return r.json()
 
     def abort(self, rid: str) -> bool:
-        return bool(self._json("POST", f"/state/requests/{rid}/abort")["aborted"])
+        r = self._request("POST", f"/state/requests/{rid}/abort")
+        if r.status_code == 404:    # not ours (or never was): nothing of ours was running
+            return False
+        if r.status_code >= 400:
+            raise RuntimeError(f"abort failed: {self._message(r)}")
+        return bool(r.json()["aborted"])
 
     def config(self) -> EngineConfig:
         data = self._json("GET", "/state/config")
@@ -129,12 +143,18 @@ class HttpClient:
         return bool(self._status()["stepping"])
 
     def set_step_mode(self, on: bool) -> None:
-        self._json("POST", "/state/step_mode", json={"on": bool(on)})
+        r = self._request("POST", "/state/step_mode", json={"on": bool(on)})
+        if r.status_code in (401, 403):
+            raise PermissionError(self._message(r))
+        if r.status_code >= 400:
+            raise RuntimeError(f"POST /state/step_mode failed: {self._message(r)}")
 
     def step(self) -> bool:
         r = self._request("POST", "/state/step")
         if r.status_code == 409:   # the loop is running: it steps by itself
             return False
+        if r.status_code in (401, 403):
+            raise PermissionError(self._message(r))
         if r.status_code >= 400:
             raise RuntimeError(f"step failed: {self._message(r)}")
         return bool(r.json()["stepped"])

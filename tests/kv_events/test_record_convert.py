@@ -112,7 +112,7 @@ def test_trace_holds_the_stored_prompts_and_answers_what_if_bigger(tmp_path):
 
 
 def test_config_errors_say_what_to_change():
-    assert parse_config('{"publisher": "zmq"}').endpoint == "tcp://*:5557"
+    assert parse_config('{"publisher": "zmq"}').endpoint == "tcp://127.0.0.1:5557"   # loopback by default
     with pytest.raises(ValueError, match="unknown publisher"):
         parse_config('{"publisher": "kafka"}')
     with pytest.raises(ValueError, match="not valid JSON"):

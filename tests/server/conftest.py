@@ -10,11 +10,11 @@ from typing import Iterator, Optional
 
 import openai
 import pytest
-import uvicorn
 
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.server.app import ServerSettings, create_app
+from core.server.drain import DrainingServer, make_server
 from core.server.host import EngineHost
 from tests.tiny_models import tiny_pair
 
@@ -24,6 +24,8 @@ class Served:
     url: str
     host: EngineHost
     api_key: Optional[str] = None
+    admin_key: Optional[str] = None
+    server: Optional[DrainingServer] = None
 
     @property
     def engine(self) -> Engine:
@@ -36,12 +38,14 @@ class Served:
 
 @contextmanager
 def serving(engine: Optional[Engine] = None, factory=None, settings: Optional[ServerSettings] = None,
-            initial_config: Optional[dict] = None) -> Iterator[Served]:
+            initial_config: Optional[dict] = None, header_timeout: float = 10.0,
+            drain_seconds: float = 5.0) -> Iterator[Served]:
+    """The app as `python -m core.server` serves it (make_server: header deadline, drain on SIGTERM)."""
     app = create_app(engine, factory=factory, settings=settings, initial_config=initial_config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = make_server(app, log_level="warning", header_timeout=header_timeout, drain_seconds=drain_seconds)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -50,7 +54,8 @@ def serving(engine: Optional[Engine] = None, factory=None, settings: Optional[Se
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield Served(f"http://127.0.0.1:{port}", app.state.host, (settings or ServerSettings()).api_key)
+        s = settings or ServerSettings()
+        yield Served(f"http://127.0.0.1:{port}", app.state.host, s.api_key, s.admin_key, server)
     finally:
         server.should_exit = True
         thread.join(20)

@@ -21,8 +21,8 @@ def _error(r: httpx.Response) -> dict:
 @pytest.mark.parametrize("field,value,words", [
     ("temperature", -1, "temperature must be >= 0"),
     ("top_p", 0, "top_p must be in (0, 1]"),
-    ("max_tokens", 0, "max_new_tokens must be an integer >= 1"),
-    ("max_tokens", "8", "max_new_tokens must be an integer >= 1"),
+    ("max_tokens", 0, "max_tokens must be an integer >= 1"),
+    ("max_tokens", "8", "max_tokens must be an integer >= 1"),
     ("top_k", -3, "top_k must be an integer >= 0"),
     ("stop", [""], "non-empty strings"),
     ("n", 0, "n must be an integer from 1 to 16"),
@@ -44,7 +44,8 @@ def test_bad_bodies_and_prompts_are_400(tiny):
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
     r = httpx.post(f"{tiny.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in _error(r)["message"]
-    r = httpx.post(f"{tiny.url}/v1/completions", content=b"\xff\xfe\x00garbage")
+    r = httpx.post(f"{tiny.url}/v1/completions", content=b"\xff\xfe\x00garbage",
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400
     r = httpx.post(f"{tiny.url}/v1/chat/completions", json={"model": "tiny", "messages": "hello"})
     assert r.status_code == 400 and "messages" in _error(r)["message"]
@@ -85,14 +86,15 @@ def test_body_over_the_limit_and_prompt_over_the_pool_are_413(tiny_runner):
             for _ in range(500):
                 yield b"1, "
             yield b"1]}"
-        r = httpx.post(f"{s.url}/v1/completions", content=chunks())
+        r = httpx.post(f"{s.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"})
         assert r.status_code == 413
         with pytest.raises(openai.APIStatusError, match="does not fit a pool of 64 slots") as exc:
             s.client().completions.create(model="tiny", prompt=[3] * 80, max_tokens=2)
         assert exc.value.status_code == 413
-        with pytest.raises(openai.APIStatusError, match="more than the pool's 64") as exc:
+        # the prompt fits; max_tokens is what to change: 400 naming it (not 413 naming the prompt)
+        with pytest.raises(openai.BadRequestError, match="more than the pool's 64; lower max_tokens") as exc:
             s.client().completions.create(model="tiny", prompt=[3] * 40, max_tokens=40)
-        assert exc.value.status_code == 413
+        assert exc.value.body["param"] == "max_tokens"
         assert s.client().completions.create(model="tiny", prompt=[3] * 40, max_tokens=4).usage.completion_tokens == 4
 
 

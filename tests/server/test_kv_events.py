@@ -60,3 +60,16 @@ def test_a_bad_config_is_one_line_before_the_model_loads():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "unknown publisher 'kafka'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_server_publishing_on_every_interface_warns_what_it_publishes(tiny_runner, capfd):
+    config = '{"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://127.0.0.1:0"}'
+    with serving(factory=tiny_factory(tiny_runner), initial_config={"model": "tiny", "pool_slots": 64},
+                 settings=ServerSettings(model="tiny", kv_events_config=config)):
+        pass
+    err = capfd.readouterr().err
+    assert "warning: KV events bind tcp://*:0 (every interface)" in err and "token ids" in err
+    with serving(factory=tiny_factory(tiny_runner), initial_config={"model": "tiny", "pool_slots": 64},
+                 settings=ServerSettings(model="tiny", kv_events_config=CONFIG)):
+        pass
+    assert "warning" not in capfd.readouterr().err           # loopback: nothing to warn about

@@ -1,0 +1,97 @@
+"""Two roles: the inference key (`--api-key`: the OpenAI routes, reads, one's own requests) and the
+admin key (`--admin-key`: flush, rebuild, step mode, everyone's prompts and requests).
+
+    keys set          inference routes                  admin routes
+    neither           open, every caller is admin       open (a loopback-only server by default)
+    --api-key A       A or the admin key                only the admin key; off without --admin-key
+    --admin-key B     open (anonymous callers)          only B
+
+`Authorization: Bearer KEY` is read with the scheme in any case and surrounding spaces ignored.
+A caller's `identity` owns the requests it submits: only it (or the admin) may abort them or read
+their tokens. Keys are compared in constant time and never stored or logged: identities are
+"admin", "anonymous" or "key:" plus the first 12 hex digits of the key's SHA-256.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Optional
+
+from fastapi import Request
+
+from core.server.errors import APIError
+
+
+@dataclass(frozen=True)
+class Caller:
+    admin: bool
+    identity: str
+    authenticated: bool     # presented a key the server knows
+
+
+def bearer_token(header: str) -> Optional[str]:
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _same(a: str, b: str) -> bool:
+    return secrets.compare_digest(a.encode("utf-8", "surrogateescape"), b.encode("utf-8", "surrogateescape"))
+
+
+class Keys:
+    def __init__(self, api_key: Optional[str], admin_key: Optional[str]) -> None:
+        if api_key is not None and admin_key is not None and api_key == admin_key:
+            raise ValueError("--api-key and --admin-key must differ: the admin key is the one that can rebuild the "
+                             "engine and read everyone's prompts")
+        self.api_key, self.admin_key = api_key or None, admin_key or None
+        self._api_identity = "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:12] if api_key else ""
+
+    @property
+    def open(self) -> bool:
+        return self.api_key is None and self.admin_key is None
+
+    def caller(self, request: Request) -> Caller:
+        """Who is asking, or 401 when the inference routes need a key and none that fits was sent."""
+        if self.open:
+            return Caller(admin=True, identity="admin", authenticated=False)
+        token = bearer_token(request.headers.get("authorization", ""))
+        if token is not None and self.admin_key is not None and _same(token, self.admin_key):
+            return Caller(admin=True, identity="admin", authenticated=True)
+        if token is not None and self.api_key is not None and _same(token, self.api_key):
+            return Caller(admin=False, identity=self._api_identity, authenticated=True)
+        if self.api_key is None:
+            return Caller(admin=False, identity="anonymous", authenticated=False)
+        raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the key "
+                            "the server was started with (--api-key)", code="invalid_api_key")
+
+    def require_admin(self, caller: Caller) -> None:
+        if caller.admin:
+            return
+        if self.admin_key is None:
+            raise APIError(403, "this route changes the engine for everyone and needs the admin key, but the server "
+                                "was started without one; restart it with --admin-key (RADIX_ADMIN_KEY)",
+                           code="admin_key_required")
+        if not caller.authenticated:
+            raise APIError(401, "this route needs the admin key: send 'Authorization: Bearer <admin key>' "
+                                "(--admin-key)", code="invalid_api_key")
+        raise APIError(403, "this route needs the admin key (--admin-key); the inference key may only generate, "
+                            "read the engine's state without prompts, and abort its own requests",
+                       code="admin_key_required")
+
+    def inference_dependency(self):
+        async def inference(request: Request) -> Caller:
+            caller = self.caller(request)
+            request.state.caller = caller
+            return caller
+        return inference
+
+    def admin_dependency(self):
+        async def admin(request: Request) -> Caller:
+            caller = self.caller(request)
+            self.require_admin(caller)
+            request.state.caller = caller
+            return caller
+        return admin

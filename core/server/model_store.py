@@ -1,0 +1,90 @@
+"""Which models a rebuild may load, and the one loaded model a server keeps.
+
+A rebuild (POST /state/rebuild, admin only) may name 'default', the model being served, or a path
+under the model roots (`--model-roots`; default: the model cache, and the served model's folder
+when it was given as a path). Paths are resolved (symlinks, '..') before the check, and a path
+outside the roots gets the same answer whether or not it exists, so a rebuild cannot be used to
+probe the file system.
+
+`RunnerCache` keeps only the model of the engine being served: after a rebuild onto another model
+the old one is released (the old engine was its last holder), so three rebuilds do not hold
+three models.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import sys
+import threading
+from typing import Iterable, Optional
+
+from core import env
+from core.engine.config import EngineConfig
+from core.engine.engine import Engine
+from core.server.errors import APIError
+
+
+def default_roots(served_model: str) -> list[str]:
+    roots = [str(env.model_cache())]
+    if served_model != "default":
+        path = os.path.realpath(os.path.expanduser(served_model))
+        roots.append(path if os.path.isdir(path) else os.path.dirname(path))
+    return roots
+
+
+class ModelRoots:
+    def __init__(self, roots: Iterable[str], served_model: str) -> None:
+        self.roots = [os.path.realpath(os.path.expanduser(r)) for r in roots if r]
+        self.served_model = served_model
+
+    def check(self, model: object, current: Optional[str] = None) -> None:
+        """400 unless `model` is 'default', the served or current model, or a path under a root."""
+        if not isinstance(model, str) or not model.strip():
+            raise APIError(400, f"model must be a non-empty string, got {model!r}", "model")
+        if model in ("default", self.served_model, current):
+            return
+        path = os.path.realpath(os.path.expanduser(model))
+        if any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in self.roots):
+            return
+        raise APIError(400, f"model {model!r} is not one this server may load: a rebuild loads 'default', the "
+                            f"served model, or a model under the server's model roots (--model-roots)", "model",
+                       "model_not_allowed")
+
+
+def release_memory() -> None:
+    """Collect what a dropped engine held (its model, its pool), hand cached GPU memory back, and (glibc)
+    return the freed heap to the system, so the process shrinks instead of keeping it for later."""
+    gc.collect()
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):    # not glibc (musl): nothing to trim
+            pass
+
+
+class RunnerCache:
+    """Builds engines for `python -m core.server`, keeping the loaded model of the last engine built,
+    so a rebuild that changes only the pool or a policy reloads nothing."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.model: Optional[tuple] = None     # (model, model_impl, dtype) of the runner kept
+        self.runner = None
+        self.lock = threading.Lock()
+
+    def __call__(self, config: EngineConfig) -> Engine:
+        from core.engine import inputs
+
+        key = (config.model, config.model_impl, config.dtype)
+        with self.lock:
+            runner = self.runner if key == self.model else None
+        if runner is None:
+            runner = inputs.load_model(config.model, self.device, config.model_impl, config.dtype)
+        engine = Engine(runner, config)      # may fail (pool too big): the cache keeps the old model
+        with self.lock:
+            self.model, self.runner = key, runner
+        return engine

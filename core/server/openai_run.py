@@ -1,0 +1,208 @@
+"""The engine requests behind one OpenAI call: a choice per (prompt, n), tokenized once per prompt,
+fed to the engine through at most `max_request_share` queue positions, and ended the way they ended.
+
+Tokenizing, submitting and aborting run on the worker pool, never on the event loop. The engine
+request of choice i is `<response id>-<i>`, so the response id (which a stream's first chunk
+carries) names them all to the abort route. A choice that ends by an abort answers with an OpenAI
+error, not 200 with finish_reason "abort" (which is not an OpenAI finish reason): 503
+`server_shutting_down` when the server drained it at shutdown, 400 `request_aborted` when its owner
+(or the admin) aborted it; a stream ends with that error as an event, then `data: [DONE]`.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fastapi import Request
+
+from core.engine.request import Completion, RequestHandle
+from core.engine.sampling import ParamError, SamplingParams
+from core.server.auth import Caller
+from core.server.cpu_pool import CpuPool
+from core.server.errors import APIError
+from core.server.host import CLIENT_ABORT, DISCONNECT, SHUTDOWN, EngineHost
+from core.server.openai_protocol import MAX_CHOICES, SamplingFields
+
+DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    ids: list[int]
+    params: SamplingParams
+
+
+def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prompt_param: str,
+              max_param: str) -> Optional[APIError]:
+    """Why `n_ids` prompt tokens plus max_new_tokens cannot run on `engine` (naming the field to change)."""
+    vocab = engine.runner.vocab_size
+    bad = [t for t in (params.logit_bias or {}) if int(t) >= vocab]
+    if bad:
+        return APIError(400, f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab - 1})",
+                        "logit_bias", "invalid_value")
+    pool, ps = engine.allocator.num_slots, engine.allocator.page_size
+    context = engine.runner.max_context_len
+    if n_ids > pool:
+        return APIError(413, f"prompt of {n_ids:,} tokens does not fit a pool of {pool:,} slots; shorten the "
+                             f"{prompt_param}", prompt_param, "context_length_exceeded")
+    if n_ids >= context:
+        return APIError(413, f"prompt of {n_ids:,} tokens does not fit the model's context of {context:,} tokens; "
+                             f"shorten the {prompt_param}", prompt_param, "context_length_exceeded")
+    m = params.max_new_tokens
+    need = n_ids + m - 1
+    if need + (-need) % ps > pool:
+        return APIError(400, f"prompt of {n_ids:,} tokens plus {max_param}={m:,} needs {need:,} slots, more than the "
+                             f"pool's {pool:,}; lower {max_param} to at most {pool - n_ids + 1:,}", max_param,
+                        "context_length_exceeded")
+    if n_ids + m > context:
+        return APIError(400, f"prompt of {n_ids:,} tokens plus {max_param}={m:,} exceeds the model's context of "
+                             f"{context:,} tokens; lower {max_param} to at most {context - n_ids:,}", max_param,
+                        "context_length_exceeded")
+    return None
+
+
+def abort_error(rid: str, reason: Optional[str], c: Optional[Completion]) -> APIError:
+    """How a choice that did not finish normally is answered."""
+    if c is not None and c.error:
+        return APIError(500, f"the engine failed this request: {c.error}", code="engine_error")
+    if reason == SHUTDOWN:
+        return APIError(503, "the server is shutting down and ended this request before it finished; retry it",
+                        code="server_shutting_down", headers={"Retry-After": "5"})
+    if reason == CLIENT_ABORT:
+        got = len(c.token_ids) if c is not None else 0
+        return APIError(400, f"request {rid} was aborted (POST /state/requests/{{id}}/abort) after {got} "
+                             f"token(s)", code="request_aborted")
+    return APIError(500, "the request ended without a result; see the server log", code="engine_error")
+
+
+class ChoiceRun:
+    def __init__(self, host: EngineHost, pool: CpuPool, caller: Caller, body: SamplingFields, response_id: str,
+                 stream: bool) -> None:
+        self.host, self.pool, self.caller, self.body = host, pool, caller, body
+        self.response_id, self.stream = response_id, stream
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.choices: list[Choice] = []
+        self.handles: dict[int, RequestHandle] = {}
+        self.done: dict[int, Completion] = {}
+        self.reserved = 0
+        self.next = 0
+        self.closed = False
+        self.engine = None
+        self.key: Optional[str] = None
+        self.tasks: set[asyncio.Task] = set()
+
+    # ----- start ---------------------------------------------------------------------------------
+    async def start(self, prompts: list, prompt_param: str) -> None:
+        """Reserve queue positions, tokenize, check every choice fits, submit the first window."""
+        n = self.body.choices_per_prompt
+        total = len(prompts) * n
+        if total > MAX_CHOICES:
+            raise APIError(400, f"{len(prompts):,} prompts x n={n} is {total:,} choices, more than {MAX_CHOICES:,} in "
+                                f"one request; split it", prompt_param, "invalid_value")
+        params = [self.body.params(j) for j in range(n)]
+        key = self.body.namespace()
+        self.engine = self.host.reserve(min(total, self.host.max_request_share))
+        self.reserved = min(total, self.host.max_request_share)
+        try:
+            tokenized = await self.pool.run(self._tokenize_all, prompts, prompt_param)
+            max_param = self.body.max_tokens_param()
+            for pi, ids in enumerate(tokenized):
+                for j in range(n):
+                    err = fit_error(self.host, self.engine, len(ids), params[j], prompt_param, max_param)
+                    if err is not None:
+                        raise err
+                    self.choices.append(Choice(len(self.choices), pi, ids, params[j]))
+            self.key = key
+            for _ in range(self.reserved):
+                await self._submit_next()
+        except BaseException:
+            self.close()
+            raise
+
+    def _tokenize_all(self, prompts: list, prompt_param: str) -> list[list[int]]:
+        return [self.host.prepare(self.engine, p, prompt_param)[0] for p in prompts]
+
+    async def _submit_next(self) -> None:
+        if self.closed or self.next >= len(self.choices):
+            return
+        c = self.choices[self.next]
+        self.next += 1
+        rid = f"{self.response_id}-{c.index}"
+        on_piece = (lambda t, i=c.index: self._post((i, t, None, None))) if self.stream else None
+        on_done = lambda comp, reason, i=c.index: self._post((i, None, comp, reason))   # noqa: E731
+        try:
+            h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, self.key, self.caller.identity,
+                                    rid, on_piece, on_done)
+        except ParamError as exc:
+            raise self.body.param_error(exc) from None
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        self.handles[c.index] = h
+        if self.closed:       # the client left while this one was being submitted
+            self.pool.fire(self.host.abort, rid, DISCONNECT)
+
+    def _refill(self) -> None:
+        if self.next < len(self.choices) and not self.closed:
+            task = asyncio.ensure_future(self._submit_next())
+            self.tasks.add(task)
+            task.add_done_callback(self._refilled)
+
+    def _refilled(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._post((-1, None, None, task.exception()))
+
+    def _post(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is gone (server shutting down): nobody is listening
+            pass
+
+    # ----- consuming ---------------------------------------------------------------------------------
+    async def next_event(self, request: Optional[Request] = None) -> tuple[int, Optional[str], Any, Any]:
+        """(choice, text piece, None, None) or (choice, None, completion, abort reason); raises the error a
+        refill met. With `request`, polls for a client that went away (-> 499, everything aborted)."""
+        while True:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S) if request else \
+                    await self.queue.get()
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    self.close()
+                    raise APIError(499, "the client closed the connection; its requests were aborted") from None
+                continue
+            i, text, comp, reason = item
+            if i < 0:
+                raise reason
+            if text is None:
+                self.done[i] = comp
+                self._refill()
+            return item
+
+    def finished(self, i: int, c: Optional[Completion], reason: Optional[str]) -> Completion:
+        if c is None or c.error or c.finish_reason == "abort":
+            raise abort_error(f"{self.response_id}-{i}", reason, c)
+        return c
+
+    async def wait_all(self, request: Request) -> list[Completion]:
+        while len(self.done) < len(self.choices):
+            i, _, c, reason = await self.next_event(request)
+            self.finished(i, c, reason)
+        return [self.done[i] for i in range(len(self.choices))]
+
+    def close(self) -> None:
+        """Abort what still runs (on the worker pool) and give back the queue positions; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for t in self.tasks:
+            t.cancel()
+        for i, h in self.handles.items():
+            if i not in self.done and not h.done():
+                self.pool.fire(self.host.abort, h.rid, DISCONNECT)
+        self.host.release(self.reserved)
+        self.reserved = 0
