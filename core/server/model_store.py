@@ -72,7 +72,8 @@ class RunnerCache:
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self.model: Optional[tuple] = None     # (model, model_impl, dtype) of the runner kept
+        self.model: Optional[str] = None       # the model of the runner kept
+        self.key: Optional[tuple] = None       # (model, model_impl, dtype) of the runner kept
         self.runner = None
         self.lock = threading.Lock()
 
@@ -81,10 +82,10 @@ class RunnerCache:
 
         key = (config.model, config.model_impl, config.dtype)
         with self.lock:
-            runner = self.runner if key == self.model else None
+            runner = self.runner if key == self.key else None
         if runner is None:
             runner = inputs.load_model(config.model, self.device, config.model_impl, config.dtype)
         engine = Engine(runner, config)      # may fail (pool too big): the cache keeps the old model
         with self.lock:
-            self.model, self.runner = key, runner
+            self.model, self.key, self.runner = config.model, key, runner
         return engine

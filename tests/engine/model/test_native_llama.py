@@ -272,3 +272,16 @@ def test_default_model_greedy_matches_generate():
         expected = stock.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
                                   pad_token_id=0)[0, len(prompt):].tolist()
     assert native_greedy(native, prompt, n, torch.arange(1, len(prompt) + n + 1)) == expected
+
+
+def test_loading_the_kernels_keeps_subnormal_floats_for_the_whole_process():
+    """The C kernels are built without -ffast-math: linking with it turns on flush-to-zero process-wide
+    at load time, and then numpy, hypothesis and plain Python floats lose every subnormal."""
+    import subprocess
+    import sys
+    code = ("import sys; from core.engine.model import native_kernels as k; ok = k.available(); "
+            "x = sys.float_info.min; print(ok, x / 2 != 0.0, x / 2)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    if out[0] != "True":
+        pytest.skip(f"native kernels unavailable: {native_kernels.error()}")
+    assert out[1] == "True", f"sys.float_info.min / 2 gave {out[2]} after the kernels loaded"
