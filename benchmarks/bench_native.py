@@ -328,7 +328,7 @@ def main() -> None:
     if "decode" in sections:
         section_decode(args, tokenizer, hf, runners)
     if "engine" in sections:
-        hf_runner = ModelRunner("default", device="cpu")
+        hf_runner = ModelRunner("default", device="cpu", impl="hf")
         section_engine(args, tokenizer, hf, runners, hf_runner)
         del hf_runner
     if "prefill" in sections:

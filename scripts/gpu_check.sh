@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check of issue 10: the exactness tests and benchmarks/bench_engine.py on CUDA.
+# The GPU check (issues 10 and 25): the exactness tests, the native model path's included, and
+# benchmarks/bench_engine.py on CUDA: the shared-prefix workload in fp32 (outputs must equal HF generate's),
+# then the context sweep and prefill in the numerics the server picks there (bf16 on CUDA).
 #
 #   bash scripts/gpu_check.sh            # full bench_engine workload
 #   QUICK=1 bash scripts/gpu_check.sh    # bench_engine --quick
@@ -24,5 +26,7 @@ export RADIX_TEST_DEVICE=$DEV
 "$PY" -m pytest -q -x -p no:cacheprovider \
   tests/engine/test_engine.py tests/engine/test_scheduler.py tests/engine/test_engine_smollm2.py \
   -k "greedy or cache_off or paged or fully_cached or retraction or eight or twelve or 118 or walkthrough"
-"$PY" benchmarks/bench_engine.py --device "$DEV" ${QUICK:+--quick}
+"$PY" -m pytest -q -x -p no:cacheprovider tests/engine/model/test_native_llama.py -k "engine_native_equals_generate"
+"$PY" benchmarks/bench_engine.py --device "$DEV" --dtype fp32 --sections workload ${QUICK:+--quick}
+"$PY" benchmarks/bench_engine.py --device "$DEV" --sections sweep,prefill ${QUICK:+--rounds 1}
 echo "gpu_check: done on $DEV"

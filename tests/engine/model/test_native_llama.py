@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from core import env
 from core.engine.model import native_kernels
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
@@ -204,7 +205,8 @@ def test_engine_native_equals_generate(family, page_size):
     prefill budget chunks prompts, the radix cache serves the shared prefix; cache on == cache off
     == HF generate, token for token."""
     ref = make_ref(family)
-    runner = ModelRunner.from_hf(copy.deepcopy(ref), device="cpu", impl="native")
+    runner = ModelRunner.from_hf(copy.deepcopy(ref), device=env.test_device(), impl="native",  # gpu_check.sh: cuda
+                                 numerics="fp32")
     prompts = _prompts(4, shared=20, seed=1)
     outs = {}
     for disable in (False, True):

@@ -1,0 +1,136 @@
+"""bench_engine.py's fairness run, through the HTTP server as clients see it (issue 25).
+
+One `python -m core.server` (its defaults: the model path and numerics it picks, the step budget), driven by
+the `openai` client with streamed completions:
+
+1. solo: one stream (a 128-token prompt, --fair-tokens new tokens) alone; its inter-token latencies (ITL);
+2. loaded: the same kind of stream (another prompt, so nothing is cached), and once it has made 8 tokens a
+   6,000-token uncached prompt arrives (max_tokens 2); 1 s later a 2-token request arrives.
+
+It prints the stream's ITL p50/p99 solo and while the long prompt was being prefilled (from its send to its first
+token), the ratio of the p99s (goal <= 3x), and the 2-token request's time to first token (goal <= 2 s).
+A scheduler that gives a long prefill the whole step stalls the stream for the whole prefill, and the short
+request waits behind it.
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def start_server(port: int, extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning",
+           "--pool-slots", "16384", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {' '.join(cmd)}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("server did not start within 600 s")
+
+
+def stream_times(client, prompt: list[int], max_tokens: int, on_token=None) -> tuple[float, list[float]]:
+    """(send time, arrival time of each content chunk) of one streamed completion."""
+    sent = time.perf_counter()
+    times: list[float] = []
+    stream = client.completions.create(model="default", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            times.append(time.perf_counter())
+            if on_token is not None:
+                on_token(len(times))
+    return sent, times
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def fairness(ids: list[int], port: int, server_args: list[str], stream_tokens: int, long_tokens: int) -> dict:
+    from openai import OpenAI
+
+    proc = start_server(port, server_args)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0)
+        stream_times(client, ids[:16], 4)                                   # warm up
+        _, solo = stream_times(client, ids[100:228], stream_tokens)
+        long_prompt = ids[5000:5000 + long_tokens]
+        marks: dict[str, float] = {}
+        started = threading.Event()
+
+        def long_request() -> None:
+            marks["long_sent"], t = stream_times(client, long_prompt, 2)
+            marks["long_first"] = t[0]
+
+        def short_request() -> None:
+            marks["short_sent"], t = stream_times(client, ids[60:72], 2)
+            marks["short_first"] = t[0]
+
+        def on_token(n: int) -> None:
+            if n == 8:
+                started.set()
+
+        result: dict = {}
+        runner = threading.Thread(target=lambda: result.update(
+            zip(("sent", "times"), stream_times(client, ids[300:428], stream_tokens, on_token))))
+        runner.start()
+        started.wait(120)
+        t_long = threading.Thread(target=long_request)
+        t_long.start()
+        time.sleep(1.0)
+        t_short = threading.Thread(target=short_request)
+        t_short.start()
+        for t in (t_short, t_long, runner):
+            t.join(600)
+        loaded = result["times"]
+        window = [b - a for a, b in zip(loaded, loaded[1:]) if a >= marks["long_sent"] and b <= marks["long_first"]]
+        if marks["long_first"] > loaded[-1]:
+            window.append(float("nan"))   # the stream ended before the long prefill did: lengthen the stream
+        return dict(solo=gaps(solo), loaded_window=window, loaded_all=gaps(loaded),
+                    long_prefill=marks["long_first"] - marks["long_sent"],
+                    short_ttft=marks["short_first"] - marks["short_sent"])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def report(r: dict, long_tokens: int) -> bool:
+    solo, win = r["solo"], r["loaded_window"]
+    ms = lambda x: f"{x * 1e3:.0f} ms"   # noqa: E731
+    print(f"\n== fairness through the server: one stream decoding, a {long_tokens:,}-token uncached prompt arrives, "
+          f"a 2-token request 1 s later")
+    print(f"stream ITL solo:                  p50 {ms(statistics.median(solo))}  p99 {ms(percentile(solo, 99))}  "
+          f"({len(solo)} gaps)")
+    if any(x != x for x in win) or not win:
+        print("stream ended before the long prompt's prefill did: raise --fair-tokens")
+        return False
+    p99_ratio = percentile(win, 99) / percentile(solo, 99)
+    print(f"stream ITL during the long prefill: p50 {ms(statistics.median(win))}  p99 {ms(percentile(win, 99))}  "
+          f"max {ms(max(win))}  ({len(win)} gaps; the prefill took {r['long_prefill']:.1f} s)")
+    ok_itl = p99_ratio <= 3
+    ok_ttft = r["short_ttft"] <= 2
+    print(f"p99 ITL loaded / solo: {p99_ratio:.2f}x (goal <= 3x) {'PASS' if ok_itl else 'MISS'};  "
+          f"2-token request's first token after {r['short_ttft']:.2f} s (goal <= 2 s) {'PASS' if ok_ttft else 'MISS'}")
+    return ok_itl and ok_ttft
