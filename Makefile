@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8501
 SERVER_PORT ?= 30000
 
-.PHONY: setup run serve replicas test bench clean
+.PHONY: setup run serve replicas test bench llamacpp clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_lab.py
 	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_ui.py
+
+# llama.cpp's Python binding, for the llama.cpp column of benchmarks/bench_engine.py: it compiles llama.cpp
+# from source (several minutes, needs cmake and a C++ compiler); nothing else needs it, make test never installs it
+llamacpp: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install llama-cpp-python==0.3.36
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -161,25 +161,48 @@ class Scheduler:
         `budget`: the prefill tokens this step may carry (default max_prefill_tokens; the engine passes
         a smaller one while requests decode, see step_budget.py). Running decodes always step. Waiting
         requests are owed up to half of the budget before a running chunked prefill takes the rest, so
-        a short request arriving behind a long prompt is admitted at the next step, and the long prompt
-        still advances every step."""
+        a short request arriving behind a long prompt is admitted at the next step, finishes its prefill
+        before the long one's next chunk (`_share_chunks`), and the long prompt still advances every step."""
         budget = self.max_prefill_tokens if budget is None else max(1, budget)
         for_new = self._owed_to_waiting(budget)
         items: list[ScheduledItem] = []
-        chunk_budget = budget - for_new
+        allowance = self._share_chunks(budget, for_new)
         for req in sorted(self.running, key=lambda r: r.admit_order):
             if req not in self.running:
                 continue  # retracted while making room for an older request
+            mine = allowance.get(id(req), 0)
             try:
-                item, chunk_budget = self._continue(req, items, chunk_budget)
+                item, left = self._continue(req, items, mine)
             except Exception as exc:  # this request fails, the others run
                 items = [it for it in items if it.req is not req]
                 self._fail(req, exc)
                 continue
+            budget -= mine - left
             if item is not None:
                 items.append(item)
-        items.extend(self._admit(chunk_budget + for_new))
+        items.extend(self._admit(budget))
         return items
+
+    def _share_chunks(self, budget: int, for_new: int) -> dict[int, int]:
+        """Prefill tokens each running chunked prefill may compute this step. The oldest keeps up to half
+        the budget, so it advances every step; the other half goes first to the younger chunked prefills,
+        shortest remaining first (a short prompt admitted in part behind a long one finishes its prefill
+        at the next step instead of after the long one), then to waiting requests (`for_new` wanted);
+        what they leave goes to the oldest."""
+        chunked = [r for r in self.running if len(r.fill_ids) - r.computed > 1]
+        if not chunked:
+            return {}
+        remaining = {id(r): len(r.fill_ids) - r.computed for r in chunked}
+        oldest = min(chunked, key=lambda r: r.admit_order)
+        reserve = min(remaining[id(oldest)], budget // 2)
+        left = budget - reserve
+        allowance: dict[int, int] = {}
+        for r in sorted(chunked, key=lambda r: (remaining[id(r)], r.admit_order)):
+            if r is not oldest:
+                allowance[id(r)] = take = min(remaining[id(r)], left)
+                left -= take
+        allowance[id(oldest)] = min(remaining[id(oldest)], reserve + max(0, left - for_new))
+        return allowance
 
     def decoding(self) -> int:
         """Running requests whose next step is a decode (one token)."""

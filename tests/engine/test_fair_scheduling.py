@@ -57,6 +57,31 @@ def test_a_short_request_behind_a_long_prompt_is_admitted_at_the_next_step(pair)
     e.check_invariants()
 
 
+def test_a_short_prompt_admitted_in_part_behind_a_long_one_finishes_its_prefill_at_the_following_step(pair):
+    """The short prompt (12 tokens) is larger than what waiting requests are owed (half of a 16-token
+    budget), so it is admitted with a first chunk of 8 and becomes a chunked prefill itself. Its last 4
+    tokens go before the long prompt's next chunk (shortest remaining first), not after the long prompt's
+    remaining ~380 tokens; the long prompt still advances in that step."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=16, mixed_step_ratio=0)
+    long = e.submit(LONG, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    e.step()
+    short_prompt = [(11 * i) % 100 + 4 for i in range(12)]
+    short = e.submit(short_prompt, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    e.step()                                              # admitted: 8 of its 12 tokens, the long one 8 more
+    assert short.partial_ids() == []
+    e.step()                                              # its last 4 tokens: first token out
+    assert len(short.partial_ids()) == 1
+    assert e.scheduler.running and not long.done()
+    computed = {len(r.fill_ids): r.computed for r in e.scheduler.running}
+    assert computed[len(LONG)] == 16 + 8 + 12             # 16, then 8 (half owed to the short), then 16 - 4
+    while e.has_work():
+        e.step()
+    assert short.result(0).token_ids == reference_greedy(ref, short_prompt, 2)
+    assert long.result(0).token_ids == reference_greedy(ref, LONG, 2)
+    e.check_invariants()
+
+
 def test_the_long_prompt_still_advances_every_step_while_short_requests_keep_coming(pair):
     _, runner = pair
     e = Engine(runner, pool_slots=2048, max_prefill_tokens=64, max_running_requests=64, mixed_step_ratio=0)
