@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8501
 SERVER_PORT ?= 30000
 
-.PHONY: setup run serve replicas test bench clean
+.PHONY: setup browser-deps run serve replicas test bench clean
 
 setup: $(STAMP)
 
@@ -33,7 +33,11 @@ POLICY ?= cache_aware
 replicas: $(STAMP)
 	$(BIN)/python -m core.replicas --replicas $(N) --policy $(POLICY) --port $(SERVER_PORT) -- $(ARGS)
 
-test: $(STAMP)
+# Debian's chromium and fonts for the browser tests: installed when missing (as root), else one line saying how
+browser-deps:
+	.ci/browser-deps
+
+test: browser-deps $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
