@@ -28,10 +28,12 @@ serve: $(STAMP)
 	$(BIN)/python -m core.server --port $(SERVER_PORT) $(ARGS)
 
 # N engine servers behind SGLang's router on $(SERVER_PORT): make replicas N=2 POLICY=cache_aware ARGS="--pool-slots 4096"
+# LOG_DIR=logs writes router.log (with its INFO logs) and server-N.log there; Ctrl-C stops all and exits 0
 N ?= 2
 POLICY ?= cache_aware
+LOG_DIR ?=
 replicas: $(STAMP)
-	$(BIN)/python -m core.replicas --replicas $(N) --policy $(POLICY) --port $(SERVER_PORT) -- $(ARGS)
+	$(BIN)/python -m core.replicas --replicas $(N) --policy $(POLICY) --port $(SERVER_PORT) $(if $(LOG_DIR),--log-dir $(LOG_DIR)) -- $(ARGS)
 
 # Debian's chromium and fonts for the browser tests: installed when missing (as root), else one line saying how
 browser-deps:

@@ -59,6 +59,16 @@ def needs_conversion(model: str) -> bool:
         return False
 
 
+def tokenizer_folder(model: str) -> str:
+    """The local folder `model`'s tokenizer loads from, as a string; `model` itself while there is none (not yet
+    converted, or not a local model)."""
+    try:
+        folder, gguf = locate(model)
+    except ValueError:
+        return model
+    return model if gguf is not None else str(folder)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m core.engine.model.model_files",
                                  description="Print the folder a model loads from (for 'default': the converted "

@@ -44,3 +44,14 @@ def test_a_gguf_file_converts_into_the_cache_under_its_own_name(tmp_path, monkey
     gguf = tmp_path / "Other.Q8_0.gguf"
     gguf.write_bytes(b"GGUF")
     assert locate(str(gguf)) == (tmp_path / "cache" / "Other.Q8_0", gguf)
+
+
+def test_the_tokenizer_folder_is_the_converted_folder_once_it_exists(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIX_MODEL_CACHE", str(tmp_path))
+    from core.engine.model.model_files import tokenizer_folder
+    assert tokenizer_folder("default") == "default"              # not converted yet: the router gets the name
+    assert tokenizer_folder("no/such/model") == "no/such/model"
+    folder = tmp_path / DEFAULT_GGUF.removesuffix(".gguf")
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert tokenizer_folder("default") == str(folder)
