@@ -73,8 +73,9 @@ def one_sided_notes(rows: list[dict], config) -> list[str]:
             notes.append(head + (
                 f"a request either follows its prefix to the replica that got it (a match above the cache threshold "
                 f"{config.cache_threshold}) or, matching less, goes to the least loaded replica, the first among "
-                f"equals, and the loads never differ by more than the balance threshold ({config.balance_abs_threshold} "
-                f"requests in flight) that would move it; sglang-router's cache_aware does the same with this "
+                f"equals, and the loads never differ by more than the balance threshold "
+                f"({config.balance_abs_threshold} requests in flight) that would move it; sglang-router's "
+                f"cache_aware does the same with this "
                 f"traffic. A lower --balance-abs-threshold or more concurrency (--concurrency, --overlap) spreads it."))
         else:
             notes.append(head + (

@@ -20,7 +20,7 @@ def workload():
                                    output_len=4, order="shuffled", seed=2)
 
 
-CAPS = [76, 144, 288, 576]   # the smallest request holds 75 tokens: each pool fits one (tests/lab/test_nothing_fits.py: smaller)
+CAPS = [76, 144, 288, 576]   # each pool fits the smallest request (75 tokens); smaller: tests/lab/test_nothing_fits.py
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from core.engine.model.model_files import DEFAULT_GGUF, default_gguf, locate, model_cache_root  # noqa: F401 (re-exported)
+# re-exported: callers import these from the loader
+from core.engine.model.model_files import DEFAULT_GGUF, default_gguf, locate, model_cache_root  # noqa: F401
 
 
 def _convert_gguf(gguf: pathlib.Path, target: pathlib.Path) -> None:
