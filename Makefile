@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8501
 SERVER_PORT ?= 30000
 
-.PHONY: setup run serve replicas test bench llamacpp clean
+.PHONY: setup browser-deps run serve replicas test bench llamacpp clean
 
 setup: $(STAMP)
 
@@ -28,12 +28,18 @@ serve: $(STAMP)
 	$(BIN)/python -m core.server --port $(SERVER_PORT) $(ARGS)
 
 # N engine servers behind SGLang's router on $(SERVER_PORT): make replicas N=2 POLICY=cache_aware ARGS="--pool-slots 4096"
+# LOG_DIR=logs writes router.log (with its INFO logs) and server-N.log there; Ctrl-C stops all and exits 0
 N ?= 2
 POLICY ?= cache_aware
+LOG_DIR ?=
 replicas: $(STAMP)
-	$(BIN)/python -m core.replicas --replicas $(N) --policy $(POLICY) --port $(SERVER_PORT) -- $(ARGS)
+	$(BIN)/python -m core.replicas --replicas $(N) --policy $(POLICY) --port $(SERVER_PORT) $(if $(LOG_DIR),--log-dir $(LOG_DIR)) -- $(ARGS)
 
-test: $(STAMP)
+# Debian's chromium and fonts for the browser tests: installed when missing (as root), else one line saying how
+browser-deps:
+	.ci/browser-deps
+
+test: browser-deps $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

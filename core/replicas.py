@@ -4,8 +4,14 @@
 
 starts `python -m core.server` on ports 30001..3000N (every argument after `--` goes to each
 server), waits until each answers /health, then starts `sglang_router.launch_router` on port
-30000 with those workers, its Prometheus metrics on port 3000N+1 (same host). Ctrl-C (or SIGTERM) stops the router first, then the servers, and
-exits 130; if any process dies on its own, the others are stopped too and the exit code says so.
+30000 with those workers, its Prometheus metrics on port 3000N+1 (same host), and prints one ready
+line with the router's and the workers' URLs. The terminal stays quiet: the router logs warnings
+only, the servers errors only (unless --log-level follows `--`) and no loading bars; with --log-dir
+everything goes to files there instead (server-N.log, router.log with the router's console, and
+its own log file smg.YYYY-MM-DD with its INFO logs). The servers tell the router their model's
+local folder (/server_info), so it never asks the Hugging Face hub for a tokenizer. Ctrl-C (or
+SIGTERM) stops the router first, then the servers, and exits 0; if any process dies on its own,
+the others are stopped too and the exit code says so.
 """
 from __future__ import annotations
 
@@ -32,9 +38,9 @@ class Supervisor:
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, argv: list[str], log: Optional[str]) -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], log: Optional[str], env: Optional[dict] = None) -> subprocess.Popen:
         out = open(log, "w") if log else None
-        p = start_child(argv, stdout=out, stderr=subprocess.STDOUT if out else None)
+        p = start_child(argv, stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
         self.procs.append((name, p))
         return p
 
@@ -45,9 +51,11 @@ class Supervisor:
         return None
 
     def stop(self, timeout: float = 15.0) -> None:
-        for _, p in reversed(self.procs):
+        """The router gets SIGTERM (SIGINT makes its Python launcher print a KeyboardInterrupt traceback), the
+        servers SIGINT (uvicorn's graceful stop)."""
+        for name, p in reversed(self.procs):
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGINT)
+                os.killpg(p.pid, signal.SIGTERM if name == "router" else signal.SIGINT)
         deadline = time.monotonic() + timeout
         for _, p in reversed(self.procs):
             try:
@@ -96,21 +104,39 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--balance-abs-threshold", type=int, help="router: load difference that switches to least-loaded")
     ap.add_argument("--balance-rel-threshold", type=float, help="router: load ratio that also must be exceeded")
     ap.add_argument("--router-metrics-port", type=int, help="the router's /metrics port (default: after the servers')")
-    ap.add_argument("--log-dir", help="write server-N.log and router.log here instead of the terminal")
+    ap.add_argument("--log-dir", help="write server-N.log, router.log (the router's console) and the router's own "
+                                      "log file smg.YYYY-MM-DD (INFO included) here instead of the terminal "
+                                      "(make replicas LOG_DIR=...)")
     ap.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each process")
     ap.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: arguments for every core.server")
     return ap
+
+
+def server_argv(args, port: int, extra: Sequence[str]) -> list[str]:
+    """A server with every argument after `--`; errors only on the terminal (its access log and uvicorn's
+    warnings about the router's probes are noise there) unless --log-level is given or the logs go to files."""
+    quiet = [] if args.log_dir or any(a == "--log-level" or a.startswith("--log-level=") for a in extra) \
+        else ["--log-level", "error"]
+    return [sys.executable, "-m", "core.server", "--host", args.host, "--port", str(port), *quiet, *extra]
 
 
 def router_argv(args, workers: Sequence[str]) -> list[str]:
     metrics_port = args.router_metrics_port or args.port + args.replicas + 1
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
             "--policy", args.policy, "--prometheus-host", args.host, "--prometheus-port", str(metrics_port),
-            "--worker-urls", *workers]
+            "--log-level", "info" if args.log_dir else "warn", "--worker-urls", *workers]
+    if args.log_dir:     # its own log file there (smg.YYYY-MM-DD, plain text); router.log gets its console
+        argv += ["--log-dir", args.log_dir]
     for flag in ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold"):
         if getattr(args, flag) is not None:
             argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     return argv
+
+
+def ready_line(args, workers: Sequence[str]) -> str:
+    return (f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{args.host}:{args.port}/v1 "
+            f"| workers {' '.join(workers)} | dashboard on every replica: RADIX_ENGINE_URL={','.join(workers)} "
+            f"make run | Ctrl-C stops all")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -137,19 +163,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     workers = [f"http://{args.host}:{args.port + i + 1}" for i in range(args.replicas)]
+    # on the terminal, no "Loading weights" bars from every server (transformers reads this through huggingface_hub)
+    server_env = None if args.log_dir else dict(os.environ, HF_HUB_DISABLE_PROGRESS_BARS="1")
     try:
         for i, url in enumerate(workers):
-            sup.start(f"server-{i}", [sys.executable, "-m", "core.server", "--host", args.host,
-                                      "--port", str(args.port + i + 1), *extra], log(f"server-{i}"))
+            sup.start(f"server-{i}", server_argv(args, args.port + i + 1, extra), log(f"server-{i}"), server_env)
         for url in workers:
             wait_for(lambda: healthy(url), f"{url} did not answer /health", sup, args.ready_timeout)
         router = f"http://{args.host}:{args.port}"
         sup.start("router", router_argv(args, workers), log("router"))
         wait_for(lambda: healthy(router) and registered(router, args.replicas),
                  f"the router at {router} did not list {args.replicas} healthy worker(s)", sup, args.ready_timeout)
-        print(f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{args.host}:{args.port}/v1")
-        print(f"dashboard on every replica: RADIX_ENGINE_URL={','.join(workers)} make run")
-        sys.stdout.flush()
+        print(ready_line(args, workers), flush=True)
         while True:
             died = sup.dead()
             if died:
@@ -157,8 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("stopping the router and the servers...", file=sys.stderr)
-        return 130
+        print("stopping the router and the servers...", file=sys.stderr, flush=True)
+        return 0     # asked to stop, and stopped: make prints no "Error 130"
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

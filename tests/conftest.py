@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
+
+# One torch thread in the test process: its models are tiny or small, and on a shared 2-core box intra-op
+# threads only contend. Measured on 4 model test files (61 tests, load 9-11): 108 s and 306 s with torch's
+# default, 59 s and 39 s with one thread. Servers the tests start as subprocesses choose their own.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

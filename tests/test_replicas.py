@@ -149,8 +149,11 @@ def test_round_robin_alternates_and_each_replica_hits_its_own_copy(cluster):
 def test_ctrl_c_stops_the_router_and_both_servers(cluster):
     proc, base = cluster["proc"], cluster["base"]
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(60) == 130
+    assert proc.wait(60) == 0                  # asked to stop, and stopped: `make replicas` prints no Error 130
     assert "stopping the router and the servers" in proc.stdout.read()
+    assert "Traceback" not in (cluster["logs"] / "router.log").read_text()    # the router's console
+    own = [p.read_text() for p in cluster["logs"].glob("smg.*")]            # with --log-dir, its own log file,
+    assert len(own) == 1 and " INFO smg::server:" in own[0]                 # INFO included
     for port in (base, base + 1, base + 2, base + 3):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"

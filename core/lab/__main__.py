@@ -159,26 +159,37 @@ def cmd_sweep(args) -> int:
     s = workload.summary()
     print(f"workload {s['name']}: {s['requests']:,} requests, {s['prompt_tokens']:,} prompt tokens"
           + (f", {workload.skipped_lines} malformed line(s) skipped" if workload.skipped_lines else ""))
-    bar = None
+    bar, plain = None, None
     finished, running = [0], {}
-    if not args.quiet:
+    if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
         bar = tqdm(total=len(caps) * (len(pols) + (0 if args.no_optimal else 1)), unit="point",
                    bar_format="{l_bar}{bar}| {n:.1f}/{total} points [{elapsed}<{remaining}]{postfix}")
+    elif not args.quiet:      # a log file or a pipe: a handful of plain lines (core/lab/progress_lines.py)
+        from core.lab.progress_lines import PlainProgress
+        plain = PlainProgress()
+    total = [0]
 
     def show() -> None:
-        bar.n = finished[0] + sum(running.values())
-        bar.refresh()
-
-    def progress(done: int, total: int, row: dict) -> None:
         if bar is not None:
-            running.pop((row["policy"], row["capacity_tokens"]), None)
-            finished[0] = done
-            bar.set_postfix_str(f"{row['policy']}@{row['capacity_tokens']:,}: {row['hit_rate']:.1%}", refresh=False)
+            bar.n = finished[0] + sum(running.values())
+            bar.refresh()
+        elif plain is not None and total[0]:
+            plain.running(finished[0] + sum(running.values()), total[0])
+
+    def progress(done: int, n: int, row: dict) -> None:
+        running.pop((row["policy"], row["capacity_tokens"]), None)
+        finished[0], total[0] = done, n
+        label = f"{row['policy']}@{row['capacity_tokens']:,}: {row['hit_rate']:.1%}"
+        if bar is not None:
+            bar.total = n     # capacities where nothing fits have no optimum point
+            bar.set_postfix_str(label, refresh=False)
             show()
+        elif plain is not None:
+            plain.finished(done, n, label)
 
     def point_progress(task: dict, fraction: float) -> None:
-        if bar is not None and fraction < 1:
+        if (bar is not None or plain is not None) and fraction < 1:
             running[(task["policy"], task["capacity_tokens"])] = fraction
             show()
     try:

@@ -124,6 +124,12 @@ def belady_hits(trace: PageTrace, capacity_pages: int, next_use: Optional[np.nda
     return hits
 
 
+def smallest_request_pages(workload: Workload, page_size: int) -> int:
+    """Pages the smallest request holds while it runs (prompt + output - 1 tokens, rounded up to pages): a pool
+    with fewer pages rejects every request, whatever the policy (core.lab.replay); 0 for an empty workload."""
+    return min((-(-r.cached_len // page_size) for r in workload.requests), default=0)
+
+
 class Bounds:
     """Infinite-capacity and optimal hit rates of one workload at one page size (trace built once)."""
 
@@ -131,6 +137,7 @@ class Bounds:
                  trace: Optional[PageTrace] = None) -> None:
         self.trace = trace if trace is not None else page_trace(workload, page_size, overlap)
         self.page_size = self.trace.page_size
+        self.smallest_request_pages = smallest_request_pages(workload, self.page_size)
         self._next_use: Optional[np.ndarray] = None
         self._infinite: Optional[BoundResult] = None
 
@@ -152,6 +159,11 @@ class Bounds:
             self._infinite = BoundResult("infinite", None, None, self.page_size, hits * self.page_size,
                                          self.trace.prompt_tokens)
         return self._infinite
+
+    def anything_fits(self, capacity_tokens: int) -> bool:
+        """False where every request is larger than the pool: every policy rejects them all, and the page-level
+        optimum (which admits pages, not requests) would claim hits no pool of that size can have."""
+        return capacity_pages(capacity_tokens, self.page_size) >= self.smallest_request_pages
 
     def optimal(self, capacity_tokens: int) -> BoundResult:
         pages = capacity_pages(capacity_tokens, self.page_size)

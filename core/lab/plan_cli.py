@@ -76,14 +76,14 @@ def print_sweep(args, res, kv: Optional[ModelKV]) -> None:
         "capacity_pages", "hit_rate", "optimal_hit_rate", "gap_to_optimal", "evictions", "evicted_tokens",
         "rejected", "seconds"]
     with pd.option_context("display.max_rows", 500, "display.width", 180):
-        print(df[cols].to_string(index=False, float_format="%.4f"))
+        print(df[cols].to_string(index=False, float_format="%.4f", na_rep=""))
     if kv is not None:
         print(kv.describe())
     print(f"\ninfinite-capacity hit rate: {res.infinite_hit_rate:.4f}   "
           f"({res.distinct_pages:,} distinct pages of {res.page_size}; sweep {res.seconds:.1f} s)")
-    note = res.capped_note()
-    if note:
-        print(f"note: {note}")
+    for note in (res.nothing_fits_note(), res.capped_note()):
+        if note:
+            print(f"note: {note}")
     print(f"smallest swept capacity reaching {args.target:.0%} of it (python -m core.lab size searches between "
           f"the swept points):")
     for name, cap in res.capacity_to_reach(args.target).items():
@@ -114,7 +114,7 @@ def host_rows(args, workload, res, kv: Optional[ModelKV], overlap) -> Optional[l
         print(f"(TTFT per request alone: prefill at {args.prefill_rate:,.0f} tokens/s, host hits loaded at "
               f"{args.host_bandwidth:g} GB/s, serially)")
     with pd.option_context("display.max_rows", 500, "display.width", 200):
-        print(df[cols].to_string(index=False, float_format="%.4f"))
+        print(df[cols].to_string(index=False, float_format="%.4f", na_rep=""))
     return rows
 
 

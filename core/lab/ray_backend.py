@@ -3,10 +3,14 @@
 Each point runs the very same `core.lab.sweep_worker.run_point` as a local worker process, after the
 same `init_worker`, so results are identical to the local backend by construction. The workload
 goes into Ray's object store once; a worker process initialises itself the first time it sees
-that object. Without an address a private local Ray instance is started and shut down again.
+that object. Without an address a private local Ray instance is started and shut down again, its session
+files (logs, sockets, spilled objects) in a folder of its own under the system's temp folder
+(radix-lab-ray-*, never /tmp/ray, which other Ray users share), removed with the instance.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -15,6 +19,7 @@ from core.lab import sweep_worker
 ROOT = Path(__file__).resolve().parents[2]
 _EXCLUDES = [".git", ".venv", "**/__pycache__", ".pytest_cache", ".hypothesis", "tests/e2e/artifacts", "lab_out"]
 _SEEN: dict[str, Any] = {}
+TEMP_PREFIX = "radix-lab-ray-"   # short: Ray's unix sockets live below it, and a socket path has at most 107 bytes
 
 
 def _point(init_args: tuple, key: str, task: tuple, queue=None):
@@ -43,15 +48,21 @@ def run_on_ray(tasks: Sequence[tuple], init_args: tuple, done: Callable[[Any], N
     except ImportError:
         raise ValueError("--backend ray needs the 'ray' package (pip install ray)") from None
     started = False
+    temp_dir: Optional[str] = None
     if not ray.is_initialized():
         kw: dict[str, Any] = dict(address=address, runtime_env=_runtime_env(address), include_dashboard=False,
                                   log_to_driver=False, configure_logging=False)
         if address is None:
-            kw.update(num_cpus=num_cpus, object_store_memory=256 * 1024 * 1024)
+            temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+            kw.update(num_cpus=num_cpus, object_store_memory=256 * 1024 * 1024, _temp_dir=temp_dir)
         try:
             ray.init(**kw)
         except ConnectionError as exc:
+            _remove(temp_dir)
             raise ValueError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+        except BaseException:
+            _remove(temp_dir)
+            raise
         started = True
     pending: list = []
     try:
@@ -81,3 +92,9 @@ def run_on_ray(tasks: Sequence[tuple], init_args: tuple, done: Callable[[Any], N
     finally:
         if started:
             ray.shutdown()
+            _remove(temp_dir)
+
+
+def _remove(temp_dir: Optional[str]) -> None:
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -54,6 +54,36 @@ def add_route_parser(sub: Any, add_source) -> None:
     rp.add_argument("--out", metavar="DIR", help="write route.json here")
 
 
+ONE_SIDED = 1.5   # load_imbalance (max / mean prompt tokens per replica) above which a note explains it
+
+
+def one_sided_notes(rows: list[dict], config) -> list[str]:
+    """Why a prefix-following routing put (almost) everything on one replica, once per routing (its most
+    imbalanced row): it is what the real router does with such traffic, not a fault of the model."""
+    notes = []
+    for routing in ("cache_aware", "prefix_hash"):
+        worst = max((r for r in rows if r["routing"] == routing and r["replicas"] > 1
+                     and r["load_imbalance"] > ONE_SIDED), key=lambda r: r["load_imbalance"], default=None)
+        if worst is None:
+            continue
+        reqs = worst["requests_per_replica"]
+        head = (f"note: {routing} sent {max(reqs)} of {sum(reqs)} requests to one replica at {worst['replicas']} "
+                f"replicas (imbalance {worst['load_imbalance']:.2f}): ")
+        if routing == "cache_aware":
+            notes.append(head + (
+                f"a request either follows its prefix to the replica that got it (a match above the cache threshold "
+                f"{config.cache_threshold}) or, matching less, goes to the least loaded replica, the first among "
+                f"equals, and the loads never differ by more than the balance threshold "
+                f"({config.balance_abs_threshold} requests in flight) that would move it; sglang-router's "
+                f"cache_aware does the same with this "
+                f"traffic. A lower --balance-abs-threshold or more concurrency (--concurrency, --overlap) spreads it."))
+        else:
+            notes.append(head + (
+                f"their first {config.prefix_tokens} tokens are the same, so they hash to the same replica; a larger "
+                f"--prefix-tokens spreads them."))
+    return notes
+
+
 def cmd_route(args, load_workload, page_size_of) -> int:
     from core.lab.optimal import Bounds
     from core.lab.page_trace import Overlap
@@ -94,6 +124,8 @@ def cmd_route(args, load_workload, page_size_of) -> int:
             per = " ".join(f"{h:.3f}" for h in d["hit_rate_per_replica"])
             print(f"{n:>8} {routing:>12} {res.hit_rate:>9.4f} {one:>9.4f} {opt:>8.4f}  {per:<28} "
                   f"{' '.join(map(str, d['requests_per_replica'])):<18} {d['load_imbalance']:.2f}")
+    for note in one_sided_notes(rows, config):
+        print(note)
     if args.out:
         path = Path(args.out) / "route.json"
         path.write_text(json.dumps({"workload": workload.summary(), "rows": rows}, indent=2))

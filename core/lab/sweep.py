@@ -78,6 +78,9 @@ class SweepResult:
     optimal: list[BoundResult] = field(default_factory=list)
     distinct_pages: int = 0
     seconds: float = 0.0
+    unfit_capacities: list[int] = field(default_factory=list)   # every request is larger than the pool there
+    smallest_request_tokens: int = 0
+    with_optimal: bool = True
 
     @property
     def infinite_hit_rate(self) -> float:
@@ -100,6 +103,11 @@ class SweepResult:
             rows.append({"policy": OPTIMAL, "capacity_tokens": b.capacity_tokens, "capacity_pages": b.capacity_pages,
                          "page_size": b.page_size, "prompt_tokens": b.prompt_tokens, "hit_tokens": b.hit_tokens,
                          "tokens_saved": b.hit_tokens, "hit_rate": b.hit_rate, "optimal_hit_rate": b.hit_rate})
+        for c in self.unfit_capacities if self.with_optimal else []:   # no optimum: blank, see nothing_fits_note
+            rows.append({"policy": OPTIMAL, "capacity_tokens": c, "capacity_pages": c // self.page_size,
+                         "page_size": self.page_size, "prompt_tokens": self.infinite.prompt_tokens,
+                         "hit_tokens": None, "tokens_saved": None, "hit_rate": math.nan,
+                         "optimal_hit_rate": math.nan})
         cols = ["policy", "capacity_tokens", "capacity_pages", "hit_rate", "optimal_hit_rate", "gap_to_optimal",
                 "fraction_of_infinite", "hit_tokens", "tokens_saved", "prompt_tokens", "evictions",
                 "evicted_tokens", "rejected", "requests", "page_size", "overlap", "seconds"]
@@ -136,6 +144,15 @@ class SweepResult:
                 f"fill; those points were replayed with {need:,} {unit} (no policy evicts there, so the numbers are "
                 f"those of any larger pool)")
 
+    def nothing_fits_note(self) -> Optional[str]:
+        """The capacities where every request is larger than the pool, in one sentence; None when there are none."""
+        if not self.unfit_capacities:
+            return None
+        caps = ", ".join(f"{c:,}" for c in self.unfit_capacities)
+        return (f"at {caps} tokens nothing fits: the smallest request holds {self.smallest_request_tokens:,} tokens "
+                f"(prompt + output), more than the pool, so every policy rejects every request there and no "
+                f"optimum is given (hit rate 0 is all any pool that small can do)")
+
     def to_json(self, target: float = 0.9) -> dict[str, Any]:
         """Everything, with the smallest swept capacity reaching `target` of the infinite-capacity rate."""
         target = check_target(target)
@@ -148,6 +165,7 @@ class SweepResult:
             "points": [p.to_dict() for p in self.points],
             "target_fraction_of_infinite": target,
             "capacity_to_reach_target": self.capacity_to_reach(target),
+            "no_optimum": {"capacities": self.unfit_capacities, "why": self.nothing_fits_note()},
         }
 
     def save(self, out_dir: Union[str, os.PathLike], target: float = 0.9) -> dict[str, Path]:
@@ -220,9 +238,10 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         raise ValueError("overlap replay needs a timestamp on every request; this workload has none "
                          "(give the generator a request_rate, or turn overlap off)")
     bounds = Bounds(workload, page_size, overlap)
+    unfit = [c for c in caps if not bounds.anything_fits(c)]
     tasks: list[tuple[str, int, Optional[str]]] = []
     if with_optimal:
-        tasks += [(OPTIMAL, c, None) for c in caps]
+        tasks += [(OPTIMAL, c, None) for c in caps if c not in unfit]
     tasks += [("replay", c, p) for p in pols for c in caps]
     results: list = []
     total = len(tasks)
@@ -252,7 +271,9 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
     return SweepResult(workload=workload.summary(), page_size=page_size,
                        overlap=None if overlap is None else asdict(overlap), capacities=caps, policies=pols,
                        points=points, infinite=bounds.infinite(), optimal=optimal,
-                       distinct_pages=bounds.distinct_pages, seconds=time.perf_counter() - t0)
+                       distinct_pages=bounds.distinct_pages, seconds=time.perf_counter() - t0,
+                       unfit_capacities=unfit, smallest_request_tokens=bounds.smallest_request_pages * page_size,
+                       with_optimal=with_optimal)
 
 
 def _run_pool(tasks: list, workers: int, mp_context: Optional[str], initargs: tuple, done: Callable,

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
+from core.engine.model.model_files import tokenizer_folder
 from core.server import api_schema, errors, openai_routes, state_routes
 from core.server.auth import Caller, Keys
 from core.server.browser_guard import BrowserGuard, HostPolicy
@@ -94,7 +95,10 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
         return {"message": "Cache flushed: the tree is empty and every slot is free."}
 
     def model_info() -> dict:
-        return {"model_path": host.model, "tokenizer_path": host.model, "is_generation": True,
+        # the folder the model (and its tokenizer) loaded from: sglang-router loads the tokenizer from server_info's
+        # model_path when it registers a worker, and would ask the Hugging Face hub for "default" (a warning)
+        folder = tokenizer_folder(host.model)
+        return {"model_path": folder, "tokenizer_path": folder, "is_generation": True,
                 "served_model_name": host.served_model_name}
 
     # sglang-router asks for these when it registers a worker (it registers without them too)
@@ -110,7 +114,9 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
         pub = host.kv_publisher
         kv = None if pub is None else {"endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
                                        "block_size": host.engine.cache.page_size}
-        return {"model_path": host.model, "served_model_name": host.served_model_name, **host.config(),
+        folder = tokenizer_folder(host.model)      # see model_info
+        return {"model_path": folder, "tokenizer_path": folder, "served_model_name": host.served_model_name,
+                **host.config(),
                 "max_queue_requests": host.max_queue_requests, "version": "radixattention", "kv_events": kv}
 
     @app.get("/get_server_info", operation_id="get_server_info", response_model=api_schema.OpenObject)

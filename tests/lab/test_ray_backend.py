@@ -32,3 +32,27 @@ def test_bad_backend_and_stray_address_are_one_line_errors(capsys):
         run_sweep(small(), [600], ["lru"], backend="spark")
     assert main(["sweep", "--workload", "few-shot", "--capacities", "1000", "--address", "10.0.0.1:6379"]) == 2
     assert "add --backend ray" in capsys.readouterr().err
+
+
+def test_a_private_ray_instance_keeps_its_files_in_its_own_folder_and_removes_it(monkeypatch):
+    import os
+    import shutil
+    import tempfile
+
+    from core.lab.ray_backend import TEMP_PREFIX
+    root = tempfile.mkdtemp(prefix="t", dir="/tmp")         # short: Ray's socket paths live below it
+    monkeypatch.setenv("TMPDIR", root)
+    monkeypatch.setattr(tempfile, "tempdir", None)          # gettempdir() reads TMPDIR again
+    during: list[list[str]] = []
+
+    def look(done: int, total: int, row: dict) -> None:
+        if done == 1:
+            mine = os.listdir(root)
+            during.append(mine + sorted(os.listdir(os.path.join(root, mine[0]))) if len(mine) == 1 else mine)
+    try:
+        run_sweep(small(), [600], ["lru"], workers=1, backend="ray", progress=look)
+        assert len(during) == 1 and during[0][0].startswith(TEMP_PREFIX)
+        assert any(name.startswith("session_") for name in during[0][1:])   # Ray's session folder is in it
+        assert os.listdir(root) == []                                       # and gone with the instance
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

