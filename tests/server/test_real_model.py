@@ -82,3 +82,40 @@ def test_mid_stream_disconnect_on_the_real_model_frees_its_slots(real):
     assert snap.requests[-1].state == "aborted" and snap.requests[-1].output_tokens < 300
     assert snap.metrics["in_use_slots"] == 0 and snap.metrics["locked_slots"] == 0
     e.check_invariants()
+
+
+def test_state_snapshot_polled_every_quarter_second_shows_a_40_token_request_running_with_tokens_rising(real):
+    """Issue 28's check: the published snapshot is never stale, so every poll after the request's first step
+    shows it running and its output count rises from poll to poll until it finishes."""
+    import threading
+    import time
+
+    from core.observe import wire
+    c = real.client()
+    prompt = "Poll me: once upon a time, in a land far away,"
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            c.completions.create(model="default", prompt=prompt, max_tokens=40, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        finally:
+            done.set()
+    threading.Thread(target=run, daemon=True).start()
+    polls = []
+    while not done.is_set():
+        r = httpx.get(real.url + "/state/snapshot", timeout=10)
+        assert r.status_code == 200
+        view = next((q for q in wire.snapshot_from_json(r.content).requests if q.prompt_text == prompt), None)
+        if view is not None:
+            polls.append((view.state, view.output_tokens))
+        time.sleep(0.25)
+    first = next(i for i, (_, n) in enumerate(polls) if n >= 1)
+    during = [p for p in polls[first:] if p[1] < 40]
+    assert len(during) >= 2, polls
+    assert all(state == "running" for state, _ in during), polls
+    counts = [n for _, n in during]
+    assert counts == sorted(counts), polls
+    # rising from poll to poll (a step of this model takes well under the 0.25 s between polls; on a box so
+    # loaded that a step takes longer, two polls may see one step, but never most of them)
+    assert len(set(counts)) >= max(2, (len(counts) + 1) // 2), polls
