@@ -46,7 +46,7 @@ def render() -> None:
                 st.session_state[key] = st.query_params.get(key, default or "")
         if "kv_bind" not in st.session_state:
             st.session_state.kv_bind = st.query_params.get("kv_bind") == "1"
-        c1, c2, c3, c4 = st.columns([3, 3, 1, 1])
+        c1, c2, c3, c4 = st.columns([3, 3, 1, 1], vertical_alignment="bottom")
         endpoint = c1.text_input("Endpoint (the engine's PUB socket)", key="kv_endpoint", placeholder="tcp://HOST:5557")
         replay = c2.text_input("Replay endpoint (optional: catch up, fill gaps)", key="kv_replay",
                                placeholder="tcp://HOST:5558")
