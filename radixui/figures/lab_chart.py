@@ -75,11 +75,12 @@ def sweep_figure(result: SweepResult, kv: Optional[ModelKV] = None) -> go.Figure
         traces[g[0]].name = f"{g[0]} ({sign} {', '.join(g[1:])} here)"
         for q in g[1:]:
             traces[q].name = f"{q} ({sign} {g[0]} here)"
-        notes.append(f" {sign} ".join(g))
+        notes.append(f" {sign} ".join(g) + " here: " + ("the same hit rate at every capacity" if exact else
+                                                           f"within {TOL * 100:g} percentage points at every capacity"))
     if notes:
         fig.add_annotation(xref="paper", yref="paper", x=0, y=0, yshift=-64, xanchor="left", yanchor="top",
                            showarrow=False, align="left", font=dict(size=12, color="#374151"),
-                           text=f"{'; '.join(notes)} here: within {TOL * 100:g} percentage points at every capacity. "
-                                f"The first one's marker is drawn larger, the others open on top of it.")
-        fig.update_layout(margin=dict(b=100))
+                           text="; ".join(notes) + ".<br>The first one's marker is drawn larger, the others open on "
+                                                   "top of it.")
+        fig.update_layout(margin=dict(b=112))
     return fig

@@ -1,5 +1,6 @@
 """CSS that makes the Live page fit one 1400x900 screen: less padding above the title, a smaller
-title, KPIs as one wrapped line of chips."""
+title, KPIs as one wrapped line of chips, form buttons with room for their whole label ("Run preset"
+next to the preset picker, with the sidebar open)."""
 
 COMPACT_CSS = """
 <style>
@@ -11,5 +12,7 @@ h1 {font-size: 1.55rem !important; padding: 0 0 0.1rem 0 !important;}
 .kpi-v {color: #111827;}
 .kpi-step {background: none; color: #6b7280;}
 .sglang {font-family: monospace; font-size: 0.78rem; color: #374151; white-space: nowrap; overflow-x: auto;}
+[data-testid="stForm"] button[data-testid^="stBaseButton"] {padding-left: 0.3rem; padding-right: 0.3rem;}
+[data-testid="stForm"] button[data-testid^="stBaseButton"] p {white-space: nowrap; text-overflow: clip;}
 </style>
 """

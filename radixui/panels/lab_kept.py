@@ -13,17 +13,19 @@ from typing import Optional
 import streamlit as st
 
 from core.lab.sweep import SweepResult
-from core.lab.units import ModelKV, fmt_capacity
+from core.lab.units import ModelKV
 from radixui.figures.lab_chart import sweep_figure
+from radixui.panels.lab_inputs import fmt_tokens
 
 MAX_KEPT = 4
 
 
 def kept_label(res: SweepResult, kv: Optional[ModelKV]) -> str:
     """What a kept result was: workload, page size, capacities, policies, and how long it ran."""
-    caps = ", ".join(fmt_capacity(c, res.page_size, kv) for c in res.capacities)
+    caps = ", ".join(fmt_tokens(c) for c in res.capacities)
+    gib = f" ({kv.name}, {', '.join(f'{kv.gib(c):.3g}' for c in res.capacities)} GiB)" if kv is not None else ""
     return (f"{res.workload.get('name', 'workload')}, page size {res.page_size}, {', '.join(res.policies)} "
-            f"at {caps}{', overlap in time' if res.overlap else ''} ({res.seconds:.1f} s)")
+            f"at {caps} tokens{gib}{', overlap in time' if res.overlap else ''} ({res.seconds:.1f} s)")
 
 
 def keep(kept: list, res: SweepResult, kv: Optional[ModelKV]) -> bool:
@@ -52,7 +54,8 @@ def kept_section(res: SweepResult, kv: Optional[ModelKV]) -> None:
             with col:
                 st.caption(kept_label(r, k))
                 fig = sweep_figure(r, k)
-                fig.update_layout(height=380, title=dict(font=dict(size=13)))
+                # half width: the caption above names the run, so no title over the legend's two rows
+                fig.update_layout(height=420, title=dict(text=""), margin=dict(t=70))
                 st.plotly_chart(fig, width="stretch", key=f"cap_kept_chart_{id(r)}")
                 b1, b2 = st.columns(2)
                 b1.download_button("Download JSON", json.dumps(r.to_json(), indent=2, default=lambda o: o.item()),

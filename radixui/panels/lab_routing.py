@@ -80,7 +80,8 @@ def routing_figure(df: pd.DataFrame, capacity_label: str) -> go.Figure:
 def routing_section(workload: Workload, capacities: list[int], policies: list[str], page_size: int,
                     overlap: Optional[Overlap], fmt_capacity, signature) -> None:
     """Rendered under the sweep: pick a per-replica capacity, replica counts and routings."""
-    with st.expander("Replicas and routing: N caches behind sglang-router", expanded=False):
+    # a keyed expander keeps its open state: the rerun of "Route and replay" must not fold the result away
+    with st.expander("Replicas and routing: N caches behind sglang-router", key="rt_open"):
         st.caption("Each replica has its own radix cache; a router decides where each request goes without seeing "
                    "the caches. The routings are models of sglang-router's policies (`cache_aware` follows the "
                    "router's approximate prefix tree; a miss goes to the least loaded replica). "

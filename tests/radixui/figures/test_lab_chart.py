@@ -96,3 +96,17 @@ def test_empty_live_hit_chart_starts_at_request_one_not_minus_one():
     fig = live_hit_figure([])
     assert tuple(fig.layout.xaxis.range) == (0.5, 10.5) and fig.layout.xaxis.dtick == 1
     assert fig.layout.annotations[0].text == "no request admitted yet"
+
+
+def test_the_note_says_same_for_exact_and_within_for_near_groups(result):
+    pts = [p for p in result.points if p.policy in ("lru", "fifo")]
+    pts += [dataclasses.replace(p, policy="slru") for p in result.points if p.policy == "lfu"]
+    pts += [p for p in result.points if p.policy == "lfu"]
+    res = dataclasses.replace(result, policies=["lru", "lfu", "fifo", "slru"], points=pts)
+    assert fig_note(res) == ("lru ≈ fifo here: within 0.5 percentage points at every capacity; lfu = slru here: the "
+                             "same hit rate at every capacity.<br>The first one's marker is drawn larger, the others "
+                             "open on top of it.")
+
+
+def fig_note(res) -> str:
+    return sweep_figure(res).layout.annotations[-1].text
