@@ -10,7 +10,6 @@ from radixui.figures.plot import figure
 
 WINDOW = 20
 CUMULATIVE_COLOUR, RECENT_COLOUR = "#1f2937", "#2f7fd8"
-EMPTY_X_RANGE = (0.5, 10.5)     # the x axis before the first request: requests 1 to 10
 
 
 def hit_rate_series(requests: Sequence, window: int = WINDOW) -> dict[str, list]:
@@ -45,8 +44,7 @@ def hit_rate_figure(requests: Sequence, window: int = WINDOW, height: int = 190)
                   xaxis=dict(title=None, gridcolor="#f3f4f6", dtick=1 if len(s["x"]) <= 12 else None),
                   yaxis=dict(range=[0, 100], gridcolor="#e5e7eb", ticksuffix="%"),
                   legend=dict(orientation="h", x=1, xanchor="right", y=1.12, yanchor="bottom", font=dict(size=10)))
-    if not s["x"]:     # plotly's default range for no data is -1..6: requests are numbered from 1
-        layout["xaxis"].update(range=list(EMPTY_X_RANGE), dtick=1)
+    if not s["x"]:
         layout["annotations"] = [dict(xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
                                       text="no request admitted yet", font=dict(color="#6b7280"))]
     return figure(traces, layout)

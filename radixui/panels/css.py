@@ -1,9 +1,11 @@
 """CSS that makes the Live page fit one 1400x900 screen: less padding above the title, a smaller
-title, KPIs as one wrapped line of chips, form buttons with room for their whole label ("Run preset"
-next to the preset picker, with the sidebar open)."""
+title, KPIs as one wrapped line of chips."""
 
 COMPACT_CSS = """
 <style>
+/* form buttons: room for the whole label ("Run preset" beside the preset picker, sidebar open) */
+[data-testid="stForm"] button[data-testid^="stBaseButton"] {padding-left: 0.3rem; padding-right: 0.3rem;}
+[data-testid="stForm"] button[data-testid^="stBaseButton"] p {white-space: nowrap; text-overflow: clip;}
 [data-testid="stMainBlockContainer"] {padding-top: 3rem; padding-bottom: 1rem;}
 h1 {font-size: 1.55rem !important; padding: 0 0 0.1rem 0 !important;}
 .kpi-line {display: flex; flex-wrap: wrap; gap: 0.25rem 0.45rem; font-size: 0.8rem; line-height: 1.45;}
@@ -12,7 +14,5 @@ h1 {font-size: 1.55rem !important; padding: 0 0 0.1rem 0 !important;}
 .kpi-v {color: #111827;}
 .kpi-step {background: none; color: #6b7280;}
 .sglang {font-family: monospace; font-size: 0.78rem; color: #374151; white-space: nowrap; overflow-x: auto;}
-[data-testid="stForm"] button[data-testid^="stBaseButton"] {padding-left: 0.3rem; padding-right: 0.3rem;}
-[data-testid="stForm"] button[data-testid^="stBaseButton"] p {white-space: nowrap; text-overflow: clip;}
 </style>
 """

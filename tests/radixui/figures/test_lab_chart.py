@@ -1,6 +1,6 @@
 """The Capacity lab's sweep chart keeps coinciding policies visible (LRU and FIFO on the conversation
 trace): the later one's markers open, the earlier one's larger, a legend and a note saying so; the
-progress line names the point being replayed; the Live page's empty hit chart starts at request 1."""
+progress line names the point being replayed."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,6 @@ import pytest
 
 from core.lab.sweep import run_sweep
 from core.lab.workloads import generated_shared_prefix
-from radixui.figures.hit_chart import hit_rate_figure as live_hit_figure
 from radixui.figures.lab_chart import GROW, coinciding_groups, sweep_figure
 from radixui.panels.lab_progress import SweepProgress
 
@@ -90,12 +89,6 @@ def test_progress_names_the_point_being_replayed_and_counts_its_share():
     assert line.point({"policy": "lru", "capacity_tokens": 4000}, 0.9) == \
         (pytest.approx(0.19), "1/10 points done · replaying lru at 4k tokens (90%)")
     assert line.done(2, 10, {"policy": "lru", "capacity_tokens": 4000, "hit_rate": 0.5})[0] == 0.2
-
-
-def test_empty_live_hit_chart_starts_at_request_one_not_minus_one():
-    fig = live_hit_figure([])
-    assert tuple(fig.layout.xaxis.range) == (0.5, 10.5) and fig.layout.xaxis.dtick == 1
-    assert fig.layout.annotations[0].text == "no request admitted yet"
 
 
 def test_the_note_says_same_for_exact_and_within_for_near_groups(result):
