@@ -8,6 +8,12 @@ reads `[b"", topic, seq, payload]` frames until the end marker (seq -1). The pub
 with every batch its buffer (the last `buffer_steps`) holds from that seq on: those are applied,
 and what it no longer holds stays one unrecovered gap (follower.py), shown in the view. Each
 range is asked for once: after a replay the follower is past it, lost part included.
+
+Who binds: SGLang's publisher binds a wildcard host (tcp://*:5557) and connects to a named one
+(tcp://HOST:5557). A subscriber connects by default; `bind=True` listens instead, for an engine
+whose endpoint names this machine. `link` says what the socket saw (a socket monitor): "refused"
+while nothing listens at a connected address, the case where both sides connect and nothing
+ever arrives; `received` counts live batches (replayed ones are not).
 """
 from __future__ import annotations
 
@@ -16,18 +22,19 @@ import time
 from typing import Optional
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from core.kv_events.follower import Gap, StreamFollower
 from core.kv_events.protocol import END_SEQ, DecodeError, seq_bytes, seq_from_bytes
 
 
-def check_endpoint(endpoint: str, what: str = "endpoint") -> str:
+def check_endpoint(endpoint: str, what: str = "endpoint", bind: bool = False) -> str:
     if not isinstance(endpoint, str) or "://" not in endpoint:
         raise ValueError(f"{what} {endpoint!r} is not a ZMQ address; write it like tcp://HOST:5557")
     scheme = endpoint.split("://", 1)[0]
     if scheme not in ("tcp", "ipc", "inproc"):
         raise ValueError(f"{what} {endpoint!r}: unsupported transport {scheme!r}; use tcp://, ipc:// or inproc://")
-    if scheme == "tcp" and "*" in endpoint:
+    if scheme == "tcp" and "*" in endpoint and not bind:
         raise ValueError(f"{what} {endpoint!r} is a bind address; a subscriber connects to the "
                          f"engine's host, e.g. tcp://127.0.0.1:5557")
     return endpoint
@@ -38,8 +45,9 @@ class KVEventSubscriber:
 
     def __init__(self, endpoint: str, topic: str = "", replay_endpoint: Optional[str] = None,
                  follower: Optional[StreamFollower] = None, replay_timeout: float = 2.0,
-                 context: Optional[zmq.Context] = None) -> None:
-        self.endpoint = check_endpoint(endpoint)
+                 context: Optional[zmq.Context] = None, bind: bool = False) -> None:
+        self.endpoint = check_endpoint(endpoint, bind=bind)
+        self.bind = bind
         self.replay_endpoint = None if not replay_endpoint else check_endpoint(replay_endpoint, "replay endpoint")
         if not isinstance(topic, str):
             raise ValueError(f"topic must be a string, got {topic!r}")
@@ -59,7 +67,24 @@ class KVEventSubscriber:
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
-        self._sub.connect(self.endpoint)
+        self.received = 0                   # live batches (frames on the SUB socket)
+        self.first_recv: Optional[float] = None
+        self.started = time.time()
+        self.connect_retries = 0
+        self.link = "listening" if bind else "connecting"
+        self._mon = self._sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
+                                                 | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
+        try:
+            if bind:
+                self._sub.bind(self.endpoint)
+                self.endpoint = self._sub.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
+            else:
+                self._sub.connect(self.endpoint)
+        except zmq.ZMQError as e:
+            self._close_sockets()
+            raise ValueError(f"cannot {'bind' if bind else 'connect to'} {endpoint!r}: {e}; "
+                             + ("bind an address of this machine (tcp://*:5557 or tcp://127.0.0.1:5557) on a free port"
+                                if bind else "write it like tcp://HOST:5557")) from None
 
     # ----- lifecycle ------------------------------------------------------------------------
     def start(self, catch_up: bool = True) -> "KVEventSubscriber":
@@ -75,6 +100,14 @@ class KVEventSubscriber:
         if self._thread is not None and self._thread.ident is not None:   # not when Ctrl-C beat its start
             self._thread.join(timeout)
             self._thread = None
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        try:
+            self._sub.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._mon.close(linger=0)
         self._sub.close(linger=0)
         if self._own_ctx:
             self._ctx.term()
@@ -107,9 +140,13 @@ class KVEventSubscriber:
                 self.errors.append(f"catch-up: {e}")
         poller = zmq.Poller()
         poller.register(self._sub, zmq.POLLIN)
+        poller.register(self._mon, zmq.POLLIN)
         while not self._stop.is_set():
             try:
-                if not poller.poll(50):
+                ready = dict(poller.poll(50))
+                if self._mon in ready:
+                    self._on_monitor()
+                if self._sub not in ready:
                     continue
                 while not self._stop.is_set():
                     try:
@@ -123,11 +160,29 @@ class KVEventSubscriber:
                 self.errors.append(f"{type(e).__name__}: {e}")
                 time.sleep(0.05)
 
+    def _on_monitor(self) -> None:
+        """Track the link: connected (or a publisher connected to us), refused (nothing listens), gone."""
+        while True:
+            try:
+                ev = recv_monitor_message(self._mon, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if ev in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+                self.link = "connected"
+            elif ev == zmq.EVENT_CONNECT_RETRIED:
+                self.connect_retries += 1
+                self.link = "refused"
+            elif ev == zmq.EVENT_DISCONNECTED:
+                self.link = "listening" if self.bind else "disconnected"
+
     def _on_frames(self, frames: list) -> None:
         if len(frames) != 3:
             self.errors.append(f"ignored a message of {len(frames)} frames (expected topic, seq, payload)")
             return
         topic, raw_seq, payload = frames
+        self.received += 1
+        if self.first_recv is None:
+            self.first_recv = time.time()
         try:
             seq = seq_from_bytes(raw_seq)
         except DecodeError as e:

@@ -19,12 +19,13 @@ class SourceHolder:
         self.key: Optional[tuple] = None
         self.sub: Optional[KVEventSubscriber] = None
 
-    def get(self, endpoint: str, replay: Optional[str], topic: str) -> KVEventSubscriber:
-        """The subscriber for this address; ValueError (old one kept) when the address is bad."""
-        key = (endpoint, replay, topic)
+    def get(self, endpoint: str, replay: Optional[str], topic: str, bind: bool = False) -> KVEventSubscriber:
+        """The subscriber for this address (`bind`: listen there, the engine connects); ValueError
+        (old one kept) when the address is bad."""
+        key = (endpoint, replay, topic, bind)
         with self.lock:
             if self.key != key:
-                new = KVEventSubscriber(endpoint, topic=topic, replay_endpoint=replay)
+                new = KVEventSubscriber(endpoint, topic=topic, replay_endpoint=replay, bind=bind)
                 old, self.sub, self.key = self.sub, new.start(), key
                 if old is not None:
                     old.close()
@@ -42,10 +43,11 @@ def get_holder() -> SourceHolder:
     return SourceHolder()
 
 
-def get_source(endpoint: str, replay: Optional[str], topic: str) -> tuple[Optional[KVEventSubscriber], Optional[str]]:
+def get_source(endpoint: str, replay: Optional[str], topic: str,
+               bind: bool = False) -> tuple[Optional[KVEventSubscriber], Optional[str]]:
     """(subscriber, None), or (None, error message saying what to change)."""
     try:
-        return get_holder().get(endpoint, replay, topic), None
+        return get_holder().get(endpoint, replay, topic, bind), None
     except ValueError as e:
         return None, str(e)
     except Exception as e:  # a ZMQ error for an address it cannot parse

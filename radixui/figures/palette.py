@@ -28,3 +28,7 @@ LEGEND_NAMES = {
     "evicted": "evicted (fading)",
 }
 STATE_ORDER = ("inserted", "matched", "locked", "cached")
+# the Capacity lab's routings: hues far apart (the Streamlit theme's default colourway gave
+# round_robin and cache_aware a red and a pale red)
+ROUTING_COLOURS = {"round_robin": "#d97706", "cache_aware": "#2563eb", "prefix_hash": "#059669",
+                   "least_load": "#7c3aed"}

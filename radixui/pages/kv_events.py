@@ -5,6 +5,8 @@ BlockStored / BlockRemoved / AllBlocksCleared batches, and draws it with the Liv
 figures; or replays a recording made with `python -m core.kv_events record`.
 """
 
+import time
+
 import streamlit as st
 
 from core import env
@@ -14,7 +16,17 @@ from core.kv_events.view import block_snapshot
 from radixui.connect.kv_source import get_source
 from radixui.connect.resources import DEFAULT_MODEL, get_runner
 from radixui.figures.tree import Highlights, tree_figure, tree_overview
+from radixui.panels.kv_link import BIND_HELP, waiting_message
 from radixui.panels.kv_panels import event_log_table, evictions_table, gap_panel, kpi_tiles, rates_figure, tiers_figure
+
+
+def remember_in_url(params: dict) -> None:
+    """Write the page's inputs into the query string (empty ones removed), only when they changed."""
+    for key, value in params.items():
+        if value and st.query_params.get(key) != value:
+            st.query_params[key] = value
+        elif not value and key in st.query_params:
+            del st.query_params[key]
 
 
 def render() -> None:
@@ -23,20 +35,29 @@ def render() -> None:
                "(`--kv-events-config '{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\","
                "\"replay_endpoint\":\"tcp://*:5558\"}'`). Each block is one page of tokens under its parent block.")
 
+    source = None
     mode = st.radio("Source", ["Live endpoint", "Recording"], horizontal=True, key="kv_mode")
     follower = None
     if mode == "Live endpoint":
         env_endpoint, env_replay, env_topic = env.kv_events()
-        c1, c2, c3 = st.columns([3, 3, 1])
-        endpoint = c1.text_input("Endpoint (the engine's PUB socket)", env_endpoint,
-                                 key="kv_endpoint", placeholder="tcp://HOST:5557")
-        replay = c2.text_input("Replay endpoint (optional: catch up, fill gaps)",
-                               env_replay, key="kv_replay", placeholder="tcp://HOST:5558")
-        topic = c3.text_input("Topic", env_topic, key="kv_topic")
+        # the typed address lives in the URL too (?kv_endpoint=...), so a reload keeps it
+        for key, default in (("kv_endpoint", env_endpoint), ("kv_replay", env_replay), ("kv_topic", env_topic)):
+            if key not in st.session_state:
+                st.session_state[key] = st.query_params.get(key, default or "")
+        if "kv_bind" not in st.session_state:
+            st.session_state.kv_bind = st.query_params.get("kv_bind") == "1"
+        c1, c2, c3, c4 = st.columns([3, 3, 1, 1], vertical_alignment="bottom")
+        endpoint = c1.text_input("Endpoint (the engine's PUB socket)", key="kv_endpoint", placeholder="tcp://HOST:5557")
+        replay = c2.text_input("Replay endpoint (optional: catch up, fill gaps)", key="kv_replay",
+                               placeholder="tcp://HOST:5558")
+        topic = c3.text_input("Topic", key="kv_topic")
+        bind = c4.checkbox("Bind here", key="kv_bind", help=BIND_HELP)
+        remember_in_url({"kv_endpoint": endpoint.strip(), "kv_replay": replay.strip(), "kv_topic": topic,
+                         "kv_bind": "1" if bind else ""})
         if not endpoint.strip():
             st.info("Type the engine's KV event address (or start the dashboard with RADIX_KV_EVENTS=tcp://HOST:5557).")
             st.stop()
-        source, error = get_source(endpoint.strip(), replay.strip() or None, topic)
+        source, error = get_source(endpoint.strip(), replay.strip() or None, topic, bind)
         if error:
             st.error(error)
             st.stop()
@@ -90,12 +111,20 @@ def render() -> None:
             removals = list(follower.tree.removals)
             rates = list(follower.tree.rates)
             gaps = list(follower.gaps)
-        gap_panel(st, status, gaps, live=mode == "Live endpoint")
+        waiting = None
+        if source is not None:       # a live endpoint: nothing is "Exact" before a live batch came
+            waiting = waiting_message(source.endpoint, source.bind, source.link, source.received,
+                                      time.time() - source.started, status["last_seq"])
+        if waiting is not None:
+            getattr(st, waiting[0])(waiting[1])
+        else:
+            gap_panel(st, status, gaps, live=mode == "Live endpoint")
         kpi_tiles(st, stats, media, rate, status)
         choice = st.segmented_control("View", VIEWS, default=VIEWS[0], key="kv_view", label_visibility="collapsed") or VIEWS[0]
         if choice == "Block tree":
             if not view.cache.nodes[1:]:
-                st.info("No blocks cached (yet). Send the engine a request.")
+                if waiting is None:
+                    st.info("No blocks cached (yet). Send the engine a request.")
                 return
             shape = st.radio("Draw", ["Tree", "Overview (sized by tokens)"], key="kv_shape", horizontal=True)
             hl = Highlights(inserted=view.inserted, evicted_nodes=view.evicted)

@@ -5,10 +5,10 @@ router such as sglang-router did with the traffic (`python -m core.replicas` sta
 import streamlit as st
 
 from radixui.connect.resources import engine_urls, get_clients
-from radixui.figures.fmt import token_text_from_map
 from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.replicas_table import request_rows, total_metrics
 from radixui.figures.tree import tree_figure
+from radixui.panels.live_data import decoder
 from radixui.panels.css import COMPACT_CSS
 
 
@@ -42,6 +42,7 @@ def render() -> None:
                     f"{int(total['running'])} running, {int(total['waiting'])} waiting · token usage "
                     f"{total['token_usage']:.2f}")
         figs = st.session_state.setdefault("_rep_figs", {})
+        c_of = dict(zip(names, clients))
         per_row = min(len(clients), 3)
         for start in range(0, len(clients), per_row):
             cols = st.columns(per_row)
@@ -55,7 +56,9 @@ def render() -> None:
                     st.caption(sglang_status(snap.metrics))
                     key = (name, snap.seq, snap.step)
                     if figs.get(name, (None,))[0] != key:      # rebuild a tree only when its replica changed
-                        tt = token_text_from_map(snap.token_text)
+                        # the Live page's byte-level decoder: joining per-token pieces garbles
+                        # every character BPE splits over two tokens ("東" -> "��")
+                        tt = decoder(st.session_state, c_of[name], snap, f"replica {name}")
                         figs[name] = (key, tree_figure(snap.cache, tt, width=440, height=420))
                     st.plotly_chart(figs[name][1], width="stretch", key=f"rep_tree_{start}_{name}")
         st.markdown("**Requests** (which replica served each)")

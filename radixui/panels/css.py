@@ -3,6 +3,9 @@ title, KPIs as one wrapped line of chips."""
 
 COMPACT_CSS = """
 <style>
+/* form buttons: room for the whole label ("Run preset" beside the preset picker, sidebar open) */
+[data-testid="stForm"] button[data-testid^="stBaseButton"] {padding-left: 0.3rem; padding-right: 0.3rem;}
+[data-testid="stForm"] button[data-testid^="stBaseButton"] p {white-space: nowrap; text-overflow: clip;}
 [data-testid="stMainBlockContainer"] {padding-top: 3rem; padding-bottom: 1rem;}
 h1 {font-size: 1.55rem !important; padding: 0 0 0.1rem 0 !important;}
 .kpi-line {display: flex; flex-wrap: wrap; gap: 0.25rem 0.45rem; font-size: 0.8rem; line-height: 1.45;}

@@ -7,7 +7,7 @@ replicas' memory, and its offline optimum, the most any routing could get from t
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -18,21 +18,34 @@ from core.lab.page_trace import Overlap
 from core.lab.replay import replay
 from core.lab.routing import DESCRIPTIONS, ROUTING_POLICIES, RouterConfig, replay_routed, route
 from core.lab.workloads import Workload
+from radixui.figures.palette import ROUTING_COLOURS
 
 DASHES = {"round_robin": "dot", "cache_aware": "solid", "prefix_hash": "dash", "least_load": "dashdot"}
+SYMBOLS = {"round_robin": "circle", "cache_aware": "diamond", "prefix_hash": "triangle-up", "least_load": "square"}
 
 
 def routing_rows(workload: Workload, capacity: int, counts: list[int], routings: list[str], policy: str,
                  page_size: int, overlap: Optional[Overlap], concurrency: Optional[int],
-                 config: RouterConfig = RouterConfig()) -> pd.DataFrame:
-    """One row per (replicas, routing) plus the one-cache reference rows ("one cache", "optimum")."""
+                 config: RouterConfig = RouterConfig(),
+                 progress: Optional[Callable[[int, int, str], None]] = None) -> pd.DataFrame:
+    """One row per (replicas, routing) plus the one-cache reference rows ("one cache", "optimum").
+    `progress(done, total, what)` is called before each point with the point about to be computed."""
     bounds = Bounds(workload, page_size, overlap)
     rows = []
+    total = len(counts) * (2 + len(routings))
+
+    def step(what: str) -> None:
+        if progress is not None:
+            progress(len(rows), total, what)
+
     for n in counts:
+        step(f"{n} replica{'s' if n != 1 else ''}: one cache of {n} x the memory")
         rows.append({"replicas": n, "routing": "one cache", "hit_rate": replay(workload, capacity * n, policy,
                                                                                 page_size, overlap).hit_rate})
+        step(f"{n} replica{'s' if n != 1 else ''}: the offline optimum")
         rows.append({"replicas": n, "routing": "optimum", "hit_rate": bounds.optimal(capacity * n).hit_rate})
         for r in routings:
+            step(f"{n} replica{'s' if n != 1 else ''}: {r}")
             assign = route(workload, n, r, config, overlap, concurrency=concurrency)
             res = replay_routed(workload, capacity, n, r, policy, page_size, overlap, config, assign)
             d = res.to_dict()
@@ -51,7 +64,9 @@ def routing_figure(df: pd.DataFrame, capacity_label: str) -> go.Figure:
                          marker=dict(symbol="star" if name == "optimum" else "square"))
             label = ("offline optimum" if name == "optimum" else "one cache, same eviction") + " with N x the memory"
         else:
-            style = dict(line=dict(dash=DASHES.get(name, "solid"), width=2.5), marker=dict(size=9))
+            colour = ROUTING_COLOURS.get(name, "#111827")
+            style = dict(line=dict(dash=DASHES.get(name, "solid"), width=2.5, color=colour),
+                         marker=dict(size=9, color=colour, symbol=SYMBOLS.get(name, "circle")))
             label = name
         fig.add_trace(go.Scatter(x=part["replicas"], y=part["hit_rate"], mode="lines+markers", name=label,
                                  hovertemplate="%{x} replicas: %{y:.1%}<extra>" + label + "</extra>", **style))
@@ -65,7 +80,8 @@ def routing_figure(df: pd.DataFrame, capacity_label: str) -> go.Figure:
 def routing_section(workload: Workload, capacities: list[int], policies: list[str], page_size: int,
                     overlap: Optional[Overlap], fmt_capacity, signature) -> None:
     """Rendered under the sweep: pick a per-replica capacity, replica counts and routings."""
-    with st.expander("Replicas and routing: N caches behind sglang-router", expanded=False):
+    # a keyed expander keeps its open state: the rerun of "Route and replay" must not fold the result away
+    with st.expander("Replicas and routing: N caches behind sglang-router", key="rt_open"):
         st.caption("Each replica has its own radix cache; a router decides where each request goes without seeing "
                    "the caches. The routings are models of sglang-router's policies (`cache_aware` follows the "
                    "router's approximate prefix tree; a miss goes to the least loaded replica). "
@@ -85,11 +101,18 @@ def routing_section(workload: Workload, capacities: list[int], policies: list[st
         key = (signature, cap, tuple(sorted(counts)), tuple(routings), policy, int(conc))
         if st.button("Route and replay", key="rt_go") or st.session_state.get("rt_key") == key:
             if st.session_state.get("rt_key") != key:
-                with st.spinner("Routing and replaying every replica..."):
-                    st.session_state.rt_df = routing_rows(workload, cap, sorted(counts), routings, policy,
-                                                          page_size, None if conc else overlap, int(conc) or None)
+                bar = st.progress(0.0, text="Routing and replaying every replica...")
+
+                def progress(done: int, total: int, what: str) -> None:
+                    bar.progress(done / total, text=f"{done}/{total} points done · computing {what}")
+
+                st.session_state.rt_df = routing_rows(workload, cap, sorted(counts), routings, policy, page_size,
+                                                      None if conc else overlap, int(conc) or None, progress=progress)
+                bar.empty()
                 st.session_state.rt_key = key
             df = st.session_state.rt_df
             st.plotly_chart(routing_figure(df, fmt_capacity(cap)), width="stretch", key="rt_chart")
             st.dataframe(df, hide_index=True, width="stretch",
                          column_config={"hit_rate": st.column_config.NumberColumn("hit rate", format="percent")})
+            st.download_button("Download CSV", df.to_csv(index=False), "capacity_lab_routing.csv", "text/csv",
+                               key="rt_csv", help="keep this result: the rows above, to compare with the next run")

@@ -9,11 +9,13 @@ from typing import Optional
 import streamlit as st
 
 from core.cache.eviction.registry import DESCRIPTIONS, POLICIES
-from core.lab.chart import hit_rate_figure
 from core.lab.page_trace import Overlap
 from core.lab.sweep import SweepResult, run_sweep
 from core.lab.units import ModelKV, add_bytes_columns, fmt_capacity
+from radixui.figures.lab_chart import sweep_figure
 from radixui.panels import lab_inputs as li
+from radixui.panels.lab_kept import kept_section
+from radixui.panels.lab_progress import SweepProgress
 from radixui.panels.lab_workload import WorkloadChoice
 
 PCT = st.column_config.NumberColumn(format="percent")
@@ -70,13 +72,16 @@ def sweep_section(choice: WorkloadChoice) -> SweepSettings:
     if run:
         try:
             caps, pols = li.parse_sweep_inputs(caps_text, policies, page_size, kv)
-            bar = st.progress(0.0, text="Replaying...")
+            line = SweepProgress(len(caps) * (len(pols) + 1), li.fmt_tokens)   # + 1: the optimum at each capacity
+            bar = st.progress(*line.start())
 
-            def progress(done: int, total: int, row: dict) -> None:
-                bar.progress(done / total, text=f"{done}/{total} points · {row['policy']} at "
-                                                f"{li.fmt_tokens(row['capacity_tokens'])} tokens: {row['hit_rate']:.1%}")
+            def point(task: dict, fraction: float) -> None:
+                shown = line.point(task, fraction)
+                if shown is not None:
+                    bar.progress(*shown)
 
-            result = run_sweep(workload, caps, pols, page_size, overlap, workers=workers, progress=progress)
+            result = run_sweep(workload, caps, pols, page_size, overlap, workers=workers,
+                               progress=lambda d, t, row: bar.progress(*line.done(d, t, row)), point_progress=point)
             bar.empty()
             st.session_state.cap_result = (signature, result)
             st.session_state.pop("cap_model_report", None)
@@ -103,7 +108,8 @@ def results_section(settings: SweepSettings) -> SweepResult:
     m[3].metric("Sweep time", f"{res.seconds:.1f} s")
     if res.capped_note():
         st.info(f"Note: {res.capped_note()}.")
-    st.plotly_chart(hit_rate_figure(res, kv=kv), width="stretch", key="cap_chart")
+    st.plotly_chart(sweep_figure(res, kv), width="stretch", key="cap_chart")
+    kept_section(res, kv)
 
     st.markdown(f"**Smallest swept capacity reaching 90 % of the infinite-capacity hit rate** ({0.9 * inf:.1%}); "
                 "the search below finds it between the swept points")

@@ -2,7 +2,9 @@
 page itself (AppTest) attached to the in-process engine."""
 from __future__ import annotations
 
+import json
 import pathlib
+import time
 from types import SimpleNamespace
 
 from streamlit.testing.v1 import AppTest
@@ -41,3 +43,24 @@ def test_page_with_one_engine_explains_how_to_attach_several():
     assert not at.exception
     assert any("python -m core.replicas" in i.value for i in at.info)
     assert any("One engine" in m.value for m in at.markdown)
+
+
+def test_page_shows_non_ascii_prompt_intact_in_the_replica_tree():
+    # byte-level BPE splits "ü", "東", "京" and "🚀" over several tokens: joined piece by piece they read
+    # "Gr��e, ����� ���"; the page must decode runs of bytes as the Live page does
+    from core.engine.sampling import SamplingParams
+    from radixui.connect.resources import get_clients
+
+    text = "Grüße, 東京 🚀"
+    client = get_clients()[0]                 # the page's own (in-process) engine, shared through cache_resource
+    rid = client.submit(text, SamplingParams(max_new_tokens=1, temperature=0.0))
+    deadline = time.time() + 120
+    while not any(r.rid == rid and r.state == "finished" for r in client.snapshot().requests):
+        assert time.time() < deadline, "the request did not finish"
+        time.sleep(0.2)
+    at = AppTest.from_file(PAGE, default_timeout=180).run()
+    assert not at.exception, at.exception
+    spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+    edge_text = next(t for t in spec["data"] if t.get("name") == "edge text")["text"]
+    assert any(text in t for t in edge_text), edge_text
+    assert not any("\ufffd" in t for t in edge_text), edge_text

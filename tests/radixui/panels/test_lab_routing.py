@@ -28,3 +28,23 @@ def test_figure_draws_a_line_per_routing_and_both_references():
     assert names[2:] == ["round_robin", "cache_aware", "least_load"]
     assert all(list(t.x) == [1, 2, 3] for t in fig.data)
     assert len({t.line.dash for t in fig.data[2:]}) == 3      # no routing hides under another
+
+
+def test_round_robin_and_cache_aware_get_far_apart_colours_and_their_own_markers():
+    w = groups_workload("ABAB")
+    df = routing_rows(w, 10_000, [1, 2], ["round_robin", "cache_aware"], "lru", 1, None, None)
+    fig = routing_figure(df, "10k tokens")
+    style = {t.name: (t.line.color, t.marker.color, t.marker.symbol) for t in fig.data[2:]}
+    assert style == {"round_robin": ("#d97706", "#d97706", "circle"), "cache_aware": ("#2563eb", "#2563eb", "diamond")}
+
+
+def test_progress_names_each_point_before_it_is_computed():
+    w = groups_workload("ABAB")
+    calls = []
+    df = routing_rows(w, 10_000, [1, 2], ["round_robin", "cache_aware"], "lru", 1, None, None,
+                      progress=lambda done, total, what: calls.append((done, total, what)))
+    assert calls == [(0, 8, "1 replica: one cache of 1 x the memory"), (1, 8, "1 replica: the offline optimum"),
+                     (2, 8, "1 replica: round_robin"), (3, 8, "1 replica: cache_aware"),
+                     (4, 8, "2 replicas: one cache of 2 x the memory"), (5, 8, "2 replicas: the offline optimum"),
+                     (6, 8, "2 replicas: round_robin"), (7, 8, "2 replicas: cache_aware")]
+    assert len(df) == 8
