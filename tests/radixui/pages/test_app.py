@@ -260,3 +260,26 @@ def test_walkthrough_steps_forward_and_back():
     assert at.subheader[0].value.startswith("Time 2:")
     assert "alloc(2) takes slots [10,11]" in "\n".join(m.value for m in at.markdown)
     assert not at.info   # time 2: every word is one token, as in the article
+
+
+def test_walkthrough_buttons_are_enabled_for_the_step_the_click_leads_to():
+    """The state of Back and Next is computed after the click is applied: at Time 3 (the last step) Next
+    is disabled, after Restart "Press Next" sits above an enabled Next and Back is disabled."""
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("radixui/pages/walkthrough.py")
+    at.run()
+    state = lambda: (button(at, "◀ Back").disabled, button(at, "Next ▶").disabled)  # noqa: E731
+    assert state() == (True, False)
+    button(at, "Next ▶").click().run()
+    assert at.subheader[0].value.startswith("Time 0:") and state() == (False, False)
+    for t in (1, 2, 3):
+        button(at, "Next ▶").click().run()
+        assert at.subheader[0].value.startswith(f"Time {t}:")
+    assert state() == (False, True)              # the last step: Next does nothing, so it looks it
+    button(at, "◀ Back").click().run()
+    assert at.subheader[0].value.startswith("Time 2:") and state() == (False, False)
+    button(at, "Restart").click().run()
+    assert at.subheader[0].value.startswith("Start: an empty tree") and state() == (True, False)
+    assert any("Press **Next**" in m.value for m in at.markdown)
+    assert not at.exception
