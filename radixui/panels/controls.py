@@ -24,12 +24,32 @@ def engine_settings(client: EngineClient) -> None:
             except ValueError as exc:
                 st.session_state.flash = ("error", f"Engine not changed: {exc}")
                 return
+            unfinished = _unfinished(client)
             err = client.rebuild(new)
             if err:
                 st.session_state.flash = ("error", f"Engine not changed: {err}")
             else:
-                st.session_state.flash = ("success", f"Engine rebuilt: {new.pool_slots} slots, {new.eviction_policy}")
+                lost = forget_my_requests(st.session_state) | unfinished
+                st.session_state.flash = ("success", f"Engine rebuilt: {new.pool_slots} slots, {new.eviction_policy}"
+                                          + (f"; {len(lost)} unfinished request{'s' if len(lost) != 1 else ''} "
+                                             f"went with the old engine" if lost else ""))
                 st.session_state.pop("tt_seq", None)
+
+
+def _unfinished(client: EngineClient) -> set:
+    """The rids the engine lists as waiting or running: a rebuild ends them with the old engine."""
+    try:
+        return {r.rid for r in client.snapshot().requests if r.state in ("waiting", "running")}
+    except (RuntimeError, OSError):
+        return set()
+
+
+def forget_my_requests(ss) -> set:
+    """After a rebuild: the requests this tab sent that no snapshot listed yet never will (the new
+    engine starts empty), so they leave the table instead of staying "submitted" forever."""
+    lost = set(ss.get("my_requests", {}))
+    ss["my_requests"] = {}
+    return lost
 
 
 def _widget(f: dataclasses.Field, value: Any) -> Any:

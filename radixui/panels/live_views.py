@@ -36,8 +36,12 @@ TABLE_COLUMNS = ["request", "state", "cached / prompt", "new", "TTFT from submit
 
 def request_table(snap: EngineSnapshot, pending: dict, selected: Optional[str]) -> pd.DataFrame:
     """Newest first. Requests this tab submitted that the snapshot does not list yet (the engine
-    is mid-step) show as "submitted"; `path` marks the request whose path the tree shows."""
+    is mid-step) show as "submitted", and leave `pending` once it lists them (so a request the
+    engine later drops from its table, or a rebuilt engine never knew, does not come back as
+    "submitted"); `path` marks the request whose path the tree shows."""
     listed = {r.rid for r in snap.requests}
+    for rid in listed & set(pending):      # the engine lists it now: its own row says how it goes
+        del pending[rid]
     rows = [{"request": rid, "state": "submitted", "cached / prompt": "", "new": None, "TTFT from submit (s)": None,
              "output": f"({text[:40]})", "path": ""} for rid, (text, _) in reversed(list(pending.items()))
             if rid not in listed]

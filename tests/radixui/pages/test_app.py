@@ -283,3 +283,29 @@ def test_walkthrough_buttons_are_enabled_for_the_step_the_click_leads_to():
     assert at.subheader[0].value.startswith("Start: an empty tree") and state() == (True, False)
     assert any("Press **Next**" in m.value for m in at.markdown)
     assert not at.exception
+
+
+def test_requests_of_a_rebuilt_engine_leave_the_table_instead_of_staying_submitted(app):
+    """Apply in the sidebar rebuilds the engine: the tab's earlier requests, finished or not, are the
+    old engine's; none stays behind as a "submitted" row with empty values, and the message says how
+    many unfinished ones went with it."""
+    pool = number(app, "Pool size (slots)")
+    before = pool.value
+    send(app, "Once upon a time, in a small village by the sea, there lived", max_new=400)
+    rid = app.session_state["_table_rids"][0]
+    try:
+        number(app, "Pool size (slots)").set_value(before - 64)
+        button(app, "Apply").click()
+        app.run()
+        assert not app.exception and not app.error
+        assert any("Engine rebuilt" in t.value and "1 unfinished request went with the old engine" in t.value
+                   for t in app.toast), [t.value for t in app.toast]
+        for _ in range(3):
+            rows = request_rows(app)
+            assert rows is None or (rid not in set(rows["request"]) and "submitted" not in set(rows["state"])), rows
+            app.run()
+    finally:
+        number(app, "Pool size (slots)").set_value(before)
+        button(app, "Apply").click()
+        app.run()
+    assert f"{before:,} slots" in app.caption[0].value
