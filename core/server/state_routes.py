@@ -63,7 +63,8 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
 
     def status() -> dict[str, Any]:
         e = host.engine
-        return {"version": host.version(), "stepping": not e.running, "last_error": e.last_error,
+        return {"version": host.version(), "tree_seq": e.cache.events.last_tree_seq,
+                "stepping": not e.running, "last_error": e.last_error,
                 "inflight": len(host.inflight), "model": host.served_model_name}
 
     @r.get("/version", operation_id="state_version", response_model=api_schema.EngineStatus)

@@ -24,6 +24,11 @@ class EngineClient(Protocol):
         """A cheap number that changes whenever the engine's state changes (poll this, then
         fetch a snapshot only when it moved)."""
 
+    def versions(self) -> tuple[int, int]:
+        """(version(), the seq of the last cache event that changed the tree) in one call: the tree
+        changes only at admissions, finishes and evictions, not at every decode step, so a page can
+        redraw at once when it does and keep its chosen pace for token counts."""
+
     def snapshot(self) -> EngineSnapshot:
         """The engine's state as of its last finished step (never waits behind a running one)."""
 

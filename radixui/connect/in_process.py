@@ -63,6 +63,10 @@ class InProcessClient:
         e = self._engine
         return hash((id(e), e.version()))
 
+    def versions(self) -> tuple[int, int]:
+        e = self._engine
+        return hash((id(e), e.version())), e.cache.events.last_tree_seq
+
     def snapshot(self) -> EngineSnapshot:
         return self._engine.snapshot(wait=False)
 

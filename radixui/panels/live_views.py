@@ -21,7 +21,7 @@ from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.slots import kv_heatmap, slot_row_figure, written_range
 from radixui.figures.tree import tree_figure, tree_overview
 from radixui.panels.live_data import cached_figure, decoder, event_store
-from radixui.panels.live_poll import declare_poll
+from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
 
 VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
@@ -96,8 +96,10 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
     with left:
         form_box = st.container()                 # filled after the table: see prompt_panel.py
         flash_box = st.container()                # messages under the form: the tree never moves down
-    ss["_drawn_version"] = client.version()
-    snap = client.snapshot()                      # after this run's submissions: one engine step for all
+    stepping = client.is_stepping()
+    sent = ss.pop("_sent", [])                    # the rids this run's Send submitted (before the script)
+    # after this run's submissions (and, after a Send, once the engine admitted them): one engine step for all
+    snap = admitted_snapshot(client, sent, stepping)
     store = event_store(ss)
     store.sync(client, snap)
     tt = decoder(ss, client, snap, cfg.model)
@@ -127,7 +129,7 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
                                  help="Seconds from submit to the first token: includes the time the request "
                                       "waited in the queue (in step mode, until you pressed Step)"),
                                  "output": st.column_config.TextColumn(width="medium")})
-            if client.is_stepping():
+            if stepping:
                 st.caption("Step mode: TTFT counts from submit, so it includes the wait for your Step clicks.")
     with form_box:
         prompt_panel(client)                      # its buttons submitted before this run began
@@ -137,10 +139,12 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
                         width="stretch", key="hit_chart", config={"displayModeBar": False})
     with right:
         st.fragment(views)(client, snap, tt, store, cfg, selected)   # a tab switch reruns only this
-    sent = ss.pop("_sent", False)                # this run's snapshot may predate what was just sent:
-    if sent:                                     # busy now, and the poll's next tick looks again
-        ss["_catch_up"] = True
-    ss["_busy"] = busy = sent or not engine_quiet(snap)
+    states = {r.rid: r.state for r in snap.requests}
+    if any(states.get(rid) in (None, "waiting") for rid in sent):   # the engine had not admitted them in time:
+        ss["_catch_up"] = True                   # the poll's next tick looks again
+    # busy (the poll at the chosen pace, never the idle one) while the engine works or a request this
+    # tab sent is not listed yet
+    ss["_busy"] = busy = bool(sent) or bool(pending) or not engine_quiet(snap)
     declare_poll(client, live, interval, busy)   # its pace follows the engine, with no extra run
 
 
@@ -153,7 +157,7 @@ def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected
             h = request_highlights(snap.cache, ids, req.cached_tokens)
             return h, (f"Path of request **{selected}**: blue = the {req.cached_tokens} prompt tokens it matched in "
                        f"the cache, green = what it inserted. Click its row again to go back to the latest step.")
-    return step_highlights(last_tree_step(store.recent())), None
+    return step_highlights(last_tree_step(store.recent_upto(snap.seq))), None
 
 
 def engine_quiet(snap: EngineSnapshot) -> bool:
@@ -223,7 +227,7 @@ def tree_view(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, select
     focus = c2.selectbox("Focus on subtree", ids, key="tree_focus", label_visibility="collapsed",
                          format_func=lambda i: "whole tree" if i == root else f"subtree of node {i}")
     hl, note = _tree_highlights(client, snap, store, selected)
-    ghosts = ghosts_from_events(store.recent()) if not selected else ()
+    ghosts = _ghosts(snap, store, fresh and shape == "Tree") if not selected else ()
     if shape == "Tree":
         def build():
             f = tree_figure(snap.cache, tt, hl, focus=None if focus == root else focus, width=TREE_WIDTH,
@@ -241,6 +245,18 @@ def tree_view(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, select
     chunk = chunked_prefill_note(snap, cfg.max_prefill_tokens)
     if chunk:
         st.caption(chunk)
+
+
+def _ghosts(snap: EngineSnapshot, store, painting: bool) -> tuple:
+    """The ghosts to draw on this snapshot's tree: the last GHOST_STEPS tree-changing steps' evictions
+    and every eviction since the snapshot the tree showed before (several steps can run between two
+    paints), from the events up to this snapshot's seq only."""
+    ss = st.session_state
+    drawn = ss.get("_tree_painted")               # (seq drawn, the seq its ghosts counted from)
+    base = None if drawn is None else (drawn[1] if drawn[0] == snap.seq else drawn[0])
+    if painting:
+        ss["_tree_painted"] = (snap.seq, base)
+    return ghosts_from_events(store.recent_upto(snap.seq), painted_seq=base)
 
 
 def slot_view(snap: EngineSnapshot, tt, fresh: bool) -> None:

@@ -60,18 +60,20 @@ def submit_all(client: EngineClient, prompts: list, params: SamplingParams, extr
     """Submit every prompt; the rids go to session_state (the table shows them at once, before
     the engine's next snapshot); the first rejection stops and is shown as an error."""
     mine = st.session_state.setdefault("my_requests", {})
-    sent = 0
+    rids: list[str] = []
+    # the rids just sent: the page turns busy at once, and its run waits (briefly) for their admission
+    st.session_state["_sent"] = rids
     for p in prompts:
         try:
             rid = client.submit(p, params, extra_key=extra_key)
         except ValueError as exc:
+            sent = len(rids)
             st.session_state.flash = ("error", f"Request rejected: {exc}" + (f" ({sent} sent before it)" if sent else ""))
-            st.session_state["_sent"] = sent > 0
             return
         mine[rid] = (p if isinstance(p, str) else p[-1]["content"], time.time())
-        sent += 1
+        rids.append(rid)
+    sent = len(rids)
     st.session_state.flash = ("success", f"Sent {sent} request{'s' if sent != 1 else ''}.")
-    st.session_state["_sent"] = True   # the page turns busy at once (the snapshot may predate the request)
 
 
 def _on_submit(client: EngineClient, run_preset: bool) -> None:

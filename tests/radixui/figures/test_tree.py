@@ -385,3 +385,19 @@ def test_request_path_is_matched_then_inserted(walk):
     h = request_highlights(snap, tok.encode("Why my code is slow"), cached_tokens=0)
     assert h.matched == set() and h.inserted == {2, 4, 5}
     assert request_path(snap, tok.encode("Unseen words")) == []
+
+
+def test_every_eviction_since_the_last_paint_stays_a_ghost_however_many_steps_ran():
+    """Twelve steps each evicting one node between two paints: without `painted_seq` only the last
+    GHOST_STEPS are ghosts; with the seq the previous paint showed, all twelve are, the newest at age
+    0 and the older ones at the faintest age; evictions the previous paint showed keep the window's rule."""
+    from core.cache.events import EvictEvent
+    from radixui.figures.highlights import GHOST_STEPS, ghosts_from_events
+    ev = [EvictEvent(seq=i, time=i, node=100 + i, parent=0, token_ids=(i,), slots=(i,), last_access_time=0,
+                     policy_key=(0,)) for i in range(1, 13)]
+    assert [g.id for g in ghosts_from_events(ev)] == [110, 111, 112]
+    ghosts = ghosts_from_events(ev, painted_seq=0)
+    assert [g.id for g in ghosts] == list(range(101, 113))
+    assert [g.age for g in ghosts] == [GHOST_STEPS - 1] * 10 + [1, 0]
+    assert [g.id for g in ghosts_from_events(ev, painted_seq=8)] == [109, 110, 111, 112]
+    assert [g.id for g in ghosts_from_events(ev, painted_seq=12)] == [110, 111, 112]
