@@ -146,6 +146,8 @@ class EngineStatus(BaseModel):
     last_error: Optional[str]
     inflight: int
     model: str
+    admin: bool = Field(True, description="whether the caller holds the admin role (rebuild, step mode, flush): "
+                                          "a dashboard hides those controls otherwise")
 
 
 class EventPage(BaseModel):

@@ -50,6 +50,10 @@ class EngineClient(Protocol):
 
     def last_error(self) -> Optional[str]: ...
 
+    def is_admin(self) -> bool:
+        """True when this client may rebuild, flush and step the engine (the server's admin role):
+        the dashboard disables those controls otherwise, with a note saying which key they need."""
+
     def is_stepping(self) -> bool:
         """True in step mode: the engine loop is stopped and advances one `step()` at a time."""
 

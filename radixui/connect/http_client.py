@@ -143,6 +143,9 @@ class HttpClient:
     def last_error(self) -> Optional[str]:
         return self._status()["last_error"]
 
+    def is_admin(self) -> bool:
+        return bool(self._status().get("admin", True))   # an older server does not say: its refusals will
+
     def is_stepping(self) -> bool:
         return bool(self._status()["stepping"])
 

@@ -95,6 +95,9 @@ class InProcessClient:
     def last_error(self) -> Optional[str]:
         return self._engine.last_error
 
+    def is_admin(self) -> bool:
+        return True          # the engine is this process's own
+
     def is_stepping(self) -> bool:
         return not self._engine.running
 

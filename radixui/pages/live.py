@@ -17,12 +17,13 @@ def render() -> None:
     caption.caption("Loading the model and starting the engine...")
 
     from radixui.connect.resources import get_client  # noqa: E402
-    from radixui.panels.controls import engine_settings, live_controls  # noqa: E402  (after the title: imports take seconds)
+    from radixui.panels.controls import admin_role, engine_settings, live_controls  # noqa: E402  (after the title: imports take seconds)
     from radixui.panels.live_views import live_body  # noqa: E402
 
     client = get_client()
-    engine_settings(client)
-    live, interval = live_controls(client)
+    admin = admin_role(client)
+    engine_settings(client, admin)
+    live, interval = live_controls(client, admin)
     cfg = client.config()
     caption.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.page_size} · eviction "
                     f"`{cfg.eviction_policy}` · schedule `{cfg.schedule_policy}` · max prefill {cfg.max_prefill_tokens:,} "
