@@ -66,17 +66,19 @@ def wrap_label(text: str, width: int, max_lines: int = 2) -> list[str]:
     width = max(1, width)
     if len(text) <= width:
         return [text]
-    words = [w if len(w) <= width else shorten(w, width) for w in text.split(" ") if w]
+    # a newline ("⏎") is a break too: "<|im_start|>system⏎You" is two words, so shortening the
+    # template's long first word never swallows the "You" after it
+    words = [w if len(w) <= width else shorten(w, width) for w in text.replace("⏎", "⏎ ").split(" ") if w]
     lines = textwrap.wrap(" ".join(words), width, break_long_words=False, break_on_hyphens=False) or [""]
     if len(lines) <= max_lines:
-        return lines
+        return [line.replace("⏎ ", "⏎") for line in lines]
     head = lines[:max_lines - 1]
     out = ""
     for w in " ".join(lines[max_lines - 1:]).split(" "):
         if len(out) + bool(out) + len(w) > width - 1:
             break
         out = f"{out} {w}" if out else w
-    return head + [out + "…" if out else shorten(lines[max_lines - 1], width)]
+    return [line.replace("⏎ ", "⏎") for line in head + [out + "…" if out else shorten(lines[max_lines - 1], width)]]
 
 
 def edge_label(token_ids: Sequence[int], token_text: TokenText, width: int, max_lines: int = 2) -> str:

@@ -69,8 +69,9 @@ def render() -> None:
         heap = eviction_table(snap.cache, tt)[["order", "node", "last_access_time", "tokens", "text", "slots"]]
         if heap.empty:
             st.caption("Empty: no evictable leaf yet.")
-        else:   # a static table: every column shown and text wrapped, nothing clipped
-            st.table(heap.rename(columns={"last_access_time": "last used"}).set_index("order"))
+        else:   # a static table: every column shown and text wrapped, nothing clipped; "order" a column
+            # of its own (as an index it lost its header, and from Time 1 the browser dropped it)
+            st.table(heap.rename(columns={"last_access_time": "last used"}), hide_index=True)
         st.markdown(f"**free_pages**: `{list(snap.cache.free_pages)}`")
     st.plotly_chart(slot_row_figure(snap.pool, snap.cache, tt, title="Slot row (struck through: free but stale)"),
                     width="stretch", key=f"wt_slots_{st.session_state.wt_step}")

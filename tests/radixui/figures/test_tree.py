@@ -401,3 +401,12 @@ def test_every_eviction_since_the_last_paint_stays_a_ghost_however_many_steps_ra
     assert [g.age for g in ghosts] == [GHOST_STEPS - 1] * 10 + [1, 0]
     assert [g.id for g in ghosts_from_events(ev, painted_seq=8)] == [109, 110, 111, 112]
     assert [g.id for g in ghosts_from_events(ev, painted_seq=12)] == [110, 111, 112]
+
+
+def test_a_chat_label_keeps_the_word_after_the_template_tokens():
+    """The chat template's "<|im_start|>system⏎You ..." is one run without spaces: shortened whole
+    to fit a narrow column it used to swallow "You"; a newline is a break, so "You" starts the next line."""
+    text = "<|im_start|>system\nYou are a patient teaching assistant"
+    assert wrap_label(text, 12) == ["<|im_start|…", "You are a…"]
+    assert wrap_label(text, 30) == ["<|im_start|>system⏎You are a", "patient teaching assistant"]
+    assert wrap_label("a\nb c", 3) == ["a⏎", "b c"]

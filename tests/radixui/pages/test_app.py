@@ -254,7 +254,8 @@ def test_walkthrough_steps_forward_and_back():
     assert "'won't' is ' won' + ''t'" in note and "alloc(3) takes [6,7,8] where the article's takes [6,7]" in note
     assert "only [9] stays free but stale (the article: [8,9])" in note
     heap = at.table[0].value   # a static table: the text and slots columns are all there
-    assert list(heap.columns) == ["node", "last used", "tokens", "text", "slots"]
+    assert list(heap.columns) == ["order", "node", "last used", "tokens", "text", "slots"]
+    assert list(heap["order"]) == list(range(1, len(heap) + 1))
     assert "GPU memory runs out" not in set(heap["text"]) and "10–11" in set(heap["slots"])
     button(at, "◀ Back").click().run()
     assert at.subheader[0].value.startswith("Time 2:")
