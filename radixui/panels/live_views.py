@@ -14,6 +14,7 @@ from core.observe.snapshot import EngineSnapshot
 from core.observe.time_travel import replay_note
 from radixui.connect.client import EngineClient
 from radixui.figures.event_table import EVENT_KINDS, event_table
+from radixui.figures.fmt import html_escape
 from radixui.figures.heap import eviction_figure, eviction_table, order_note
 from radixui.figures.highlights import TREE_KINDS, Highlights, ghosts_from_events, request_highlights, step_highlights
 from radixui.figures.hit_chart import hit_rate_figure
@@ -34,6 +35,25 @@ FIRST_SCREEN_S = 4.0
 TABLE_COLUMNS = ["request", "state", "cached / prompt", "new", "TTFT from submit (s)", "output", "path"]
 
 
+def _table_config() -> dict:
+    """Pixel widths that fit the left column (~420 px at 1400 wide) with every column in view, the
+    output included: no horizontal scrolling. Long request ids are cut; hovering shows them whole."""
+    col = st.column_config
+    return {"request": col.TextColumn("request", width=66),
+            "state": col.TextColumn("state", width=58),
+            "cached / prompt": col.TextColumn("cached", width=50, help="cached / prompt tokens"),
+            "new": col.NumberColumn("new", width=34, help="output tokens so far"),
+            "TTFT from submit (s)": col.NumberColumn(
+                "TTFT (s)", width=52, format="%.2f",   # the full name pushed its figures off the grid
+                help="Seconds from submit to the first token: includes the time the request waited in the "
+                     "queue (in step mode, until you pressed Step)"),
+            "output": col.TextColumn("output", width=90),
+            "path": col.TextColumn("", width=20, help="◀: the request whose path the tree shows")}
+
+
+TABLE_CONFIG = _table_config()
+
+
 def request_table(snap: EngineSnapshot, pending: dict, selected: Optional[str]) -> pd.DataFrame:
     """Newest first. Requests this tab submitted that the snapshot does not list yet (the engine
     is mid-step) show as "submitted", and leave `pending` once it lists them (so a request the
@@ -50,7 +70,7 @@ def request_table(snap: EngineSnapshot, pending: dict, selected: Optional[str]) 
                      "cached / prompt": "" if r.state == "waiting" else f"{r.cached_tokens} / {r.prompt_tokens}",
                      "new": r.output_tokens, "TTFT from submit (s)": None if r.ttft is None else round(r.ttft, 3),
                      "output": r.output_text if not r.error else f"error: {r.error}",
-                     "path": "◀ in tree" if r.rid == selected else ""})
+                     "path": "◀" if r.rid == selected else ""})
     df = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     df["new"] = df["new"].astype("Int64")
     return df
@@ -111,7 +131,8 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
     err = client.last_error()
     if err:
         flash_box.warning(f"The engine recovered from an error: {err}")
-    kpi_box.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang'>{sglang_status(snap.metrics)}</div>",
+    status = sglang_status(snap.metrics)
+    kpi_box.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang' title='{html_escape(status)}'>{status}</div>",
                      unsafe_allow_html=True)
     selected = _selected_rid(ss)
     with left:
@@ -122,20 +143,16 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
             if df.empty:
                 st.caption("No requests yet: type a prompt and press Send, or run a preset.")
             else:
-                st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 6 + 3),
+                st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 5 + 3),
                              on_select="rerun", selection_mode="single-row", key="req_table",
-                             column_config={"TTFT from submit (s)": st.column_config.NumberColumn(
-                                 "TTFT (s)", width="small",   # the full name pushed its figures off the grid
-                                 help="Seconds from submit to the first token: includes the time the request "
-                                      "waited in the queue (in step mode, until you pressed Step)"),
-                                 "output": st.column_config.TextColumn(width="medium")})
+                             column_config=TABLE_CONFIG)
             if stepping:
                 st.caption("Step mode: TTFT counts from submit, so it includes the wait for your Step clicks.")
     with form_box:
         prompt_panel(client)                      # its buttons submitted before this run began
     with left:
         st.plotly_chart(cached_figure(ss, "hits", (snap.step, snap.seq, len(snap.requests)),
-                                      lambda: hit_rate_figure(snap.requests)),
+                                      lambda: hit_rate_figure(snap.requests, height=130)),
                         width="stretch", key="hit_chart", config={"displayModeBar": False})
     with right:
         st.fragment(views)(client, snap, tt, store, cfg, selected)   # a tab switch reruns only this
@@ -269,7 +286,8 @@ def slot_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
     else:
         lo, hi = st.slider("Slot range", 0, size, (0, size), key="slot_range")
     _chart(cached_figure(ss, "row", (snap.step, snap.seq, lo, hi),
-                         lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi), fresh), "slot_row")
+                         lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi, width=TREE_WIDTH), fresh),
+           "slot_row")
     _chart(cached_figure(ss, "heat", (snap.step, snap.seq, lo, hi), lambda: kv_heatmap(snap.pool, lo, hi), fresh),
            "heatmap")
 

@@ -201,3 +201,84 @@ def test_a_sent_request_shows_running_and_its_branch_within_a_second_while_it_ge
     pg.wait_for_function("() => [...document.querySelectorAll('.sglang')].some(e => e.innerText.includes("
                          "'#running-req: 0, #queue-req: 0'))", timeout=120_000)
     _no_errors(pg)
+
+
+def test_every_eviction_is_drawn_as_a_ghost_within_a_second_of_its_step(stack, page):
+    """Fill the pool of 160 slots with distinct prompts until the server has evicted at least eight
+    nodes: each node the server's /state/events reports evicted is drawn as a ghost in the visible
+    tree within 1 s of the moment a 50 ms poll of the server first saw the eviction, however many
+    steps ran between two paints; and the caption's "evicted this step" never names a node that
+    the same drawing does not show as a ghost (both come from one snapshot's step)."""
+    surl, _ = stack
+    pg = page
+    evicted: dict[int, float] = {}
+    stop = threading.Event()
+    since = _get(f"{surl}/state/events?since=0&limit=1")["last_seq"]
+
+    def watch() -> None:
+        at = since
+        while not stop.is_set():
+            got = _get(f"{surl}/state/events?since={at}&limit=10000")
+            now = time.time()
+            for e in got["events"]:
+                at = max(at, e["seq"])
+                if e["kind"] == "evict":
+                    evicted.setdefault(int(e["node"]), now)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for i in range(24):
+            if len(evicted) >= 8:
+                break
+            _post(f"{surl}/v1/completions", {"model": "default", "temperature": 0, "max_tokens": 24,
+                                              "prompt": f"Note {i}: {'Aardvarks Badgers Camels Dingos'.split()[i % 4]} "
+                                                        f"live in {i * 7 + 3} countries and eat insects at night"})
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert len(evicted) >= 8, f"the server evicted only {sorted(evicted)}"
+    pg.wait_for_timeout(1500)        # a ghost not drawn by now is late anyway; the check below says how late
+    drawn = pg.evaluate("() => window.__tree.ghosts")
+    pg.screenshot(path=str(ARTIFACTS / "live_every_eviction.png"))
+    late = {n: round(drawn[str(n)] / 1000 - t, 2) if str(n) in drawn else None for n, t in evicted.items()}
+    assert all(v is not None and v < GHOST_S for v in late.values()), \
+        f"node -> seconds from eviction to its ghost (None: never drawn): {late}"
+    assert pg.evaluate("() => window.__tree.disagree") == []
+    _no_errors(pg)
+
+
+def test_the_live_page_fits_1400_by_900_without_cut_or_wrapped_lines(stack, page):
+    """After the requests above (a full table, evictions): the hit-rate chart ends above the fold, the
+    KPI chips and SGLang's status line are one line each and the status line is not cut, the request
+    table needs no horizontal scrolling (its output column in view), and the tree's footer (the
+    eviction caption) ends inside the figure."""
+    pg = page
+    pg.wait_for_function("() => [...document.querySelectorAll('.sglang')].some(e => e.innerText.includes("
+                         "'#running-req: 0, #queue-req: 0'))", timeout=120_000)
+    pg.wait_for_timeout(1500)
+    pg.screenshot(path=str(ARTIFACTS / "live_fits_1400x900.png"))
+    m = pg.evaluate("""() => {
+      const box = e => e.getBoundingClientRect();
+      const hit = [...document.querySelectorAll('[data-testid=stPlotlyChart]')]
+        .find(c => c.innerText.includes('Cache hit rate'));
+      const kpi = document.querySelector('.kpi-line'), chip = kpi.querySelector('.kpi');
+      const status = document.querySelector('.sglang');
+      const scroller = document.querySelector('[data-testid=stDataFrame] .dvn-scroller');
+      const head = [...document.querySelectorAll('[data-testid=stDataFrame] [role=columnheader]')].map(h => [h.innerText, box(h).right]);
+      const grid = box(document.querySelector('[data-testid=stDataFrame]'));
+      const tree = [...document.querySelectorAll('[data-testid=stPlotlyChart] .js-plotly-plot')]
+        .find(d => box(d).height > 0 && (d.data || []).some(t => t.name === 'edge text'));
+      const notes = [...tree.querySelectorAll('.annotation-text')].map(a => [a.textContent, box(a).right]);
+      return {hitBottom: box(hit).bottom, kpiH: box(kpi).height, chipH: box(chip).height,
+              statusH: box(status).height, statusCut: status.scrollWidth > status.clientWidth,
+              scroll: scroller ? scroller.scrollWidth - scroller.clientWidth : null, head, gridRight: grid.right,
+              treeRight: box(tree).right, notes}; }""")
+    assert m["hitBottom"] <= VIEWPORT["height"], m
+    assert m["kpiH"] < 1.8 * m["chipH"] and m["statusH"] < 22 and not m["statusCut"], m
+    assert m["scroll"] is not None and m["scroll"] <= 1, m
+    assert any(h == "output" and right <= m["gridRight"] for h, right in m["head"]), m["head"]
+    assert all(right <= m["treeRight"] for _, right in m["notes"]), m["notes"]
+    _no_errors(pg)

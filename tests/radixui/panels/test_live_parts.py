@@ -36,7 +36,7 @@ def test_request_table_lists_pending_submissions_first_and_marks_the_shown_path(
     assert list(df["request"]) == ["r9", "r2", "r1"]          # r1 is listed by the engine: not pending
     assert list(df["state"]) == ["submitted", "waiting", "finished"]
     assert list(df["cached / prompt"]) == ["", "", "4 / 5"]    # waiting: not matched yet
-    assert list(df["path"]) == ["", "", "◀ in tree"]
+    assert list(df["path"]) == ["", "", "◀"]
 
 
 def test_selected_row_maps_to_the_rid_drawn_last_run():
@@ -104,6 +104,15 @@ def test_hit_rate_series_cumulative_and_recent():
     assert s["recent"] == [0.0, 50.0, 50.0]                        # (10 + 5) / (10 + 20)
     fig = validate(hit_rate_figure(rs))
     assert [t.name for t in fig.data] == ["cumulative", "last 20"]
+    assert list(fig.layout.xaxis.range) == [0.5, 5.5] and fig.layout.xaxis.dtick == 1
+
+
+def test_the_empty_hit_chart_counts_requests_from_one():
+    """No request yet: the x axis runs over request numbers 1-5 (plotly's empty default was -1..6)."""
+    fig = validate(hit_rate_figure([]))
+    assert list(fig.layout.xaxis.range) == [0.5, 5.5] and fig.layout.xaxis.dtick == 1
+    many = [req(f"r{i}") for i in range(1, 31)]
+    assert validate(hit_rate_figure(many)).layout.xaxis.range is None     # many points: plotly fits them
 
 
 def test_word_groups_join_pieces_into_words():
