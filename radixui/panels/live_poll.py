@@ -15,7 +15,8 @@ import streamlit as st
 
 IDLE_POLL_S = 3.0   # while nothing runs or waits: each poll costs the browser a re-render of the page
 BUSY_POLL_S = 0.25  # while something runs or waits: a tree change is drawn within this (plus one page run)
-SENT_WAIT_S = 0.3   # after a Send, the longest the page waits for the engine to admit what was sent
+SENT_WAIT_S = 0.15  # after a Send, the longest the page waits for the engine to admit what was sent
+                    # (a short prompt takes tens of ms; longer would delay the new row past 0.5 s)
 BUSY_LINGER_S = 10.0  # the busy pace outlasts the last work by this much: a demo's next prompt (or a
                       # client's next request) usually follows within seconds, and its first eviction
                       # must not wait for an idle tick
@@ -38,6 +39,8 @@ def poll(client: Any) -> None:
         st.rerun()
     if seen is None:
         return
+    if ss.get("_poll_fast") and not ss.get("_busy") and time.monotonic() >= ss.get("_busy_until", 0.0):
+        st.rerun()      # the linger is over: one page run declares the poll again, at the idle pace
     version, tree_seq = client.versions()
     due = time.monotonic() - ss.get("_drawn_at", 0.0) >= ss.get("_pace", 0.0) - 0.05
     if tree_seq != ss.get("_drawn_tree_seq") or (version != seen and due):
@@ -56,6 +59,7 @@ def declare_poll(client: Any, live: bool, interval: float, busy: bool) -> None:
     if busy:
         ss["_busy_until"] = now + BUSY_LINGER_S
     busy = busy or now < ss.get("_busy_until", 0.0)
+    ss["_poll_fast"] = busy       # a fast timer, to be slowed by one page run once the linger ends
     st.fragment(run_every=min(interval, BUSY_POLL_S) if busy else max(interval, IDLE_POLL_S))(poll)(client)
 
 
