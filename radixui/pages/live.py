@@ -1,7 +1,8 @@
 """Live: a prompt bar beside the radix tree, one line of KPIs, evictions you can see.
 
-Refresh work follows what changed: a small fragment polls `client.version()` (a number) and
-reruns the page only when it moved (radixui/panels/live_poll.py); every figure is rebuilt only when its
+Refresh work follows what changed: a small fragment polls `client.versions()` (two numbers) and
+reruns the page at once when the tree changed, else when anything moved and the chosen interval
+passed (radixui/panels/live_poll.py); every figure is rebuilt only when its
 data changed; and the KPIs, the request table and the views all come from one snapshot (one
 engine step).
 """
