@@ -125,7 +125,7 @@ _WATCH_TREE = _VISIBLE_TREE + """
   const status = () => [...document.querySelectorAll('.sglang')].map(e => e.innerText).join(' ');
   const tick = () => { const d = tree();
     if (d) { const now = Date.now();
-      if (d.layout && d.layout.meta) w.seqs.add(d.layout.meta.seq);
+      if (d.layout && d.layout.meta && !w.seqs.has(d.layout.meta.seq)) { w.seqs.add(d.layout.meta.seq); (w.log = w.log || []).push([now / 1000, d.layout.meta.seq]); }
       for (const t of d.data) {
         if (t.name === 'evicted (fading)') for (const id of (t.customdata || [])) if (!(id in w.ghosts)) w.ghosts[id] = now;
         if (t.name === 'edge text') for (const word of w.want) if (!(word in w.found)
