@@ -119,13 +119,14 @@ _VISIBLE_TREE = """() => { const tree = () => [...document.querySelectorAll('[da
 
 # Watches the drawn tree on every animation frame, from now on: for each node id drawn as a ghost
 # (the "evicted (fading)" trace) the wall-clock time it was first drawn; for each label word asked
-# for (window.__tree.want) the first time an edge label held it, with the status line at that moment.
+# for (window.__tree.want) the first time an edge label held it, with the status line at that moment;
+# and (log) the wall-clock time each snapshot seq was first drawn.
 _WATCH_TREE = _VISIBLE_TREE + """
-  const w = window.__tree = {ghosts: {}, found: {}, want: [], seqs: new Set(), disagree: []};
+  const w = window.__tree = {ghosts: {}, found: {}, want: [], seqs: new Set(), disagree: [], log: []};
   const status = () => [...document.querySelectorAll('.sglang')].map(e => e.innerText).join(' ');
   const tick = () => { const d = tree();
     if (d) { const now = Date.now();
-      if (d.layout && d.layout.meta && !w.seqs.has(d.layout.meta.seq)) { w.seqs.add(d.layout.meta.seq); (w.log = w.log || []).push([now / 1000, d.layout.meta.seq]); }
+      if (d.layout && d.layout.meta && !w.seqs.has(d.layout.meta.seq)) { w.seqs.add(d.layout.meta.seq); w.log.push([now / 1000, d.layout.meta.seq]); }
       for (const t of d.data) {
         if (t.name === 'evicted (fading)') for (const id of (t.customdata || [])) if (!(id in w.ghosts)) w.ghosts[id] = now;
         if (t.name === 'edge text') for (const word of w.want) if (!(word in w.found)
@@ -245,7 +246,8 @@ def test_every_eviction_is_drawn_as_a_ghost_within_a_second_of_its_step(stack, p
     pg.screenshot(path=str(ARTIFACTS / "live_every_eviction.png"))
     late = {n: round(drawn[str(n)] / 1000 - t, 2) if str(n) in drawn else None for n, t in evicted.items()}
     assert all(v is not None and v < GHOST_S for v in late.values()), \
-        f"node -> seconds from eviction to its ghost (None: never drawn): {late}"
+        (f"node -> seconds from eviction to its ghost (None: never drawn): {late}; when each snapshot seq was "
+         f"first drawn: {pg.evaluate('() => window.__tree.log')}")
     assert pg.evaluate("() => window.__tree.disagree") == []
     _no_errors(pg)
 
