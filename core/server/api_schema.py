@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 REF = "#/components/schemas/{model}"
@@ -140,10 +140,14 @@ class RequestTokens(BaseModel):
 
 class EngineStatus(BaseModel):
     version: int
+    tree_seq: int = Field(0, description="seq of the last cache event that changed the tree (not a slot "
+                                         "alloc or free): a viewer redraws the tree when it moves")
     stepping: bool
     last_error: Optional[str]
     inflight: int
     model: str
+    admin: bool = Field(True, description="whether the caller holds the admin role (rebuild, step mode, flush): "
+                                          "a dashboard hides those controls otherwise")
 
 
 class EventPage(BaseModel):

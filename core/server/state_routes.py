@@ -61,14 +61,15 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
     async def body_json(request: Request) -> dict:
         return await pool.run(parse_object, await read_body(request), True)
 
-    def status() -> dict[str, Any]:
+    def status(caller: Caller) -> dict[str, Any]:
         e = host.engine
-        return {"version": host.version(), "stepping": not e.running, "last_error": e.last_error,
-                "inflight": len(host.inflight), "model": host.served_model_name}
+        return {"version": host.version(), "tree_seq": e.cache.events.last_tree_seq,
+                "stepping": not e.running, "last_error": e.last_error,
+                "inflight": len(host.inflight), "model": host.served_model_name, "admin": caller.admin}
 
     @r.get("/version", operation_id="state_version", response_model=api_schema.EngineStatus)
     async def version(caller: Caller = Depends(inference)):
-        return status()
+        return status(caller)
 
     @r.get("/snapshot", operation_id="state_snapshot", response_class=Response,
            responses={200: {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/OpenObject"}}},
@@ -171,7 +172,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
             await pool.run(e.stop)
         elif not on and not e.running:
             e.start()
-        return status()
+        return status(caller)
 
     @r.post("/step", operation_id="state_step", response_model=api_schema.Stepped)
     async def step(caller: Caller = Depends(admin)):

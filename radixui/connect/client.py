@@ -24,6 +24,11 @@ class EngineClient(Protocol):
         """A cheap number that changes whenever the engine's state changes (poll this, then
         fetch a snapshot only when it moved)."""
 
+    def versions(self) -> tuple[int, int]:
+        """(version(), the seq of the last cache event that changed the tree) in one call: the tree
+        changes only at admissions, finishes and evictions, not at every decode step, so a page can
+        redraw at once when it does and keep its chosen pace for token counts."""
+
     def snapshot(self) -> EngineSnapshot:
         """The engine's state as of its last finished step (never waits behind a running one)."""
 
@@ -44,6 +49,10 @@ class EngineClient(Protocol):
         """Empty the tree (flush_cache); an error message when requests still run, else None."""
 
     def last_error(self) -> Optional[str]: ...
+
+    def is_admin(self) -> bool:
+        """True when this client may rebuild, flush and step the engine (the server's admin role):
+        the dashboard disables those controls otherwise, with a note saying which key they need."""
 
     def is_stepping(self) -> bool:
         """True in step mode: the engine loop is stopped and advances one `step()` at a time."""

@@ -73,6 +73,10 @@ class HttpClient:
     def version(self) -> int:
         return int(self._status()["version"])
 
+    def versions(self) -> tuple[int, int]:
+        s = self._status()
+        return int(s["version"]), int(s.get("tree_seq", 0))   # an older server: no tree_seq, the pace decides
+
     def snapshot(self) -> EngineSnapshot:
         headers = {"If-None-Match": self._etag} if self._etag and self._snap is not None else {}
         r = self._request("GET", "/state/snapshot", headers=headers)
@@ -138,6 +142,9 @@ class HttpClient:
 
     def last_error(self) -> Optional[str]:
         return self._status()["last_error"]
+
+    def is_admin(self) -> bool:
+        return bool(self._status().get("admin", True))   # an older server does not say: its refusals will
 
     def is_stepping(self) -> bool:
         return bool(self._status()["stepping"])

@@ -63,6 +63,10 @@ class InProcessClient:
         e = self._engine
         return hash((id(e), e.version()))
 
+    def versions(self) -> tuple[int, int]:
+        e = self._engine
+        return hash((id(e), e.version())), e.cache.events.last_tree_seq
+
     def snapshot(self) -> EngineSnapshot:
         return self._engine.snapshot(wait=False)
 
@@ -90,6 +94,9 @@ class InProcessClient:
 
     def last_error(self) -> Optional[str]:
         return self._engine.last_error
+
+    def is_admin(self) -> bool:
+        return True          # the engine is this process's own
 
     def is_stepping(self) -> bool:
         return not self._engine.running

@@ -79,27 +79,35 @@ class Ghost:
                         hit_count=0, lock_ref=0, priority=0, is_leaf=True, evictable=False)
 
 
-def ghosts_from_events(events: Sequence[EventLike], steps: int = GHOST_STEPS) -> tuple[Ghost, ...]:
+def ghosts_from_events(events: Sequence[EventLike], steps: int = GHOST_STEPS,
+                       painted_seq: Optional[int] = None) -> tuple[Ghost, ...]:
     """Nodes evicted during the last `steps` distinct times at which the tree changed (a decode
-    step that only allocates does not age them); none from before the latest reset."""
+    step that only allocates does not age them), and, given `painted_seq` (the last event the
+    previous drawing showed), every node evicted after it however many steps ran since: a page
+    that draws once a second still shows each eviction. None from before the latest reset. Age 0
+    is the latest tree-changing time; older ones fade, capped at `steps - 1`."""
     times: list = []
+    fresh: set = set()    # times with an eviction the previous drawing did not show
     for e in events:
-        if ev_kind(e) in TREE_KINDS:
+        kind = ev_kind(e)
+        if kind in TREE_KINDS:
             t = ev_get(e, "time")
             if not times or times[-1] != t:
                 times.append(t)
-            if ev_kind(e) == "reset":
-                times = [t]
-    recent = times[-steps:]
+            if kind == "reset":
+                times, fresh = [t], set()
+            elif kind == "evict" and painted_seq is not None and int(ev_get(e, "seq")) > painted_seq:
+                fresh.add(t)
+    window = [t for i, t in enumerate(times) if i >= len(times) - steps or t in fresh]
     out = []
     after_reset = False
     for e in reversed(list(events)):
         kind = ev_kind(e)
         if kind == "reset":
             after_reset = True
-        if after_reset or kind != "evict" or ev_get(e, "time") not in recent:
+        if after_reset or kind != "evict" or ev_get(e, "time") not in window:
             continue
-        age = len(recent) - 1 - recent.index(ev_get(e, "time"))
+        age = min(steps - 1, len(window) - 1 - window.index(ev_get(e, "time")))
         out.append(Ghost(int(ev_get(e, "node")), int(ev_get(e, "parent")), tuple(ev_get(e, "token_ids") or ()),
                          tuple(ev_get(e, "slots") or ()), float(ev_get(e, "last_access_time") or 0),
                          float(ev_get(e, "time")), age))

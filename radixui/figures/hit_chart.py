@@ -31,8 +31,16 @@ def hit_rate_series(requests: Sequence, window: int = WINDOW) -> dict[str, list]
     return {"x": x, "cumulative": cum, "recent": recent, "rid": rids}
 
 
-def hit_rate_figure(requests: Sequence, window: int = WINDOW, height: int = 190) -> go.Figure:
+FEW = 12   # up to this many points the x axis is request numbers 1, 2, ... (at least 1-5), one tick each
+
+
+def hit_rate_figure(requests: Sequence, window: int = WINDOW, height: int = 150) -> go.Figure:
+    """The two hit-rate lines over request numbers. With few points (none included) the x axis shows
+    whole request numbers from 1, never plotly's default -1..6 of an empty axis."""
     s = hit_rate_series(requests, window)
+    few = len(s["x"]) <= FEW
+    xaxis = dict(title=None, gridcolor="#f3f4f6", dtick=1 if few else None,
+                 range=[0.5, max(5, s["x"][-1] if s["x"] else 0) + 0.5] if few else None)
     traces = [dict(type="scatter", x=s["x"], y=s["cumulative"], mode="lines+markers", name="cumulative",
                    line=dict(color=CUMULATIVE_COLOUR, width=2), marker=dict(size=5), customdata=s["rid"],
                    hovertemplate="request %{customdata}<br>cumulative %{y:.1f}%<extra></extra>"),
@@ -41,7 +49,7 @@ def hit_rate_figure(requests: Sequence, window: int = WINDOW, height: int = 190)
                    hovertemplate=f"request %{{customdata}}<br>last {window}: %{{y:.1f}}%<extra></extra>")]
     layout = dict(height=height, margin=dict(l=40, r=8, t=28, b=28), paper_bgcolor="#ffffff", plot_bgcolor="#ffffff",
                   title=dict(text="Cache hit rate (% of prompt tokens)", x=0.01, font=dict(size=12)),
-                  xaxis=dict(title=None, gridcolor="#f3f4f6", dtick=1 if len(s["x"]) <= 12 else None),
+                  xaxis=xaxis,
                   yaxis=dict(range=[0, 100], gridcolor="#e5e7eb", ticksuffix="%"),
                   legend=dict(orientation="h", x=1, xanchor="right", y=1.12, yanchor="bottom", font=dict(size=10)))
     if not s["x"]:

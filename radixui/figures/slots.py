@@ -13,7 +13,7 @@ when it fits in `max_cols`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,7 @@ from core.observe.snapshot import (
     CacheSnapshot,
     PoolView,
 )
-from radixui.figures.fmt import TokenText, clean, html_escape, resolve_token_text, shorten, slot_list
+from radixui.figures.fmt import TokenText, clean, fit_runs, html_escape, resolve_token_text, shorten, slot_list
 from radixui.figures.plot import figure
 
 STATE_COLOURS = {             # far apart on purpose (the tests hold every pair >= 80 apart in RGB)
@@ -138,6 +138,30 @@ def slot_table(pool: PoolView, cache: CacheSnapshot, token_text: Optional[TokenT
     return df
 
 
+NOTE_CHAR_PX = 6.6   # average width of one character of the notes' 12 px font
+
+
+def row_notes(free: Sequence[int], lo: int, hi: int, cut: bool, width: int) -> list[str]:
+    """The line under the row, fitted to `width` pixels (it is one line between the row and the
+    legend): the free list shrinks to whole runs, then the notes to their short forms, so nothing
+    is cut at the figure's right edge."""
+    budget = int((width - 20) / NOTE_CHAR_PX)
+    showing = [f"showing slots {lo}–{hi - 1}; narrow the range to see others"] if cut else []
+    for owner, free_label, show in (("#N under a run: tree node N holds those slots",
+                                     "free_pages (front is handed out next)", showing),
+                                    ("#N: tree node N", "free_pages", [f"slots {lo}–{hi - 1}"] if cut else [])):
+        if not free:
+            notes = [owner, "free_pages: [] (no free slot: the next alloc must evict)"] + show
+        else:
+            notes = [owner, f"{free_label}: {slot_list(free)}"] + show
+            room = budget - len(" · ".join(notes)) + len(slot_list(free)) - 2
+            if len(" · ".join(notes)) > budget:
+                notes[1] = f"{free_label}: [{fit_runs(free, max(8, room))}]"
+        if len(" · ".join(notes)) <= budget:
+            return notes
+    return notes
+
+
 def slot_row_figure(pool: PoolView, cache: CacheSnapshot, token_text: Optional[TokenText] = None,
                     lo: Optional[int] = None, hi: Optional[int] = None, max_cells: int = ROW_CELLS,
                     width: int = 1200, title: Optional[str] = None) -> go.Figure:
@@ -189,12 +213,7 @@ def slot_row_figure(pool: PoolView, cache: CacheSnapshot, token_text: Optional[T
                        textposition="middle center", textfont=dict(size=12, color="#374151"),
                        hoverinfo="skip", showlegend=False, name="owner labels"))
     traces += _legend_entries()
-    free = cache.free_slots()
-    notes = ["#N under a run: tree node N holds those slots",
-             f"free_pages (front is handed out next): {slot_list(free)}"
-             if free else "free_pages: [] (no free slot: the next alloc must evict)"]
-    if cut:
-        notes.append(f"showing slots {lo}–{hi - 1}; narrow the range to see others")
+    notes = row_notes(cache.free_slots(), lo, hi, cut, width)
     layout = dict(
         height=270, margin=dict(l=10, r=10, t=70 if title else 36, b=40),
         plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",

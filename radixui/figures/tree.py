@@ -13,6 +13,8 @@ small subtrees into "+N" nodes (a node budget, a depth limit, and columns wide e
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -66,17 +68,19 @@ def wrap_label(text: str, width: int, max_lines: int = 2) -> list[str]:
     width = max(1, width)
     if len(text) <= width:
         return [text]
-    words = [w if len(w) <= width else shorten(w, width) for w in text.split(" ") if w]
+    # a newline ("⏎") is a break too: "<|im_start|>system⏎You" is two words, so shortening the
+    # template's long first word never swallows the "You" after it
+    words = [w if len(w) <= width else shorten(w, width) for w in text.replace("⏎", "⏎ ").split(" ") if w]
     lines = textwrap.wrap(" ".join(words), width, break_long_words=False, break_on_hyphens=False) or [""]
     if len(lines) <= max_lines:
-        return lines
+        return [line.replace("⏎ ", "⏎") for line in lines]
     head = lines[:max_lines - 1]
     out = ""
     for w in " ".join(lines[max_lines - 1:]).split(" "):
         if len(out) + bool(out) + len(w) > width - 1:
             break
         out = f"{out} {w}" if out else w
-    return head + [out + "…" if out else shorten(lines[max_lines - 1], width)]
+    return [line.replace("⏎ ", "⏎") for line in head + [out + "…" if out else shorten(lines[max_lines - 1], width)]]
 
 
 def edge_label(token_ids: Sequence[int], token_text: TokenText, width: int, max_lines: int = 2) -> str:
@@ -242,8 +246,10 @@ def _edge_text(shown, pos: dict, tt: TokenText, ghost_age: dict, frame: _Frame) 
     return trace, lines
 
 
-def _edge_strokes(shown, pos: dict, root, label_lines: dict, ghost_age: dict, frame: _Frame) -> list:
-    """Elbows from under the parent's slot label to a bar, along it, down to the child's text; ghost edges dotted."""
+def _edge_strokes(shown, pos: dict, root, label_lines: dict, ghost_age: dict, frame: _Frame,
+                  victim=None) -> list:
+    """Elbows from under the parent's slot label (and under "next victim" on the victim, whose only
+    children are ghosts) to a bar, along it, down to the child's text; ghost edges dotted."""
     u, font = frame.units_per_px, frame.font
     live_x: list = []
     live_y: list = []
@@ -251,7 +257,8 @@ def _edge_strokes(shown, pos: dict, root, label_lines: dict, ghost_age: dict, fr
     ghost_y: list = []
     for parent, child in shown.edges:
         (px, py), (cx, cy) = pos[parent], pos[child]
-        top = py - (LABEL_RADIUS_PX + (4 if parent == root else 4 + 1.25 * font + 4)) * u
+        top = py - (LABEL_RADIUS_PX + (4 if parent == root else 4 + 1.25 * font + 4)
+                    + (1.25 * font + 4 if parent == victim else 0)) * u
         bar = py - 0.40
         bottom = cy + (LABEL_RADIUS_PX + 4 + 1.25 * font * label_lines[child]) * u
         xs, ys = (ghost_x, ghost_y) if child in ghost_age else (live_x, live_y)
@@ -419,11 +426,13 @@ def _footer_notes(snapshot: CacheSnapshot, focus, views: dict, tt: TokenText, hi
     if focus is not None and focus != snapshot.root_id:
         footer.append(_focus_note(views, focus, tt))
     evicted = highlights.evicted_nodes
-    if evicted:
-        gone = "; ".join(f"node {nid} '{html_escape(shorten(clean(tt(toks)), 40))}' (slots {slot_runs(sl, max_runs=3)})"
-                         for nid, toks, sl in evicted[:3])
-        more = f" and {len(evicted) - 3} more" if len(evicted) > 3 else ""
-        footer.append(f"<span style='color:{VICTIM}'>evicted this step: {gone}{more}</span>")
+    if evicted:   # one note per node, so the footer can wrap between them instead of running off the edge
+        gone = [f"node {nid} '{html_escape(shorten(clean(tt(toks)), 40))}' (slots {slot_runs(sl, max_runs=3)})"
+                for nid, toks, sl in evicted[:3]]
+        gone[0] = "evicted this step: " + gone[0]
+        if len(evicted) > 3:
+            gone[-1] += f" and {len(evicted) - 3} more"
+        footer += [f"<span style='color:{VICTIM}'>{g}</span>" for g in gone]
     boxes = [n for n in shown.nodes if isinstance(n, tuple)]
     if boxes:
         n_hidden = sum(shown.nodes[n]["hidden"] for n in boxes)
@@ -434,10 +443,31 @@ def _footer_notes(snapshot: CacheSnapshot, focus, views: dict, tt: TokenText, hi
     return footer
 
 
-def _footer_annotation(footer: list[str]) -> dict:
-    """The notes as one grey line under the plot."""
+FOOTER_CHAR_PX = 6.6   # average width of one character of the footer's 12 px font
+FOOTER_LINE_PX = 16
+
+
+def footer_lines(footer: list[str], width: int) -> list[str]:
+    """The notes joined with " · " into lines that fit `width` pixels (a note never splits; tags do
+    not count), so a long eviction caption wraps instead of being cut at the figure's right edge."""
+    chars = max(20, int((width - 20) / FOOTER_CHAR_PX))
+    lines: list[str] = []
+    visible = 0
+    for note in footer:
+        n = len(re.sub(r"<[^>]*>", "", note))
+        if lines and visible + 3 + n <= chars:
+            lines[-1] += " · " + note
+            visible += 3 + n
+        else:
+            lines.append(note)
+            visible = n
+    return lines
+
+
+def _footer_annotation(lines: list[str]) -> dict:
+    """The notes as grey lines under the plot."""
     return dict(xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top", yshift=-6,
-                showarrow=False, align="left", font=dict(color="#4b5563", size=12), text=" · ".join(footer))
+                showarrow=False, align="left", font=dict(color="#4b5563", size=12), text="<br>".join(lines))
 
 
 def _layout(snapshot: CacheSnapshot, root, shown, frame: _Frame, shapes: list, annotations: list,
@@ -493,7 +523,7 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
     frame = _frame_geometry(pos, width, height, title)
 
     edge_text, label_lines = _edge_text(shown, pos, tt, ghost_age, frame)
-    traces = _edge_strokes(shown, pos, root, label_lines, ghost_age, frame) + [edge_text]
+    traces = _edge_strokes(shown, pos, root, label_lines, ghost_age, frame, victim) + [edge_text]
     marks = _collect_nodes(shown, pos, tt, h, ghost_age, ghosts, victim, snapshot.policy, frame)
     traces += _node_traces(marks, frame.font)
     traces += _legend_traces(bool(ghost_age))
@@ -502,7 +532,11 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
         cross, note = _victim_marker(marks.victim_xy, frame.font)
         traces.append(cross)
         annotations.append(note)
-    footer = _footer_notes(snapshot, focus, views, tt, h, shown, frame)
+    footer = footer_lines(_footer_notes(snapshot, focus, views, tt, h, shown, frame), width)
     if footer:
         annotations.append(_footer_annotation(footer))
+    if len(footer) > 1:          # room under the plot for every line of the footer
+        extra = FOOTER_LINE_PX * (len(footer) - 1)
+        frame = dataclasses.replace(frame, height=frame.height + extra,
+                                    margin=dict(frame.margin, b=frame.margin["b"] + extra))
     return figure(traces, _layout(snapshot, root, shown, frame, _split_rings(marks.split_xy), annotations, title))

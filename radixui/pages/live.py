@@ -1,7 +1,8 @@
 """Live: a prompt bar beside the radix tree, one line of KPIs, evictions you can see.
 
-Refresh work follows what changed: a small fragment polls `client.version()` (a number) and
-reruns the page only when it moved (radixui/panels/live_poll.py); every figure is rebuilt only when its
+Refresh work follows what changed: a small fragment polls `client.versions()` (two numbers) and
+reruns the page at once when the tree changed, else when anything moved and the chosen interval
+passed (radixui/panels/live_poll.py); every figure is rebuilt only when its
 data changed; and the KPIs, the request table and the views all come from one snapshot (one
 engine step).
 """
@@ -17,12 +18,13 @@ def render() -> None:
     caption.caption("Loading the model and starting the engine...")
 
     from radixui.connect.resources import get_client  # noqa: E402
-    from radixui.panels.controls import engine_settings, live_controls  # noqa: E402  (after the title: imports take seconds)
+    from radixui.panels.controls import admin_role, engine_settings, live_controls  # noqa: E402  (after the title: imports take seconds)
     from radixui.panels.live_views import live_body  # noqa: E402
 
     client = get_client()
-    engine_settings(client)
-    live, interval = live_controls(client)
+    admin = admin_role(client)
+    engine_settings(client, admin)
+    live, interval = live_controls(client, admin)
     cfg = client.config()
     caption.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.page_size} · eviction "
                     f"`{cfg.eviction_policy}` · schedule `{cfg.schedule_policy}` · max prefill {cfg.max_prefill_tokens:,} "

@@ -12,6 +12,12 @@ from radixui.figures.tree import step_highlights, tree_figure
 from radixui.panels.css import COMPACT_CSS
 
 
+def _go(delta, last: int) -> None:
+    """Move the walkthrough by `delta` steps (None: back to the start), kept within 0..last."""
+    ss = st.session_state
+    ss.wt_step = 0 if delta is None else min(last, max(0, ss.get("wt_step", 0) + delta))
+
+
 def render() -> None:
     st.markdown(COMPACT_CSS, unsafe_allow_html=True)
     st.title("Walkthrough: the article, step by step, on the real model")
@@ -29,12 +35,12 @@ def render() -> None:
         st.session_state.wt_step = 0
     last = len(steps) - 1
     c1, c2, c3, _ = st.columns([1, 1, 1, 5])
-    if c1.button("◀ Back", disabled=st.session_state.wt_step == 0, width="stretch"):
-        st.session_state.wt_step -= 1
-    if c2.button("Next ▶", disabled=st.session_state.wt_step == last, width="stretch", key="wt_next"):
-        st.session_state.wt_step += 1
-    if c3.button("Restart", width="stretch"):
-        st.session_state.wt_step = 0
+    # The clicks move the step in callbacks, which run before this script: each button's enabled
+    # state is then computed from the step on screen, not from the one before the click.
+    at = st.session_state.wt_step
+    c1.button("◀ Back", disabled=at == 0, width="stretch", key="wt_back", on_click=_go, args=(-1, last))
+    c2.button("Next ▶", disabled=at == last, width="stretch", key="wt_next", on_click=_go, args=(1, last))
+    c3.button("Restart", width="stretch", key="wt_restart", on_click=_go, args=(None, last))
 
     step = steps[st.session_state.wt_step]
     snap = step.snapshot
@@ -63,8 +69,9 @@ def render() -> None:
         heap = eviction_table(snap.cache, tt)[["order", "node", "last_access_time", "tokens", "text", "slots"]]
         if heap.empty:
             st.caption("Empty: no evictable leaf yet.")
-        else:   # a static table: every column shown and text wrapped, nothing clipped
-            st.table(heap.rename(columns={"last_access_time": "last used"}).set_index("order"))
+        else:   # a static table: every column shown and text wrapped, nothing clipped; "order" a column
+            # of its own (as an index it lost its header, and from Time 1 the browser dropped it)
+            st.table(heap.rename(columns={"last_access_time": "last used"}), hide_index=True)
         st.markdown(f"**free_pages**: `{list(snap.cache.free_pages)}`")
     st.plotly_chart(slot_row_figure(snap.pool, snap.cache, tt, title="Slot row (struck through: free but stale)"),
                     width="stretch", key=f"wt_slots_{st.session_state.wt_step}")

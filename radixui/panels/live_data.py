@@ -60,6 +60,15 @@ class EventStore:
     def recent(self, n: int = 2000) -> list:
         return self.events[-n:]
 
+    def recent_upto(self, seq: int, n: int = 2000) -> list:
+        """The last `n` events with seq <= `seq`: those a snapshot of that seq describes (the store may
+        already hold later ones, fetched after the snapshot), so highlights, ghosts and the eviction
+        caption come from the same step as the tree they are drawn on."""
+        end = len(self.events)
+        while end and int(ev_get(self.events[end - 1], "seq")) > seq:
+            end -= 1
+        return self.events[max(0, end - n):end]
+
     def replayer_for(self, snap: EngineSnapshot) -> Replayer:
         """A Replayer over the events since the reset, extended as events arrive (its checkpoints
         stay valid), so a time-travel step replays at most one checkpoint interval."""

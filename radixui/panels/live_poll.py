@@ -1,24 +1,32 @@
-"""The Live page's poll: a fragment on the browser's timer that checks one cheap version number.
+"""The Live page's poll: a fragment on the browser's timer that checks two cheap numbers.
 
 It is declared inside the page's body fragment, so every body run (a Send included) re-declares it
-at the pace the engine calls for: `interval` while requests run or wait, IDLE_POLL_S while it is
-quiet. Streamlit keeps one timer per fragment id and swaps it when the interval changes, so a
-change of pace costs no extra page run."""
+at the pace the engine calls for. While requests run or wait it ticks every BUSY_POLL_S and reruns
+the page as soon as the tree changed (an admission, a finish, an eviction: drawn within a tick), and
+for everything else (token counts) once the chosen interval has passed since the last draw; while the
+engine is quiet it ticks every IDLE_POLL_S (or the interval, if longer). Streamlit keeps one timer per
+fragment id and swaps it when the interval changes, so a change of pace costs no extra page run."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import streamlit as st
 
 IDLE_POLL_S = 3.0   # while nothing runs or waits: each poll costs the browser a re-render of the page
+BUSY_POLL_S = 0.25  # while something runs or waits: a tree change is drawn within this (plus one page run)
+SENT_WAIT_S = 0.15  # after a Send, the longest the page waits for the engine to admit what was sent
+                    # (a short prompt takes tens of ms; longer would delay the new row past 0.5 s)
+BUSY_LINGER_S = 10.0  # the busy pace outlasts the last work by this much: a demo's next prompt (or a
+                      # client's next request) usually follows within seconds, and its first eviction
+                      # must not wait for an idle tick
 
 
 def poll(client: Any) -> None:
-    """Reruns the page only when the engine changed since the page drew, or once to draw the views
-    not drawn yet: after a tab switch, after a Send (whose run may have drawn a snapshot from before
-    it), and in a new tab once its first screen is drawn. Called inline by the body (which is
-    drawing the latest anyway) it does nothing."""
+    """Reruns the page when the tree changed since the page drew, when anything else changed and the
+    chosen interval has passed, or once to draw the views not drawn yet: after a tab switch, after a
+    Send (whose run may have drawn a snapshot from before it), and in a new tab once its first screen
+    is drawn. Called inline by the body (which is drawing the latest anyway) it does nothing."""
     ss = st.session_state
     if ss.pop("_inline_poll", False):
         return
@@ -27,14 +35,49 @@ def poll(client: Any) -> None:
     if ss.get("_catch_up_at") is not None and time.monotonic() >= ss["_catch_up_at"]:
         del ss["_catch_up_at"]
         catch_up = True
-    if catch_up or (seen is not None and client.version() != seen):
+    if catch_up:
+        st.rerun()
+    if seen is None:
+        return
+    if ss.get("_poll_fast") and not ss.get("_busy") and time.monotonic() >= ss.get("_busy_until", 0.0):
+        st.rerun()      # the linger is over: one page run declares the poll again, at the idle pace
+    version, tree_seq = client.versions()
+    due = time.monotonic() - ss.get("_drawn_at", 0.0) >= ss.get("_pace", 0.0) - 0.05
+    if tree_seq != ss.get("_drawn_tree_seq") or (version != seen and due):
         st.rerun()
 
 
 def declare_poll(client: Any, live: bool, interval: float, busy: bool) -> None:
     """Declare the poll at the pace for `busy`; with live refresh off it is not declared, so
-    Streamlit stops its timer."""
+    Streamlit stops its timer. The busy pace lingers BUSY_LINGER_S after the last busy run."""
     if not live:
         return
-    st.session_state["_inline_poll"] = True
-    st.fragment(run_every=interval if busy else max(interval, IDLE_POLL_S))(poll)(client)
+    ss = st.session_state
+    ss["_inline_poll"] = True
+    ss["_pace"] = interval
+    now = time.monotonic()
+    if busy:
+        ss["_busy_until"] = now + BUSY_LINGER_S
+    busy = busy or now < ss.get("_busy_until", 0.0)
+    ss["_poll_fast"] = busy       # a fast timer, to be slowed by one page run once the linger ends
+    st.fragment(run_every=min(interval, BUSY_POLL_S) if busy else max(interval, IDLE_POLL_S))(poll)(client)
+
+
+def admitted_snapshot(client: Any, rids: Iterable[str], stepping: bool) -> Any:
+    """The snapshot for a page run, recording in session_state what the poll compares against (the
+    version and tree seq read just before it, and when). After a Send (`rids`): the first snapshot in
+    which every request just sent has left the queue (its prompt prefilled, so its branch is in the
+    tree), waiting at most SENT_WAIT_S. A running engine admits a short prompt within a step or two
+    (tens of ms), so the first paint after the press already shows the new branch instead of a poll
+    tick later; in step mode nothing is admitted until Step, so nothing is waited for."""
+    rids = set(rids)
+    deadline = time.monotonic() + (0.0 if stepping or not rids else SENT_WAIT_S)
+    ss = st.session_state
+    while True:
+        ss["_drawn_version"], ss["_drawn_tree_seq"] = client.versions()
+        ss["_drawn_at"] = time.monotonic()
+        snap = client.snapshot()
+        states = {r.rid: r.state for r in snap.requests}
+        if time.monotonic() >= deadline or all(states.get(rid) not in (None, "waiting") for rid in rids):
+            return snap
+        time.sleep(0.02)

@@ -14,6 +14,7 @@ from core.observe.snapshot import EngineSnapshot
 from core.observe.time_travel import replay_note
 from radixui.connect.client import EngineClient
 from radixui.figures.event_table import EVENT_KINDS, event_table
+from radixui.figures.fmt import html_escape
 from radixui.figures.heap import eviction_figure, eviction_table, order_note
 from radixui.figures.highlights import TREE_KINDS, Highlights, ghosts_from_events, request_highlights, step_highlights
 from radixui.figures.hit_chart import hit_rate_figure
@@ -21,7 +22,7 @@ from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.slots import kv_heatmap, slot_row_figure, written_range
 from radixui.figures.tree import tree_figure, tree_overview
 from radixui.panels.live_data import cached_figure, decoder, event_store
-from radixui.panels.live_poll import declare_poll
+from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
 
 VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
@@ -34,10 +35,33 @@ FIRST_SCREEN_S = 4.0
 TABLE_COLUMNS = ["request", "state", "cached / prompt", "new", "TTFT from submit (s)", "output", "path"]
 
 
+def _table_config() -> dict:
+    """Pixel widths that fit the left column (~420 px at 1400 wide) with every column in view, the
+    output included: no horizontal scrolling. Long request ids are cut; hovering shows them whole."""
+    col = st.column_config
+    return {"request": col.TextColumn("request", width=66),
+            "state": col.TextColumn("state", width=58),
+            "cached / prompt": col.TextColumn("cached", width=50, help="cached / prompt tokens"),
+            "new": col.NumberColumn("new", width=34, help="output tokens so far"),
+            "TTFT from submit (s)": col.NumberColumn(
+                "TTFT (s)", width=52, format="%.2f",   # the full name pushed its figures off the grid
+                help="Seconds from submit to the first token: includes the time the request waited in the "
+                     "queue (in step mode, until you pressed Step)"),
+            "output": col.TextColumn("output", width=90),
+            "path": col.TextColumn("", width=20, help="◀: the request whose path the tree shows")}
+
+
+TABLE_CONFIG = _table_config()
+
+
 def request_table(snap: EngineSnapshot, pending: dict, selected: Optional[str]) -> pd.DataFrame:
     """Newest first. Requests this tab submitted that the snapshot does not list yet (the engine
-    is mid-step) show as "submitted"; `path` marks the request whose path the tree shows."""
+    is mid-step) show as "submitted", and leave `pending` once it lists them (so a request the
+    engine later drops from its table, or a rebuilt engine never knew, does not come back as
+    "submitted"); `path` marks the request whose path the tree shows."""
     listed = {r.rid for r in snap.requests}
+    for rid in listed & set(pending):      # the engine lists it now: its own row says how it goes
+        del pending[rid]
     rows = [{"request": rid, "state": "submitted", "cached / prompt": "", "new": None, "TTFT from submit (s)": None,
              "output": f"({text[:40]})", "path": ""} for rid, (text, _) in reversed(list(pending.items()))
             if rid not in listed]
@@ -46,7 +70,7 @@ def request_table(snap: EngineSnapshot, pending: dict, selected: Optional[str]) 
                      "cached / prompt": "" if r.state == "waiting" else f"{r.cached_tokens} / {r.prompt_tokens}",
                      "new": r.output_tokens, "TTFT from submit (s)": None if r.ttft is None else round(r.ttft, 3),
                      "output": r.output_text if not r.error else f"error: {r.error}",
-                     "path": "◀ in tree" if r.rid == selected else ""})
+                     "path": "◀" if r.rid == selected else ""})
     df = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     df["new"] = df["new"].astype("Int64")
     return df
@@ -92,8 +116,10 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
     with left:
         form_box = st.container()                 # filled after the table: see prompt_panel.py
         flash_box = st.container()                # messages under the form: the tree never moves down
-    ss["_drawn_version"] = client.version()
-    snap = client.snapshot()                      # after this run's submissions: one engine step for all
+    stepping = client.is_stepping()
+    sent = ss.pop("_sent", [])                    # the rids this run's Send submitted (before the script)
+    # after this run's submissions (and, after a Send, once the engine admitted them): one engine step for all
+    snap = admitted_snapshot(client, sent, stepping)
     store = event_store(ss)
     store.sync(client, snap)
     tt = decoder(ss, client, snap, cfg.model)
@@ -105,7 +131,8 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
     err = client.last_error()
     if err:
         flash_box.warning(f"The engine recovered from an error: {err}")
-    kpi_box.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang'>{sglang_status(snap.metrics)}</div>",
+    status = sglang_status(snap.metrics)
+    kpi_box.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang' title='{html_escape(status)}'>{status}</div>",
                      unsafe_allow_html=True)
     selected = _selected_rid(ss)
     with left:
@@ -116,27 +143,25 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
             if df.empty:
                 st.caption("No requests yet: type a prompt and press Send, or run a preset.")
             else:
-                st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 6 + 3),
+                st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 5 + 3),
                              on_select="rerun", selection_mode="single-row", key="req_table",
-                             column_config={"TTFT from submit (s)": st.column_config.NumberColumn(
-                                 "TTFT (s)", width="small",   # the full name pushed its figures off the grid
-                                 help="Seconds from submit to the first token: includes the time the request "
-                                      "waited in the queue (in step mode, until you pressed Step)"),
-                                 "output": st.column_config.TextColumn(width="medium")})
-            if client.is_stepping():
+                             column_config=TABLE_CONFIG)
+            if stepping:
                 st.caption("Step mode: TTFT counts from submit, so it includes the wait for your Step clicks.")
     with form_box:
         prompt_panel(client)                      # its buttons submitted before this run began
     with left:
         st.plotly_chart(cached_figure(ss, "hits", (snap.step, snap.seq, len(snap.requests)),
-                                      lambda: hit_rate_figure(snap.requests)),
+                                      lambda: hit_rate_figure(snap.requests, height=130)),
                         width="stretch", key="hit_chart", config={"displayModeBar": False})
     with right:
         st.fragment(views)(client, snap, tt, store, cfg, selected)   # a tab switch reruns only this
-    sent = ss.pop("_sent", False)                # this run's snapshot may predate what was just sent:
-    if sent:                                     # busy now, and the poll's next tick looks again
-        ss["_catch_up"] = True
-    ss["_busy"] = busy = sent or not engine_quiet(snap)
+    states = {r.rid: r.state for r in snap.requests}
+    if any(states.get(rid) in (None, "waiting") for rid in sent):   # the engine had not admitted them in time:
+        ss["_catch_up"] = True                   # the poll's next tick looks again
+    # busy (the poll at the chosen pace, never the idle one) while the engine works or a request this
+    # tab sent is not listed yet
+    ss["_busy"] = busy = bool(sent) or bool(pending) or not engine_quiet(snap)
     declare_poll(client, live, interval, busy)   # its pace follows the engine, with no extra run
 
 
@@ -149,7 +174,7 @@ def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected
             h = request_highlights(snap.cache, ids, req.cached_tokens)
             return h, (f"Path of request **{selected}**: blue = the {req.cached_tokens} prompt tokens it matched in "
                        f"the cache, green = what it inserted. Click its row again to go back to the latest step.")
-    return step_highlights(last_tree_step(store.recent())), None
+    return step_highlights(last_tree_step(store.recent_upto(snap.seq))), None
 
 
 def engine_quiet(snap: EngineSnapshot) -> bool:
@@ -219,7 +244,7 @@ def tree_view(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, select
     focus = c2.selectbox("Focus on subtree", ids, key="tree_focus", label_visibility="collapsed",
                          format_func=lambda i: "whole tree" if i == root else f"subtree of node {i}")
     hl, note = _tree_highlights(client, snap, store, selected)
-    ghosts = ghosts_from_events(store.recent()) if not selected else ()
+    ghosts = _ghosts(snap, store, fresh and shape == "Tree") if not selected else ()
     if shape == "Tree":
         def build():
             f = tree_figure(snap.cache, tt, hl, focus=None if focus == root else focus, width=TREE_WIDTH,
@@ -239,6 +264,18 @@ def tree_view(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, select
         st.caption(chunk)
 
 
+def _ghosts(snap: EngineSnapshot, store, painting: bool) -> tuple:
+    """The ghosts to draw on this snapshot's tree: the last GHOST_STEPS tree-changing steps' evictions
+    and every eviction since the snapshot the tree showed before (several steps can run between two
+    paints), from the events up to this snapshot's seq only."""
+    ss = st.session_state
+    drawn = ss.get("_tree_painted")               # (seq drawn, the seq its ghosts counted from)
+    base = None if drawn is None else (drawn[1] if drawn[0] == snap.seq else drawn[0])
+    if painting:
+        ss["_tree_painted"] = (snap.seq, base)
+    return ghosts_from_events(store.recent_upto(snap.seq), painted_seq=base)
+
+
 def slot_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
     ss = st.session_state
     size = snap.pool.num_slots + snap.pool.page_size
@@ -249,7 +286,8 @@ def slot_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
     else:
         lo, hi = st.slider("Slot range", 0, size, (0, size), key="slot_range")
     _chart(cached_figure(ss, "row", (snap.step, snap.seq, lo, hi),
-                         lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi), fresh), "slot_row")
+                         lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi, width=TREE_WIDTH), fresh),
+           "slot_row")
     _chart(cached_figure(ss, "heat", (snap.step, snap.seq, lo, hi), lambda: kv_heatmap(snap.pool, lo, hi), fresh),
            "heatmap")
 

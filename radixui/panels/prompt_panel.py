@@ -60,18 +60,20 @@ def submit_all(client: EngineClient, prompts: list, params: SamplingParams, extr
     """Submit every prompt; the rids go to session_state (the table shows them at once, before
     the engine's next snapshot); the first rejection stops and is shown as an error."""
     mine = st.session_state.setdefault("my_requests", {})
-    sent = 0
+    rids: list[str] = []
+    # the rids just sent: the page turns busy at once, and its run waits (briefly) for their admission
+    st.session_state["_sent"] = rids
     for p in prompts:
         try:
             rid = client.submit(p, params, extra_key=extra_key)
         except ValueError as exc:
+            sent = len(rids)
             st.session_state.flash = ("error", f"Request rejected: {exc}" + (f" ({sent} sent before it)" if sent else ""))
-            st.session_state["_sent"] = sent > 0
             return
         mine[rid] = (p if isinstance(p, str) else p[-1]["content"], time.time())
-        sent += 1
+        rids.append(rid)
+    sent = len(rids)
     st.session_state.flash = ("success", f"Sent {sent} request{'s' if sent != 1 else ''}.")
-    st.session_state["_sent"] = True   # the page turns busy at once (the snapshot may predate the request)
 
 
 def _on_submit(client: EngineClient, run_preset: bool) -> None:
@@ -98,17 +100,15 @@ def prompt_panel(client: EngineClient) -> None:
     """The form; Send and Run preset submit through `_on_submit` (see there why)."""
     with st.form("prompt", clear_on_submit=False, border=True):
         st.text_area("Prompt", placeholder="Type a prompt, then Send. Send it again, or a variation, "
-                     "and watch the shared prefix light up in the tree.", height=84, key="pp_text")
-        st.radio("Mode", ["Chat", "Raw completion"], horizontal=True, label_visibility="collapsed",
-                 help="Chat wraps your text in the instruct model's chat template", key="pp_mode")
-        n, c, pr = st.columns(3)
-        n.number_input("Max new tokens", value=24, step=1, min_value=None, max_value=None, key="pp_max_new")
-        c.number_input("Copies", value=1, step=1, min_value=None, max_value=None, key="pp_copies",
-                       help=f"Send the prompt this many times at once (1-{MAX_COPIES})")
-        pr.number_input("Priority", value=0, step=1, min_value=None, max_value=None, key="pp_priority",
-                        help="SamplingParams.priority: the 'priority' eviction policy keeps "
-                             "high-priority prefixes longer")
-        with st.expander("Sampling, system prompt, cache namespace"):
+                     "and watch the shared prefix light up in the tree.", height=68, key="pp_text",
+                     label_visibility="collapsed")
+        m, more = st.columns([1.6, 1], vertical_alignment="center")
+        m.radio("Mode", ["Chat", "Raw completion"], horizontal=True, label_visibility="collapsed",
+                help="Chat wraps your text in the instruct model's chat template", key="pp_mode")
+        # sampling and the rest in a popover, not an expander: one row less, so the hit-rate chart
+        # stays on a 900 px screen, and it opens at full width instead of inside the form's column
+        with more.popover("Sampling…", width="stretch", icon=":material/tune:",
+                          help="Temperature, top p, top k, the system prompt (chat) and the cache namespace"):
             s1, s2, s3 = st.columns(3)
             s1.number_input("Temperature", value=0.0, step=0.1, min_value=None, max_value=None, key="pp_temp",
                             help="0 = greedy")
@@ -118,6 +118,13 @@ def prompt_panel(client: EngineClient) -> None:
             st.text_input("Cache namespace (extra_key)", "", key="pp_namespace",
                           help="Requests share cached prefixes only within one namespace "
                                "(SGLang's extra_key, e.g. one per LoRA or tenant)")
+        n, c, pr = st.columns(3)
+        n.number_input("Max new tokens", value=24, step=1, min_value=None, max_value=None, key="pp_max_new")
+        c.number_input("Copies", value=1, step=1, min_value=None, max_value=None, key="pp_copies",
+                       help=f"Send the prompt this many times at once (1-{MAX_COPIES})")
+        pr.number_input("Priority", value=0, step=1, min_value=None, max_value=None, key="pp_priority",
+                        help="SamplingParams.priority: the 'priority' eviction policy keeps "
+                             "high-priority prefixes longer")
         b1, b2, b3 = st.columns([0.8, 1.7, 1.1], vertical_alignment="bottom")
         b1.form_submit_button("Send", type="primary", width="stretch", on_click=_on_submit, args=(client, False))
         b2.selectbox("Preset", list(PRESETS), label_visibility="collapsed", key="pp_preset")

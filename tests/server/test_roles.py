@@ -196,3 +196,38 @@ def test_the_live_page_attached_to_a_two_key_server_renders_with_either_key(two_
         assert not at.exception, [e.value for e in at.exception]
         assert any("data-testid='kpi-line'" in m.value for m in at.markdown), env
     st.cache_resource.clear()
+
+
+def test_with_only_the_inference_key_the_dashboard_disables_its_admin_controls_with_a_note(two_keys, monkeypatch):
+    """RADIX_API_KEY alone: the Live page renders, and step mode, Step, Reset cache and the engine
+    settings' Apply are disabled under a note naming the admin key (toggling step mode used to raise
+    PermissionError in the page); with RADIX_ADMIN_KEY they are enabled and there is no note. The
+    server's /state/version says which role the caller has."""
+    import pathlib
+
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    assert httpx.get(two_keys.url + "/state/version", headers=bearer(A)).json()["admin"] is False
+    assert httpx.get(two_keys.url + "/state/version", headers=bearer(B)).json()["admin"] is True
+    app = str(pathlib.Path(__file__).resolve().parents[2] / "app.py")
+    monkeypatch.setenv("RADIX_ENGINE_URL", two_keys.url)
+    monkeypatch.delenv("RADIX_ADMIN_KEY", raising=False)
+    try:
+        for env, admin in (({"RADIX_API_KEY": A}, False), ({"RADIX_API_KEY": A, "RADIX_ADMIN_KEY": B}, True)):
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            st.cache_resource.clear()
+            at = AppTest.from_file(app, default_timeout=120).run()
+            assert not at.exception, [e.value for e in at.exception]
+            step_mode = next(t for t in at.sidebar.toggle if t.label == "Step mode")
+            reset = next(b for b in at.sidebar.button if b.label == "Reset cache")
+            apply = next(b for b in at.button if b.label == "Apply")
+            assert (step_mode.disabled, reset.disabled, apply.disabled) == (not admin,) * 3, env
+            notes = [i.value for i in at.sidebar.info if "need the admin key" in i.value]
+            assert len(notes) == (0 if admin else 1), env
+            if not admin:
+                assert "RADIX_ADMIN_KEY" in notes[0]
+                assert two_keys.engine.running            # and nothing changed the engine
+    finally:
+        st.cache_resource.clear()

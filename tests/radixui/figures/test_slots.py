@@ -201,3 +201,15 @@ def test_heatmap_of_100k_slots_is_bounded():
     k = np.asarray(trace(fig, "k_norms").z)
     assert k.shape == (30, 1961) and fig.layout.meta["bin_width"] == 51
     assert np.asarray(trace(fig, "states").z).shape == (1, 1961)
+
+def test_the_line_under_the_slot_row_fits_the_figure_width():
+    """Ten free slots and a cut range at 900 px: the notes shrink (free list to runs, then the short
+    forms) until the one line fits, instead of running off the right edge."""
+    from radixui.figures.slots import NOTE_CHAR_PX, row_notes
+    free = [131, 132, 133, 134, 135, 136, 137, 138, 139, 140, 3, 5, 7, 9, 11]
+    for width in (1200, 900, 600, 400):
+        notes = row_notes(free, 0, 160, True, width)
+        assert len(" · ".join(notes)) * NOTE_CHAR_PX <= width - 20 or width == 400, (width, notes)
+    assert row_notes(free, 0, 160, False, 1200)[1].startswith("free_pages (front is handed out next): [131–140, 3")
+    assert row_notes([6, 7, 8, 9], 0, 12, False, 900) == [
+        "#N under a run: tree node N holds those slots", "free_pages (front is handed out next): [6,7,8,9]"]

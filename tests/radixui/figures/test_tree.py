@@ -385,3 +385,70 @@ def test_request_path_is_matched_then_inserted(walk):
     h = request_highlights(snap, tok.encode("Why my code is slow"), cached_tokens=0)
     assert h.matched == set() and h.inserted == {2, 4, 5}
     assert request_path(snap, tok.encode("Unseen words")) == []
+
+
+def test_every_eviction_since_the_last_paint_stays_a_ghost_however_many_steps_ran():
+    """Twelve steps each evicting one node between two paints: without `painted_seq` only the last
+    GHOST_STEPS are ghosts; with the seq the previous paint showed, all twelve are, the newest at age
+    0 and the older ones at the faintest age; evictions the previous paint showed keep the window's rule."""
+    from core.cache.events import EvictEvent
+    from radixui.figures.highlights import GHOST_STEPS, ghosts_from_events
+    ev = [EvictEvent(seq=i, time=i, node=100 + i, parent=0, token_ids=(i,), slots=(i,), last_access_time=0,
+                     policy_key=(0,)) for i in range(1, 13)]
+    assert [g.id for g in ghosts_from_events(ev)] == [110, 111, 112]
+    ghosts = ghosts_from_events(ev, painted_seq=0)
+    assert [g.id for g in ghosts] == list(range(101, 113))
+    assert [g.age for g in ghosts] == [GHOST_STEPS - 1] * 10 + [1, 0]
+    assert [g.id for g in ghosts_from_events(ev, painted_seq=8)] == [109, 110, 111, 112]
+    assert [g.id for g in ghosts_from_events(ev, painted_seq=12)] == [110, 111, 112]
+
+
+def test_a_chat_label_keeps_the_word_after_the_template_tokens():
+    """The chat template's "<|im_start|>system⏎You ..." is one run without spaces: shortened whole
+    to fit a narrow column it used to swallow "You"; a newline is a break, so "You" starts the next line."""
+    text = "<|im_start|>system\nYou are a patient teaching assistant"
+    assert wrap_label(text, 12) == ["<|im_start|…", "You are a…"]
+    assert wrap_label(text, 30) == ["<|im_start|>system⏎You are a", "patient teaching assistant"]
+    assert wrap_label("a\nb c", 3) == ["a⏎", "b c"]
+
+
+def test_a_long_eviction_caption_wraps_under_the_tree_instead_of_leaving_the_figure(walk):
+    """Three evicted nodes with long texts: the footer breaks between nodes into lines that
+    each fit the width (700 px), and the bottom margin grows by one line per extra line."""
+    import re
+
+    from core.cache.events import EvictEvent
+    from radixui.figures.tree import FOOTER_CHAR_PX, FOOTER_LINE_PX, footer_lines
+    _, tok, steps = walk
+    snap = steps[3].snapshot
+    long = tuple(t for n in snap.nodes for t in n.token_ids) * 3
+    events = [EvictEvent(seq=90 + i, time=9, node=50 + i, parent=0, token_ids=long, slots=(i,), last_access_time=0,
+                         policy_key=(0,)) for i in range(3)]
+    one_line = tree_figure(snap, tok.token_text, width=700)
+    fig = tree_figure(snap, tok.token_text, step_highlights(events), width=700)
+    footer = [a for a in fig.layout.annotations if "evicted this step" in a.text][0].text.split("<br>")
+    assert len(footer) == 3 and footer[0].count("node 5") == 1
+    for line in footer:
+        assert len(re.sub(r"<[^>]*>", "", line)) * FOOTER_CHAR_PX <= 700 - 20
+    assert fig.layout.margin.b == one_line.layout.margin.b + 2 * FOOTER_LINE_PX
+    assert fig.layout.height == one_line.layout.height + 2 * FOOTER_LINE_PX
+    assert footer_lines(["a" * 10, "b" * 10], 1000) == ["a" * 10 + " · " + "b" * 10]
+
+
+def test_a_ghost_under_the_next_victim_starts_below_its_note(walk):
+    """The victim's only children are ghosts; their dotted stroke starts under the "next victim" note
+    (it used to run through it)."""
+    from radixui.figures.highlights import Ghost
+    from radixui.figures.tree import LABEL_RADIUS_PX
+    _, tok, steps = walk
+    snap = steps[3].snapshot
+    victim = snap.eviction_order[0]
+    ghost = Ghost(id=99, parent=victim, token_ids=(5,), slots=(10,), last_access_time=0, evicted_at=3, age=0)
+    fig = tree_figure(snap, tok.token_text, ghosts=(ghost,))
+    note = [a for a in fig.layout.annotations if a.text == "next victim"][0]
+    font = fig.data[[t.name for t in fig.data].index("edge text")].textfont.size
+    span = fig.layout.yaxis.range[1] - fig.layout.yaxis.range[0]
+    per_px = span / (fig.layout.height - fig.layout.margin.t - fig.layout.margin.b)
+    note_bottom = note.y - (LABEL_RADIUS_PX + 1.25 * font + 6 + 1.25 * font) * per_px
+    stroke = trace(fig, "ghost edges")
+    assert stroke.x[0] == note.x and stroke.y[0] <= note_bottom, (stroke.y[0], note_bottom)

@@ -254,9 +254,61 @@ def test_walkthrough_steps_forward_and_back():
     assert "'won't' is ' won' + ''t'" in note and "alloc(3) takes [6,7,8] where the article's takes [6,7]" in note
     assert "only [9] stays free but stale (the article: [8,9])" in note
     heap = at.table[0].value   # a static table: the text and slots columns are all there
-    assert list(heap.columns) == ["node", "last used", "tokens", "text", "slots"]
+    assert list(heap.columns) == ["order", "node", "last used", "tokens", "text", "slots"]
+    assert list(heap["order"]) == list(range(1, len(heap) + 1))
     assert "GPU memory runs out" not in set(heap["text"]) and "10–11" in set(heap["slots"])
     button(at, "◀ Back").click().run()
     assert at.subheader[0].value.startswith("Time 2:")
     assert "alloc(2) takes slots [10,11]" in "\n".join(m.value for m in at.markdown)
     assert not at.info   # time 2: every word is one token, as in the article
+
+
+def test_walkthrough_buttons_are_enabled_for_the_step_the_click_leads_to():
+    """The state of Back and Next is computed after the click is applied: at Time 3 (the last step) Next
+    is disabled, after Restart "Press Next" sits above an enabled Next and Back is disabled."""
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("radixui/pages/walkthrough.py")
+    at.run()
+    state = lambda: (button(at, "◀ Back").disabled, button(at, "Next ▶").disabled)  # noqa: E731
+    assert state() == (True, False)
+    button(at, "Next ▶").click().run()
+    assert at.subheader[0].value.startswith("Time 0:") and state() == (False, False)
+    for t in (1, 2, 3):
+        button(at, "Next ▶").click().run()
+        assert at.subheader[0].value.startswith(f"Time {t}:")
+    assert state() == (False, True)              # the last step: Next does nothing, so it looks it
+    button(at, "◀ Back").click().run()
+    assert at.subheader[0].value.startswith("Time 2:") and state() == (False, False)
+    button(at, "Restart").click().run()
+    assert at.subheader[0].value.startswith("Start: an empty tree") and state() == (True, False)
+    assert any("Press **Next**" in m.value for m in at.markdown)
+    assert not at.exception
+
+
+def test_requests_of_a_rebuilt_engine_leave_the_table_instead_of_staying_submitted(app):
+    """Apply in the sidebar rebuilds the engine: the tab's earlier requests, finished or not, are the
+    old engine's; none stays behind as a "submitted" row with empty values, and the message says how
+    many unfinished ones went with it."""
+    pool = number(app, "Pool size (slots)")
+    before = pool.value
+    send(app, "Once upon a time, in a small village by the sea, there lived", max_new=400)
+    rid = app.session_state["_table_rids"][0]
+    model = next(t for t in app.text_input if t.label == "Model")
+    try:
+        model.input("default")                 # an earlier test may have left a bad path in the form
+        number(app, "Pool size (slots)").set_value(before - 64)
+        button(app, "Apply").click()
+        app.run()
+        assert not app.exception and not app.error, [e.value for e in app.error]
+        assert any("Engine rebuilt" in t.value and "1 unfinished request went with the old engine" in t.value
+                   for t in app.toast), [t.value for t in app.toast]
+        for _ in range(3):
+            rows = request_rows(app)
+            assert rows is None or (rid not in set(rows["request"]) and "submitted" not in set(rows["state"])), rows
+            app.run()
+    finally:
+        number(app, "Pool size (slots)").set_value(before)
+        button(app, "Apply").click()
+        app.run()
+    assert f"{before:,} slots" in app.caption[0].value

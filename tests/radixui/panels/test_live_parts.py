@@ -36,7 +36,7 @@ def test_request_table_lists_pending_submissions_first_and_marks_the_shown_path(
     assert list(df["request"]) == ["r9", "r2", "r1"]          # r1 is listed by the engine: not pending
     assert list(df["state"]) == ["submitted", "waiting", "finished"]
     assert list(df["cached / prompt"]) == ["", "", "4 / 5"]    # waiting: not matched yet
-    assert list(df["path"]) == ["", "", "◀ in tree"]
+    assert list(df["path"]) == ["", "", "◀"]
 
 
 def test_selected_row_maps_to_the_rid_drawn_last_run():
@@ -104,6 +104,15 @@ def test_hit_rate_series_cumulative_and_recent():
     assert s["recent"] == [0.0, 50.0, 50.0]                        # (10 + 5) / (10 + 20)
     fig = validate(hit_rate_figure(rs))
     assert [t.name for t in fig.data] == ["cumulative", "last 20"]
+    assert list(fig.layout.xaxis.range) == [0.5, 5.5] and fig.layout.xaxis.dtick == 1
+
+
+def test_the_empty_hit_chart_counts_requests_from_one():
+    """No request yet: the x axis runs over request numbers 1-5 (plotly's empty default was -1..6)."""
+    fig = validate(hit_rate_figure([]))
+    assert list(fig.layout.xaxis.range) == [0.5, 5.5] and fig.layout.xaxis.dtick == 1
+    many = [req(f"r{i}") for i in range(1, 31)]
+    assert validate(hit_rate_figure(many)).layout.xaxis.range is None     # many points: plotly fits them
 
 
 def test_word_groups_join_pieces_into_words():
@@ -158,3 +167,26 @@ def test_event_log_marks_splits_and_evictions_in_a_plain_frame():
     df = log_table(events, None, ["alloc", "split", "evict"])
     assert list(df["seq"]) == [3, 2, 1] and list(df["highlight"]) == ["✕ evict", "✂ split", ""]
     assert list(log_table(events, None, ["alloc"])["seq"]) == [1]
+
+
+def test_the_events_a_snapshot_describes_stop_at_its_seq():
+    """The store may hold events fetched after the snapshot was taken; the tree's highlights, ghosts
+    and eviction caption use only those up to the snapshot's seq (one step for all)."""
+    from radixui.panels.live_data import EventStore
+    store = EventStore()
+    store.events = [EvictEvent(seq=i, time=i, node=i, parent=0, token_ids=(i,), slots=(i,), last_access_time=0,
+                               policy_key=(0,)) for i in range(1, 8)]
+    assert [e.seq for e in store.recent_upto(5)] == [1, 2, 3, 4, 5]
+    assert [e.seq for e in store.recent_upto(5, n=2)] == [4, 5]
+    assert [e.seq for e in store.recent_upto(99)] == list(range(1, 8))
+    assert store.recent_upto(0) == []
+
+
+def test_a_submission_leaves_the_pending_list_once_the_engine_lists_it():
+    """Listed once, a request's row is the engine's: when the engine later drops it from its table
+    (or a rebuilt engine never knew it) it does not come back as "submitted"."""
+    pending = {"r1": ("p", 0.0), "r9": ("q", 1.0)}
+    request_table(Snap([req("r1")]), pending, selected=None)
+    assert list(pending) == ["r9"]
+    df = request_table(Snap([]), pending, selected=None)
+    assert list(df["request"]) == ["r9"] and list(df["state"]) == ["submitted"]

@@ -1,0 +1,286 @@
+"""The Live page moves while the engine works, in a real browser, as `make run` starts it: the engine
+server (the real default model, a pool of 160 slots) and the dashboard attached to it, Playwright
+over Debian's chromium at 1400x900.
+
+What is asserted is what the page draws: the plotly figure of the visible radix tree (its traces, as
+plotly holds them in the page) and SGLang's status line, timed on the wall clock the test and the
+browser share. The server's own /state/events, polled every 50 ms by a thread of the test, says when
+each node was evicted. Screenshots land in tests/e2e/artifacts/ (ignored by git)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from core.engine.config import EngineConfig
+from radixui.panels.live_poll import IDLE_POLL_S
+from tests.e2e import CHROMIUM, CHROMIUM_ARGS
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
+POOL_SLOTS = 160
+VIEWPORT = {"width": 1400, "height": 900}
+BRANCH_S = 1.0     # Send -> the new branch drawn in the tree
+GHOST_S = 1.0      # an eviction -> its ghost drawn in the tree
+ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: pathlib.Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[2]} exited; see {log}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {timeout} s; see {log}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """`make run`'s two processes on free ports: the engine server at the demo scale (pool 160) and
+    the dashboard attached to it."""
+    if not os.path.exists(CHROMIUM):
+        raise RuntimeError("Debian's chromium is missing: .ci/run installs it (apt-get install chromium)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    sport, uport = _free_port(), _free_port()
+    slog, ulog = ARTIFACTS / "moves_server.log", ARTIFACTS / "moves_streamlit.log"
+    flags = EngineConfig.dashboard(POOL_SLOTS).to_args(["pool_slots", "max_running_requests", "max_prefill_tokens"])
+    with open(slog, "w") as so, open(ulog, "w") as uo:
+        server = subprocess.Popen([sys.executable, "-m", "core.server", "--port", str(sport), "--log-level",
+                                   "warning", *flags], cwd=ROOT, stdout=so, stderr=subprocess.STDOUT)
+        try:
+            surl = f"http://127.0.0.1:{sport}"
+            _wait_http(f"{surl}/health", server, slog)
+            env = {k: v for k, v in os.environ.items() if k not in ("RADIX_API_KEY", "RADIX_ADMIN_KEY")}
+            env["RADIX_ENGINE_URL"] = surl
+            ui = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(uport),
+                                   "--server.address", "127.0.0.1", "--server.headless", "true"],
+                                  cwd=ROOT, env=env, stdout=uo, stderr=subprocess.STDOUT)
+            try:
+                uurl = f"http://127.0.0.1:{uport}"
+                _wait_http(uurl, ui, ulog)
+                yield surl, uurl
+            finally:
+                _stop(ui)
+        finally:
+            _stop(server)
+
+
+@pytest.fixture(scope="module")
+def page(stack):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        pg = browser.new_page(viewport=VIEWPORT)
+        pg.goto(stack[1], timeout=300_000)
+        pg.get_by_role("heading", name="RadixAttention, live").wait_for(timeout=300_000)
+        _wait_tree(pg)
+        pg.evaluate(_WATCH_TREE)
+        yield pg
+        browser.close()
+
+
+def _wait_tree(pg) -> None:
+    pg.wait_for_function(_VISIBLE_TREE + " return !!tree(); }", timeout=300_000)
+
+
+# The visible radix tree's plotly div (the Time travel tab's tree is hidden; its height is 0).
+_VISIBLE_TREE = """() => { const tree = () => [...document.querySelectorAll('[data-testid=stPlotlyChart] .js-plotly-plot')]
+  .find(d => d.getBoundingClientRect().height > 0 && (d.data || []).some(t => t.name === 'edge text'));"""
+
+# Watches the drawn tree on every animation frame, from now on: for each node id drawn as a ghost
+# (the "evicted (fading)" trace) the wall-clock time it was first drawn; for each label word asked
+# for (window.__tree.want) the first time an edge label held it, with the status line at that moment;
+# and (log) the wall-clock time each snapshot seq was first drawn.
+_WATCH_TREE = _VISIBLE_TREE + """
+  const w = window.__tree = {ghosts: {}, found: {}, want: [], seqs: new Set(), disagree: [], log: []};
+  const status = () => [...document.querySelectorAll('.sglang')].map(e => e.innerText).join(' ');
+  const tick = () => { const d = tree();
+    if (d) { const now = Date.now();
+      if (d.layout && d.layout.meta && !w.seqs.has(d.layout.meta.seq)) { w.seqs.add(d.layout.meta.seq); w.log.push([now / 1000, d.layout.meta.seq]); }
+      for (const t of d.data) {
+        if (t.name === 'evicted (fading)') for (const id of (t.customdata || [])) if (!(id in w.ghosts)) w.ghosts[id] = now;
+        if (t.name === 'edge text') for (const word of w.want) if (!(word in w.found)
+            && (t.text || []).some(s => String(s).includes(word))) w.found[word] = {at: now, status: status()}; }
+      // the caption's "evicted this step: node N ..." must name ghosts of this very drawing
+      const ghostIds = new Set(d.data.filter(t => t.name === 'evicted (fading)').flatMap(t => t.customdata || []));
+      for (const a of (d.layout.annotations || [])) for (const m of String(a.text || '').matchAll(/node (\\d+) '/g))
+        if (String(a.text).includes('evicted this step') && !ghostIds.has(m[1])) w.disagree.push([m[1], d.layout.meta.seq]); }
+    requestAnimationFrame(tick); };
+  requestAnimationFrame(tick); }"""
+
+
+def _no_errors(pg) -> None:
+    for sel in ERROR_SELECTORS:
+        assert pg.locator(sel).count() == 0, pg.locator(sel).first.inner_text()
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def test_a_sent_request_shows_running_and_its_branch_within_a_second_while_it_generates(stack, page):
+    """Send a prompt that generates for seconds: within 1 s of the press the drawn tree holds the
+    prompt's branch and the status line says #running-req: 1; the server still lists the request as
+    running then, its row says "running" with a rising token count, and the page keeps polling at
+    the busy pace (it never waits 3 s between repaints while it runs)."""
+    surl, _ = stack
+    pg = page
+    pg.get_by_text("Raw completion").click()
+    word = "Quokkas"
+    prompt = f"{word} are small marsupials. Once upon a time, in a small village by the sea, there lived"
+    pg.get_by_label("Prompt", exact=True).fill(prompt)
+    pg.get_by_role("spinbutton", name="Max new tokens").fill("120")
+    pg.evaluate("w => { window.__tree.want.push(w); window.__down = null; document.addEventListener('pointerdown',"
+                " () => { window.__down = Date.now(); }, {capture: true, once: true}); }", word)
+    pg.get_by_role("button", name="Send", exact=True).click()
+    pg.wait_for_function("w => w in window.__tree.found", arg=word, timeout=30_000)
+    found = pg.evaluate("w => window.__tree.found[w]", word)
+    mid = [r for r in _get(f"{surl}/state/snapshot")["requests"] if r["prompt_text"] == prompt]
+    pg.screenshot(path=str(ARTIFACTS / "live_branch_while_running.png"))
+    delay = (found["at"] - pg.evaluate("() => window.__down")) / 1000    # the press to the branch, as seen
+    assert mid and mid[0]["state"] == "running", (delay, mid)   # still generating when the branch was drawn
+    assert delay < BRANCH_S, f"the branch was drawn {delay:.2f} s after Send (target < {BRANCH_S:g} s)"
+    assert "#running-req: 1," in found["status"], found["status"]
+    # while it runs: its row says "running", the status line "#running-req: 1", and its token count
+    # (as the server reports it) rises from look to look
+    rid, counts, looks = mid[0]["rid"], [], []
+    while True:
+        rows = pg.evaluate("() => [...document.querySelectorAll('[data-testid=stDataFrame] [role=row]')]"
+                           ".map(r => [...r.querySelectorAll('[role=gridcell]')].map(c => c.innerText))")
+        status = pg.locator(".sglang").first.inner_text()
+        now = [r for r in _get(f"{surl}/state/snapshot")["requests"] if r["rid"] == rid][0]
+        if now["state"] != "running":
+            break
+        shown = [r for r in rows if r and r[0] == rid]
+        assert shown and shown[0][1] in ("running", "finished"), rows   # the page may lag the server by a poll
+        if shown[0][1] == "running":
+            assert "#running-req: 1," in status, status
+            counts.append(now["output_tokens"])
+            looks.append((time.monotonic(), status))    # token usage in it rises with every token
+        pg.wait_for_timeout(400)
+    assert len(counts) >= 2 and counts == sorted(counts) and counts[-1] > counts[0], counts
+    changes = [t for (t, s), (_, before) in zip(looks[1:], looks) if s != before]
+    gaps = [b - a for a, b in zip([looks[0][0]] + changes, changes + [looks[-1][0]])]
+    assert changes and max(gaps) < IDLE_POLL_S, f"the status line stood still for {max(gaps, default=0):.1f} s"
+    pg.wait_for_function("() => [...document.querySelectorAll('.sglang')].some(e => e.innerText.includes("
+                         "'#running-req: 0, #queue-req: 0'))", timeout=120_000)
+    _no_errors(pg)
+
+
+def test_every_eviction_is_drawn_as_a_ghost_within_a_second_of_its_step(stack, page):
+    """Fill the pool of 160 slots with distinct prompts until the server has evicted at least eight
+    nodes: each node the server's /state/events reports evicted is drawn as a ghost in the visible
+    tree within 1 s of the moment a 50 ms poll of the server first saw the eviction, however many
+    steps ran between two paints; and the caption's "evicted this step" never names a node that
+    the same drawing does not show as a ghost (both come from one snapshot's step)."""
+    surl, _ = stack
+    pg = page
+    evicted: dict[int, float] = {}
+    stop = threading.Event()
+    since = _get(f"{surl}/state/events?since=0&limit=1")["last_seq"]
+
+    def watch() -> None:
+        at = since
+        while not stop.is_set():
+            got = _get(f"{surl}/state/events?since={at}&limit=10000")
+            now = time.time()
+            for e in got["events"]:
+                at = max(at, e["seq"])
+                if e["kind"] == "evict":
+                    evicted.setdefault(int(e["node"]), now)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for i in range(24):
+            if len(evicted) >= 8:
+                break
+            _post(f"{surl}/v1/completions", {"model": "default", "temperature": 0, "max_tokens": 24,
+                                              "prompt": f"Note {i}: {'Aardvarks Badgers Camels Dingos'.split()[i % 4]} "
+                                                        f"live in {i * 7 + 3} countries and eat insects at night"})
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert len(evicted) >= 8, f"the server evicted only {sorted(evicted)}"
+    pg.wait_for_timeout(1500)        # a ghost not drawn by now is late anyway; the check below says how late
+    drawn = pg.evaluate("() => window.__tree.ghosts")
+    pg.screenshot(path=str(ARTIFACTS / "live_every_eviction.png"))
+    late = {n: round(drawn[str(n)] / 1000 - t, 2) if str(n) in drawn else None for n, t in evicted.items()}
+    assert all(v is not None and v < GHOST_S for v in late.values()), \
+        (f"node -> seconds from eviction to its ghost (None: never drawn): {late}; when each snapshot seq was "
+         f"first drawn: {pg.evaluate('() => window.__tree.log')}")
+    assert pg.evaluate("() => window.__tree.disagree") == []
+    _no_errors(pg)
+
+
+def test_the_live_page_fits_1400_by_900_without_cut_or_wrapped_lines(stack, page):
+    """After the requests above (a full table, evictions): the hit-rate chart ends above the fold, the
+    KPI chips and SGLang's status line are one line each and the status line is not cut, the request
+    table needs no horizontal scrolling (its output column in view), and the tree's footer (the
+    eviction caption) ends inside the figure."""
+    pg = page
+    pg.wait_for_function("() => [...document.querySelectorAll('.sglang')].some(e => e.innerText.includes("
+                         "'#running-req: 0, #queue-req: 0'))", timeout=120_000)
+    pg.wait_for_timeout(1500)
+    pg.screenshot(path=str(ARTIFACTS / "live_fits_1400x900.png"))
+    m = pg.evaluate("""() => {
+      const box = e => e.getBoundingClientRect();
+      const hit = [...document.querySelectorAll('[data-testid=stPlotlyChart]')]
+        .find(c => c.innerText.includes('Cache hit rate'));
+      const kpi = document.querySelector('.kpi-line'), chip = kpi.querySelector('.kpi');
+      const status = document.querySelector('.sglang');
+      const scroller = document.querySelector('[data-testid=stDataFrame] .dvn-scroller');
+      const head = [...document.querySelectorAll('[data-testid=stDataFrame] [role=columnheader]')].map(h => [h.innerText, box(h).right]);
+      const grid = box(document.querySelector('[data-testid=stDataFrame]'));
+      const tree = [...document.querySelectorAll('[data-testid=stPlotlyChart] .js-plotly-plot')]
+        .find(d => box(d).height > 0 && (d.data || []).some(t => t.name === 'edge text'));
+      const notes = [...tree.querySelectorAll('.annotation-text')].map(a => [a.textContent, box(a).right]);
+      return {hitBottom: box(hit).bottom, kpiH: box(kpi).height, chipH: box(chip).height,
+              statusH: box(status).height, statusCut: status.scrollWidth > status.clientWidth,
+              scroll: scroller ? scroller.scrollWidth - scroller.clientWidth : null, head, gridRight: grid.right,
+              treeRight: box(tree).right, notes}; }""")
+    assert m["hitBottom"] <= VIEWPORT["height"], m
+    assert m["kpiH"] < 1.8 * m["chipH"] and m["statusH"] < 22 and not m["statusCut"], m
+    assert m["scroll"] is not None and m["scroll"] <= 1, m
+    assert any(h == "output" and right <= m["gridRight"] for h, right in m["head"]), m["head"]
+    assert all(right <= m["treeRight"] for _, right in m["notes"]), m["notes"]
+    _no_errors(pg)
