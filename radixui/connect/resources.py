@@ -27,7 +27,7 @@ def torch_threads() -> int:
     return env.torch_threads() or max(1, (os.cpu_count() or 2) // 2)
 
 
-@st.cache_resource(show_spinner="Loading the model (the first start converts it once, about 30 s)...")
+@st.cache_resource(show_spinner="Loading the model (only the very first start on a machine also converts it, about 30 s)...")
 def get_runner(model: str, impl: str = "auto", numerics: str = "auto") -> ModelRunner:
     torch.set_num_threads(torch_threads())
     return ModelRunner(model, impl=impl, numerics=numerics)
