@@ -28,7 +28,7 @@ def tiny_pair(family: str, seed: int = 0) -> tuple[torch.nn.Module, ModelRunner]
     ref.generation_config.eos_token_id = None
     ref.generation_config.pad_token_id = 0
     # scripts/gpu_check.sh sets RADIX_TEST_DEVICE=cuda; the reference model stays on the CPU
-    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device=env.test_device())
+    return ref, ModelRunner.from_hf(copy.deepcopy(ref), device=env.test_device(), numerics="fp32")
 
 
 @torch.no_grad()

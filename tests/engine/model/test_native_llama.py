@@ -287,3 +287,23 @@ def test_loading_the_kernels_keeps_subnormal_floats_for_the_whole_process():
     if out[0] != "True":
         pytest.skip(f"native kernels unavailable: {native_kernels.error()}")
     assert out[1] == "True", f"sys.float_info.min / 2 gave {out[2]} after the kernels loaded"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(family):
+    """int8 runs every row through one kernel, so a prompt computed whole, in two chunks, or all but its last
+    token cached gives the same logits to fp32 rounding (a bf16 GEMM for the many-row chunks moved them by
+    ~1e-2 and flipped greedy tokens between cache on and off)."""
+    native = NativeLlama.from_hf(make_ref(family), dtype="int8")
+    ids = torch.randint(1, 128, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    slots = torch.arange(1, 41)
+
+    def last_logits(cut: int) -> torch.Tensor:
+        pool = native.make_pool(48)
+        if cut:
+            native.forward(ForwardBatch.build([(ids[:cut], [], slots[:cut])]), pool)
+        return native.forward(ForwardBatch.build([(ids[cut:], slots[:cut], slots[cut:])]), pool)[-1]
+
+    whole = last_logits(0)
+    for cut in (7, 17, 39):
+        torch.testing.assert_close(last_logits(cut), whole, atol=ATOL, rtol=0)
