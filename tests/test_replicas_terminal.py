@@ -69,7 +69,10 @@ def test_one_ready_line_then_ctrl_c_exits_0_without_a_traceback():
 
 def test_make_replicas_passes_log_dir_through_only_when_given():
     def command(*extra: str) -> str:
-        got = subprocess.run(["make", "-n", "replicas", *extra], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        # run as a top-level make even under `make test` (a sub-make would print "Leaving directory" lines)
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+        got = subprocess.run(["make", "-n", "--no-print-directory", "replicas", *extra], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
         return got.stdout.splitlines()[-1]
     assert command("LOG_DIR=/tmp/replica-logs").endswith(
         "-m core.replicas --replicas 2 --policy cache_aware --port 30000 --log-dir /tmp/replica-logs -- ")

@@ -51,14 +51,19 @@ def test_page_shows_non_ascii_prompt_intact_in_the_replica_tree():
     from core.engine.sampling import SamplingParams
     from radixui.connect.resources import get_clients
 
+    from radixui.connect.resources import default_config, get_holder
+
     text = "Grüße, 東京 🚀"
     client = get_clients()[0]                 # the page's own (in-process) engine, shared through cache_resource
-    rid = client.submit(text, SamplingParams(max_new_tokens=1, temperature=0.0))
-    deadline = time.time() + 120
-    while not any(r.rid == rid and r.state == "finished" for r in client.snapshot().requests):
-        assert time.time() < deadline, "the request did not finish"
-        time.sleep(0.2)
-    at = AppTest.from_file(PAGE, default_timeout=180).run()
+    try:
+        rid = client.submit(text, SamplingParams(max_new_tokens=1, temperature=0.0))
+        deadline = time.time() + 120
+        while not any(r.rid == rid and r.state == "finished" for r in client.snapshot().requests):
+            assert time.time() < deadline, "the request did not finish"
+            time.sleep(0.2)
+        at = AppTest.from_file(PAGE, default_timeout=180).run()
+    finally:                                  # later tests of this process expect a fresh in-process engine
+        assert get_holder().rebuild(default_config()) is None
     assert not at.exception, at.exception
     spec = next(json.loads(c.proto.spec) for c in at.get("plotly_chart"))
     edge_text = next(t for t in spec["data"] if t.get("name") == "edge text")["text"]
