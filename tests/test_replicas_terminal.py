@@ -29,7 +29,11 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if sel.select(timeout=1):
-            return proc.stdout.readline()
+            line = proc.stdout.readline()
+            if line == "":                     # stdout closed: the launcher exited; say how
+                proc.wait(30)
+                raise AssertionError(f"exited with {proc.returncode} before its ready line: {proc.stderr.read()}")
+            return line
         assert proc.poll() is None, f"exited with {proc.returncode}: {proc.stderr.read()}"
     raise TimeoutError("no ready line")
 

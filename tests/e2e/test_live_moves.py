@@ -78,8 +78,11 @@ def stack():
     slog, ulog = ARTIFACTS / "moves_server.log", ARTIFACTS / "moves_streamlit.log"
     flags = EngineConfig.dashboard(POOL_SLOTS).to_args(["pool_slots", "max_running_requests", "max_prefill_tokens"])
     with open(slog, "w") as so, open(ulog, "w") as uo:
+        # fp32: ~25 tok/s here, so a 120-token request generates for seconds and the test can watch the page
+        # move while it runs (the default int8 path makes those 120 tokens in under a second)
         server = subprocess.Popen([sys.executable, "-m", "core.server", "--port", str(sport), "--log-level",
-                                   "warning", *flags], cwd=ROOT, stdout=so, stderr=subprocess.STDOUT)
+                                   "warning", "--dtype", "fp32", *flags], cwd=ROOT, stdout=so,
+                                  stderr=subprocess.STDOUT)
         try:
             surl = f"http://127.0.0.1:{sport}"
             _wait_http(f"{surl}/health", server, slog)
@@ -193,7 +196,10 @@ def test_a_sent_request_shows_running_and_its_branch_within_a_second_while_it_ge
         if now["state"] != "running":
             break
         shown = [r for r in rows if r and r[0] == rid]
-        assert shown and shown[0][1] in ("running", "finished"), rows   # the page may lag the server by a poll
+        if not shown:       # the grid is still drawing its rows (an empty box for a moment after a repaint)
+            pg.wait_for_timeout(100)
+            continue
+        assert shown[0][1] in ("running", "finished"), rows   # the page may lag the server by a poll
         if shown[0][1] == "running":
             assert "#running-req: 1," in status, status
             counts.append(now["output_tokens"])
