@@ -115,7 +115,9 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
     left, right = st.columns([1.2, 2], gap="medium")
     with left:
         form_box = st.container()                 # filled after the table: see prompt_panel.py
-        flash_box = st.container()                # messages under the form: the tree never moves down
+        # messages under the form (the tree never moves down); a placeholder that each run fills or empties,
+        # so a message leaves with the next run even when that run is a fragment's or was cut short
+        flash_box = st.empty()
     stepping = client.is_stepping()
     sent = ss.pop("_sent", [])                    # the rids this run's Send submitted (before the script)
     # after this run's submissions (and, after a Send, once the engine admitted them): one engine step for all
@@ -126,11 +128,16 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
     flash = ss.pop("flash", None)
     if flash and flash[0] == "success":
         st.toast(flash[1], icon=":material/check_circle:")    # no banner pushing the tree down
-    elif flash:
-        getattr(flash_box, flash[0])(flash[1])
+        flash = None
     err = client.last_error()
-    if err:
-        flash_box.warning(f"The engine recovered from an error: {err}")
+    if flash or err:
+        with flash_box.container():
+            if flash:
+                getattr(st, flash[0])(flash[1])
+            if err:
+                st.warning(f"The engine recovered from an error: {err}")
+    else:
+        flash_box.empty()
     status = sglang_status(snap.metrics)
     kpi_box.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang' title='{html_escape(status)}'>{status}</div>",
                      unsafe_allow_html=True)
