@@ -65,7 +65,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600, path: 
 
 
 def _interrupt(signum: int, frame) -> None:
-    raise KeyboardInterrupt  # SIGTERM / SIGHUP: stop the children as Ctrl-C does
+    raise KeyboardInterrupt  # SIGINT / SIGTERM / SIGHUP: stop the children as Ctrl-C does
 
 
 def _stop(procs: list[subprocess.Popen], dashboard_url: str = "") -> None:
@@ -104,7 +104,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     child_env = dict(os.environ)
     procs: list[subprocess.Popen] = []
     dashboard_url = ""
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a launcher started in the background by a script inherits SIGINT ignored, and Python then
+    # raises no KeyboardInterrupt, so Ctrl-C (or kill -INT) would leave both children running
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     try:
         if not env.engine_urls():

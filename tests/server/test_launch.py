@@ -30,12 +30,14 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _start_launcher() -> tuple[subprocess.Popen, int, int]:
+def _start_launcher(sigint_ignored: bool = False) -> tuple[subprocess.Popen, int, int]:
     ui, srv = _free_port(), _free_port()
     env = dict(os.environ, PORT=str(ui), SERVER_PORT=str(srv), RADIX_POOL_SLOTS="64")
     env.pop("RADIX_ENGINE_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "core.server.launch"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)   # a terminal's group
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,   # a terminal's group
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored
+                            else None)
     deadline = time.time() + 240
     while time.time() < deadline and not (_listening(ui) and _listening(srv)):
         assert proc.poll() is None, proc.stdout.read()
@@ -43,6 +45,21 @@ def _start_launcher() -> tuple[subprocess.Popen, int, int]:
     with urllib.request.urlopen(f"http://127.0.0.1:{srv}/health", timeout=5) as r:
         assert r.status == 200
     return proc, ui, srv
+
+
+def test_kill_int_stops_both_even_when_the_launcher_inherited_sigint_ignored():
+    """A script that starts `make run` in the background hands it SIGINT ignored; Python then raises no
+    KeyboardInterrupt, and the launcher used to sit through kill -INT with both children running."""
+    proc, ui, srv = _start_launcher(sigint_ignored=True)
+    try:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert not _listening(ui) and not _listening(srv)
 
 
 @pytest.mark.parametrize("signum,to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, True)],
