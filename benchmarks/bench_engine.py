@@ -257,21 +257,13 @@ def main() -> None:
         ok = section_speed(args, runner, hf, ids, sections) and ok
     if "fairness" in sections:
         from benchmarks import engine_fairness
-        port = free_port()
         server_args = args.server_args.split() + ["--torch-threads", str(torch.get_num_threads())]
         if args.dtype != "auto":
             server_args += ["--dtype", args.dtype]
-        r = engine_fairness.fairness(ids, port, server_args, args.fair_tokens, args.long_tokens)
+        r = engine_fairness.fairness(ids, server_args, args.fair_tokens, args.long_tokens)
         ok = engine_fairness.report(r, args.long_tokens) and ok
     if not ok:
         sys.exit(1)
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def section_speed(args, runner: ModelRunner, hf, ids: list[int], sections: set) -> bool:

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_engine import corpus_text  # noqa: E402
+from benchmarks.engine_sweep import StepClock  # noqa: E402
 from core.engine.model import native_kernels  # noqa: E402
 from core.engine.engine import Engine  # noqa: E402
 from core.engine.model.forward_batch import ForwardBatch  # noqa: E402
@@ -57,22 +58,11 @@ def text_ids(tokenizer) -> list[int]:
     return tokenizer.encode(corpus_text(), add_special_tokens=False)
 
 
-class _StepClock:
-    """A logits processor that only records when each generation step reached it."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def __call__(self, input_ids, scores):
-        self.times.append(time.perf_counter())
-        return scores
-
-
 def hf_fastest_step(hf, prompt: list[int], batch: int, n: int) -> float:
     """Fastest interval between consecutive decode steps of HF generate (greedy, fp32, KV cache)."""
     from transformers import LogitsProcessorList
     ids = torch.tensor([prompt] * batch)
-    clock = _StepClock()
+    clock = StepClock()
     with torch.inference_mode():
         hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                     pad_token_id=0, logits_processor=LogitsProcessorList([clock]))

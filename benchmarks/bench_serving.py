@@ -128,10 +128,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(extra: list[str], args) -> tuple[subprocess.Popen, str]:
+def serve(flags: list[str]) -> tuple[subprocess.Popen, str]:
+    """`python -m core.server` on a free port with `flags`; (process, url) once /health answers."""
     port = free_port()
-    cmd = [sys.executable, "-m", "core.server", "--port", str(port), "--model", args.model, "--log-level",
-           "warning", "--pool-slots", str(args.pool_slots), "--max-running-requests", "16", *extra]
+    cmd = [sys.executable, "-m", "core.server", "--port", str(port), *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 600
@@ -145,6 +145,11 @@ def start_server(extra: list[str], args) -> tuple[subprocess.Popen, str]:
             time.sleep(0.5)
     proc.kill()
     raise RuntimeError("server did not start")
+
+
+def start_server(extra: list[str], args) -> tuple[subprocess.Popen, str]:
+    return serve(["--model", args.model, "--log-level", "warning", "--pool-slots", str(args.pool_slots),
+                  "--max-running-requests", "16", *extra])
 
 
 def main() -> int:

@@ -16,35 +16,13 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
-def start_server(port: int, extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning",
-           "--pool-slots", "16384", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {' '.join(cmd)}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not start within 600 s")
 
 
 def stream_times(client, prompt: list[int], max_tokens: int, on_token=None) -> tuple[float, list[float]]:
@@ -65,12 +43,13 @@ def gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
-def fairness(ids: list[int], port: int, server_args: list[str], stream_tokens: int, long_tokens: int) -> dict:
+def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_tokens: int) -> dict:
     from openai import OpenAI
 
-    proc = start_server(port, server_args)
+    from benchmarks.bench_serving import serve
+    proc, url = serve(["--log-level", "warning", "--pool-slots", "16384", *server_args])
     try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=600, max_retries=0)
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600, max_retries=0)
         stream_times(client, ids[:16], 4)                                   # warm up
         _, solo = stream_times(client, ids[100:228], stream_tokens)
         long_prompt = ids[5000:5000 + long_tokens]

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import openai
 import pytest
@@ -20,66 +16,18 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.processes import attached_stack
 
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 
 pytestmark = pytest.mark.timeout(600)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: pathlib.Path, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[2]} exited; see {log}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout} s; see {log}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def stack():
-    if not os.path.exists(CHROMIUM):
-        raise RuntimeError("Debian's chromium is missing: .ci/run installs it (apt-get install chromium)")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    sport, uport = _free_port(), _free_port()
-    slog, ulog = ARTIFACTS / "attached_server.log", ARTIFACTS / "attached_streamlit.log"
-    with open(slog, "w") as so, open(ulog, "w") as uo:
-        server = subprocess.Popen([sys.executable, "-m", "core.server", "--port", str(sport), "--pool-slots", "512",
-                                   "--max-running-requests", "8", "--log-level", "warning"],
-                                  cwd=ROOT, stdout=so, stderr=subprocess.STDOUT)
-        try:
-            surl = f"http://127.0.0.1:{sport}"
-            _wait_http(f"{surl}/health", server, slog)
-            env = dict(os.environ, RADIX_ENGINE_URL=surl)
-            ui = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(uport),
-                                   "--server.address", "127.0.0.1", "--server.headless", "true"],
-                                  cwd=ROOT, env=env, stdout=uo, stderr=subprocess.STDOUT)
-            try:
-                uurl = f"http://127.0.0.1:{uport}"
-                _wait_http(uurl, ui, ulog)
-                yield surl, uurl
-            finally:
-                _stop(ui)
-        finally:
-            _stop(server)
+    with attached_stack("attached", ["--pool-slots", "512", "--max-running-requests", "8", "--log-level", "warning"],
+                        dict(os.environ)) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.processes import free_port
 
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 VIEWPORT = {"width": 1400, "height": 900}
@@ -37,12 +38,6 @@ WARM_CHART_S = 5.0     # a new tab's first chart, the server already started (mo
 # JavaScript compiled and run, the first charts drawn; browser + software GPU ~1.5 s) against 0.4 s of
 # the server's: on two cores 4.0-4.5 s, little headroom. So when the median of five tabs misses, five
 # more are opened and the median of all ten decides (a noisy neighbour's burst, not a slow page).
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -69,7 +64,7 @@ def _tree_cpu(pid: int) -> float:
 def server():
     if not os.path.exists(CHROMIUM):
         raise RuntimeError("Debian's chromium is missing: .ci/run installs it (apt-get install chromium)")
-    port = _free_port()
+    port = free_port()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     log = open(ARTIFACTS / "streamlit.log", "w")
     env = dict(os.environ, RADIX_POOL_SLOTS=str(POOL_SLOTS))

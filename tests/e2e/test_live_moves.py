@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -23,6 +20,7 @@ import pytest
 from core.engine.config import EngineConfig
 from radixui.panels.live_poll import IDLE_POLL_S
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.processes import attached_stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
@@ -39,66 +37,16 @@ ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentE
 pytestmark = pytest.mark.timeout(600)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: pathlib.Path, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[2]} exited; see {log}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout} s; see {log}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def stack():
     """`make run`'s two processes on free ports: the engine server at the demo scale (pool 160) and
     the dashboard attached to it."""
-    if not os.path.exists(CHROMIUM):
-        raise RuntimeError("Debian's chromium is missing: .ci/run installs it (apt-get install chromium)")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    sport, uport = _free_port(), _free_port()
-    slog, ulog = ARTIFACTS / "moves_server.log", ARTIFACTS / "moves_streamlit.log"
     flags = EngineConfig.dashboard(POOL_SLOTS).to_args(["pool_slots", "max_running_requests", "max_prefill_tokens"])
-    with open(slog, "w") as so, open(ulog, "w") as uo:
-        # fp32: ~25 tok/s here, so a 120-token request generates for seconds and the test can watch the page
-        # move while it runs (the default int8 path makes those 120 tokens in under a second)
-        server = subprocess.Popen([sys.executable, "-m", "core.server", "--port", str(sport), "--log-level",
-                                   "warning", "--dtype", "fp32", *flags], cwd=ROOT, stdout=so,
-                                  stderr=subprocess.STDOUT)
-        try:
-            surl = f"http://127.0.0.1:{sport}"
-            _wait_http(f"{surl}/health", server, slog)
-            env = {k: v for k, v in os.environ.items() if k not in ("RADIX_API_KEY", "RADIX_ADMIN_KEY")}
-            env["RADIX_ENGINE_URL"] = surl
-            ui = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(uport),
-                                   "--server.address", "127.0.0.1", "--server.headless", "true"],
-                                  cwd=ROOT, env=env, stdout=uo, stderr=subprocess.STDOUT)
-            try:
-                uurl = f"http://127.0.0.1:{uport}"
-                _wait_http(uurl, ui, ulog)
-                yield surl, uurl
-            finally:
-                _stop(ui)
-        finally:
-            _stop(server)
+    env = {k: v for k, v in os.environ.items() if k not in ("RADIX_API_KEY", "RADIX_ADMIN_KEY")}
+    # fp32: ~25 tok/s here, so a 120-token request generates for seconds and the test can watch the page
+    # move while it runs (the default int8 path makes those 120 tokens in under a second)
+    with attached_stack("moves", ["--log-level", "warning", "--dtype", "fp32", *flags], env) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")

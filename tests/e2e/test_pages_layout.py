@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.processes import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
@@ -21,17 +22,11 @@ VIEWPORT = {"width": 1400, "height": 900}
 pytestmark = pytest.mark.timeout(600)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def url():
     if not os.path.exists(CHROMIUM):
         raise RuntimeError("Debian's chromium is missing: .ci/run installs it (apt-get install chromium)")
-    port = _free_port()
+    port = free_port()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     log = open(ARTIFACTS / "streamlit_pages.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
@@ -95,7 +90,7 @@ def test_routing_result_stays_open_in_far_apart_colours(url, page):
 
 
 def test_kv_events_address_survives_a_reload_and_nothing_listening_is_said(page, url):
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     page.goto(f"{url}/kv_events", timeout=120_000)
     box = page.get_by_label("Endpoint (the engine's PUB socket)")
     box.fill(endpoint)
