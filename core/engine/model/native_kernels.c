@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -158,25 +159,187 @@ static chunk_fn pick_chunk_fn(int G, int D) {
 /* Which kernel decode_attention uses for (G, D): 1 = registers-resident AVX-512, 0 = generic loops. */
 int decode_attention_fast(int G, int D) { return pick_chunk_fn(G, D) != chunk_generic; }
 
+/* ---------------------------------------------------------------- extend runs
+ * The new tokens of one extend (a run of consecutive rows sharing one slot row; row i sees one key more
+ * than row i-1) against one chunk of SEG_CHUNK keys for one KV head. Up to 16 query vectors (rows x G
+ * heads) sit in the 16 lanes of a register, so each key is read from the pool once for all of them:
+ * scores are 16 keys x 16 lanes of FMAs, the softmax runs lane-wise (each lane masked to its own causal
+ * and window range), and p x V is 16 dims x 16 lanes. A per-row loop would read the chunk once per row.
+ * Writes each row's m, l, o like the decode chunks, so the same combine step finishes both. */
+#define SEG_CHUNK 64
+
+#if defined(__AVX512F__)
+/* exp(x), 1-2 ulp on the range used here (x <= 0), Cephes' expf polynomial; NaN stays NaN. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);       /* second operand returned for a NaN x */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* rows r0..r1-1 ((r1 - r0) * G <= 16) of one run, keys [lo, hi) (hi - lo <= SEG_CHUNK) of its slot row sl;
+ * fp32 K/V. */
+static void seg_chunk(const void *q, int q_bf16, int64_t q_stride, const float *kbuf, const float *vbuf,
+                      const int64_t *sl, const int64_t *first, const int64_t *lens, int r0, int r1, int kh, int KVH,
+                      int G, int D, float scale, int64_t lo, int64_t hi, float *scratch, int64_t part, int nchunks,
+                      int c) {
+    const int nq = (r1 - r0) * G, n = (int)(hi - lo);
+    float qt[MAX_D * 16];                 /* qt[d][lane]: the block's query vectors, scaled */
+    float st[SEG_CHUNK * 16];             /* st[j][lane]: scores, then probabilities */
+    float ot[MAX_D * 16];                 /* ot[d][lane]: unnormalised outputs */
+    float row[MAX_D];
+    float kblk[16 * MAX_D];               /* 16 key rows of the chunk */
+    int32_t beg[16], end[16];
+    for (int lane = 0; lane < 16; lane++) {
+        if (lane < nq) {
+            const int r = r0 + lane / G, g = lane % G;
+            load_row(q, q_bf16, (int64_t)r * q_stride + ((int64_t)kh * G + g) * D, D, row);
+            for (int d = 0; d < D; d++) qt[d * 16 + lane] = row[d] * scale;
+            const int64_t b = first[r] - lo, e = lens[r] - lo;
+            beg[lane] = (int32_t)(b < 0 ? 0 : b);
+            end[lane] = (int32_t)(e > n ? n : e);
+        } else {
+            for (int d = 0; d < D; d++) qt[d * 16 + lane] = 0.f;
+            beg[lane] = 0;
+            end[lane] = 0;
+        }
+    }
+    for (int j0 = 0; j0 < n; j0 += 16) {             /* scores: 16 keys x 16 lanes */
+        const int nj = n - j0 < 16 ? n - j0 : 16;
+        for (int i = 0; i < 16; i++)             /* the 16 keys' rows, contiguous: one base pointer below */
+            memcpy(kblk + i * D, kbuf + (sl[lo + j0 + (i < nj ? i : 0)] * KVH + kh) * D, sizeof(float) * (size_t)D);
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d++) {
+            const __m512 qd = _mm512_loadu_ps(qt + d * 16);
+            const float *kd = kblk + d;
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(kd[i * D]), qd, acc[i]);
+        }
+        for (int i = 0; i < nj; i++) _mm512_storeu_ps(st + (j0 + i) * 16, acc[i]);
+    }
+    const __m512i bv = _mm512_loadu_si512(beg), ev = _mm512_loadu_si512(end);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < n; j++) {
+        const __m512i jv = _mm512_set1_epi32(j);
+        const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, bv) & _mm512_cmplt_epi32_mask(jv, ev);
+        m = _mm512_mask_max_ps(m, vis, m, _mm512_loadu_ps(st + j * 16));   /* a NaN score makes m NaN */
+    }
+    __m512 l = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const __m512i jv = _mm512_set1_epi32(j);
+        const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, bv) & _mm512_cmplt_epi32_mask(jv, ev);
+        const __m512 p = _mm512_maskz_mov_ps(vis, exp512(_mm512_sub_ps(_mm512_loadu_ps(st + j * 16), m)));
+        l = _mm512_add_ps(l, p);
+        _mm512_storeu_ps(st + j * 16, p);
+    }
+    for (int d0 = 0; d0 < D; d0 += 16) {             /* o = p x V: 16 dims x 16 lanes */
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const __m512i jv = _mm512_set1_epi32(j);   /* masked: a NaN value a lane cannot see stays out */
+            const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, bv) & _mm512_cmplt_epi32_mask(jv, ev);
+            const __m512 pj = _mm512_loadu_ps(st + j * 16);
+            const float *vr = vbuf + (sl[lo + j] * KVH + kh) * D + d0;
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(vr[i]), pj, acc[i], vis);
+        }
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(ot + (d0 + i) * 16, acc[i]);
+    }
+    float ms[16], ls[16];
+    _mm512_storeu_ps(ms, m);
+    _mm512_storeu_ps(ls, l);
+    for (int lane = 0; lane < nq; lane++) {
+        const int r = r0 + lane / G, g = lane % G;
+        float *pm = scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part;
+        const int empty = beg[lane] >= end[lane];
+        pm[g] = empty ? 0.f : ms[lane];
+        pm[G + g] = empty ? 0.f : ls[lane];
+        float *po = pm + 2 * G + (int64_t)g * D;
+        for (int d = 0; d < D; d++) po[d] = ot[d * 16 + lane];
+    }
+}
+#endif
+
 /* q: [R, H, D] (q_bf16: bf16, else fp32), q_stride elements from one request's row to the next; kbuf, vbuf: [S, KVH, D] (kv_bf16); slots: [R, Lmax] int64;
  * keys of row r are slots[r, first[r] .. lens[r]-1]; scratch: R*KVH*nchunks*G*(D+2) floats;
  * out: [R, H, D] (out_bf16). Requires D <= MAX_D, G <= MAX_G, chunk <= MAX_CHUNK. */
 void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *slots, const int64_t *first, const int64_t *lens,
                       int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, int nchunks,
-                      float *scratch, void *out, int out_bf16) {
+                      float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg) {
     const int G = H / KVH;
     const int64_t items = (int64_t)R * KVH * nchunks;
     const int64_t part = (int64_t)G * (D + 2);      /* per item: m[G], l[G], o[G][D] */
     const chunk_fn fn = pick_chunk_fn(G, D);
 
-    /* Work items are (request, chunk); each walks the KV heads in turn, so a chunk's rows
-     * ([KVH, D] contiguous per slot) come from DRAM once, in order, and the later heads hit L2. */
+#if defined(__AVX512F__)
+    /* Extends as runs (seg[s] .. seg[s+1]-1: rows sharing a slot row), chunk == SEG_CHUNK, fp32 K/V: one work
+     * item per (chunk, block of a run's rows) runs every row of the block against the chunk's keys at once;
+     * one-row runs (decodes) keep the decode chunk kernel. */
+    if (seg != NULL && chunk == SEG_CHUNK && !kv_bf16 && D % 16 == 0 && G <= 16) {
+        const int rows_per_block = 16 / G;
+        int64_t nblocks = 0;
+        for (int sg = 0; sg < nseg; sg++) nblocks += (seg[sg + 1] - seg[sg] + rows_per_block - 1) / rows_per_block;
+        int64_t *blocks = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)(nblocks ? nblocks : 1));
+        int64_t b = 0;
+        for (int sg = 0; sg < nseg; sg++)
+            for (int64_t r = seg[sg]; r < seg[sg + 1]; r += rows_per_block, b++) {
+                blocks[2 * b] = r;
+                blocks[2 * b + 1] = r + rows_per_block < seg[sg + 1] ? r + rows_per_block : seg[sg + 1];
+            }
+        #pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t cb = 0; cb < (int64_t)nchunks * nblocks; cb++)
+        for (int kh = 0; kh < KVH; kh++) {
+            const int c = (int)(cb / nblocks);
+            const int r0 = (int)blocks[2 * (cb % nblocks)], r1 = (int)blocks[2 * (cb % nblocks) + 1];
+            int64_t lo = (int64_t)c * chunk, hi = lo + chunk;
+            if (lo < first[r0]) lo = first[r0];           /* along a run first and lens grow with the row */
+            if (hi > lens[r1 - 1]) hi = lens[r1 - 1];
+            if (lo >= hi) {
+                for (int r = r0; r < r1; r++) {
+                    float *pm = scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part;
+                    for (int g = 0; g < G; g++) { pm[g] = 0.f; pm[G + g] = 0.f; }
+                }
+                continue;
+            }
+            if (r1 - r0 == 1) {                           /* a decode: the decode chunk kernel */
+                float qf[MAX_G * MAX_D];
+                float sc[MAX_G * MAX_CHUNK];
+                for (int g = 0; g < G; g++) {
+                    load_row(q, q_bf16, (int64_t)r0 * q_stride + ((int64_t)kh * G + g) * D, D, qf + (int64_t)g * D);
+                    for (int i = 0; i < D; i++) qf[(int64_t)g * D + i] *= scale;
+                }
+                float *pm = scratch + (((int64_t)r0 * KVH + kh) * nchunks + c) * part;
+                fn(qf, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax + lo, (int)(hi - lo), KVH, kh, G, D, sc,
+                   pm, pm + G, pm + 2 * G);
+                continue;
+            }
+            seg_chunk(q, q_bf16, q_stride, (const float *)kbuf, (const float *)vbuf, slots + (int64_t)r0 * Lmax,
+                      first, lens, r0, r1, kh, KVH, G, D, scale, lo, hi, scratch, part, nchunks, c);
+        }
+        free(blocks);
+        goto combine;
+    }
+#else
+    (void)seg; (void)nseg;
+#endif
+
+    /* Work items are (chunk, row); each walks the KV heads in turn, so a chunk's rows
+     * ([KVH, D] contiguous per slot) come from DRAM once, in order, and the later heads hit L2.
+     * Chunk-major: the query rows of one extend share their keys, and read a chunk while it is in cache. */
     #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t rc = 0; rc < items / KVH; rc++)
     for (int kh = 0; kh < KVH; kh++) {
-        const int c = (int)(rc % nchunks);
-        const int r = (int)(rc / nchunks);
+        const int c = (int)(rc / R);
+        const int r = (int)(rc % R);
         const int64_t it = ((int64_t)r * KVH + kh) * nchunks + c;
         float *pm = scratch + it * part, *pl = pm + G, *po = pl + G;
         int64_t lo = (int64_t)c * chunk, hi = lo + chunk;
@@ -195,6 +358,7 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
         fn(qf, kbuf, vbuf, kv_bf16, slots + (int64_t)r * Lmax + lo, (int)(hi - lo), KVH, kh, G, D, s, pm, pl, po);
     }
 
+combine:
     /* combine the chunks of each (request, head) */
     #pragma omp parallel for schedule(static)
     for (int64_t rh = 0; rh < (int64_t)R * H; rh++) {
@@ -203,7 +367,8 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
         int any = 0;
         for (int c = 0; c < nchunks; c++) {
             const float *pm = scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part;
-            if (pm[G + g] > 0.f) { any = 1; if (pm[g] > m) m = pm[g]; }
+            /* l == 0: an empty chunk (a real one has l >= 1); a NaN l (a poisoned key) must propagate */
+            if (pm[G + g] != 0.f) { any = 1; if (pm[g] > m) m = pm[g]; }
         }
         float o[MAX_D];
         memset(o, 0, sizeof(float) * (size_t)D);
@@ -211,7 +376,7 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
         if (any) {
             for (int c = 0; c < nchunks; c++) {
                 const float *pm = scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part;
-                if (!(pm[G + g] > 0.f)) continue;
+                if (pm[G + g] == 0.f) continue;
                 const float w = expf(pm[g] - m);
                 total += w * pm[G + g];
                 const float *po = pm + 2 * G + (int64_t)g * D;
@@ -393,14 +558,15 @@ static int args_ok(Py_ssize_t n, Py_ssize_t want, const char *name) {
 #define FLT(i) ((float)PyFloat_AsDouble(args[i]))
 
 static PyObject *py_decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 20, "decode_attention")) return NULL;
+    if (!args_ok(n, 22, "decode_attention")) return NULL;
     const void *q = PTR(0); int qb = INT(1); int64_t qs = I64(2); const void *k = PTR(3), *v = PTR(4);
     int kvb = INT(5); const int64_t *sl = PTR(6), *fi = PTR(7), *le = PTR(8);
     int R = INT(9), H = INT(10), KVH = INT(11), D = INT(12); int64_t Lmax = I64(13); float sc = FLT(14);
     int chunk = INT(15), nch = INT(16); float *scr = PTR(17); void *out = PTR(18); int ob = INT(19);
+    const int64_t *seg = PTR(20); int nseg = INT(21);
     if (PyErr_Occurred()) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    decode_attention(q, qb, qs, k, v, kvb, sl, fi, le, R, H, KVH, D, Lmax, sc, chunk, nch, scr, out, ob);
+    decode_attention(q, qb, qs, k, v, kvb, sl, fi, le, R, H, KVH, D, Lmax, sc, chunk, nch, scr, out, ob, seg, nseg);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

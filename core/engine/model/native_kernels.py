@@ -35,6 +35,7 @@ SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
          "-fassociative-math", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11"]
 MAX_D, MAX_G, MAX_CHUNK = 256, 16, 512
+SEG_CHUNK = 64   # keys per work item of an extend run (native_kernels.c)
 
 _lib = None   # the compiled extension module
 _tried = False
@@ -135,10 +136,13 @@ def _ptr(t: Optional[torch.Tensor]) -> int:
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
                      first: torch.Tensor, lens: torch.Tensor, scale: float, chunk: int, nchunks: int,
-                     scratch: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+                     scratch: torch.Tensor, out: torch.Tensor, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q [R, H, D] (rows may be strided, heads and D contiguous); k_buf/v_buf [S, KVH, D] contiguous;
     slots [R, Lmax] int64 contiguous; row r attends keys first[r] .. lens[r]-1 of its row;
-    scratch >= R*KVH*nchunks*G*(D+2) fp32; out [R, H, D] contiguous."""
+    scratch >= R*KVH*nchunks*G*(D+2) fp32; out [R, H, D] contiguous.
+    segments: None, or int64 [nseg + 1] row starts of runs of rows that share one slot row (an extend's new
+    tokens, first and lens non-decreasing along the run); with chunk == SEG_CHUNK each run reads a chunk's
+    keys once for all its rows."""
     r, h, d = q.shape
     kvh = k_buf.shape[1]
     if q.stride(2) != 1 or q.stride(1) != d:
@@ -146,7 +150,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     _lib.decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(),
                           int(k_buf.dtype == torch.bfloat16), slots.data_ptr(), first.data_ptr(), lens.data_ptr(),
                           r, h, kvh, d, slots.shape[1], scale, chunk, nchunks, scratch.data_ptr(), out.data_ptr(),
-                          int(out.dtype == torch.bfloat16))
+                          int(out.dtype == torch.bfloat16), _ptr(segments),
+                          0 if segments is None else segments.numel() - 1)
     return out
 
 

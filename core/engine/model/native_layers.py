@@ -134,6 +134,7 @@ class Padded:
     valid: Optional[torch.Tensor]    # [rows * q_len] real queries; None: all are
     out_index: Optional[torch.Tensor]  # [real] flat token of each real query; None when valid is None
     cache: dict = field(default_factory=dict)
+    segments: Optional[torch.Tensor] = None  # one-query rows only: [runs + 1] row starts of each request's rows
 
     def mask(self, window: Optional[int], dtype: torch.dtype) -> Optional[torch.Tensor]:
         """[rows, 1, q_len, kv_len] additive mask (causal, window, padding), or None when every key
@@ -205,13 +206,28 @@ class AttentionPlan:
     extends: list[Padded] = field(default_factory=list)
 
     @classmethod
-    def build(cls, batch: ForwardBatch) -> "AttentionPlan":
+    def build(cls, batch: ForwardBatch, row_kernel: bool = False) -> "AttentionPlan":
+        """`row_kernel`: the C decode kernel can run this model's attention (CPU, its shapes); then
+        short extends (at most ROW_KERNEL_MAX_QUERIES new tokens, a cached prefix or company in the
+        batch) join the decodes, one kernel row per query token, reading their keys from the pool
+        in place: a chunk of a long prompt then costs its own queries, not a gather of its whole
+        prefix in every layer (what kept a decoding stream waiting behind a long prefill)."""
         plan = cls(num_tokens=batch.num_tokens)
-        if batch.decode_rows:
+        rows = batch.extend_rows
+        if row_kernel:
+            lone_fresh = len(rows) == 1 and batch.prefix_lens[rows[0]] == 0 and not batch.decode_rows
+            short = [] if lone_fresh else [r for r in rows if batch.extend_lens[r] <= ROW_KERNEL_MAX_QUERIES]
+            if short:
+                as_rows = set(short)
+                rows = [r for r in rows if r not in as_rows]
+                plan.decodes = _query_rows(batch, sorted(batch.decode_rows + short))
+                plan.decode_idx = plan.decodes.q_index
+                if plan.decode_idx is None:
+                    return plan
+        if batch.decode_rows and plan.decodes is None:
             pure = len(batch.decode_rows) == batch.num_requests
             plan.decodes = _padded(batch, batch.decode_rows, all_tokens=pure)
             plan.decode_idx = None if pure else plan.decodes.q_index
-        rows = batch.extend_rows
         if not rows:
             return plan
         if len(rows) == 1 and batch.prefix_lens[rows[0]] == 0:
@@ -222,11 +238,44 @@ class AttentionPlan:
         q_max = max(batch.extend_lens[r] for r in rows)
         l_max = max(batch.seq_slots[r].numel() for r in rows)
         if len(rows) * q_max * l_max <= PAD_FACTOR * real:
-            plan.extends = [_padded(batch, rows, all_tokens=not batch.decode_rows)]
+            plan.extends = [_padded(batch, rows, all_tokens=not batch.decode_rows and plan.decodes is None)]
         else:
             groups = [g.rows for g in batch.extend_groups] + [[r] for r in batch.extend_singles]
-            plan.extends = [_padded(batch, g, all_tokens=False) for g in groups]
+            groups = [[r for r in g if r in rows] for g in groups]
+            plan.extends = [_padded(batch, g, all_tokens=False) for g in groups if g]
         return plan
+
+
+# Extends of at most this many new tokens run through the C decode kernel, one row per query token (see
+# AttentionPlan.build); longer ones gather their keys once per layer and run SDPA, whose GEMMs win there.
+ROW_KERNEL_MAX_QUERIES = 32
+
+
+def _query_rows(batch: ForwardBatch, rows: list[int]) -> Padded:
+    """One decode-kernel row per new token of `rows` (decodes and short extends): token i of request r
+    reads keys 0 .. prefix_lens[r] + i of r's sequence (causal), from r's slot row."""
+    dev = batch.device
+    lens = [batch.extend_lens[r] for r in rows]
+    kv_len = max(batch.seq_slots[r].numel() for r in rows)
+    table = torch.zeros((sum(lens), kv_len), dtype=torch.int64, device=dev)
+    seq_lens, q_index, at = [], [], 0
+    for r, n in zip(rows, lens):
+        s = batch.seq_slots[r]
+        table[at:at + n, :s.numel()] = s
+        p, start = batch.prefix_lens[r], batch.extend_starts[r]
+        seq_lens.extend(range(p + 1, p + n + 1))
+        q_index.extend(range(start, start + n))
+        at += n
+    seq = torch.tensor(seq_lens, dtype=torch.int64)
+    in_order = q_index == list(range(batch.num_tokens))
+    starts = [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
+    return Padded(rows=at, q_len=1, kv_len=kv_len,
+                  q_index=None if in_order else torch.tensor(q_index, dtype=torch.int64, device=dev),
+                  slots=table.reshape(-1), q_pos=(seq - 1)[:, None].to(dev), seq_lens=seq.to(dev),
+                  valid=None, out_index=None,
+                  segments=torch.tensor(starts, dtype=torch.int64) if max(lens) > 1 else None)
 
 
 def fresh_causal_mask(n: int, window: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
@@ -289,12 +338,13 @@ def attend_decodes(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
             and q.device.type == "cpu":
         key = ("chunks", window)
         if key not in p.cache:
-            p.cache[key] = decode_chunks(rd, p.kv_len, torch.get_num_threads())
+            p.cache[key] = ((native_kernels.SEG_CHUNK, -(-p.kv_len // native_kernels.SEG_CHUNK))
+                            if p.segments is not None else decode_chunks(rd, p.kv_len, torch.get_num_threads()))
         chunk, nchunks = p.cache[key]
         scratch = p.buffer("scratch", (rd * kvh * nchunks * (heads // kvh) * (d + 2),), torch.float32)
         out = torch.empty((rd, heads, d), dtype=q.dtype)
         return native_kernels.decode_attention(q, k_buf, v_buf, p.slots.view(rd, p.kv_len), p.first_key(window),
-                                               p.seq_lens, scale, chunk, nchunks, scratch, out)
+                                               p.seq_lens, scale, chunk, nchunks, scratch, out, p.segments)
     if q.dtype == torch.float32:
         return attend_padded(p, q, k_buf, v_buf, window, scale)
     g = heads // kvh

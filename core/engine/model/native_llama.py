@@ -248,7 +248,12 @@ class NativeLlama(torch.nn.Module):
             return self._forward(batch, pool)
 
     def _forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
-        plan = AttentionPlan.build(batch)
+        # short extends as decode-kernel rows (fp32 activations: in bf16 the kernel's fp32 softmax would
+        # differ from SDPA's at bf16 rounding, and cache on / off would drift apart)
+        row_kernel = (batch.device.type == "cpu" and self.act_dtype == torch.float32 and native_kernels.available()
+                      and self.head_dim <= native_kernels.MAX_D
+                      and self.num_heads // self.num_kv_heads <= native_kernels.MAX_G)
+        plan = AttentionPlan.build(batch, row_kernel=row_kernel)
         if int(batch.positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
                              f"({self.max_positions} positions)")
