@@ -82,9 +82,8 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
             t.join(600)
         loaded = result["times"]
         window = [b - a for a, b in zip(loaded, loaded[1:]) if a >= marks["long_sent"] and b <= marks["long_first"]]
-        if marks["long_first"] > loaded[-1]:
-            window.append(float("nan"))   # the stream ended before the long prefill did: lengthen the stream
         return dict(solo=gaps(solo), loaded_window=window, loaded_all=gaps(loaded),
+                    stream_ended_first=marks["long_first"] > loaded[-1],
                     long_prefill=marks["long_first"] - marks["long_sent"],
                     short_ttft=marks["short_first"] - marks["short_sent"])
     finally:
@@ -102,12 +101,14 @@ def report(r: dict, long_tokens: int) -> bool:
           f"a 2-token request 1 s later")
     print(f"stream ITL solo:                  p50 {ms(statistics.median(solo))}  p99 {ms(percentile(solo, 99))}  "
           f"({len(solo)} gaps)")
-    if any(x != x for x in win) or not win:
-        print("stream ended before the long prompt's prefill did: raise --fair-tokens")
+    if len(win) < 20:
+        print(f"only {len(win)} stream gaps overlapped the long prefill: raise --fair-tokens")
         return False
     p99_ratio = percentile(win, 99) / percentile(solo, 99)
+    # a stream that ends first is measured over the part of the prefill it overlapped
+    overlap = "; the stream ended first" if r.get("stream_ended_first") else ""
     print(f"stream ITL during the long prefill: p50 {ms(statistics.median(win))}  p99 {ms(percentile(win, 99))}  "
-          f"max {ms(max(win))}  ({len(win)} gaps; the prefill took {r['long_prefill']:.1f} s)")
+          f"max {ms(max(win))}  ({len(win)} gaps{overlap}; the prefill took {r['long_prefill']:.1f} s)")
     ok_itl = p99_ratio <= 3
     ok_ttft = r["short_ttft"] <= 2
     print(f"p99 ITL loaded / solo: {p99_ratio:.2f}x (goal <= 3x) {'PASS' if ok_itl else 'MISS'};  "

@@ -4,16 +4,28 @@ A step runs every running decode (one token each) and some prefill tokens. Witho
 prompt's chunk (thousands of tokens) makes that step, and so every decoding stream's next token,
 wait seconds. So while anything decodes, the prefill tokens of a step are capped such that the step
 takes about `ratio` times a decode-only step: the prefill advances every step (never starved) and a
-stream's inter-token latency stays within `ratio` of its solo value. The costs are measured online,
-from the engine's own steps (an exponential average): what a decode-only step costs at the current
-batch, and what one prefill token costs. With nothing decoding, the step takes the whole budget.
+stream's inter-token latency stays within `ratio` of its solo value.
+
+What a prefill token costs is not one number: its projections cost the same everywhere, but its
+attention grows with the keys before it, and deep into a long prompt the chunk's keys come from
+memory once per step whatever its size. So the cap is a feedback loop on the engine's own steps,
+not a cost model: after each mixed step the next cap is what would have made that step hit its
+target at that step's cost per token (growing at most 2x a step, so one cheap step cannot let a
+huge chunk through). A decode-only step's cost is the median of the last few (a single slow step, the
+machine busy for a moment, must not raise every later cap: during a long prefill no decode-only step
+comes to correct it). With nothing decoding, the step takes the whole budget.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
 
-MIN_PREFILL_TOKENS = 16       # a floor: a prefill always advances, even when decode steps are very cheap
-EMA = 0.2                     # weight of the newest measurement
+MIN_PREFILL_TOKENS = 2        # a floor: the oldest prefill and a waiting request each advance by a token a step
+FIRST_MIXED_TOKENS = 16       # the cap of the first mixed step, before any has been measured
+MAX_GROWTH = 2.0              # the cap grows at most this much from one mixed step to the next
+DECODE_WINDOW = 16            # decode-only steps whose median is a decode step's cost
 
 
 @dataclass
@@ -21,14 +33,15 @@ class StepBudget:
     max_tokens: int           # EngineConfig.max_prefill_tokens: the budget of a step without decodes
     ratio: float              # EngineConfig.mixed_step_ratio: a mixed step's target, in decode steps; 0 = off
     decode_s: float = 0.0     # measured: seconds of a decode-only step (per step, at its batch)
-    token_s: float = 0.0      # measured: seconds per prefill token, beyond the decode part of its step
+    mixed_tokens: Optional[float] = None   # the current cap of a mixed step (None: none measured yet)
+    _decodes: deque = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW), repr=False)
 
     def tokens(self, decoding: int) -> int:
         """The prefill tokens the next step may carry, with `decoding` requests decoding in it."""
-        if decoding == 0 or self.ratio <= 0 or self.decode_s <= 0 or self.token_s <= 0:
+        if decoding == 0 or self.ratio <= 0 or self.decode_s <= 0:
             return self.max_tokens
-        allowed = int((self.ratio - 1.0) * self.decode_s / self.token_s)
-        return max(MIN_PREFILL_TOKENS, min(self.max_tokens, allowed))
+        cap = FIRST_MIXED_TOKENS if self.mixed_tokens is None else int(self.mixed_tokens + 1e-9)
+        return max(MIN_PREFILL_TOKENS, min(self.max_tokens, cap))
 
     def observe(self, seconds: float, prefill_tokens: int, decodes: int) -> None:
         """A finished step: its wall time, the prefill tokens it computed and the decodes it sampled."""
@@ -36,12 +49,13 @@ class StepBudget:
             return
         if prefill_tokens == 0:
             if decodes:
-                self.decode_s = _ema(self.decode_s, seconds)
+                self._decodes.append(seconds)
+                self.decode_s = statistics.median(self._decodes)
             return
-        extra = seconds - (self.decode_s if decodes else 0.0)
-        if extra > 0:
-            self.token_s = _ema(self.token_s, extra / prefill_tokens)
+        if not decodes or self.decode_s <= 0 or self.ratio <= 0:
+            return
+        per_token = max(seconds - self.decode_s, 1e-6) / prefill_tokens
+        fits = (self.ratio - 1.0) * self.decode_s / per_token
+        grown = MAX_GROWTH * max(prefill_tokens, MIN_PREFILL_TOKENS)
+        self.mixed_tokens = max(float(MIN_PREFILL_TOKENS), min(fits, grown, float(self.max_tokens)))
 
-
-def _ema(old: float, new: float) -> float:
-    return new if old <= 0 else (1 - EMA) * old + EMA * new

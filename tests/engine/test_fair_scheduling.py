@@ -7,7 +7,7 @@ import pytest
 
 from core.engine.engine import Engine
 from core.engine.sampling import SamplingParams
-from core.engine.step_budget import MIN_PREFILL_TOKENS, StepBudget
+from core.engine.step_budget import FIRST_MIXED_TOKENS, MIN_PREFILL_TOKENS, StepBudget
 from tests.tiny_models import reference_greedy, tiny_pair
 
 LONG = [(7 * i) % 120 + 3 for i in range(400)]
@@ -99,15 +99,41 @@ def test_the_long_prompt_still_advances_every_step_while_short_requests_keep_com
 def test_the_step_budget_keeps_a_mixed_step_near_ratio_decode_steps():
     b = StepBudget(max_tokens=2048, ratio=2.5)
     assert b.tokens(decoding=3) == 2048                  # nothing measured yet: the whole budget
-    for _ in range(20):
+    for _ in range(5):
         b.observe(0.020, prefill_tokens=0, decodes=3)    # a decode-only step: 20 ms
-        b.observe(0.020 + 512 * 0.0005, prefill_tokens=512, decodes=3)   # each prefill token: 0.5 ms more
-    assert b.decode_s == pytest.approx(0.020) and b.token_s == pytest.approx(0.0005)
+    assert b.decode_s == pytest.approx(0.020)
+    assert b.tokens(decoding=3) == FIRST_MIXED_TOKENS    # before any mixed step: a small first cap
+    b.observe(0.020 + 16 * 0.0005, prefill_tokens=16, decodes=3)     # each prefill token: 0.5 ms more
+    assert b.tokens(decoding=3) == 32                    # would fit 60, grows at most 2x a step
+    b.observe(0.020 + 32 * 0.0005, prefill_tokens=32, decodes=3)
     assert b.tokens(decoding=3) == int(1.5 * 0.020 / 0.0005) == 60   # 20 ms + 60 x 0.5 ms = 2.5 x 20 ms
     assert b.tokens(decoding=0) == 2048                  # nothing decodes: the whole budget
-    b.token_s = 1.0                                      # a very slow prefill still advances
+    assert StepBudget(max_tokens=2048, ratio=0, decode_s=0.02).tokens(5) == 2048   # 0: no cap
+
+
+def test_the_step_budget_shrinks_the_chunk_as_the_prompt_grows():
+    """Deep into a long prompt a token's attention costs more (more keys): each mixed step's measured cost per
+    token sets the next cap, so the chunk shrinks and the mixed step stays at ~ratio decode steps; a very slow
+    prefill still advances by MIN_PREFILL_TOKENS."""
+    b = StepBudget(max_tokens=2048, ratio=2.5, decode_s=0.010)
+    n = b.tokens(decoding=1)
+    for keys in range(0, 6000, 250):
+        per_token = 0.0004 + 0.0005 * keys / 1000        # 0.4 ms a token plus 0.5 ms per thousand keys
+        b.observe(0.010 + n * per_token, prefill_tokens=n, decodes=1)
+        n, before = b.tokens(decoding=1), n
+        assert n == max(MIN_PREFILL_TOKENS, min(2 * before, int(0.015 / per_token + 1e-9)))
+    assert n == int(0.015 / (0.0004 + 0.0005 * 5.75)) == 4
+    b.observe(1.0, prefill_tokens=n, decodes=1)          # a very slow step
     assert b.tokens(decoding=1) == MIN_PREFILL_TOKENS
-    assert StepBudget(max_tokens=2048, ratio=0, decode_s=0.02, token_s=0.001).tokens(5) == 2048   # 0: no cap
+
+
+def test_one_slow_decode_step_does_not_loosen_the_cap():
+    """A decode step's cost is the median of the recent ones: one step slowed by something else on the machine
+    (here 0.5 s) must not raise the mixed-step target for the whole of the next long prefill."""
+    b = StepBudget(max_tokens=2048, ratio=2.5)
+    for seconds in [0.020] * 10 + [0.500] + [0.020] * 2:
+        b.observe(seconds, prefill_tokens=0, decodes=1)
+    assert b.decode_s == pytest.approx(0.020)
 
 
 def test_chunked_and_whole_prefill_give_the_same_tokens_with_the_budget_on(pair):
