@@ -21,7 +21,7 @@ import torch
 
 from core.cache.allocator import SlotAllocator
 from core.cache.radix_cache import RadixCache
-from core.engine import engine_snapshot, inputs
+from core.engine import engine_snapshot, inputs, omp_threads
 from core.engine.config import EngineConfig
 from core.engine.engine_metrics import EngineGauges, EngineMetrics
 from core.engine.inputs import Prompt
@@ -341,7 +341,8 @@ class Engine:
         # the default 5 ms switch interval a busy caller thread (a dashboard) stalls it for seconds.
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self._thread = threading.Thread(target=self._loop, name=self.loop_thread_name, daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(omp_threads.loop_threads(),),
+                                        name=self.loop_thread_name, daemon=True)
         self._thread.start()
         return self
 
@@ -358,7 +359,8 @@ class Engine:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
-    def _loop(self) -> None:
+    def _loop(self, threads: int) -> None:
+        torch.set_num_threads(threads)   # OpenMP's thread count is per thread: see omp_threads.py
         while not self._stop.is_set():
             try:
                 busy = self.step()

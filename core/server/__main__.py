@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     from core.server.drain import make_server
     from core.server.model_store import RunnerCache
 
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+    from core.engine import omp_threads
+    omp_threads.reserve(args.torch_threads or torch.get_num_threads())   # before loading: one OpenMP pool
     settings = ServerSettings(api_key=args.api_key, admin_key=args.admin_key, served_model_name=args.served_model_name,
                               model=args.model, max_body_bytes=args.max_body_bytes,
                               max_queue_requests=args.max_queue_requests, max_request_share=args.max_request_share,

@@ -12,6 +12,8 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
+from core.engine import omp_threads
+
 T = TypeVar("T")
 DEFAULT_WORKERS = 4
 
@@ -21,7 +23,7 @@ class CpuPool:
         if workers < 1:
             raise ValueError(f"--cpu-workers must be >= 1, got {workers}")
         self.workers = workers
-        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="radix-cpu")
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="radix-cpu", initializer=omp_threads.helper_thread)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` on a worker; the caller's task awaits it without blocking the loop."""
