@@ -84,6 +84,7 @@ class Engine:
         self._table_lock = threading.Lock()
         self._wake = threading.Condition(self._table_lock)
         self._thread: Optional[threading.Thread] = None
+        self.loop_threads = 0   # torch intra-op threads of the running loop thread (0: never started)
         self._stop = threading.Event()
         self._version = 0
         # Publication: at the end of every step the engine publishes its gauges, and while someone read a
@@ -361,6 +362,7 @@ class Engine:
 
     def _loop(self, threads: int) -> None:
         torch.set_num_threads(threads)   # OpenMP's thread count is per thread: see omp_threads.py
+        self.loop_threads = torch.get_num_threads()
         while not self._stop.is_set():
             try:
                 busy = self.step()
