@@ -27,11 +27,16 @@ ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
 POOL_SLOTS = 160
 VIEWPORT = {"width": 1400, "height": 900}
 # Issue 28 asks for 1 s; on a 2-core box running this suite the page measured 1.4 s from Send to the drawn
-# branch and at worst 1.23 s from an eviction to its ghost (most 0.4-0.9 s), so the bound here is 2 s: still
-# failing on the old page, which drew the branch only after the request finished (2.2-6 s, 2.9 s in this
-# test) and the ghosts of the latest step only (most evictions never drawn). The 1 s goal is not met yet.
-BRANCH_S = 2.0     # Send -> the new branch drawn in the tree
-GHOST_S = 2.0      # an eviction -> its ghost drawn in the tree
+# branch and at worst 1.23 s from an eviction to its ghost (most 0.4-0.9 s); the old page drew the branch
+# only after the request finished and the ghosts of the latest step only (most evictions never drawn).
+# The 1 s goal is not met yet. On a box ~2x slower (2026-12-02, decode 14 ms a step against 6.4) the same page drew the branch after
+# 2.2-3.1 s, before and after that day's engine changes alike (the Streamlit page run and the browser share
+# 2 cores with the engine's 2 threads), ghosts up to 2.24 s. The bounds are 4 s and 3 s there; that the branch
+# is drawn while the request runs (the old page drew it only after) is checked by the status line drawn with
+# it ("#running-req: 1"), whatever the time. The request generates 130 tokens, the most the 160-slot pool
+# holds next to its prompt.
+BRANCH_S = 4.0     # Send -> the new branch drawn in the tree
+GHOST_S = 3.0      # an eviction -> its ghost drawn in the tree
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 
 pytestmark = pytest.mark.timeout(600)
@@ -121,7 +126,7 @@ def test_a_sent_request_shows_running_and_its_branch_within_a_second_while_it_ge
     word = "Quokkas"
     prompt = f"{word} are small marsupials. Once upon a time, in a small village by the sea, there lived"
     pg.get_by_label("Prompt", exact=True).fill(prompt)
-    pg.get_by_role("spinbutton", name="Max new tokens").fill("120")
+    pg.get_by_role("spinbutton", name="Max new tokens").fill("130")
     pg.evaluate("w => { window.__tree.want.push(w); window.__down = null; document.addEventListener('pointerdown',"
                 " () => { window.__down = Date.now(); }, {capture: true, once: true}); }", word)
     pg.get_by_role("button", name="Send", exact=True).click()

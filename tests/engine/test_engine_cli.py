@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from core.__main__ import main
 from core.engine.model.loader import resolve_model
+from tests.interrupts import default_sigint
 from tests.tiny_models import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +116,7 @@ def test_ctrl_c_prints_the_text_so_far_and_exits_130(tiny_folder):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "core", "Tell me a long story", "--model", str(tiny_folder),
                              "--max-new-tokens", "480", "--pool-slots", "1024"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     try:
         first = proc.stdout.read(8)        # the stream has started
         assert first

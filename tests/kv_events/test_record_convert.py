@@ -19,6 +19,7 @@ from core.kv_events.trace import convert_recording
 from core.lab.replay import replay
 from core.lab.traces import load_trace
 from core.observe.snapshot import snapshot_cache
+from tests.interrupts import default_sigint
 from tests.kv_events.helpers import LOCAL, radix_prefixes
 
 PS = 4
@@ -162,7 +163,7 @@ def test_ctrl_c_stops_record_cleanly(tmp_path):
     import signal
     out = tmp_path / "ev.bin"
     proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
-                             "--out", str(out)], stderr=subprocess.PIPE, text=True)
+                             "--out", str(out)], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         line = proc.stderr.readline()     # printed inside the try that turns Ctrl-C into a clean stop
         assert line.startswith("recording tcp://127.0.0.1:9") and out.exists(), line

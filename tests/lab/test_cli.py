@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.lab.__main__ import main
+from tests.interrupts import default_sigint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -229,7 +230,7 @@ def test_ctrl_c_with_two_workers_stops_at_once_without_a_traceback(mooncake_path
     p = subprocess.Popen([sys.executable, "-m", "core.lab", "sweep", "--trace", str(mooncake_path),
                           "--capacities", "1000p,2000p,4000p,6000p,12000p,24000p", "--policies", "lru,lfu,fifo,slru",
                           "--workers", "2", "--out", str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_sigint)
     try:
         assert "page size 512" in p.stdout.readline()     # the sweep is under way
         time.sleep(2.0)
