@@ -38,7 +38,7 @@ def one(case: str, threads: int, tokens: int) -> float:
 
     def run() -> None:
         if case != "a":
-            torch.set_num_threads(omp_threads.loop_threads())
+            torch.set_num_threads(omp_threads.loop_threads() or threads)
         engine.submit(list(range(1000, 1128)), SamplingParams(max_new_tokens=tokens, ignore_eos=True))
         while engine.has_work():
             t = time.perf_counter()

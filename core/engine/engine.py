@@ -360,8 +360,9 @@ class Engine:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
-    def _loop(self, threads: int) -> None:
-        torch.set_num_threads(threads)   # OpenMP's thread count is per thread: see omp_threads.py
+    def _loop(self, threads: Optional[int]) -> None:
+        if threads is not None:              # OpenMP's thread count is per thread: see omp_threads.py
+            torch.set_num_threads(threads)
         self.loop_threads = torch.get_num_threads()
         while not self._stop.is_set():
             try:

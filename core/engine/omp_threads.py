@@ -8,7 +8,7 @@ A server that loaded the model on its main thread (a pool of 2) and ran the engi
 
 So the HTTP server calls `reserve()` before it loads anything: its own threads then run torch on one
 thread (no second pool), and every engine loop thread (`Engine.start`) sets the count it was given.
-Without `reserve()` (a script, a test) the loop thread takes the count of the thread that started it.
+Without `reserve()` (a script, a test, the in-process dashboard) the loop thread keeps OpenMP's default.
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ def reserve(threads: Optional[int] = None) -> int:
     return _engine_threads
 
 
-def loop_threads() -> int:
-    """The intra-op thread count an engine loop thread should set (called where the loop is started)."""
-    return _engine_threads or torch.get_num_threads()
+def loop_threads() -> Optional[int]:
+    """The intra-op thread count an engine loop thread should set, or None (no `reserve()`): the loop thread
+    then keeps OpenMP's default for a new thread (OMP_NUM_THREADS, else one per core)."""
+    return _engine_threads
 
 
 def helper_thread() -> None:
