@@ -47,17 +47,24 @@ def _start_launcher(sigint_ignored: bool = False) -> tuple[subprocess.Popen, int
     return proc, ui, srv
 
 
-def test_kill_int_stops_both_even_when_the_launcher_inherited_sigint_ignored():
-    """A script that starts `make run` in the background hands it SIGINT ignored; Python then raises no
-    KeyboardInterrupt, and the launcher used to sit through kill -INT with both children running."""
-    proc, ui, srv = _start_launcher(sigint_ignored=True)
+def _stop(proc: subprocess.Popen, send) -> str:
+    """Send the stop signal (`send()`), wait for the launcher to exit and return its output; a launcher
+    still running after 60 s is killed with its group, so the test leaves nothing behind."""
     try:
-        proc.send_signal(signal.SIGINT)
+        send()
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return out
+
+
+def test_kill_int_stops_both_even_when_the_launcher_inherited_sigint_ignored():
+    """A script that starts `make run` in the background hands it SIGINT ignored; Python then raises no
+    KeyboardInterrupt, and the launcher used to sit through kill -INT with both children running."""
+    proc, ui, srv = _start_launcher(sigint_ignored=True)
+    out = _stop(proc, lambda: proc.send_signal(signal.SIGINT))
     assert proc.returncode == 0, out
     assert not _listening(ui) and not _listening(srv)
 
@@ -66,16 +73,7 @@ def test_kill_int_stops_both_even_when_the_launcher_inherited_sigint_ignored():
                          ids=["ctrl-c to the terminal group", "sigterm to the launcher", "sighup to the group"])
 def test_a_stop_signal_stops_both_quietly(signum: int, to_group: bool):
     proc, ui, srv = _start_launcher()
-    try:
-        if to_group:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out = _stop(proc, lambda: os.killpg(proc.pid, signum) if to_group else proc.send_signal(signum))
     assert proc.returncode == 0, out
     assert "Traceback" not in out, out
     assert not _listening(ui) and not _listening(srv)

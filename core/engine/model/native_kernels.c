@@ -268,6 +268,27 @@ static void seg_chunk(const void *q, int q_bf16, int64_t q_stride, const float *
 }
 #endif
 
+/* One work item of a single row: its keys in chunk c (clipped to first .. lens-1) for KV head kh, through the
+ * decode chunk kernel `fn`; pm: the item's m[G], l[G], o[G][D]. An empty item gets l = 0 (weight 0 when combined). */
+static void row_item(chunk_fn fn, const void *q, int q_bf16, int64_t q_off, const void *kbuf, const void *vbuf,
+                     int kv_bf16, const int64_t *sl, int64_t first, int64_t lens, int c, int chunk, int kh, int KVH,
+                     int G, int D, float scale, float *pm) {
+    int64_t lo = (int64_t)c * chunk, hi = lo + chunk;
+    if (lo < first) lo = first;
+    if (hi > lens) hi = lens;
+    if (lo >= hi) {
+        for (int g = 0; g < G; g++) { pm[g] = 0.f; pm[G + g] = 0.f; }
+        return;
+    }
+    float qf[MAX_G * MAX_D];
+    float s[MAX_G * MAX_CHUNK];
+    for (int g = 0; g < G; g++) {
+        load_row(q, q_bf16, q_off + ((int64_t)kh * G + g) * D, D, qf + (int64_t)g * D);
+        for (int i = 0; i < D; i++) qf[(int64_t)g * D + i] *= scale;
+    }
+    fn(qf, kbuf, vbuf, kv_bf16, sl + lo, (int)(hi - lo), KVH, kh, G, D, s, pm, pm + G, pm + 2 * G);
+}
+
 /* q: [R, H, D] (q_bf16: bf16, else fp32), q_stride elements from one request's row to the next; kbuf, vbuf: [S, KVH, D] (kv_bf16); slots: [R, Lmax] int64;
  * keys of row r are slots[r, first[r] .. lens[r]-1]; scratch: R*KVH*nchunks*G*(D+2) floats;
  * out: [R, H, D] (out_bf16). Requires D <= MAX_D, G <= MAX_G, chunk <= MAX_CHUNK. */
@@ -276,7 +297,6 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
                       int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, int nchunks,
                       float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg) {
     const int G = H / KVH;
-    const int64_t items = (int64_t)R * KVH * nchunks;
     const int64_t part = (int64_t)G * (D + 2);      /* per item: m[G], l[G], o[G][D] */
     const chunk_fn fn = pick_chunk_fn(G, D);
 
@@ -311,15 +331,9 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
                 continue;
             }
             if (r1 - r0 == 1) {                           /* a decode: the decode chunk kernel */
-                float qf[MAX_G * MAX_D];
-                float sc[MAX_G * MAX_CHUNK];
-                for (int g = 0; g < G; g++) {
-                    load_row(q, q_bf16, (int64_t)r0 * q_stride + ((int64_t)kh * G + g) * D, D, qf + (int64_t)g * D);
-                    for (int i = 0; i < D; i++) qf[(int64_t)g * D + i] *= scale;
-                }
-                float *pm = scratch + (((int64_t)r0 * KVH + kh) * nchunks + c) * part;
-                fn(qf, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax + lo, (int)(hi - lo), KVH, kh, G, D, sc,
-                   pm, pm + G, pm + 2 * G);
+                row_item(fn, q, q_bf16, (int64_t)r0 * q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax,
+                         first[r0], lens[r0], c, chunk, kh, KVH, G, D, scale,
+                         scratch + (((int64_t)r0 * KVH + kh) * nchunks + c) * part);
                 continue;
             }
             seg_chunk(q, q_bf16, q_stride, (const float *)kbuf, (const float *)vbuf, slots + (int64_t)r0 * Lmax,
@@ -336,26 +350,12 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
      * ([KVH, D] contiguous per slot) come from DRAM once, in order, and the later heads hit L2.
      * Chunk-major: the query rows of one extend share their keys, and read a chunk while it is in cache. */
     #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t rc = 0; rc < items / KVH; rc++)
+    for (int64_t rc = 0; rc < (int64_t)R * nchunks; rc++)
     for (int kh = 0; kh < KVH; kh++) {
         const int c = (int)(rc / R);
         const int r = (int)(rc % R);
-        const int64_t it = ((int64_t)r * KVH + kh) * nchunks + c;
-        float *pm = scratch + it * part, *pl = pm + G, *po = pl + G;
-        int64_t lo = (int64_t)c * chunk, hi = lo + chunk;
-        if (lo < first[r]) lo = first[r];
-        if (hi > lens[r]) hi = lens[r];
-        if (lo >= hi) {                      /* nothing here: weight 0 in the combine step */
-            for (int g = 0; g < G; g++) { pm[g] = 0.f; pl[g] = 0.f; }
-            continue;
-        }
-        float qf[MAX_G * MAX_D];
-        float s[MAX_G * MAX_CHUNK];
-        for (int g = 0; g < G; g++) {
-            load_row(q, q_bf16, (int64_t)r * q_stride + ((int64_t)kh * G + g) * D, D, qf + (int64_t)g * D);
-            for (int i = 0; i < D; i++) qf[(int64_t)g * D + i] *= scale;
-        }
-        fn(qf, kbuf, vbuf, kv_bf16, slots + (int64_t)r * Lmax + lo, (int)(hi - lo), KVH, kh, G, D, s, pm, pl, po);
+        row_item(fn, q, q_bf16, (int64_t)r * q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r * Lmax, first[r],
+                 lens[r], c, chunk, kh, KVH, G, D, scale, scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part);
     }
 
 combine:

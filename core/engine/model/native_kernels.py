@@ -125,6 +125,12 @@ def available() -> bool:
     return _enabled and lib() is not None
 
 
+def attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether decode_attention can run this attention: the kernels built, a CPU tensor, head_dim <= MAX_D and
+    at most MAX_G query heads per KV head."""
+    return device.type == "cpu" and head_dim <= MAX_D and heads // kv_heads <= MAX_G and available()
+
+
 def error() -> Optional[str]:
     lib()
     return _error

@@ -15,6 +15,7 @@ few hundred ops and every op and every copy shows:
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -268,14 +269,11 @@ def _query_rows(batch: ForwardBatch, rows: list[int]) -> Padded:
         at += n
     seq = torch.tensor(seq_lens, dtype=torch.int64)
     in_order = q_index == list(range(batch.num_tokens))
-    starts = [0]
-    for n in lens:
-        starts.append(starts[-1] + n)
     return Padded(rows=at, q_len=1, kv_len=kv_len,
                   q_index=None if in_order else torch.tensor(q_index, dtype=torch.int64, device=dev),
                   slots=table.reshape(-1), q_pos=(seq - 1)[:, None].to(dev), seq_lens=seq.to(dev),
                   valid=None, out_index=None,
-                  segments=torch.tensor(starts, dtype=torch.int64) if max(lens) > 1 else None)
+                  segments=torch.tensor([0, *itertools.accumulate(lens)]) if max(lens) > 1 else None)
 
 
 def fresh_causal_mask(n: int, window: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
@@ -334,8 +332,7 @@ def attend_decodes(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     """
     rd, heads, d = q.shape
     kvh = k_buf.shape[1]
-    if native_kernels.available() and d <= native_kernels.MAX_D and heads // kvh <= native_kernels.MAX_G \
-            and q.device.type == "cpu":
+    if native_kernels.attention_fits(q.device, heads, kvh, d):
         key = ("chunks", window)
         if key not in p.cache:
             p.cache[key] = ((native_kernels.SEG_CHUNK, -(-p.kv_len // native_kernels.SEG_CHUNK))

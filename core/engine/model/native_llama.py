@@ -250,9 +250,8 @@ class NativeLlama(torch.nn.Module):
     def _forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         # short extends as decode-kernel rows (fp32 activations: in bf16 the kernel's fp32 softmax would
         # differ from SDPA's at bf16 rounding, and cache on / off would drift apart)
-        row_kernel = (batch.device.type == "cpu" and self.act_dtype == torch.float32 and native_kernels.available()
-                      and self.head_dim <= native_kernels.MAX_D
-                      and self.num_heads // self.num_kv_heads <= native_kernels.MAX_G)
+        row_kernel = self.act_dtype == torch.float32 and native_kernels.attention_fits(
+            batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
         plan = AttentionPlan.build(batch, row_kernel=row_kernel)
         if int(batch.positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
