@@ -10,13 +10,16 @@ from typing import Optional
 import pytest
 import torch
 
-from core.engine.model import native_kernels
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_layers import AttentionPlan, attend_decodes
+from tests.engine.model.require_kernels import require_kernels
 
 H, KVH, D = 9, 3, 64
 
-pytestmark = pytest.mark.skipif(not native_kernels.available(), reason="native kernels unavailable")
+
+@pytest.fixture(autouse=True)
+def kernels():
+    require_kernels()
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_slots: torch.Tensor, prefix: int,

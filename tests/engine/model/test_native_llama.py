@@ -22,6 +22,7 @@ from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
 from core.engine.model.native_llama import NativeLlama, unsupported_reason
 from core.engine.sampling import SamplingParams
+from tests.engine.model.require_kernels import require_kernels
 from tests.tiny_models import CONFIGS, TINY, reference_greedy
 
 ATOL = 1e-5
@@ -145,8 +146,7 @@ def test_padded_extends_equal_alone(pair):
 
 def test_kernels_and_torch_fallback_agree(pair):
     """The C kernels (decode attention, fused norms) and the torch fallbacks give the same logits."""
-    if not native_kernels.available():
-        pytest.skip(f"native kernels unavailable: {native_kernels.error()}")
+    require_kernels()
     family, ref, native = pair
     prompt = torch.randint(1, 128, (25,), generator=torch.Generator().manual_seed(8)).tolist()
     slots = torch.randperm(100, generator=torch.Generator().manual_seed(9))[:40] + 1
@@ -283,9 +283,9 @@ def test_loading_the_kernels_keeps_subnormal_floats_for_the_whole_process():
     import sys
     code = ("import sys; from core.engine.model import native_kernels as k; ok = k.available(); "
             "x = sys.float_info.min; print(ok, x / 2 != 0.0, x / 2)")
+    require_kernels()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    if out[0] != "True":
-        pytest.skip(f"native kernels unavailable: {native_kernels.error()}")
+    assert out[0] == "True", "the native kernels did not load in a fresh process"
     assert out[1] == "True", f"sys.float_info.min / 2 gave {out[2]} after the kernels loaded"
 
 
