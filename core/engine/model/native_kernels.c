@@ -49,9 +49,41 @@ static inline void load_row(const void *base, int bf16, int64_t offset, int d, f
 typedef void (*chunk_fn)(const float *qf, const void *kbuf, const void *vbuf, int kv_bf16, const int64_t *sl,
                          int n, int KVH, int kh, int G, int D, float *s, float *pm, float *pl, float *po);
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline __m512 exp512(__m512 x);
+#endif
+
+/* Row-wise softmax numerators of scores s[g][0..n-1] (stride MAX_CHUNK), in place; m[g] = max, l[g] = sum.
+ * AVX-512: 16 scores a step (max, exp512); a NaN score makes its row's m, l NaN (combine propagates it). */
 static void softmax_rows(float *s, int G, int n, float *pm, float *pl) {
     for (int g = 0; g < G; g++) {
         float *sg = s + (int64_t)g * MAX_CHUNK;
+#if defined(__AVX512F__)
+        __m512 mv = _mm512_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 16 <= n; j += 16) mv = _mm512_max_ps(_mm512_loadu_ps(sg + j), mv);   /* NaN operand wins */
+        if (j < n) {
+            const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+            mv = _mm512_mask_max_ps(mv, k, _mm512_maskz_loadu_ps(k, sg + j), mv);
+        }
+        const float m = _mm512_reduce_max_ps(mv);   /* a NaN score may be dropped here: exp512 keeps it NaN */
+        const __m512 mb = _mm512_set1_ps(m);
+        __m512 lv = _mm512_setzero_ps();
+        for (j = 0; j + 16 <= n; j += 16) {
+            const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + j), mb));
+            _mm512_storeu_ps(sg + j, e);
+            lv = _mm512_add_ps(lv, e);
+        }
+        if (j < n) {
+            const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+            const __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sg + j), mb)));
+            _mm512_mask_storeu_ps(sg + j, k, e);
+            lv = _mm512_add_ps(lv, e);
+        }
+        pm[g] = m;
+        pl[g] = _mm512_reduce_add_ps(lv);
+#else
         float m = sg[0];
         for (int j = 1; j < n; j++) m = sg[j] > m ? sg[j] : m;
         float sum = 0.f;
@@ -59,6 +91,7 @@ static void softmax_rows(float *s, int G, int n, float *pm, float *pl) {
         for (int j = 0; j < n; j++) { float e = expf(sg[j] - m); sg[j] = e; sum += e; }
         pm[g] = m;
         pl[g] = sum;
+#endif
     }
 }
 
@@ -99,26 +132,43 @@ static inline __m512 load16(const void *base, int bf16, int64_t off) {
     return _mm512_loadu_ps((const float *)base + off);
 }
 
-/* G query heads, D = 16 * ND: q and the G x ND accumulators stay in registers. */
+/* r[i] = sum of the 16 lanes of a[i], for 16 vectors at once (45 shuffles and adds instead of 16 reductions). */
+static inline __m512 reduce16(__m512 a[16]) {
+    __m512 b[8], c[4];
+    for (int k = 0; k < 8; k++)   /* per 128-bit quarter: [a2k 0+2, a2k+1 0+2, a2k 1+3, a2k+1 1+3] */
+        b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+    for (int k = 0; k < 4; k++)   /* per quarter: the quarter's sum of a4k .. a4k+3 */
+        c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0x44), _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0xEE));
+    const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x44), _mm512_shuffle_f32x4(c[0], c[1], 0xEE));
+    const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x44), _mm512_shuffle_f32x4(c[2], c[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
+/* G query heads, D = 16 * ND. Scores 16 keys at a time per head: 16 partial vectors reduced together
+ * (reduce16) and stored as one vector; then p x V with the G x ND accumulators in registers. */
 #define CHUNK_KERNEL(GG, ND)                                                                             \
 static void chunk_g##GG##_d##ND(const float *qf, const void *kbuf, const void *vbuf, int kv_bf16,        \
                                 const int64_t *sl, int n, int KVH, int kh, int G, int D, float *s,       \
                                 float *pm, float *pl, float *po) {                                       \
     (void)G; (void)D;                                                                                    \
-    __m512 q[GG][ND], acc[GG][ND], kv[ND];                                                               \
-    for (int g = 0; g < GG; g++)                                                                         \
-        for (int d = 0; d < ND; d++) q[g][d] = _mm512_loadu_ps(qf + g * 16 * ND + d * 16);               \
-    for (int j = 0; j < n; j++) {                                                                        \
-        if (j + 4 < n) {                                                                                 \
-            const char *nk = (const char *)kbuf + (sl[j + 4] * KVH + kh) * (int64_t)(16 * ND) * (kv_bf16 ? 2 : 4); \
-            _mm_prefetch(nk, _MM_HINT_T0);                                                               \
-        }                                                                                                \
-        const int64_t off = (sl[j] * KVH + kh) * (int64_t)(16 * ND);                                     \
-        for (int d = 0; d < ND; d++) kv[d] = load16(kbuf, kv_bf16, off + d * 16);                        \
+    __m512 acc[GG][ND], kv[ND];                                                                          \
+    const int64_t esz = kv_bf16 ? 2 : 4;                                                                 \
+    for (int j0 = 0; j0 < n; j0 += 16) {                                                                 \
+        const int nj = n - j0 < 16 ? n - j0 : 16;                                                        \
+        int64_t off[16];                                                                                 \
+        for (int i = 0; i < 16; i++) off[i] = (sl[j0 + (i < nj ? i : 0)] * KVH + kh) * (int64_t)(16 * ND); \
+        for (int i = 0; i < 16 && j0 + 16 + i < n; i++)                                                  \
+            for (int d = 0; d < 16 * ND * (int)esz; d += 64)                                             \
+                _mm_prefetch((const char *)kbuf + (sl[j0 + 16 + i] * KVH + kh) * (int64_t)(16 * ND) * esz + d, _MM_HINT_T0); \
         for (int g = 0; g < GG; g++) {                                                                   \
-            __m512 a = _mm512_mul_ps(q[g][0], kv[0]);                                                    \
-            for (int d = 1; d < ND; d++) a = _mm512_fmadd_ps(q[g][d], kv[d], a);                         \
-            s[g * MAX_CHUNK + j] = _mm512_reduce_add_ps(a);                                              \
+            __m512 part[16], q[ND];                                                                      \
+            for (int d = 0; d < ND; d++) q[d] = _mm512_loadu_ps(qf + g * 16 * ND + d * 16);              \
+            for (int i = 0; i < 16; i++) {                                                               \
+                __m512 a = _mm512_mul_ps(q[0], load16(kbuf, kv_bf16, off[i]));                           \
+                for (int d = 1; d < ND; d++) a = _mm512_fmadd_ps(q[d], load16(kbuf, kv_bf16, off[i] + d * 16), a); \
+                part[i] = a;                                                                             \
+            }                                                                                            \
+            _mm512_mask_storeu_ps(s + g * MAX_CHUNK + j0, (__mmask16)((1u << nj) - 1u), reduce16(part)); \
         }                                                                                                \
     }                                                                                                    \
     softmax_rows(s, GG, n, pm, pl);                                                                      \
@@ -187,8 +237,8 @@ static inline __m512 exp512(__m512 x) {
 }
 
 /* rows r0..r1-1 ((r1 - r0) * G <= 16) of one run, keys [lo, hi) (hi - lo <= SEG_CHUNK) of its slot row sl;
- * fp32 K/V. */
-static void seg_chunk(const void *q, int q_bf16, int64_t q_stride, const float *kbuf, const float *vbuf,
+ * fp32 or bf16 K/V (kv_bf16). */
+static void seg_chunk(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *sl, const int64_t *first, const int64_t *lens, int r0, int r1, int kh, int KVH,
                       int G, int D, float scale, int64_t lo, int64_t hi, float *scratch, int64_t part, int nchunks,
                       int c) {
@@ -216,7 +266,7 @@ static void seg_chunk(const void *q, int q_bf16, int64_t q_stride, const float *
     for (int j0 = 0; j0 < n; j0 += 16) {             /* scores: 16 keys x 16 lanes */
         const int nj = n - j0 < 16 ? n - j0 : 16;
         for (int i = 0; i < 16; i++)             /* the 16 keys' rows, contiguous: one base pointer below */
-            memcpy(kblk + i * D, kbuf + (sl[lo + j0 + (i < nj ? i : 0)] * KVH + kh) * D, sizeof(float) * (size_t)D);
+            load_row(kbuf, kv_bf16, (sl[lo + j0 + (i < nj ? i : 0)] * KVH + kh) * D, D, kblk + i * D);
         __m512 acc[16];
         for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
         for (int d = 0; d < D; d++) {
@@ -248,7 +298,8 @@ static void seg_chunk(const void *q, int q_bf16, int64_t q_stride, const float *
             const __m512i jv = _mm512_set1_epi32(j);   /* masked: a NaN value a lane cannot see stays out */
             const __mmask16 vis = _mm512_cmpge_epi32_mask(jv, bv) & _mm512_cmplt_epi32_mask(jv, ev);
             const __m512 pj = _mm512_loadu_ps(st + j * 16);
-            const float *vr = vbuf + (sl[lo + j] * KVH + kh) * D + d0;
+            float vr[16];
+            _mm512_storeu_ps(vr, load16(vbuf, kv_bf16, (sl[lo + j] * KVH + kh) * D + d0));
             for (int i = 0; i < 16; i++) acc[i] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(vr[i]), pj, acc[i], vis);
         }
         for (int i = 0; i < 16; i++) _mm512_storeu_ps(ot + (d0 + i) * 16, acc[i]);
@@ -301,10 +352,10 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
     const chunk_fn fn = pick_chunk_fn(G, D);
 
 #if defined(__AVX512F__)
-    /* Extends as runs (seg[s] .. seg[s+1]-1: rows sharing a slot row), chunk == SEG_CHUNK, fp32 K/V: one work
+    /* Extends as runs (seg[s] .. seg[s+1]-1: rows sharing a slot row), chunk == SEG_CHUNK: one work
      * item per (chunk, block of a run's rows) runs every row of the block against the chunk's keys at once;
      * one-row runs (decodes) keep the decode chunk kernel. */
-    if (seg != NULL && chunk == SEG_CHUNK && !kv_bf16 && D % 16 == 0 && G <= 16) {
+    if (seg != NULL && chunk == SEG_CHUNK && D % 16 == 0 && G <= 16) {
         const int rows_per_block = 16 / G;
         int64_t nblocks = 0;
         for (int sg = 0; sg < nseg; sg++) nblocks += (seg[sg + 1] - seg[sg] + rows_per_block - 1) / rows_per_block;
@@ -336,7 +387,7 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
                          scratch + (((int64_t)r0 * KVH + kh) * nchunks + c) * part);
                 continue;
             }
-            seg_chunk(q, q_bf16, q_stride, (const float *)kbuf, (const float *)vbuf, slots + (int64_t)r0 * Lmax,
+            seg_chunk(q, q_bf16, q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax,
                       first, lens, r0, r1, kh, KVH, G, D, scale, lo, hi, scratch, part, nchunks, c);
         }
         free(blocks);

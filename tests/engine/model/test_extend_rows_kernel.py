@@ -1,7 +1,8 @@
 """The C kernel's extend runs (native_kernels.c `seg_chunk`): the new tokens of an extend attend as rows of the
 decode kernel, each key chunk read once for all of them. Checked against attention written out in torch,
 on SmolLM2's shapes (9 query heads over 3 KV heads, head_dim 64), slots in random pool order, prefixes
-that cross several 64-key chunks, a run longer than one 16-lane block, a sliding window, and NaN keys."""
+that cross several 64-key chunks, a run longer than one 16-lane block, a sliding window, and NaN keys, for an
+fp32 and a bf16 pool (the reference reads the same bf16 values, widened)."""
 from __future__ import annotations
 
 import math
@@ -46,11 +47,13 @@ def run(batch: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return p, attend_decodes(p, qq, k, v, window, 1 / math.sqrt(D))
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 40])
-def test_extend_runs_and_a_decode_in_one_call_match_attention_written_out(window):
+def test_extend_runs_and_a_decode_in_one_call_match_attention_written_out(window, kv_dtype):
     g = torch.Generator().manual_seed(0)
     pool = 600
-    k, v = torch.randn(pool, KVH, D, generator=g), torch.randn(pool, KVH, D, generator=g)
+    k = torch.randn(pool, KVH, D, generator=g).to(kv_dtype)
+    v = torch.randn(pool, KVH, D, generator=g).to(kv_dtype)
     order = torch.randperm(pool - 1, generator=g) + 1
     # request 0: 150 cached + 7 new (two 16-lane blocks: 5 rows + 2); 1: a decode at 90 keys; 2: 0 + 12 new
     shapes = [(150, 7), (89, 1), (0, 12)]
@@ -71,11 +74,13 @@ def test_extend_runs_and_a_decode_in_one_call_match_attention_written_out(window
         start += n
 
 
-def test_a_nan_key_poisons_exactly_the_rows_that_attend_to_it():
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_a_nan_key_poisons_exactly_the_rows_that_attend_to_it(kv_dtype):
     """A NaN in the pool (a poisoned request's K) must come out as NaN where it is attended (the engine then
     fails that request), not vanish in the softmax, and must not touch rows that never see it."""
     g = torch.Generator().manual_seed(1)
-    k, v = torch.randn(400, KVH, D, generator=g), torch.randn(400, KVH, D, generator=g)
+    k = torch.randn(400, KVH, D, generator=g).to(kv_dtype)
+    v = torch.randn(400, KVH, D, generator=g).to(kv_dtype)
     sl = torch.arange(1, 201)
     k[sl[120]] = float("nan")                 # key and value 120 of the sequence
     v[sl[120]] = float("nan")
