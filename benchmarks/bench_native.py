@@ -279,7 +279,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default="decode,engine,prefill,agree")
     ap.add_argument("--modes", default=",".join(MODES), help="numerics, comma-separated: fp32, bf16, int8; "
-                    "MODE/KV picks the KV pool dtype too (int8/bf16: int8 weights, fp32 activations, bf16 KV)")
+                    "MODE/KV picks the KV pool dtype too (int8/bf16: int8 weights, fp32 activations, bf16 KV; "
+                    "a bare MODE takes kv_cache_dtype auto)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="128,544,2048,4096")
     ap.add_argument("--batches", default="1,8")
@@ -305,7 +306,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     t0 = time.perf_counter()
     path = resolve_model("default")
-    runners = {m: ModelRunner("default", device="cpu", impl="native", numerics=m) for m in modes}
+    runners = {m: ModelRunner("default", device="cpu", impl="native", numerics=m.split("/")[0],
+                              kv_cache_dtype=(m.split("/") + ["auto"])[1]) for m in modes}
     tokenizer = next(iter(runners.values())).tokenizer
     hf = None if args.no_hf else AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                                      attn_implementation="sdpa").eval()

@@ -18,6 +18,7 @@ from core.cache.eviction.registry import DESCRIPTIONS, POLICIES
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 MODEL_IMPLS = ("auto", "native", "hf")
 DTYPES = ("auto", "fp32", "bf16", "int8")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
 
 
 def _setting(default: Any, help: str, *, minimum: Optional[int] = None,
@@ -40,6 +41,9 @@ class EngineConfig:
     dtype: str = _setting("auto", "numerics: auto (bf16 on CUDA; on a CPU the measured default), fp32, bf16, or "
                                   "int8 (weight-only, native path)", choices=lambda: DTYPES, form="select",
                           label="Numerics")
+    kv_cache_dtype: str = _setting("auto", "dtype of the KV pool on the native path: auto (the activations' dtype), "
+                                           "fp32, or bf16 (half the bytes; cache on == off not exact with int8)",
+                                   choices=lambda: KV_CACHE_DTYPES, form="select", label="KV cache dtype")
     pool_slots: int = _setting(8192, "KV pool size in token slots", minimum=1, form="number",
                                label="Pool size (slots)")
     page_size: int = _setting(1, "tokens per page: the tree shares whole pages only", minimum=1,

@@ -53,7 +53,7 @@ class Engine:
             config = config.replace(model=os.fspath(model))
         self.config = config = config.validate()
         self.runner = model if isinstance(model, ModelRunner) else inputs.load_model(
-            model, config.device, config.model_impl, config.dtype)
+            model, config.device, config.model_impl, config.dtype, config.kv_cache_dtype)
         # what runs, as it runs (a runner built elsewhere brings its own code path and numerics)
         self.config = config = config.replace(model_impl=self.runner.impl, dtype=self.runner.numerics)
         self.tokenizer = self.runner.tokenizer

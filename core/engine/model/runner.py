@@ -37,6 +37,24 @@ NUMERICS = ("auto", "fp32", "bf16", "int8")
 # times faster than fp32 (the weights are read once per step, a quarter of the bytes) and keeps cache on ==
 # cache off; fp32 is the mode whose greedy tokens equal Hugging Face generate's, one flag away (--dtype fp32).
 CPU_NATIVE_NUMERICS = "int8"
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
+# "auto" KV pool: the activations' dtype. bf16 K/V with int8 numerics (half the bytes a decode step reads at long
+# context) was measured as the default and not taken: cache on == cache off 49 / 50 prompts (benchmarks/README.md,
+# "Numerics"), because rounding to bf16 turns the ~1e-7 differences between a token computed in a prefill chunk
+# and in a decode step into whole bf16 steps; it stays one flag away (--kv-cache-dtype bf16).
+
+
+def pick_kv_cache_dtype(kv_cache_dtype: str, numerics: str, impl: str) -> Optional[str]:
+    """The native path's KV pool dtype (None: the activations' dtype); the HF path keeps its model's dtype."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose one of: {', '.join(KV_CACHE_DTYPES)}")
+    if impl == "hf":
+        if kv_cache_dtype not in ("auto", "bf16" if numerics == "bf16" else "fp32"):
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} differs from the model's numerics ({numerics}): "
+                             f"only the native path stores K/V in another dtype; use model_impl 'native' or 'auto', "
+                             f"or kv_cache_dtype 'auto'")
+        return None
+    return None if kv_cache_dtype == "auto" else kv_cache_dtype
 
 
 def pick_impl(impl: str, hf_model: torch.nn.Module) -> str:
@@ -74,10 +92,11 @@ class ModelRunner:
     Two implementations behind one `forward`: the native Llama-family path (native_llama.py: fused
     projections, attention straight over the pool, C kernels on CPU) and the stock transformers model
     with our attention hook (hf_attention.py), for any other architecture. `impl` picks ("auto": native
-    where it can), `numerics` the dtype (fp32, bf16, or weight-only int8 on the native path)."""
+    where it can), `numerics` the dtype (fp32, bf16, or weight-only int8 on the native path), `kv_cache_dtype`
+    the native path's KV pool dtype (auto, fp32, bf16)."""
 
     def __init__(self, model: str = "default", device: str = "auto", impl: str = "auto",
-                 numerics: str = "auto") -> None:
+                 numerics: str = "auto", kv_cache_dtype: str = "auto") -> None:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -95,28 +114,30 @@ class ModelRunner:
         if impl == "hf":
             hf_dtype = TORCH_DTYPES[pick_numerics(numerics, "hf", dev)]
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=hf_dtype, attn_implementation=ATTN_IMPLEMENTATION)
-        self._setup(hf_model.to(dev), AutoTokenizer.from_pretrained(path), dev, impl, numerics)
+        self._setup(hf_model.to(dev), AutoTokenizer.from_pretrained(path), dev, impl, numerics, kv_cache_dtype)
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, tokenizer=None, device: str = "auto", impl: str = "auto",
-                numerics: str = "auto") -> "ModelRunner":
+                numerics: str = "auto", kv_cache_dtype: str = "auto") -> "ModelRunner":
         """Wrap an already built model (tests use tiny `from_config` ones). Switches its attention in place."""
         check_supported(type(hf_model))
         runner = cls.__new__(cls)
         hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
         dev = _pick_device(device)
-        runner._setup(hf_model.to(dev), tokenizer, dev, impl, numerics)
+        runner._setup(hf_model.to(dev), tokenizer, dev, impl, numerics, kv_cache_dtype)
         return runner
 
-    def _setup(self, hf_model: torch.nn.Module, tokenizer, device: torch.device, impl: str, numerics: str) -> None:
+    def _setup(self, hf_model: torch.nn.Module, tokenizer, device: torch.device, impl: str, numerics: str,
+               kv_cache_dtype: str) -> None:
         self.impl = pick_impl(impl, hf_model)
         self.numerics = pick_numerics(numerics, self.impl, device)
+        kv_dtype = pick_kv_cache_dtype(kv_cache_dtype, self.numerics, self.impl)
         self.tokenizer = tokenizer
         self.device = device
         self.native = None
         if self.impl == "native":
             from core.engine.model.native_llama import NativeLlama
-            self.native = NativeLlama.from_hf(hf_model, dtype=self.numerics)
+            self.native = NativeLlama.from_hf(hf_model, dtype=self.numerics, kv_dtype=kv_dtype)
             self.dtype = self.native.kv_dtype   # the pool holds what the native model writes
             hf_model.to("meta")                 # its weights live on in the native model's own layout only
         else:

@@ -307,3 +307,40 @@ def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(famil
     whole = last_logits(0)
     for cut in (7, 17, 39):
         torch.testing.assert_close(last_logits(cut), whole, atol=ATOL, rtol=0)
+
+
+def test_kv_cache_dtype_auto_is_the_activations_dtype_and_bf16_is_one_setting_away():
+    """The pool a runner makes holds what its native model writes; an HF-path pool cannot change dtype."""
+    ref = make_ref("llama")
+    pools = {(mode, kv): ModelRunner.from_hf(copy.deepcopy(ref), device="cpu", impl="native", numerics=mode,
+                                             kv_cache_dtype=kv).make_pool(4).dtype
+             for mode, kv in [("int8", "auto"), ("int8", "bf16"), ("fp32", "auto"), ("fp32", "bf16"),
+                              ("bf16", "auto")]}
+    assert pools == {("int8", "auto"): torch.float32, ("int8", "bf16"): torch.bfloat16,
+                     ("fp32", "auto"): torch.float32, ("fp32", "bf16"): torch.bfloat16,
+                     ("bf16", "auto"): torch.bfloat16}
+    with pytest.raises(ValueError, match="only the native path stores K/V in another dtype"):
+        ModelRunner.from_hf(copy.deepcopy(ref), device="cpu", impl="hf", numerics="fp32", kv_cache_dtype="bf16")
+    with pytest.raises(ValueError, match="choose one of: auto, fp32, bf16"):
+        ModelRunner.from_hf(copy.deepcopy(ref), device="cpu", impl="native", kv_cache_dtype="fp8")
+
+
+@pytest.mark.parametrize("mode", ["fp32", "int8"])
+def test_a_bf16_kv_pool_moves_logits_by_bf16_rounding_only(mode):
+    """kv_dtype="bf16": K/V are rounded once, when written, and every read (the new tokens' own included) sees
+    the rounded values: prefill + decode logits stay within bf16 rounding of the fp32 pool's (the pool's dtype
+    is the one asked for, and the logits do move)."""
+    ref = make_ref("llama")
+    ids = torch.randint(1, 128, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    slots = torch.arange(1, 31)
+    logits = {}
+    for kv in ("fp32", "bf16"):
+        native = NativeLlama.from_hf(ref, dtype=mode, kv_dtype=kv)
+        pool = native.make_pool(40)
+        assert pool.k_buffer.dtype == (torch.bfloat16 if kv == "bf16" else torch.float32)
+        first = native.forward(ForwardBatch.build([(ids[:20], [], slots[:20])]), pool)[-1]
+        steps = [native.forward(ForwardBatch.build([([t], slots[:i], slots[i:i + 1])]), pool)[-1]
+                 for i, t in enumerate(ids[20:], start=20)]
+        logits[kv] = torch.stack([first] + steps)
+    diff = (logits["bf16"] - logits["fp32"]).abs().max()
+    assert 0 < diff < 0.004 * logits["fp32"].abs().max()     # measured 0.0007x
