@@ -258,7 +258,8 @@ def main() -> None:
         ok = section_workload(args, runner, hf) and ok
     ids = runner.tokenizer.encode(corpus_text(), add_special_tokens=False)
     if sections & {"sweep", "prefill"}:
-        ok = section_speed(args, [runner] + others, hf, ids, sections) and ok
+        from benchmarks import engine_sweep
+        ok = engine_sweep.section_speed(args, [runner] + others, hf, ids, sections) and ok
     if "fairness" in sections:
         from benchmarks import engine_fairness
         server_args = args.server_args.split() + ["--torch-threads", str(torch.get_num_threads())]
@@ -270,54 +271,6 @@ def main() -> None:
         ok = engine_fairness.report(r, args.long_tokens) and ok
     if not ok:
         sys.exit(1)
-
-
-def engine_name(runner: ModelRunner) -> str:
-    """The sweep's column for one engine: its numerics, and its KV pool's dtype where that differs."""
-    kv = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(runner.dtype, str(runner.dtype))
-    same = kv == {"int8": "fp32"}.get(runner.numerics, runner.numerics)
-    return runner.numerics if same else f"{runner.numerics}, kv {kv}"
-
-
-def section_speed(args, engines: list[ModelRunner], hf, ids: list[int], sections: set) -> bool:
-    """The context sweep and the prefill run, with llama.cpp beside them when llama-cpp-python is installed."""
-    from benchmarks import engine_sweep
-    contexts = [int(x) for x in args.contexts.split(",") if x]
-    sizes = [int(x) for x in args.prefill.split(",") if x]
-    llm = engine_sweep.llama_cpp_model(torch.get_num_threads(), max(contexts + sizes) + args.sweep_tokens + 64)
-    if llm is None:
-        print("\n(llama-cpp-python is not installed, so no llama.cpp column: `make llamacpp` builds it)")
-    runners = {engine_name(r): r for r in engines}
-    warm = ids[:64]
-    for runner in engines:
-        engine_sweep.engine_run(runner, [warm], 4)
-    if hf is not None:
-        engine_sweep.hf_run(hf, [warm], 4)
-    if llm is not None:
-        engine_sweep.llama_cpp_run(llm, warm, 4)
-    r = engine_sweep.ratio
-    if "sweep" in sections:
-        rates = engine_sweep.context_sweep(runners, hf, llm, ids, contexts, args.sweep_tokens, max(2, args.rounds),
-                                           544)
-        hf544, llama544 = rates.get(("HF generate", 1, 544)), rates.get(("llama.cpp", 1, 544))
-        lo, hi = min(contexts), max(contexts)
-        for m in runners:
-            name = f"engine[{m}]"
-            e544, e8 = rates.get((name, 1, 544)), rates.get((name, 8, 544))
-            print(f"{name}: batch 1 at 544: engine / HF generate {r(e544, hf544)} (goal >= 3x), engine / llama.cpp "
-                  f"{r(e544, llama544)} (goal >= 1x);  batch 8 engine / HF generate batch 1 {r(e8, hf544)} "
-                  f"(goal >= 5x);  flatness: tok/s at {hi} / at {lo}: "
-                  f"{r(rates.get((name, 1, hi)), rates.get((name, 1, lo)))} (goal >= 0.70x)")
-        print(f"flatness of the peers: HF generate {r(rates.get(('HF generate', 1, hi)), rates.get(('HF generate', 1, lo)))}"
-              f";  llama.cpp {r(rates.get(('llama.cpp', 1, hi)), rates.get(('llama.cpp', 1, lo)))}")
-    if "prefill" in sections:
-        times = engine_sweep.prefill_times(runners, hf, llm, ids, sizes, max(2, args.rounds))
-        for n in sizes:
-            for m in runners:
-                e = times.get((f"engine[{m}]", n))
-                print(f"{n} tokens: engine[{m}] speed-up over HF generate fp32 {r(times.get(('HF generate', n)), e)} "
-                      f"(goal >= 2x), over llama.cpp {r(times.get(('llama.cpp', n)), e)} (goal >= 4x)")
-    return True
 
 
 def section_workload(args, runner: ModelRunner, hf) -> bool:

@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 static inline float bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v;
@@ -50,8 +53,22 @@ typedef void (*chunk_fn)(const float *qf, const void *kbuf, const void *vbuf, in
                          int n, int KVH, int kh, int G, int D, float *s, float *pm, float *pl, float *po);
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-static inline __m512 exp512(__m512 x);
+/* exp(x), 1-2 ulp on the range used here (x <= 0), Cephes' expf polynomial; NaN stays NaN. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);       /* second operand returned for a NaN x */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(y, n);
+}
 #endif
 
 /* Row-wise softmax numerators of scores s[g][0..n-1] (stride MAX_CHUNK), in place; m[g] = max, l[g] = sum.
@@ -122,8 +139,6 @@ static void chunk_generic(const float *qf, const void *kbuf, const void *vbuf, i
 }
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-
 static inline __m512 load16(const void *base, int bf16, int64_t off) {
     if (bf16) {
         __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
@@ -219,22 +234,6 @@ int decode_attention_fast(int G, int D) { return pick_chunk_fn(G, D) != chunk_ge
 #define SEG_CHUNK 64
 
 #if defined(__AVX512F__)
-/* exp(x), 1-2 ulp on the range used here (x <= 0), Cephes' expf polynomial; NaN stays NaN. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);       /* second operand returned for a NaN x */
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(y, n);
-}
 
 /* rows r0..r1-1 ((r1 - r0) * G <= 16) of one run, keys [lo, hi) (hi - lo <= SEG_CHUNK) of its slot row sl;
  * fp32 or bf16 K/V (kv_bf16). */
