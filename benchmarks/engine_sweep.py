@@ -154,9 +154,8 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
 
 def engine_name(runner: ModelRunner) -> str:
     """The sweep's column for one engine: its numerics, and its KV pool's dtype where that differs."""
-    kv = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(runner.dtype, str(runner.dtype))
-    same = kv == {"int8": "fp32"}.get(runner.numerics, runner.numerics)
-    return runner.numerics if same else f"{runner.numerics}, kv {kv}"
+    same = runner.kv_cache_dtype == {"int8": "fp32"}.get(runner.numerics, runner.numerics)
+    return runner.numerics if same else f"{runner.numerics}, kv {runner.kv_cache_dtype}"
 
 
 def section_speed(args, engines: list[ModelRunner], hf, ids: list[int], sections: set) -> bool:

@@ -55,7 +55,8 @@ class Engine:
         self.runner = model if isinstance(model, ModelRunner) else inputs.load_model(
             model, config.device, config.model_impl, config.dtype, config.kv_cache_dtype)
         # what runs, as it runs (a runner built elsewhere brings its own code path and numerics)
-        self.config = config = config.replace(model_impl=self.runner.impl, dtype=self.runner.numerics)
+        self.config = config = config.replace(model_impl=self.runner.impl, dtype=self.runner.numerics,
+                                              kv_cache_dtype=self.runner.kv_cache_dtype)
         self.tokenizer = self.runner.tokenizer
         self.device = self.runner.device
         pool_slots, page_size = config.pool_slots, config.page_size

@@ -21,5 +21,6 @@ def test_a_rebuild_to_another_kv_cache_dtype_reloads_and_a_pool_change_does_not(
     half = cache(base.replace(kv_cache_dtype="bf16"))
     assert half.runner is not first.runner
     assert half.pool.k_buffer.dtype == half.pool.v_buffer.dtype == torch.bfloat16
+    assert (first.config.kv_cache_dtype, half.config.kv_cache_dtype) == ("fp32", "bf16")   # what runs
     out = half.generate([[5, 17, 33, 2]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
     assert len(out.token_ids) == 3 and torch.isfinite(half.pool.k_buffer.float()).all()

@@ -105,7 +105,8 @@ def test_submit_errors_step_mode_reset_and_rebuild(tiny):
                                            schedule_policy=cfg.schedule_policy,
                                            max_running_requests=cfg.max_running_requests,
                                            max_prefill_tokens=cfg.max_prefill_tokens, disable_radix_cache=False,
-                                           model_impl="native", dtype="fp32")   # what the tiny runner runs
+                                           model_impl="native", dtype="fp32",
+                                           kv_cache_dtype="fp32")   # what the tiny runner runs
     assert client.snapshot().pool.num_slots == 128
     got = tiny.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2)
     assert got.usage.completion_tokens == 2

@@ -38,6 +38,7 @@ NUMERICS = ("auto", "fp32", "bf16", "int8")
 # cache off; fp32 is the mode whose greedy tokens equal Hugging Face generate's, one flag away (--dtype fp32).
 CPU_NATIVE_NUMERICS = "int8"
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
+KV_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 # "auto" KV pool: the activations' dtype. bf16 K/V with int8 numerics (half the bytes a decode step reads at long
 # context) was measured as the default and not taken: cache on == cache off 49 / 50 prompts (benchmarks/README.md,
 # "Numerics"), because rounding to bf16 turns the ~1e-7 differences between a token computed in a prefill chunk
@@ -143,6 +144,7 @@ class ModelRunner:
         else:
             hf_model = hf_model.to(TORCH_DTYPES[self.numerics])
             self.dtype = next(hf_model.parameters()).dtype
+        self.kv_cache_dtype = KV_NAMES[self.dtype]   # the pool's dtype as the setting names it
         self.model = hf_model.eval()
         cfg = hf_model.config.get_text_config()
         self.num_layers: int = cfg.num_hidden_layers
