@@ -120,8 +120,12 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
         flash_box = st.empty()
     stepping = client.is_stepping()
     sent = ss.pop("_sent", [])                    # the rids this run's Send submitted (before the script)
-    # after this run's submissions (and, after a Send, once the engine admitted them): one engine step for all
-    snap = admitted_snapshot(client, sent, stepping)
+    # a Send's run draws its row and keeps the figures as they were (a changed chart is re-plotted from
+    # scratch, ~0.5 CPU s of the browser's before it paints the row); the poll's next tick draws them.
+    # With live refresh off no tick follows: that run waits for the admission and draws them itself.
+    keep = bool(sent) and live
+    # after this run's submissions: one engine step for all
+    snap = admitted_snapshot(client, () if keep else sent, stepping)
     store = event_store(ss)
     store.sync(client, snap)
     tt = decoder(ss, client, snap, cfg.model)
@@ -159,13 +163,12 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
         prompt_panel(client)                      # its buttons submitted before this run began
     with left:
         st.plotly_chart(cached_figure(ss, "hits", (snap.step, snap.seq, len(snap.requests)),
-                                      lambda: hit_rate_figure(snap.requests, height=130)),
+                                      lambda: hit_rate_figure(snap.requests, height=130), fresh=not keep),
                         width="stretch", key="hit_chart", config={"displayModeBar": False})
     with right:
-        st.fragment(views)(client, snap, tt, store, cfg, selected)   # a tab switch reruns only this
-    states = {r.rid: r.state for r in snap.requests}
-    if any(states.get(rid) in (None, "waiting") for rid in sent):   # the engine had not admitted them in time:
-        ss["_catch_up"] = True                   # the poll's next tick looks again
+        st.fragment(views)(client, snap, tt, store, cfg, selected, keep)   # a tab switch reruns only this
+    if keep:
+        ss["_catch_up"] = True                   # the poll's next tick draws the figures
     # busy (the poll at the chosen pace, never the idle one) while the engine works or a request this
     # tab sent is not listed yet
     ss["_busy"] = busy = bool(sent) or bool(pending) or not engine_quiet(snap)
@@ -192,7 +195,8 @@ def engine_quiet(snap: EngineSnapshot) -> bool:
     return not m.get("running") and not m.get("waiting")
 
 
-def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: Optional[str]) -> None:
+def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: Optional[str],
+          keep: bool = False) -> None:
     """The views as tabs: a switch is drawn by the browser alone (every tab's figures are already
     there), then one fragment rerun refreshes the opened tab if its data changed. The open tab is
     rebuilt whenever its data changes; hidden tabs re-send their last figures (the browser does not
@@ -200,7 +204,8 @@ def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: 
     generation stays that of one view. A view never drawn yet waits while it is hidden in a new
     browser tab's first run (so the first chart does not wait for five views' charts) and in a
     tab switch's run (so the opened view is drawn first); the poll asks for the run that draws it
-    on its next tick after a switch, and FIRST_SCREEN_S after a new tab's first run."""
+    on its next tick after a switch, and FIRST_SCREEN_S after a new tab's first run. With `keep`
+    (a Send's run) every view re-sends its last figures."""
     tabs = st.tabs(VIEWS, key="live_view", on_change=_switched)
     quiet = engine_quiet(snap)
     draw = {"Radix tree": lambda fresh: tree_view(client, snap, tt, store, cfg, selected, fresh),
@@ -219,7 +224,7 @@ def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: 
                 st.caption("Drawing this view...")
                 deferred = True
                 continue
-            draw[name](not hidden or quiet)
+            draw[name]((not hidden or quiet) and not keep)
             drawn.add(name)
     if not deferred:
         ss.pop("_catch_up_at", None)

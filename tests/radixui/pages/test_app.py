@@ -43,6 +43,11 @@ def slot_row(at: AppTest) -> dict:
     return next(c for c in charts(at) if any(t.get("name") == "owner labels" for t in c["data"]))
 
 
+def row_count(at: AppTest) -> int:
+    rows = request_rows(at)
+    return 0 if rows is None else len(rows)
+
+
 def number(at: AppTest, label: str):
     return next(n for n in at.number_input if n.label == label)
 
@@ -312,3 +317,32 @@ def test_requests_of_a_rebuilt_engine_leave_the_table_instead_of_staying_submitt
         button(app, "Apply").click()
         app.run()
     assert f"{before:,} slots" in app.caption[0].value
+
+
+def test_a_send_draws_its_row_at_once_and_its_branch_on_the_next_run(app):
+    """A Send's own run adds the row and re-sends every chart as it was: a changed Plotly chart is a new
+    element to the browser, re-plotted from scratch (~0.5 CPU s of a 2-core box for the page's charts),
+    which held the row back. It asks the poll's next tick for the run that draws the new branch."""
+    n = row_count(app)
+    wait_rows(app, n) if n else app.run()                      # quiet, every figure current
+    before = charts(app)
+    send(app, "Yaks yodel at dawn", max_new=2)
+    assert row_count(app) == n + 1 and charts(app) == before
+    assert app.session_state["_catch_up"] is True
+    wait_rows(app, n + 1)                                       # the next runs draw the figures
+    edge_text = next(t for t in tree_spec(app)["data"] if t["name"] == "edge text")["text"]
+    assert any("Yaks yodel at dawn" in t for t in edge_text)
+
+
+def test_with_live_refresh_off_a_send_draws_its_branch_in_its_own_run(app):
+    """No poll tick follows, so that run waits (briefly) for the admission and draws the figures itself."""
+    live = lambda: next(t for t in app.toggle if t.label == "Live refresh")  # noqa: E731
+    live().set_value(False).run()
+    try:
+        n = row_count(app)
+        send(app, "Ibexes idle on ice", max_new=2)
+        assert row_count(app) == n + 1
+        edge_text = next(t for t in tree_spec(app)["data"] if t["name"] == "edge text")["text"]
+        assert any("Ibexes idle on ice" in t for t in edge_text)
+    finally:
+        live().set_value(True).run()

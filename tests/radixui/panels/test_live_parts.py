@@ -144,6 +144,20 @@ def test_cached_figure_rebuilds_on_new_inputs_and_a_hidden_view_keeps_its_last()
     assert built == ["a", "d"]
 
 
+def test_the_poll_ticks_fast_while_busy_slower_for_the_linger_then_at_the_idle_pace():
+    from radixui.panels.live_poll import BUSY_LINGER_S, poll_every
+    ss: dict = {}
+    assert poll_every(ss, 1.0, False, now=100.0) == 3.0                       # never busy: idle pace
+    assert poll_every(ss, 1.0, True, now=100.0) == 0.25                       # busy
+    assert ss["_busy_until"] == 100.0 + BUSY_LINGER_S == 110.0
+    assert poll_every(ss, 1.0, False, now=105.0) == 0.5                       # quiet, lingering
+    assert poll_every(ss, 2.0, False, now=105.0) == 0.5                       # the linger caps a slow interval
+    assert poll_every(ss, 0.3, False, now=105.0) == 0.3                       # and keeps a quicker one
+    assert poll_every(ss, 1.0, False, now=110.0) == 3.0                       # the linger is over
+    assert poll_every(ss, 5.0, False, now=111.0) == 5.0                       # idle: the interval, if longer
+    assert ss["_busy_until"] == 110.0                                         # a quiet run does not extend it
+
+
 @pytest.mark.parametrize("metrics, quiet", [
     ({"running": 0, "waiting": 0}, True), ({"running": 1, "waiting": 0}, False),
     ({"running": 0, "waiting": 2}, False), ({}, True), (None, True),
