@@ -1,4 +1,5 @@
-
+"""The radix tree figure: highlights per step, colours, rings, the victim mark, ghosts, folding of big trees
+into "+N" boxes, focus, the overview, and the footer under the tree."""
 import networkx as nx
 import numpy as np
 import pytest
@@ -12,13 +13,10 @@ from radixui.figures.tree import (
     LEGEND_NAMES,
     OUTLINE,
     Highlights,
-    edge_label,
-    node_label,
     node_state,
     step_highlights,
     tree_figure,
     tree_overview,
-    wrap_label,
 )
 from radixui.figures.tree_layout import snapshot_graph, visible_tree
 from tests.article_cache import run_request
@@ -206,27 +204,6 @@ def test_node_state_priority():
     assert node_state(v, Highlights(inserted=frozenset({1}), matched=frozenset({1}))) == "inserted"
 
 
-# ----- labels ----------------------------------------------------------------------------------
-def test_node_label_runs():
-    assert node_label(range(12, 531)) == "12–530"
-    assert node_label([1, 4, 5, 6]) == "1, 4–6"
-    assert node_label([1, 3, 5, 7, 9, 11, 13], width=10) == "1, 3, 5, …"
-
-
-def test_edge_label_wraps_and_shortens():
-    text = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
-    assert edge_label([1, 2], text, width=20) == "w1 w2"
-    assert edge_label(range(3), text, width=6) == "w0 w1<br>w2"
-    long = edge_label(range(100), text, width=12)
-    assert long.count("<br>") == 1 and long.endswith("…") and long.startswith("w0 w1 w2")
-    assert all(len(line) <= 12 for line in long.split("<br>"))
-    assert edge_label([1], lambda ids: "a<b>", width=10) == "a&lt;b&gt;"
-
-
-def test_wrap_label_newlines_become_visible():
-    assert wrap_label("a\nb", 10) == ["a⏎b"]
-
-
 # ----- large trees: budget, "+N", focus, overview --------------------------------------------------
 @pytest.fixture(scope="module")
 def big():
@@ -322,18 +299,6 @@ def test_overview_text_is_dark_on_pale_boxes(walk):
         assert (hi + 0.05) / (lo + 0.05) >= 4.5, fill     # WCAG AA for normal text
 
 
-def test_wrap_label_never_breaks_inside_a_word():
-    assert wrap_label("Why my code throws errors", 8) == ["Why my", "code…"]
-    assert wrap_label("throws errors", 9) == ["throws", "errors"]
-    lines = wrap_label("internationalization is long", 10)
-    assert lines[0] == "internati…" and all(len(x) <= 10 for x in lines)
-    for width in range(4, 30):
-        for line in wrap_label("the cache keeps every prefix it has computed", width):
-            assert len(line) <= width
-            assert all(w in "the cache keeps every prefix it has computed".split() or w.endswith("…")
-                       for w in line.split())
-
-
 def test_node_ids_are_printed_in_their_circles(fig2):
     ids = trace(fig2, "node ids")
     nodes = nodes_by_id(fig2)
@@ -403,22 +368,13 @@ def test_every_eviction_since_the_last_paint_stays_a_ghost_however_many_steps_ra
     assert [g.id for g in ghosts_from_events(ev, painted_seq=12)] == [110, 111, 112]
 
 
-def test_a_chat_label_keeps_the_word_after_the_template_tokens():
-    """The chat template's "<|im_start|>system⏎You ..." is one run without spaces: shortened whole
-    to fit a narrow column it used to swallow "You"; a newline is a break, so "You" starts the next line."""
-    text = "<|im_start|>system\nYou are a patient teaching assistant"
-    assert wrap_label(text, 12) == ["<|im_start|…", "You are a…"]
-    assert wrap_label(text, 30) == ["<|im_start|>system⏎You are a", "patient teaching assistant"]
-    assert wrap_label("a\nb c", 3) == ["a⏎", "b c"]
-
-
 def test_a_long_eviction_caption_wraps_under_the_tree_instead_of_leaving_the_figure(walk):
     """Three evicted nodes with long texts: the footer breaks between nodes into lines that
     each fit the width (700 px), and the bottom margin grows by one line per extra line."""
     import re
 
     from core.cache.events import EvictEvent
-    from radixui.figures.tree import FOOTER_CHAR_PX, FOOTER_LINE_PX, footer_lines
+    from radixui.figures.tree_text import FOOTER_CHAR_PX, FOOTER_LINE_PX, footer_lines
     _, tok, steps = walk
     snap = steps[3].snapshot
     long = tuple(t for n in snap.nodes for t in n.token_ids) * 3
