@@ -38,8 +38,8 @@ WARM_CHART_S = 5.0     # a new tab's first chart, the server already started (mo
 # JavaScript compiled and run, the first charts drawn; browser + software GPU ~1.5 s) against 0.4 s of
 # the server's: on two cores 4.0-4.5 s, little headroom. So when the median of five tabs misses, five
 # more are opened and the median of all ten decides (a noisy neighbour's burst, not a slow page).
-# Send -> row follows the same rule: 0.27-0.36 s on a quiet box, but at load 3 on two cores CI saw
-# 0.20-0.64 s across five sends (median 0.503 s), so a miss of five sends five more.
+# Send -> row follows the same rule: one Send ranged 0.17-1.10 s across runs at load 1.4-4.6 (medians
+# 0.26-0.51 s, benchmarks/README.md), so a miss of five sends five more.
 
 
 def _cpu_seconds(pid: int) -> float:
