@@ -124,7 +124,7 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def test_a_sent_request_shows_running_and_its_branch_within_a_second_while_it_generates(stack, page):
+def test_a_sent_request_shows_running_and_its_branch_while_it_generates(stack, page):
     """Send a prompt that generates for seconds: within BRANCH_S of the press the drawn tree holds the
     prompt's branch and the status line says #running-req: 1; the server still lists the request as
     running then, its row says "running" with a rising token count, and the page keeps polling at
@@ -176,7 +176,7 @@ def test_a_sent_request_shows_running_and_its_branch_within_a_second_while_it_ge
     _no_errors(pg)
 
 
-def test_every_eviction_is_drawn_as_a_ghost_within_a_second_of_its_step(stack, page):
+def test_every_eviction_is_a_ghost_in_the_first_drawing_after_it(stack, page):
     """Fill the pool of 160 slots with distinct prompts until the server has evicted at least eight
     nodes: each node the server's /state/events reports evicted is drawn as a ghost in the visible
     tree within GHOST_S of the moment a 50 ms poll of the server first saw the eviction, however many
