@@ -1,5 +1,6 @@
-"""The processes the browser tests start: free ports, waiting for an answer, stopping, and `make run`'s pair
-(the engine server and the dashboard attached to it), shared by every browser test file."""
+"""The processes the browser tests start: free ports, waiting for an answer, stopping, a Streamlit page,
+`make run`'s pair (the engine server and the dashboard attached to it), and the CPU seconds they use,
+shared by every browser test file."""
 from __future__ import annotations
 
 import contextlib
@@ -52,28 +53,81 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
+def streamlit_app(script: str, log: pathlib.Path, env: dict) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`streamlit run script` on a free 127.0.0.1 port until the block ends; yields (url, process)."""
+    port = free_port()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", script, "--server.port", str(port),
+                                 "--server.address", "127.0.0.1", "--server.headless", "true"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url, proc, log)
+            yield url, proc
+        finally:
+            stop(proc)
+
+
+@contextlib.contextmanager
 def attached_stack(name: str, server_args: Sequence[str], ui_env: dict) -> Iterator[tuple[str, str]]:
     """`python -m core.server` with `server_args` and `streamlit run app.py` attached to it (RADIX_ENGINE_URL) on
     free 127.0.0.1 ports; yields (server url, dashboard url); logs in artifacts/<name>_server.log / _streamlit.log."""
     require_chromium()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    sport, uport = free_port(), free_port()
-    slog, ulog = ARTIFACTS / f"{name}_server.log", ARTIFACTS / f"{name}_streamlit.log"
-    with open(slog, "w") as so, open(ulog, "w") as uo:
+    sport = free_port()
+    slog = ARTIFACTS / f"{name}_server.log"
+    with open(slog, "w") as so:
         server = subprocess.Popen([sys.executable, "-m", "core.server", "--port", str(sport), *server_args],
                                   cwd=ROOT, stdout=so, stderr=subprocess.STDOUT)
         try:
             surl = f"http://127.0.0.1:{sport}"
             wait_http(f"{surl}/health", server, slog)
-            ui = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(uport),
-                                   "--server.address", "127.0.0.1", "--server.headless", "true"],
-                                  cwd=ROOT, env=dict(ui_env, RADIX_ENGINE_URL=surl), stdout=uo,
-                                  stderr=subprocess.STDOUT)
-            try:
-                uurl = f"http://127.0.0.1:{uport}"
-                wait_http(uurl, ui, ulog)
+            with streamlit_app("app.py", ARTIFACTS / f"{name}_streamlit.log", dict(ui_env, RADIX_ENGINE_URL=surl)) as (uurl, _):
                 yield surl, uurl
-            finally:
-                stop(ui)
         finally:
             stop(server)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc (Linux), in seconds."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and all its descendants still alive."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_seconds(p)
+            kids = pathlib.Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        todo += [int(k) for k in kids]
+    return total
+
+
+def parent_pid(pid: int) -> int:
+    return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def chromium_pid():
+    """The main chromium process this test process launched (its renderers are its descendants)."""
+    me = os.getpid()
+    for p in pathlib.Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            exe = (p / "cmdline").read_bytes().split(b"\0")[0]
+            pid, ancestor = int(p.name), parent_pid(int(p.name))
+            if not exe.endswith(b"chromium") or exe == (pathlib.Path(f"/proc/{ancestor}/cmdline").read_bytes().split(b"\0")[0]):
+                continue
+            while ancestor > 1 and ancestor != me:
+                ancestor = parent_pid(ancestor)
+        except (OSError, ValueError, IndexError):
+            continue
+        if ancestor == me:
+            return pid
+    return None

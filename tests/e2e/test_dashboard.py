@@ -5,21 +5,14 @@ person waits), prints the figures together at the end, and leaves screenshots in
 tests/e2e/artifacts/ (ignored by git). The page must never reach beyond 127.0.0.1 (offline)."""
 from __future__ import annotations
 
-import contextlib
 import os
-import pathlib
-import socket
 import statistics
-import subprocess
-import sys
 import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS, wait_first_screen
-from tests.e2e.processes import free_port
+from tests.e2e.processes import ARTIFACTS, chromium_pid, require_chromium, streamlit_app, tree_cpu
 
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 VIEWPORT = {"width": 1400, "height": 900}
@@ -50,64 +43,18 @@ WARM_CHART_X = 1.75    # what is asserted: that first chart within this many tim
 # 0.26-0.51 s, benchmarks/README.md), so a miss of five sends five more.
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process from /proc (Linux), in seconds."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and all its descendants still alive."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            total += _cpu_seconds(p)
-            kids = pathlib.Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        todo += [int(k) for k in kids]
-    return total
-
-
-@contextlib.contextmanager
-def _streamlit(script: str, log_name: str, env: dict):
-    """`streamlit run script` on a free 127.0.0.1 port until the block ends; yields (url, pid)."""
-    port = free_port()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with open(ARTIFACTS / log_name, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", script, "--server.port", str(port),
-                                 "--server.address", "127.0.0.1", "--server.headless", "true"],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.time() + 120
-            while time.time() < deadline:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1):
-                        break
-                except OSError:
-                    time.sleep(0.3)
-            else:
-                raise RuntimeError(f"streamlit did not start; see {ARTIFACTS / log_name}")
-            yield f"http://127.0.0.1:{port}", proc.pid
-        finally:
-            proc.terminate()
-            proc.wait(20)
-
-
 @pytest.fixture(scope="module")
 def server():
-    if not os.path.exists(CHROMIUM):
-        raise RuntimeError("Debian's chromium is missing: .ci/run installs it (apt-get install chromium)")
-    with _streamlit("app.py", "streamlit.log", dict(os.environ, RADIX_POOL_SLOTS=str(POOL_SLOTS))) as (url, pid):
-        yield {"url": url, "pid": pid}
+    require_chromium()
+    with streamlit_app("app.py", ARTIFACTS / "streamlit.log", dict(os.environ, RADIX_POOL_SLOTS=str(POOL_SLOTS))) as (url, proc):
+        yield {"url": url, "pid": proc.pid}
     print("\nissue 11 targets, as measured:\n" + "\n".join(f"  {k}: {v}" for k, v in FIGURES.items()))
 
 
 @pytest.fixture(scope="module")
 def bare():
     """The floor page (tests/e2e/bare_app.py: a title and one small chart) on its own server."""
-    with _streamlit("tests/e2e/bare_app.py", "bare_streamlit.log", dict(os.environ)) as (url, _):
+    with streamlit_app("tests/e2e/bare_app.py", ARTIFACTS / "bare_streamlit.log", dict(os.environ)) as (url, _):
         yield url
 
 
@@ -129,8 +76,8 @@ def _work(server) -> float:
     """CPU seconds used so far by the page's two sides: the streamlit server (with its engine
     thread) and this test's chromium. On a shared, loaded machine wall-clock time mostly measures
     the other tenants; these seconds measure the page's own work."""
-    pid = _chromium_pid()
-    return _tree_cpu(server["pid"]) + (_tree_cpu(pid) if pid else 0.0)
+    pid = chromium_pid()
+    return tree_cpu(server["pid"]) + (tree_cpu(pid) if pid else 0.0)
 
 
 def _open(browser, server) -> tuple:
@@ -330,15 +277,15 @@ def test_idle_tab_costs_under_a_tenth_of_a_core(page, server):
     pg = page
     _wait_idle(pg)
     pg.wait_for_timeout(12000)   # let reruns queued behind a loaded machine finish
-    browser_pid = _chromium_pid()
+    browser_pid = chromium_pid()
     windows = []
     for _ in range(5):   # median of five 5-s windows: a loaded machine (or the browser's own housekeeping,
         # 12 % of a core for ~10 s once in CI: two of three windows) adds bursts of its own
-        s0, b0 = _tree_cpu(server["pid"]), _tree_cpu(browser_pid) if browser_pid else 0.0
+        s0, b0 = tree_cpu(server["pid"]), tree_cpu(browser_pid) if browser_pid else 0.0
         t0 = time.perf_counter()
         pg.wait_for_timeout(5000)
         wall = time.perf_counter() - t0
-        s1, b1 = _tree_cpu(server["pid"]), _tree_cpu(browser_pid) if browser_pid else 0.0
+        s1, b1 = tree_cpu(server["pid"]), tree_cpu(browser_pid) if browser_pid else 0.0
         windows.append((100 * (s1 - s0) / wall, 100 * (b1 - b0) / wall))
     total = statistics.median(sv + bv for sv, bv in windows)
     FIGURES["idle tab CPU"] = ("median %.1f %% of a core (server + browser per 5-s window: %s); target < %g %%; "
@@ -346,30 +293,6 @@ def test_idle_tab_costs_under_a_tenth_of_a_core(page, server):
                                                       IDLE_CORE_PCT, os.getloadavg()[0]))
     assert browser_pid is not None
     assert total < IDLE_CORE_PCT, FIGURES["idle tab CPU"]
-
-
-def _parent(pid: int) -> int:
-    return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _chromium_pid():
-    """The main chromium process this test launched (its renderers are its descendants)."""
-    me = os.getpid()
-    for p in pathlib.Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            exe = (p / "cmdline").read_bytes().split(b"\0")[0]
-            pid, ancestor = int(p.name), _parent(int(p.name))
-            if not exe.endswith(b"chromium") or exe == (pathlib.Path(f"/proc/{ancestor}/cmdline").read_bytes().split(b"\0")[0]):
-                continue
-            while ancestor > 1 and ancestor != me:
-                ancestor = _parent(ancestor)
-        except (OSError, ValueError, IndexError):
-            continue
-        if ancestor == me:
-            return pid
-    return None
 
 
 def test_eviction_leaves_fading_ghosts(page):

@@ -5,48 +5,21 @@ address across a reload and says that nothing listens there. Screenshots go to t
 from __future__ import annotations
 
 import os
-import pathlib
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
 from tests.e2e import CHROMIUM, CHROMIUM_ARGS
-from tests.e2e.processes import free_port
+from tests.e2e.processes import ARTIFACTS, free_port, require_chromium, streamlit_app
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "tests" / "e2e" / "artifacts"
 VIEWPORT = {"width": 1400, "height": 900}
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
 def url():
-    if not os.path.exists(CHROMIUM):
-        raise RuntimeError("Debian's chromium is missing: .ci/run installs it (apt-get install chromium)")
-    port = free_port()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "streamlit_pages.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError(f"streamlit did not start; see {ARTIFACTS / 'streamlit_pages.log'}")
-                time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(20)
-        log.close()
+    require_chromium()
+    with streamlit_app("app.py", ARTIFACTS / "streamlit_pages.log", dict(os.environ)) as (address, _):
+        yield address
 
 
 @pytest.fixture(scope="module")
