@@ -84,15 +84,6 @@ def poll_every(ss: dict, interval: float, busy: bool, now: float) -> float:
     return max(interval, IDLE_POLL_S)
 
 
-def hidden_views_due(ss: dict, quiet: bool, stepping: bool, live: bool, now: float) -> bool:
-    """Whether a run at `now` redraws the hidden views: once the engine is quiet and, while it loops
-    with live refresh on, the linger is over (BUSY_LINGER_S without work: the poll's run at its end
-    draws them). Redrawn at each quiet moment between a client's requests they cost the browser
-    1.0-1.9 s of re-plotting on two cores, which held the open tree's next change (an eviction's
-    ghost) back by as much. In step mode or with live refresh off no work follows by itself: at once."""
-    return quiet and (stepping or not live or now >= ss.get("_busy_until", 0.0))
-
-
 def admitted_snapshot(client: Any, rids: Iterable[str], stepping: bool) -> Any:
     """The snapshot for a page run, recording in session_state what the poll compares against (the
     version and tree seq read just before it, and when). Given `rids` (a Send with live refresh off,

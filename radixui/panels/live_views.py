@@ -22,7 +22,7 @@ from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.slots import kv_heatmap, slot_row_figure, written_range
 from radixui.figures.tree import tree_figure, tree_overview
 from radixui.panels.live_data import cached_figure, decoder, event_store
-from radixui.panels.live_poll import admitted_snapshot, declare_poll, hidden_views_due
+from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
 
 VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
@@ -166,8 +166,7 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
                                       lambda: hit_rate_figure(snap.requests, height=130), fresh=not keep),
                         width="stretch", key="hit_chart", config={"displayModeBar": False})
     with right:
-        catch_up = hidden_views_due(ss, engine_quiet(snap), stepping, live, time.monotonic())
-        st.fragment(views)(client, snap, tt, store, cfg, selected, keep, catch_up)   # a tab switch reruns only this
+        st.fragment(views)(client, snap, tt, store, cfg, selected, keep)   # a tab switch reruns only this
     if keep:
         ss["_catch_up"] = True                   # the poll's next tick draws the figures
     # busy (the poll at the chosen pace, never the idle one) while the engine works or a request this
@@ -189,26 +188,26 @@ def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected
 
 
 def engine_quiet(snap: EngineSnapshot) -> bool:
-    """Nothing running or queued: the hidden views may catch up (`hidden_views_due`), so that a later
-    switch shows current figures at once (mid-generation, or between Step clicks, a switch shows
-    the view as it was and its one rerun then redraws it)."""
+    """Nothing running or queued: the moment the hidden views catch up, so that a later switch
+    shows current figures at once (mid-generation, or between Step clicks, a switch shows the
+    view as it was and its one rerun then redraws it)."""
     m = snap.metrics or {}
     return not m.get("running") and not m.get("waiting")
 
 
 def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: Optional[str],
-          keep: bool = False, catch_up: bool = True) -> None:
+          keep: bool = False) -> None:
     """The views as tabs: a switch is drawn by the browser alone (every tab's figures are already
     there), then one fragment rerun refreshes the opened tab if its data changed. The open tab is
     rebuilt whenever its data changes; hidden tabs re-send their last figures (the browser does not
-    redraw an unchanged figure) and catch up only in a run with `catch_up` (the engine quiet, the
-    linger over: `hidden_views_due`), so refresh work while a client sends stays that of one view.
-    A view never drawn yet waits while it is hidden in a new browser tab's first run (so the first
-    chart does not wait for five views' charts) and in a tab switch's run (so the opened view is
-    drawn first); the poll asks for the run that draws it on its next tick after a switch, and
-    FIRST_SCREEN_S after a new tab's first run. With `keep` (a Send's run) every view re-sends its
-    last figures."""
+    redraw an unchanged figure) and catch up only while the engine is quiet, so refresh work during
+    generation stays that of one view. A view never drawn yet waits while it is hidden in a new
+    browser tab's first run (so the first chart does not wait for five views' charts) and in a
+    tab switch's run (so the opened view is drawn first); the poll asks for the run that draws it
+    on its next tick after a switch, and FIRST_SCREEN_S after a new tab's first run. With `keep`
+    (a Send's run) every view re-sends its last figures."""
     tabs = st.tabs(VIEWS, key="live_view", on_change=_switched)
+    quiet = engine_quiet(snap)
     draw = {"Radix tree": lambda fresh: tree_view(client, snap, tt, store, cfg, selected, fresh),
             "Slot pool": lambda fresh: slot_view(snap, tt, fresh),
             "Eviction heap": lambda fresh: heap_view(snap, tt, fresh),
@@ -225,7 +224,7 @@ def views(client: EngineClient, snap: EngineSnapshot, tt, store, cfg, selected: 
                 st.caption("Drawing this view...")
                 deferred = True
                 continue
-            draw[name]((not hidden or catch_up) and not keep)
+            draw[name]((not hidden or quiet) and not keep)
             drawn.add(name)
     if not deferred:
         ss.pop("_catch_up_at", None)

@@ -67,13 +67,6 @@ def wait_rows(at: AppTest, n: int, timeout: float = 120):
     raise AssertionError(f"requests did not finish: {request_rows(at)}")
 
 
-def end_linger(at: AppTest) -> None:
-    """One run as the poll's at the end of the linger (BUSY_LINGER_S after the last work): the hidden
-    views catch up in it."""
-    at.session_state["_busy_until"] = 0.0
-    at.run()
-
-
 def send(at: AppTest, text: str, max_new: int = 3, mode: str = "Raw completion") -> None:
     next(r for r in at.radio if r.label == "Mode").set_value(mode)
     at.text_area[0].input(text)
@@ -152,8 +145,7 @@ def test_unicode_prompt_round_trips_in_tree_and_slot_labels(app):
     assert any(text in t for t in edge_text), edge_text
     assert not any("\ufffd" in t for t in edge_text)
     assert [t.label for t in app.tabs] == ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
-    end_linger(app)
-    cells = slot_row(app)["data"][0]["text"][0]   # the Slot pool tab, hidden, caught up: nothing runs, no linger
+    cells = slot_row(app)["data"][0]["text"][0]   # the Slot pool tab, hidden, caught up: nothing is running
     assert not any("\ufffd" in c for c in cells)
     assert "Ü" in cells and "🚀" in cells and "·" in cells   # "·": the first bytes of a split character
 
@@ -247,25 +239,6 @@ def test_hidden_views_wait_while_the_engine_works_and_catch_up_when_it_is_quiet(
         assert app.session_state["_busy"] is False
     finally:
         toggle().set_value(False).run()
-
-
-def test_hidden_views_wait_for_the_end_of_the_linger_between_a_clients_requests(app):
-    """With live refresh on and the engine looping, a quiet run within BUSY_LINGER_S of the last work (a
-    gap between a client's requests) keeps the hidden views as they were: redrawing them there cost the
-    browser 1-2 s on two cores and held back the open tree's next change. The run at the linger's end
-    draws them."""
-    n = row_count(app)
-    wait_rows(app, n) if n else app.run()
-    end_linger(app)
-    before = slot_row(app)
-    send(app, "Koalas nap", max_new=2)
-    wait_rows(app, n + 1)                                   # finished: the engine is quiet, the linger runs
-    assert app.session_state["_busy_until"] > time.monotonic()
-    assert slot_row(app) == before                          # hidden: as it was
-    edge_text = next(t for t in tree_spec(app)["data"] if t["name"] == "edge text")["text"]
-    assert any("Koalas nap" in t for t in edge_text)   # the open tree follows at once
-    end_linger(app)
-    assert slot_row(app) != before                          # its slots drawn in the hidden slot row
 
 
 def test_walkthrough_steps_forward_and_back():

@@ -158,20 +158,6 @@ def test_the_poll_ticks_fast_while_busy_slower_for_the_linger_then_at_the_idle_p
     assert ss["_busy_until"] == 110.0                                         # a quiet run does not extend it
 
 
-def test_hidden_views_catch_up_once_the_engine_is_quiet_and_the_linger_is_over():
-    from radixui.panels.live_poll import hidden_views_due, poll_every
-    ss: dict = {}
-    assert hidden_views_due(ss, quiet=True, stepping=False, live=True, now=100.0)        # never busy
-    poll_every(ss, 1.0, True, now=100.0)                                               # a busy run: linger to 110
-    assert not hidden_views_due(ss, quiet=False, stepping=False, live=True, now=101.0)  # working
-    assert not hidden_views_due(ss, quiet=True, stepping=False, live=True, now=101.0)   # a gap between requests
-    assert not hidden_views_due(ss, quiet=True, stepping=False, live=True, now=109.9)
-    assert hidden_views_due(ss, quiet=True, stepping=False, live=True, now=110.0)       # the linger is over
-    assert hidden_views_due(ss, quiet=True, stepping=True, live=True, now=101.0)        # step mode: at once
-    assert hidden_views_due(ss, quiet=True, stepping=False, live=False, now=101.0)      # no poll follows: at once
-    assert not hidden_views_due(ss, quiet=False, stepping=True, live=False, now=120.0)  # never while it works
-
-
 @pytest.mark.parametrize("metrics, quiet", [
     ({"running": 0, "waiting": 0}, True), ({"running": 1, "waiting": 0}, False),
     ({"running": 0, "waiting": 2}, False), ({}, True), (None, True),
