@@ -27,7 +27,7 @@ from core.engine.engine_metrics import EngineGauges, EngineMetrics
 from core.engine.inputs import Prompt
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
-from core.engine.request import ABORTED, FINISHED, Completion, Request, RequestHandle, stream_safe_len
+from core.engine.request import ABORTED, FINISHED, Completion, Request, RequestHandle
 from core.engine.sampling import SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
 from core.engine.step_budget import StepBudget
@@ -286,25 +286,7 @@ class Engine:
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
             self.metrics.on_first_token(req.first_token_time - req.submit_time)
-        before = req.output_text
-        req.output_ids.append(tok)
-        reason = None
-        early = len(req.output_ids) < req.params.min_new_tokens   # min_new_tokens: no EOS, no stop string yet
-        if tok in self.runner.eos_token_ids and not req.params.ignore_eos and not early:
-            reason = "eos"
-        text = self._decode(req.output_ids)
-        for s in () if early else req.params.stop:
-            # past min_new_tokens, only a stop string that ends in the new text counts (SGLang's tail check)
-            at = text.find(s, max(0, len(before) - len(s) + 1) if req.params.min_new_tokens else 0)
-            if at >= 0:
-                text, reason = text[:at], "stop"
-        if reason is None and len(req.output_ids) >= req.params.max_new_tokens:
-            reason = "length"
-        req.output_text = text
-        safe = text[:stream_safe_len(text, req.params.stop, reason is not None)]
-        if len(safe) > req.streamed_len and safe.startswith(req.streamed_text):
-            req.stream_queue.put(safe[req.streamed_len:])
-            req.streamed_text = safe
+        reason = req.append_token(tok, self.runner.eos_token_ids, self._decode)
         if reason is not None:
             self.scheduler.finish(req)
             self.metrics.requests_finished += 1

@@ -6,7 +6,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Collection, Iterator, Optional, Sequence
 
 import torch
 
@@ -75,6 +75,31 @@ class Request:
     @property
     def computed(self) -> int:
         return int(self.kv_slots.numel())
+
+    def append_token(self, tok: int, eos_token_ids: Collection[int], decode: Callable[[list[int]], str]) -> Optional[str]:
+        """Take one sampled token: the output text decoded again, what of it is safe to stream queued,
+        and the finish reason if this token ends the request ("eos", "stop", "length"), else None (SGLang's
+        check_finished). Before min_new_tokens neither EOS nor a stop string ends it; after, only a stop
+        string that ends in the new text counts (SGLang's tail check)."""
+        before = self.output_text
+        self.output_ids.append(tok)
+        reason = None
+        early = len(self.output_ids) < self.params.min_new_tokens
+        if tok in eos_token_ids and not self.params.ignore_eos and not early:
+            reason = "eos"
+        text = decode(self.output_ids)
+        for s in () if early else self.params.stop:
+            at = text.find(s, max(0, len(before) - len(s) + 1) if self.params.min_new_tokens else 0)
+            if at >= 0:
+                text, reason = text[:at], "stop"
+        if reason is None and len(self.output_ids) >= self.params.max_new_tokens:
+            reason = "length"
+        self.output_text = text
+        safe = text[:stream_safe_len(text, self.params.stop, reason is not None)]
+        if len(safe) > self.streamed_len and safe.startswith(self.streamed_text):
+            self.stream_queue.put(safe[self.streamed_len:])
+            self.streamed_text = safe
+        return reason
 
     def own_slots(self) -> torch.Tensor:
         return torch.cat([self.kv_slots[self.tree_len:], self.tail_slots])
