@@ -395,7 +395,7 @@ def test_a_ghost_under_the_next_victim_starts_below_its_note(walk):
     """The victim's only children are ghosts; their dotted stroke starts under the "next victim" note
     (it used to run through it)."""
     from radixui.figures.highlights import Ghost
-    from radixui.figures.tree import LABEL_RADIUS_PX
+    from radixui.figures.tree_marks import LABEL_RADIUS_PX
     _, tok, steps = walk
     snap = steps[3].snapshot
     victim = snap.eviction_order[0]
