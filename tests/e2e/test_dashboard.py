@@ -28,7 +28,7 @@ SEND_ROW_S = 0.5       # a sent request shows in the table
 VIEW_SWITCH_S = 0.5    # a view switch
 IDLE_CORE_PCT = 10.0   # an idle tab, server + browser, in % of one core
 WARM_CHART_S = 5.0     # issue 11: a new tab's first chart, the server already started (model loaded)
-WARM_CHART_X = 1.75    # what is asserted: that first chart within this many times a bare page's
+WARM_CHART_X = 1.75    # what is asserted: the fastest first chart within this many times a bare page's fastest
 # A new tab costs 6-9 CPU s of the browser's own (renderer ~5 s: Streamlit's and plotly's 8 MB of
 # JavaScript compiled and run, the first charts drawn; browser + software GPU ~1.5 s) against 0.4 s of
 # the server's. A bare Streamlit page with one small chart (bare_app.py) took 3.4-5.0 s on the same
@@ -37,8 +37,11 @@ WARM_CHART_X = 1.75    # what is asserted: that first chart within this many tim
 # page is judged against that floor, opened in pairs back to back: the Live page measured 1.19-1.78x
 # it (medians 1.34, 1.39 and, at load 3.2, 1.46); 5 s is reported beside it. The bound catches a page
 # that grows, not a fine difference: drawing the four hidden views in the first run too measured
-# 1.30-2.55x (median of pairs 1.69, of ratios of medians 1.89) in a loaded hour. When the median of five
-# pairs misses, five more are opened and the median of all ten decides (a noisy neighbour's burst).
+# 1.30-2.55x (median of pairs 1.69, of ratios of medians 1.89) in a loaded hour. What is asserted is the
+# best page over the best floor (`_best_ratio`): at load 3.7 the median of ten pair ratios reached 1.76
+# on unchanged code (the page's wall time grows faster than the floor's under load) while the best
+# times' ratio was 1.45; on 2026-12-03 the best ratio measured 1.42 with the page as it is and 1.87 with
+# the hidden views drawn in the first run. When five pairs miss, five more are opened and all ten decide.
 # Send -> row follows the same rule: one Send ranged 0.17-1.10 s across runs at load 1.4-4.6 (medians
 # 0.26-0.51 s, benchmarks/README.md), so a miss of five sends five more.
 
@@ -193,17 +196,25 @@ def test_warm_start_first_chart_within_1_75x_a_bare_streamlit_page(page, browser
         ctx, pg, t_title, t_chart = _open(browser, server)
         ctx.close()
         pairs.append((floor, t_chart))
-        if len(pairs) == 5 and statistics.median(c[0] / f for f, c in pairs) < WARM_CHART_X:
+        if len(pairs) == 5 and _best_ratio(pairs) < WARM_CHART_X:
             break
-    ratio = statistics.median(c[0] / f for f, c in pairs)
-    wall = statistics.median(c[0] for _, c in pairs)
+    ratio, wall = _best_ratio(pairs), statistics.median(c[0] for _, c in pairs)
     FIGURES["warm start, first chart"] = (
         f"median {wall:.2f} s wall ({'meets' if wall < WARM_CHART_S else 'misses'} issue 11's {WARM_CHART_S:g} s), "
         f"{statistics.median(c[1] for _, c in pairs):.2f} CPU s of the page; the floor page "
-        f"{statistics.median(f for f, _ in pairs):.2f} s; median ratio {ratio:.2f} (target < {WARM_CHART_X:g}) over "
-        f"{len(pairs)} pairs (floor/page/CPU: {', '.join(f'{f:.1f}/{c[0]:.1f}/{c[1]:.1f}' for f, c in pairs)}); "
+        f"{statistics.median(f for f, _ in pairs):.2f} s; best page / best floor {ratio:.2f} (target < {WARM_CHART_X:g}), "
+        f"median ratio {statistics.median(c[0] / f for f, c in pairs):.2f}, over {len(pairs)} pairs "
+        f"(floor/page/CPU: {', '.join(f'{f:.1f}/{c[0]:.1f}/{c[1]:.1f}' for f, c in pairs)}); "
         f"load average {os.getloadavg()[0]:.1f}")
     assert ratio < WARM_CHART_X, FIGURES["warm start, first chart"]
+
+
+def _best_ratio(pairs: list) -> float:
+    """The Live page's fastest first chart over the floor page's fastest (timeit's rule: the fastest try
+    is the one other tenants disturbed least). Under load the page's wall time grows faster than the
+    floor's: at load 3.7 the median of ten pair ratios was 1.76 (1.28-1.48 at load 2-3), the best
+    times' ratio 1.45."""
+    return min(c[0] for _, c in pairs) / min(f for f, _ in pairs)
 
 
 def _root_box(pg) -> tuple[dict, list]:
