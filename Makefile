@@ -40,7 +40,7 @@ browser-deps:
 	.ci/browser-deps
 
 # Two passes: the tests without a browser in TEST_WORKERS processes (pytest-xdist, one file per process at a
-# time: on 2 cores 5.5 min instead of 9), then the browser tests alone, because they time what a person
+# time: on 2 cores 5-7 min instead of 9), then the browser tests alone, because they time what a person
 # waits for and a second process on the same cores would be timed with them.
 TEST_WORKERS ?= 2
 test: browser-deps $(STAMP)

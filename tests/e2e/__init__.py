@@ -21,17 +21,31 @@ def wait_first_screen(pg) -> None:
 VISIBLE_TREE_JS = """() => { const tree = () => [...document.querySelectorAll('[data-testid=stPlotlyChart] .js-plotly-plot')]
   .find(d => d.getBoundingClientRect().height > 0 && (d.data || []).some(t => t.name === 'edge text'));"""
 
-# From now on, on every animation frame until window.__ghosts.stop is set: the node ids the visible
-# tree has drawn as ghosts (its "evicted (fading)" trace), in window.__ghosts.ids. A ghost lasts a few
-# tree-changing steps, which a fast engine runs within one paint, so a check that looks now and then (a
-# locator's polling) can miss it. The tree is looked up again only once the div held left the page (a
-# changed figure is a new div): a lookup each frame forces a layout.
-WATCH_GHOSTS_JS = VISIBLE_TREE_JS + """
-  const w = window.__ghosts = {ids: [], stop: false};
-  let held = null;
+# Watches the drawn tree on every animation frame, from now on until window.__tree.stop is set: for each
+# node id drawn as a ghost (the "evicted (fading)" trace) the wall-clock time it was first drawn; for each
+# label word asked for (window.__tree.want) the first time an edge label held it, with the status line at that moment;
+# and (log) the wall-clock time each snapshot seq was first drawn. A frame looks the tree up again only
+# once the one it holds left the page (a changed figure is a new div) and reads its traces only when
+# they changed or a word is still wanted: looking up and measuring every div on every frame forced a
+# layout each frame and cost the page it measures ~4 % of a core. A ghost lasts a few tree-changing
+# steps, which a fast engine runs within one paint: a check that looks now and then (a locator's
+# polling) can miss it.
+WATCH_TREE_JS = VISIBLE_TREE_JS + """
+  const w = window.__tree = {ghosts: {}, found: {}, want: [], seqs: new Set(), disagree: [], log: [], stop: false};
+  const status = () => [...document.querySelectorAll('.sglang')].map(e => e.innerText).join(' ');
+  let held = null, read = null;
   const tick = () => { if (w.stop) return;
     if (!held || !held.isConnected) held = tree() || null;
-    for (const t of (held && held.data) || []) if (t.name === 'evicted (fading)')
-      for (const id of t.customdata || []) if (!w.ids.includes(id)) w.ids.push(id);
+    const d = held && held.data ? held : null;
+    if (d && (d.data !== read || w.want.some(word => !(word in w.found)))) { read = d.data; const now = Date.now();
+      if (d.layout && d.layout.meta && !w.seqs.has(d.layout.meta.seq)) { w.seqs.add(d.layout.meta.seq); w.log.push([now / 1000, d.layout.meta.seq]); }
+      for (const t of d.data) {
+        if (t.name === 'evicted (fading)') for (const id of (t.customdata || [])) if (!(id in w.ghosts)) w.ghosts[id] = now;
+        if (t.name === 'edge text') for (const word of w.want) if (!(word in w.found)
+            && (t.text || []).some(s => String(s).includes(word))) w.found[word] = {at: now, status: status()}; }
+      // the caption's "evicted this step: node N ..." must name ghosts of this very drawing
+      const ghostIds = new Set(d.data.filter(t => t.name === 'evicted (fading)').flatMap(t => t.customdata || []));
+      for (const a of (d.layout.annotations || [])) for (const m of String(a.text || '').matchAll(/node (\\d+) '/g))
+        if (String(a.text).includes('evicted this step') && !ghostIds.has(m[1])) w.disagree.push([m[1], d.layout.meta.seq]); }
     requestAnimationFrame(tick); };
   requestAnimationFrame(tick); }"""

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.e2e import CHROMIUM, CHROMIUM_ARGS, WATCH_GHOSTS_JS, wait_first_screen
+from tests.e2e import CHROMIUM, CHROMIUM_ARGS, WATCH_TREE_JS, wait_first_screen
 from tests.e2e.processes import ARTIFACTS, chromium_pid, require_chromium, streamlit_app, tree_cpu
 
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
@@ -311,17 +311,17 @@ def test_eviction_leaves_fading_ghosts(page):
     (watched on every animation frame: with the fast default model a ghost's few steps can pass within
     one paint, so the last drawing need not hold one) and the Evicted KPI counts them."""
     pg = page
-    pg.evaluate(WATCH_GHOSTS_JS)
+    pg.evaluate(WATCH_TREE_JS)
     pg.get_by_role("spinbutton", name="Max new tokens").fill("8")
     for preset in ("Few-shot prompts", "Chats sharing a system prompt"):
         pg.locator('[data-testid="stMain"] [data-testid="stForm"] [data-testid="stSelectbox"]').first.click()
         pg.get_by_role("option", name=preset).click()
         pg.get_by_role("button", name="Run preset").click()
         pg.wait_for_timeout(300)
-    pg.wait_for_function("() => window.__ghosts.ids.length > 0", timeout=120_000)
+    pg.wait_for_function("() => Object.keys(window.__tree.ghosts).length > 0", timeout=120_000)
     pg.screenshot(path=str(ARTIFACTS / "live_eviction.png"))
     _wait_idle(pg)
-    pg.evaluate("() => { window.__ghosts.stop = true; }")
+    pg.evaluate("() => { window.__tree.stop = true; }")
     assert _kpi(pg, "Evicted") != "0 tok"
     _no_errors(pg)
 

@@ -19,7 +19,7 @@ import pytest
 
 from core.engine.config import EngineConfig
 from radixui.panels.live_poll import IDLE_POLL_S
-from tests.e2e import CHROMIUM, CHROMIUM_ARGS, VISIBLE_TREE_JS, wait_first_screen
+from tests.e2e import CHROMIUM, CHROMIUM_ARGS, VISIBLE_TREE_JS, WATCH_TREE_JS, wait_first_screen
 from tests.e2e.processes import ARTIFACTS, attached_stack
 
 POOL_SLOTS = 160
@@ -34,8 +34,9 @@ VIEWPORT = {"width": 1400, "height": 900}
 # ghosts came 0.5-2.2 s after their eviction (0.7-1.8 s with the engine on one thread: the cores the engine
 # takes are not what delays them), but in two CI runs 1.3-3.5 s and 2.5-5.0 s (median 3.5 s) at a cadence
 # only ~15 % slower: there even the earliest ghost came two paints late, so the drawings showed snapshots
-# seconds old (a browser that renders slower than the page runs arrive falls behind). So what is bounded is the median (GHOST_S) and the worst (GHOST_MAX_S): a page that
-# stopped painting while the engine is busy draws its ghosts only after the workload (tens of seconds).
+# seconds old (a browser that renders slower than the page runs arrive falls behind). So what is bounded
+# is the median (GHOST_S) and the worst (GHOST_MAX_S): a page that stopped painting while the engine is
+# busy draws its ghosts only after the workload (tens of seconds).
 # What no speed excuses is checked exactly: the first drawing of a snapshot taken after an eviction shows
 # its ghost. That the branch is drawn while the request runs (the old page drew it only after) is checked
 # by the status line drawn with it ("#running-req: 1"), whatever the time. The request generates 130
@@ -71,40 +72,13 @@ def page(stack):
         pg.get_by_role("heading", name="RadixAttention, live").wait_for(timeout=300_000)
         _wait_tree(pg)
         wait_first_screen(pg)                      # before the first Send is timed
-        pg.evaluate(_WATCH_TREE)
+        pg.evaluate(WATCH_TREE_JS)
         yield pg
         browser.close()
 
 
 def _wait_tree(pg) -> None:
     pg.wait_for_function(VISIBLE_TREE_JS + " return !!tree(); }", timeout=300_000)
-
-
-# Watches the drawn tree on every animation frame, from now on: for each node id drawn as a ghost
-# (the "evicted (fading)" trace) the wall-clock time it was first drawn; for each label word asked
-# for (window.__tree.want) the first time an edge label held it, with the status line at that moment;
-# and (log) the wall-clock time each snapshot seq was first drawn. A frame looks the tree up again only
-# once the one it holds left the page (a changed figure is a new div) and reads its traces only when
-# they changed or a word is still wanted: looking up and measuring every div on every frame forced a
-# layout each frame and cost the page it measures ~4 % of a core.
-_WATCH_TREE = VISIBLE_TREE_JS + """
-  const w = window.__tree = {ghosts: {}, found: {}, want: [], seqs: new Set(), disagree: [], log: []};
-  const status = () => [...document.querySelectorAll('.sglang')].map(e => e.innerText).join(' ');
-  let held = null, read = null;
-  const tick = () => { if (!held || !held.isConnected) held = tree() || null;
-    const d = held && held.data ? held : null;
-    if (d && (d.data !== read || w.want.some(word => !(word in w.found)))) { read = d.data; const now = Date.now();
-      if (d.layout && d.layout.meta && !w.seqs.has(d.layout.meta.seq)) { w.seqs.add(d.layout.meta.seq); w.log.push([now / 1000, d.layout.meta.seq]); }
-      for (const t of d.data) {
-        if (t.name === 'evicted (fading)') for (const id of (t.customdata || [])) if (!(id in w.ghosts)) w.ghosts[id] = now;
-        if (t.name === 'edge text') for (const word of w.want) if (!(word in w.found)
-            && (t.text || []).some(s => String(s).includes(word))) w.found[word] = {at: now, status: status()}; }
-      // the caption's "evicted this step: node N ..." must name ghosts of this very drawing
-      const ghostIds = new Set(d.data.filter(t => t.name === 'evicted (fading)').flatMap(t => t.customdata || []));
-      for (const a of (d.layout.annotations || [])) for (const m of String(a.text || '').matchAll(/node (\\d+) '/g))
-        if (String(a.text).includes('evicted this step') && !ghostIds.has(m[1])) w.disagree.push([m[1], d.layout.meta.seq]); }
-    requestAnimationFrame(tick); };
-  requestAnimationFrame(tick); }"""
 
 
 def _no_errors(pg) -> None:
@@ -180,8 +154,8 @@ def test_every_eviction_is_a_ghost_in_the_first_drawing_after_it(stack, page):
     nodes: each node the server's /state/events reports evicted is drawn as a ghost in the visible
     tree, in the first drawing of a snapshot taken after it, however many steps ran between two
     paints; from the moment a 50 ms poll of the server first saw the eviction to its ghost takes under
-    GHOST_S at the median and GHOST_MAX_S at worst; and the caption's "evicted this step" never names a node that
-    the same drawing does not show as a ghost (both come from one snapshot's step)."""
+    GHOST_S at the median and GHOST_MAX_S at worst; and the caption's "evicted this step" never names
+    a node that the same drawing does not show as a ghost (both come from one snapshot's step)."""
     surl, _ = stack
     pg = page
     evicted: dict[int, float] = {}
