@@ -55,8 +55,15 @@ bench: $(STAMP)
 
 # llama.cpp's Python binding, for the llama.cpp column of benchmarks/bench_engine.py: it compiles llama.cpp
 # from source (several minutes, needs cmake and a C++ compiler); nothing else needs it, make test never installs it
+# ggml's AMX kernels segfault in their first matmul on this CPU class (llama.cpp issue 20824; seen here with
+# the default model's Q4_1): where the CPU has AMX, build for its AVX-512 set without them.
+LLAMACPP_NO_AMX = -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF \
+	-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+
 llamacpp: $(STAMP)
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install llama-cpp-python==0.3.36
+	if grep -q amx_int8 /proc/cpuinfo; then args="$(LLAMACPP_NO_AMX)"; else args="-DGGML_NATIVE=ON"; fi; \
+	CMAKE_ARGS="$$args" $(BIN)/python -m pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -38,6 +38,8 @@ PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
     ("core.lab.__main__", "os._exit"): "the documented way to leave a process without running atexit hooks",
     ("core.engine.model.native_layers", "torch.ops.aten._weight_int8pack_mm"):
         "an op in torch's operator registry (the CPU int8 weight-only matmul gpt-fast uses), not a module's state",
+    ("core.engine.model.native_layers", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"):
+        "the op behind CPU SDPA, in torch's operator registry: the one that also returns the log-sum-exp",
 }
 
 

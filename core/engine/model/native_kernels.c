@@ -6,6 +6,7 @@
  *   pass over each key and value row, all G = H / KVH query heads of a KV head together, keys split
  *   into chunks (flash-decoding) so that even one request keeps every thread busy.
  * w8_gemv: y = x @ (q * scale)^T (+ bias) for a few rows of x (decode), int8 weights, fp32 maths.
+ * w8_amx_gemm: the same for many rows (prefill) on AMX tiles (where the CPU and compiler have them).
  *
  * Built with -O3 -march=native -fopenmp -ffast-math: the code never relies on inf or nan (empty
  * chunks are flagged, not -inf), so fast-math only licenses vectorised reductions and expf.
@@ -560,6 +561,116 @@ void w8_gemv(const float *x, const int8_t *w, const float *scales, const float *
     }
 }
 
+/* Many rows (prefill) on AMX tiles, with the FMA kernel's products. An fp32 x is exactly hi + mid + lo, three
+ * bf16 (each round-to-nearest split leaves a remainder of at most 16, then 8 significant bits), and a bf16 times
+ * an int8 is exact in fp32: so the three TDPBF16PS per tile add exactly the products x[k] * q[n, k], as the FMA
+ * kernel does, and the two differ only in the order of the fp32 sums (a token's K/V then do not depend on
+ * the size of the batch it was computed in). xb: scratch [Mp][3][K] bf16 (hi, mid, lo of each row of x; Mp = M
+ * rounded up to 32, rows past M zero); wp: the int8 weights as bf16 (exact), in the layout TDPBF16PS reads,
+ * [N/16][K/32][16 pairs of k][16 columns][2] (native_kernels.pack_amx). Blocks of rows that fit in L2 against
+ * every 32 output columns: 2 x 2 tiles of 16 x 16 fp32 accumulators, K in steps of 32. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int amx_state = 0;   /* 0 not asked yet, 1 granted, -1 refused */
+
+int amx_ready(void) {   /* Linux hands out the tile registers on request only (arch_prctl, once per process) */
+    if (amx_state == 0)
+        amx_state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
+    return amx_state == 1;
+}
+
+typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
+
+/* fp32 -> bf16 bits, round to nearest even (f32_to_bf16), 16 lanes: the bf16 in the high half of each lane */
+static inline __m512i rne_bf16_hi(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
+                            _mm512_set1_epi32((int)0xFFFF0000u));
+}
+
+/* xb[m] = hi, mid, lo of row m of x (rows M..Mp-1 zero), K % 32 == 0. Without reassociation: (x - hi) - mid
+ * must not become x - (hi + mid), which rounds. */
+__attribute__((optimize("no-associative-math")))
+static void split_rows_bf16x3(const float *x, uint16_t *xb, int M, int Mp, int K) {
+    #pragma omp parallel for schedule(static)
+    for (int m = 0; m < Mp; m++) {
+        uint16_t *d = xb + (int64_t)m * 3 * K;
+        if (m >= M) { memset(d, 0, (size_t)3 * K * sizeof(uint16_t)); continue; }
+        const float *row = x + (int64_t)m * K;
+        for (int k = 0; k < K; k += 16) {
+            const __m512 v = _mm512_loadu_ps(row + k);
+            const __m512i hi = rne_bf16_hi(v);
+            const __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(hi));
+            const __m512i mid = rne_bf16_hi(r1);
+            const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(mid));
+            const __m512i lo = rne_bf16_hi(r2);
+            _mm256_storeu_si256((__m256i *)(d + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)));
+            _mm256_storeu_si256((__m256i *)(d + K + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(mid, 16)));
+            _mm256_storeu_si256((__m256i *)(d + 2 * K + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
+        }
+    }
+}
+
+int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
+                int M, int N, int K) {
+    const int KB = K / 32, NB = N / 32, MB = (M + 31) / 32;
+    /* rows per block: a block's hi, mid and lo rows (6 K bytes each) stay in L2 while every column block runs */
+    int rows = (int)((1 << 20) / ((int64_t)6 * K)) / 32 * 32;
+    const int BM = rows < 32 ? 1 : rows / 32;          /* 32-row pairs of tiles per block */
+    const int MC = (MB + BM - 1) / BM;
+    split_rows_bf16x3(x, xb, M, MB * 32, K);
+    #pragma omp parallel
+    {
+        tile_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+        _tile_loadconfig(&cfg);
+        float c[4][16 * 16] __attribute__((aligned(64)));
+        #pragma omp for collapse(2) schedule(static)
+        for (int mc = 0; mc < MC; mc++) {
+            for (int nb = 0; nb < NB; nb++) {
+                const uint16_t *b0 = wp + (int64_t)(2 * nb) * KB * 512, *b1 = b0 + (int64_t)KB * 512;
+                const int mb_end = (mc + 1) * BM < MB ? (mc + 1) * BM : MB;
+                for (int mb = mc * BM; mb < mb_end; mb++) {
+                    const uint16_t *a0 = xb + (int64_t)mb * 32 * 3 * K, *a1 = a0 + (int64_t)16 * 3 * K;
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                    for (int kb = 0; kb < KB; kb++) {
+                        _tile_loadd(6, b0 + kb * 512, 64);
+                        _tile_loadd(7, b1 + kb * 512, 64);
+                        for (int part = 0; part < 3; part++) {   /* hi, mid, lo */
+                            _tile_loadd(4, a0 + (int64_t)part * K + kb * 32, K * 6);
+                            _tile_loadd(5, a1 + (int64_t)part * K + kb * 32, K * 6);
+                            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+                            _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+                        }
+                    }
+                    _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+                    _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+                    for (int t = 0; t < 4; t++) {
+                        const int r0 = mb * 32 + (t >> 1) * 16, n0 = nb * 32 + (t & 1) * 16;
+                        const __m512 sc = _mm512_loadu_ps(scales + n0);
+                        const __m512 bi = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+                        for (int r = 0; r < 16 && r0 + r < M; r++)
+                            _mm512_storeu_ps(y + (int64_t)(r0 + r) * N + n0,
+                                             _mm512_fmadd_ps(_mm512_load_ps(c[t] + r * 16), sc, bi));
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+    return 0;
+}
+#else
+int amx_ready(void) { return 0; }
+int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
+                int M, int N, int K) { (void)x; (void)xb; (void)wp; (void)scales; (void)bias; (void)y; (void)M; (void)N; (void)K; return -2; }
+#endif
+
 /* Decode-sized elementwise work, one call instead of 6-8 torch ops (~5 us of dispatch each).
  * add_rms_norm: if delta: x += delta (in place); then y = x * rsqrt(mean(x^2) + eps) * w. fp32. */
 void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M, int N, float eps) {
@@ -632,6 +743,25 @@ static PyObject *py_w8_gemv(PyObject *self, PyObject *const *args, Py_ssize_t n)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 9, "w8_amx_gemm")) return NULL;
+    const float *x = PTR(0); uint16_t *xb = PTR(1); const uint16_t *w = PTR(2); const float *s = PTR(3), *b = PTR(4);
+    float *y = PTR(5);
+    int M = INT(6), N = INT(7), K = INT(8);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = w8_amx_gemm(x, xb, w, s, b, y, M, N, K);
+    Py_END_ALLOW_THREADS
+    if (rc) { PyErr_SetString(PyExc_RuntimeError, "w8_amx_gemm: these kernels were built without AMX"); return NULL; }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_amx_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "amx_ready")) return NULL;
+    return PyBool_FromLong(amx_ready());
+}
+
 static PyObject *py_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 7, "add_rms_norm")) return NULL;
     float *x = PTR(0); const float *d = PTR(1), *w = PTR(2); float *y = PTR(3);
@@ -663,6 +793,8 @@ static PyObject *py_set_w8_force_generic(PyObject *self, PyObject *const *args, 
 static PyMethodDef METHODS[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
+    {"w8_amx_gemm", (PyCFunction)(void (*)(void))py_w8_amx_gemm, METH_FASTCALL, NULL},
+    {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, METH_FASTCALL, NULL},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, NULL},
     {"decode_attention_fast", (PyCFunction)(void (*)(void))py_decode_attention_fast, METH_FASTCALL, NULL},

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,10 @@ from core.engine.model.forward_batch import ForwardBatch
 # run alone (same rule, same value, as ForwardBatch's own extend groups).
 PAD_FACTOR = 2.0
 
+# From this many rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), below it
+# the FMA kernel (w8_gemv): measured on SmolLM2's shapes, benchmarks/README.md "Prefill on AMX tiles".
+AMX_MIN_ROWS = 32
+
 
 class Linear:
     """y = x @ W^T (+ b) for one (possibly fused) projection, in the model's numerics.
@@ -38,21 +42,27 @@ class Linear:
         for many rows.
     kind "bf16": bf16 weight [out, in] and bf16 activations (oneDNN, AVX512-BF16).
     kind "int8": weight-only int8, symmetric, one fp32 scale per output channel (w ~= q * scale),
-        fp32 activations. On a CPU every row, decode or prefill, runs the C kernel `w8_gemv`
-        (core/engine/model/native_kernels.c; fallback `_weight_int8pack_mm` on bf16 activations): one
-        arithmetic whatever the batch, so a token's K/V do not depend on how its prompt was chunked or
-        cached, and cache on == cache off within the mode (measured: 50/50 prompts; a bf16 GEMM for the
-        prefill rows was 1.8x faster there but gave 42/50, 32/50 with every row in bf16). On other
-        devices a bf16 GEMM on the dequantized weight (bf16(q * scale)) runs every row.
+        fp32 activations. On a CPU the decode-sized batches run the FMA kernel `w8_gemv` and, from
+        AMX_MIN_ROWS rows where the CPU has AMX, the prefill-sized ones run `w8_amx_gemm` on AMX tiles with
+        each row of x split into three bf16 (hi + mid + lo == x exactly): both add exactly the products
+        x[k] * q[n, k] and differ in the order of the fp32 sums only, so a token's K/V do not depend on how
+        its prompt was chunked or cached, and cache on == cache off within the mode (benchmarks/README.md,
+        "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
+        bf16 tiles, made on the first prefill (twice the int8 bytes). Without the C kernels `_weight_int8pack_mm` runs on bf16 activations; on
+        other devices a bf16 GEMM on the dequantized weight (bf16(q * scale)) runs every row.
     """
 
-    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features")
+    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "amx")
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str) -> None:
         weight = weight.detach()
         self.kind = kind
         self.out_features = weight.shape[0]
         self.dense = self.dense_bias = None
+        # int8 on a CPU: True until the first AMX use packs the bf16 tiles (native_kernels.pack_amx), then them;
+        # False where the shape is not whole tiles
+        self.amx: Union[bool, torch.Tensor] = (kind == "int8" and weight.device.type == "cpu"
+                                               and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0)
         if kind == "int8":
             w = weight.float()
             scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -83,6 +93,10 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         if self.dense is None:
             if native_kernels.available():
+                if self.amx is not False and x.shape[0] >= AMX_MIN_ROWS and native_kernels.amx_available():
+                    if self.amx is True:      # first prefill: the bf16 tiles, made once
+                        self.amx = native_kernels.pack_amx(self.weight)
+                    return native_kernels.w8_amx_gemm(x, self.amx, self.scales, self.bias)
                 return native_kernels.w8_gemv(x.contiguous(), self.weight, self.scales, self.bias)
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
                                                    self.scales.to(torch.bfloat16)).float()
@@ -90,7 +104,8 @@ class Linear:
         return F.linear(x.to(torch.bfloat16), self.dense, self.dense_bias).float()
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias, self.dense)
+        packed = self.amx if isinstance(self.amx, torch.Tensor) else None
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias, self.dense, packed)
                    if t is not None)
 
 
@@ -205,6 +220,7 @@ class AttentionPlan:
     decode_idx: Optional[torch.Tensor] = None   # [Rd] flat token of each decode; None: all tokens
     fresh: Optional[tuple[int, int]] = None     # (start, length) of a lone uncached extend
     extends: list[Padded] = field(default_factory=list)
+    prefixed: Optional[tuple[int, int, int]] = None   # (start, length, prefix) of a lone extend after a prefix
 
     @classmethod
     def build(cls, batch: ForwardBatch, row_kernel: bool = False) -> "AttentionPlan":
@@ -240,6 +256,9 @@ class AttentionPlan:
         l_max = max(batch.seq_slots[r].numel() for r in rows)
         if len(rows) * q_max * l_max <= PAD_FACTOR * real:
             plan.extends = [_padded(batch, rows, all_tokens=not batch.decode_rows and plan.decodes is None)]
+            if len(rows) == 1:
+                r = rows[0]
+                plan.prefixed = (batch.extend_starts[r], batch.extend_lens[r], batch.prefix_lens[r])
         else:
             groups = [g.rows for g in batch.extend_groups] + [[r] for r in batch.extend_singles]
             groups = [[r for r in g if r in rows] for g in groups]
@@ -308,6 +327,31 @@ def attend_padded(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.
     o = F.scaled_dot_product_attention(qq, k, v, attn_mask=p.mask(window, q.dtype), scale=scale,
                                        enable_gqa=heads != kvh)          # [rows, H, q_len, D]
     return o.transpose(1, 2).reshape(p.rows * p.q_len, heads, d)
+
+
+def attend_prefixed(p: Padded, prefix: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float) -> torch.Tensor:
+    """One request's n new tokens ([n, H, D] queries, their own K/V [n, KVH, D]) after `prefix` cached tokens
+    (p: its padded plan, one row), no sliding window: the prefix's keys, gathered from the pool, unmasked, and
+    the new tokens' own keys, causal (a square: `is_causal` is exact), in two CPU flash-attention calls merged
+    by their log-sum-exp. One masked call over [n, prefix + n] computed every masked score too (a long
+    prompt's second chunk: half its keys). Returns [n, H, D]."""
+    kvh, d = k_buf.shape[1], k_buf.shape[2]
+    slots = p.slots[:prefix]
+    kp = torch.index_select(k_buf, 0, slots, out=p.buffer("k", (prefix, kvh, d), k_buf.dtype))
+    vp = torch.index_select(v_buf, 0, slots, out=p.buffer("v", (prefix, kvh, d), v_buf.dtype))
+    if kp.dtype != q.dtype:
+        kp, vp = kp.to(q.dtype), vp.to(q.dtype)
+    qq = q.transpose(0, 1)[None]                                          # [1, H, n, D]
+    o1, l1 = FLASH_CPU(qq, kp.transpose(0, 1)[None], vp.transpose(0, 1)[None], 0.0, False, scale=scale)
+    o2, l2 = FLASH_CPU(qq, k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, True, scale=scale)
+    top = torch.maximum(l1, l2)
+    w1, w2 = (l1 - top).exp_(), (l2 - top).exp_()                         # [1, H, n]
+    o = (o1 * w1[..., None]).add_(o2 * w2[..., None]).div_((w1 + w2)[..., None])
+    return o[0].transpose(0, 1)
+
+
+FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu   # (out, logsumexp); GQA by head count
 
 
 # Decode attention splits each request's keys into chunks so that there are about this many

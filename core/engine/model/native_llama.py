@@ -20,10 +20,11 @@ fused C kernels for residual+RMSNorm and SiLU*up.
 Numerics ("dtype"):
   fp32  weights, activations and KV pool fp32: Hugging Face fp32 to ~1e-7 on the test models.
   bf16  weights, activations and KV pool bf16 (fp32 accumulation inside the kernels).
-  int8  weight-only int8 (one fp32 scale per output channel) for every projection and the LM head,
-        run by the C GEMV on fp32 activations for up to 16 rows (decode); larger batches (prefill)
-        run a bf16 GEMM on the dequantized weights. Activations and the KV pool stay fp32
-        (kv_dtype="bf16" halves the KV bytes).
+  int8  weight-only int8 (one fp32 scale per output channel) for every projection and the LM head;
+        on fp32 activations: on a CPU the C kernel `w8_gemv` for decode-sized batches and AMX tiles
+        (`w8_amx_gemm`, x split into three bf16) for prefill-sized ones, the same products summed in another
+        order (native_layers.Linear). Activations and the KV pool stay fp32 (kv_dtype="bf16" halves the
+        KV bytes).
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
 Refused (ValueError, route to the Hugging Face path): other families, non-SiLU MLPs, RoPE types
 whose frequencies depend on the sequence length (dynamic, longrope).
@@ -38,8 +39,8 @@ import torch.nn.functional as F
 from core.engine.model import native_kernels
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
-from core.engine.model.native_layers import (AttentionPlan, Linear, apply_rope, attend_decodes, attend_padded, fresh_causal_mask,
-                                rope_tables)
+from core.engine.model.native_layers import (AttentionPlan, Linear, apply_rope, attend_decodes, attend_padded,
+                                             attend_prefixed, fresh_causal_mask, rope_tables)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
@@ -331,6 +332,14 @@ class NativeLlama(torch.nn.Module):
             if s == 0 and n == t:
                 return o.transpose(0, 1)
             out[s:s + n] = o.transpose(0, 1)
+        if plan.prefixed is not None and window is None and q.device.type == "cpu":
+            s, n, prefix = plan.prefixed
+            o = attend_prefixed(plan.extends[0], prefix, q[s:s + n], k[s:s + n], v[s:s + n], k_buf, v_buf,
+                                self.scale)
+            if s == 0 and n == t:
+                return o
+            out[s:s + n] = o
+            return out
         for p in plan.extends:
             qp = q if p.q_index is None else q.index_select(0, p.q_index)
             o = attend_padded(p, qp, k_buf, v_buf, window, self.scale)

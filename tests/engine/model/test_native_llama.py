@@ -309,6 +309,46 @@ def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(famil
         torch.testing.assert_close(last_logits(cut), whole, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, monkeypatch):
+    """A 72-token prompt after a 24-token cached prefix: its projections on AMX tiles (where this CPU has them;
+    else the FMA kernel again) and its attention split into prefix + own keys, against every row through the
+    FMA kernel and one masked call (AMX_MIN_ROWS and the split turned off): the same logits to fp32 rounding,
+    and the same K/V written into the pool."""
+    from core.engine.model import native_layers
+    require_kernels()
+    native = NativeLlama.from_hf(make_ref(family), dtype="int8")
+    ids = torch.randint(1, 128, (96,), generator=torch.Generator().manual_seed(4)).tolist()
+    slots = torch.randperm(120, generator=torch.Generator().manual_seed(5))[:96] + 1
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        pool = native.make_pool(128)
+        native.forward(ForwardBatch.build([(ids[:24], [], slots[:24])]), pool)
+        logits = native.forward(ForwardBatch.build([(ids[24:], slots[:24], slots[24:])]), pool)
+        return logits[0], pool.k_buffer[:, slots].clone()
+
+    fast, fast_k = run()
+    packed = [isinstance(lin.amx, torch.Tensor) for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
+    assert packed == [native_kernels.amx_available()] * len(packed)     # the 72 rows did run on tiles
+    build = native_layers.AttentionPlan.build
+
+    split = []
+
+    def without_split(batch, row_kernel=False):
+        plan = build(batch, row_kernel)
+        if plan.prefixed is not None:
+            split.append(plan.prefixed)
+            plan.prefixed = None                  # the extend goes through one masked call instead
+        return plan
+
+    monkeypatch.setattr(native_layers, "AMX_MIN_ROWS", 10 ** 9)
+    monkeypatch.setattr(native_layers.AttentionPlan, "build", staticmethod(without_split))
+    plain, plain_k = run()
+    assert split == [(0, 72, 24)]
+    torch.testing.assert_close(fast, plain, atol=ATOL, rtol=0)
+    torch.testing.assert_close(fast_k, plain_k, atol=ATOL, rtol=0)
+
+
 def test_kv_cache_dtype_auto_is_the_activations_dtype_and_bf16_is_one_setting_away():
     """The pool a runner makes holds what its native model writes; an HF-path pool cannot change dtype."""
     ref = make_ref("llama")

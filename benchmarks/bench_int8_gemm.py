@@ -1,0 +1,84 @@
+"""The int8 projections of a prefill on SmolLM2-135M's shapes, side by side in one process: the FMA kernel
+(`w8_gemv`, what every row ran before), the AMX kernel (`w8_amx_gemm`: each fp32 row as three bf16, the same
+exact products), and torch's fp32 matmul on the dequantized weights (MKL: what Hugging Face fp32 runs). Also
+oneDNN's bf16 matmul on one bf16 per activation, for scale only: it rounds x and its output, so it is not the
+same arithmetic (the 42/50 cache on == off of benchmarks/README.md). Milliseconds, fastest of --reps; each
+shape's weights as the model holds them. Then one whole uncached prefill of the default model with the AMX
+kernel and with every row through the FMA kernel (AMX_MIN_ROWS raised), the same process.
+
+    .venv/bin/python benchmarks/bench_int8_gemm.py --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+
+
+def best_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="32,256,1024,2048")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--prefill", default="1024,2048", help="uncached prompt sizes of the whole-model run")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(args.threads)
+    from core.engine.model import native_kernels, native_layers
+    from core.engine.model.forward_batch import ForwardBatch
+    from core.engine.model.runner import ModelRunner
+    if not native_kernels.amx_available():
+        sys.exit(f"no AMX here (kernels: {native_kernels.error() or 'built without AMX'}); nothing to compare")
+    g = torch.Generator().manual_seed(0)
+    print(f"int8 projections, {args.threads} threads, ms (fastest of {args.reps}); ratios against the FMA kernel")
+    print(f"{'shape':>8} {'rows':>5} {'FMA w8_gemv':>12} {'AMX x3':>8} {'MKL fp32':>9} {'bf16 x1':>8}  "
+          f"{'AMX speed-up':>12} {'AMX vs MKL':>10}")
+    for name, (n, k) in SHAPES.items():
+        w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+        s = torch.rand(n, generator=g) * 0.01
+        packed, dense, w16 = native_kernels.pack_amx(w), (w.float() * s[:, None]).t().contiguous(), w.bfloat16()
+        for m in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(m, k, generator=g)
+            fma = best_ms(lambda: native_kernels.w8_gemv(x, w, s, None), args.reps)
+            amx = best_ms(lambda: native_kernels.w8_amx_gemm(x, packed, s, None), args.reps)
+            mkl = best_ms(lambda: x @ dense, args.reps)
+            b16 = best_ms(lambda: F.linear(x.bfloat16(), w16), args.reps)
+            print(f"{name:>8} {m:5d} {fma:12.2f} {amx:8.2f} {mkl:9.2f} {b16:8.2f}  {fma / amx:11.2f}x "
+                  f"{mkl / amx:9.2f}x", flush=True)
+    native = ModelRunner("default", device="cpu", impl="native", numerics="int8").native
+    print("\nwhole uncached prefill of the default model (int8), s, fastest of 3, alternating")
+    for n in (int(v) for v in args.prefill.split(",")):
+        ids = torch.randint(100, 40000, (n,), generator=g).tolist()
+        pool = native.make_pool(n + 8)
+        batch = ForwardBatch.build([(ids, [], torch.arange(1, n + 1))])
+        best = {"AMX": float("inf"), "FMA": float("inf")}
+        for _ in range(3):
+            for mode, rows in (("AMX", native_layers.AMX_MIN_ROWS), ("FMA", 10 ** 9)):
+                saved, native_layers.AMX_MIN_ROWS = native_layers.AMX_MIN_ROWS, rows
+                try:
+                    t = time.perf_counter()
+                    native.forward(batch, pool)
+                    best[mode] = min(best[mode], time.perf_counter() - t)
+                finally:
+                    native_layers.AMX_MIN_ROWS = saved
+        print(f"{n:5d} tokens: AMX {best['AMX']:.2f} s, FMA {best['FMA']:.2f} s: {best['FMA'] / best['AMX']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

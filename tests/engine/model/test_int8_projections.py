@@ -1,0 +1,112 @@
+"""The int8 projections (native_kernels.c `w8_gemv` and `w8_amx_gemm`) and the long-extend attention
+(native_layers.attend_prefixed), on SmolLM2's shapes, against float64 written out.
+
+Why the numbers must agree this closely: a token's K/V are computed by whichever kernel its batch size picks
+(a decode step: the FMA kernel; a prefill chunk: AMX tiles), and cache on == cache off holds only if the two
+add the same products, x[k] times an int8 weight, differing in the order of the fp32 sums. The AMX kernel
+splits each fp32 row into three bf16 (hi + mid + lo == x) for that; with one bf16 it would be ~1e-3 off."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core.engine.model import native_kernels
+from core.engine.model.forward_batch import ForwardBatch
+from core.engine.model.native_layers import AMX_MIN_ROWS, AttentionPlan, Linear, attend_prefixed
+from tests.engine.model.require_kernels import require_kernels
+
+SHAPES = [(960, 576), (3072, 576), (576, 1536)]   # SmolLM2-135M: QKV, gate+up, down
+ROWS = [1, 3, 8, 9, 31, 32, 40, 100]
+
+
+@pytest.fixture(autouse=True)
+def kernels():
+    require_kernels()
+
+
+def weights(n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    return w, torch.rand(n, generator=g) * 0.01 + 1e-3, torch.randn(n, generator=g)
+
+
+def exact(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x @ (w * scales)^T + bias in float64: what both kernels compute up to fp32 sums."""
+    return (x.double() @ w.double().t()) * scales.double() + bias.double()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_the_fma_kernel_sums_the_exact_products_in_fp32(n, k, m):
+    w, s, b = weights(n, k, m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(100 + m)) * 3
+    assert rel(native_kernels.w8_gemv(x, w, s, b), exact(x, w, s, b)) < 1e-6
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_amx_tiles_add_the_same_products_as_the_fma_kernel(n, k, m):
+    w, s, b = weights(n, k, m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(200 + m))
+    if not native_kernels.amx_available():   # a CPU without AMX-BF16: the FMA kernel runs every row
+        with pytest.raises(RuntimeError, match="use w8_gemv"):
+            native_kernels.w8_amx_gemm(x, native_kernels.pack_amx(w), s, b)
+        return
+    y = native_kernels.w8_amx_gemm(x, native_kernels.pack_amx(w), s, b)
+    assert y.shape == (m, n)
+    assert rel(y, exact(x, w, s, b)) < 1e-6
+    assert rel(y, native_kernels.w8_gemv(x, w, s, b)) < 2e-6
+    one_bf16 = (x.bfloat16().double() @ w.double().t()) * s.double() + b.double()
+    assert rel(y, one_bf16) > 1e-4           # what rows rounded to one bf16 would have given: far off
+
+
+def test_amx_tiles_refuse_sizes_that_are_not_whole_tiles_and_rows_that_do_not_fit():
+    w, s, b = weights(48, 64, 0)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        native_kernels.pack_amx(w)
+    w, s, b = weights(64, 64, 0)
+    error = (ValueError, "make them with pack_amx") if native_kernels.amx_available() else (RuntimeError, "w8_gemv")
+    with pytest.raises(error[0], match=error[1]):
+        native_kernels.w8_amx_gemm(torch.randn(40, 96), native_kernels.pack_amx(w), s, b)
+
+
+def test_an_int8_projection_switches_kernels_at_amx_min_rows_without_moving_its_rows():
+    """The same row computed alone (FMA kernel) and inside AMX_MIN_ROWS rows (AMX where present) agrees to fp32
+    rounding: what lets a token's K/V not depend on the size of the batch it was computed in."""
+    g = torch.Generator().manual_seed(5)
+    lin = Linear(torch.randn(960, 576, generator=g) * 0.05, None, "int8")
+    x = torch.randn(AMX_MIN_ROWS, 576, generator=g)
+    many = lin(x)
+    for i in (0, 17, AMX_MIN_ROWS - 1):
+        assert rel(lin(x[i:i + 1])[0], many[i]) < 2e-6
+    assert rel(lin(x[:AMX_MIN_ROWS - 1]), many[:AMX_MIN_ROWS - 1]) < 2e-6
+
+
+@pytest.mark.parametrize("prefix,n", [(1, 2), (7, 33), (300, 64), (64, 300)])
+def test_a_long_extend_after_a_prefix_attends_like_one_masked_call(prefix, n):
+    """attend_prefixed (prefix keys unmasked + own keys causal, merged by log-sum-exp) against float64 attention
+    over prefix + own keys with the causal mask written out; slots in random pool order."""
+    h, kvh, d, total = 9, 3, 64, prefix + n
+    g = torch.Generator().manual_seed(prefix * 1000 + n)
+    k_buf, v_buf = torch.randn(total + 20, kvh, d, generator=g), torch.randn(total + 20, kvh, d, generator=g)
+    seq = torch.randperm(total + 19, generator=g)[:total] + 1
+    batch = ForwardBatch.build([(list(range(n)), seq[:prefix], seq[prefix:])])
+    plan = AttentionPlan.build(batch)
+    assert plan.prefixed == (0, n, prefix)
+    q = torch.randn(n, h, d, generator=g)
+    k_new, v_new = k_buf[seq[prefix:]], v_buf[seq[prefix:]]
+    out = attend_prefixed(plan.extends[0], prefix, q, k_new, v_new, k_buf, v_buf, 1 / math.sqrt(d))
+    kk = k_buf[seq].double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)     # [H, L, D]
+    vv = v_buf[seq].double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)
+    visible = torch.arange(total)[None, :] <= prefix + torch.arange(n)[:, None]
+    ref = F.scaled_dot_product_attention(q.double().transpose(0, 1), kk, vv, attn_mask=visible,
+                                         scale=1 / math.sqrt(d)).transpose(0, 1)
+    assert out.shape == (n, h, d)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=0)
