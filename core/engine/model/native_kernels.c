@@ -1,5 +1,5 @@
-/* CPU kernels of the native Llama path (core/native_kernels.py builds and loads this file with the
- * system C compiler on first use; without one, the torch fallbacks in core/native_layers.py run).
+/* CPU kernels of the native Llama path (core/engine/model/native_kernels.py builds and loads this file with the
+ * system C compiler on first use; without one, the torch fallbacks in core/engine/model/native_layers.py run).
  *
  * decode_attention: attention of one query token per request over its KV slots, read straight out
  *   of the pool ([slots, kv_heads, head_dim] per layer) by slot index: no gathered copy of K/V, one
@@ -8,8 +8,9 @@
  * w8_gemv: y = x @ (q * scale)^T (+ bias) for a few rows of x (decode), int8 weights, fp32 maths.
  * w8_amx_gemm: the same for many rows (prefill) on AMX tiles (where the CPU and compiler have them).
  *
- * Built with -O3 -march=native -fopenmp -ffast-math: the code never relies on inf or nan (empty
- * chunks are flagged, not -inf), so fast-math only licenses vectorised reductions and expf.
+ * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
+ * native_kernels.py says why): the code never relies on inf or nan (empty chunks are flagged, not -inf), so
+ * those flags only license vectorised reductions; the one place that must not reassociate says so.
  */
 #include <math.h>
 #include <stdint.h>

@@ -224,6 +224,8 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if not amx_available():
         raise RuntimeError("AMX tiles are not available here (the CPU, the compiler or Linux lacks them); "
                            "use w8_gemv, which adds the same products")
+    if x.dtype != torch.float32 or x.dim() != 2:
+        raise ValueError(f"w8_amx_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
     n = packed.shape[0] * 16
     if packed.dtype != torch.bfloat16 or packed.dim() != 5 or packed.shape[1] * 32 != k:

@@ -75,6 +75,9 @@ def test_amx_tiles_refuse_sizes_that_are_not_whole_tiles_and_rows_that_do_not_fi
     error = (ValueError, "make them with pack_amx") if native_kernels.amx_available() else (RuntimeError, "w8_gemv")
     with pytest.raises(error[0], match=error[1]):
         native_kernels.w8_amx_gemm(torch.randn(40, 96), native_kernels.pack_amx(w), s, b)
+    if native_kernels.amx_available():
+        with pytest.raises(ValueError, match="fp32 rows"):
+            native_kernels.w8_amx_gemm(torch.randn(40, 64).bfloat16(), native_kernels.pack_amx(w), s, b)
 
 
 def test_an_int8_projection_switches_kernels_at_amx_min_rows_without_moving_its_rows():
