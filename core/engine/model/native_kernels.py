@@ -22,7 +22,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 from typing import Optional
 
 import torch
@@ -195,16 +194,10 @@ def amx_available() -> bool:
     return available() and bool(_lib.amx_ready())
 
 
-_local = threading.local()
-
-
-def _scratch(numel: int) -> torch.Tensor:
-    """A bf16 buffer of at least `numel`, kept per thread: a fresh multi-MB tensor per projection cost a page
-    fault per 4 KB (measured: the AMX projections of a 1,024-token prefill 2-3x slower than with this)."""
-    buf = getattr(_local, "bf16", None)
-    if buf is None or buf.numel() < numel:
-        buf = _local.bf16 = torch.empty(numel, dtype=torch.bfloat16)
-    return buf
+def amx_fits(w: torch.Tensor) -> bool:
+    """Whether the int8 weights `w` [N, K] can run on AMX tiles here: AMX available, a CPU tensor, both sizes
+    multiples of 32 (whole tiles)."""
+    return w.device.type == "cpu" and w.shape[0] % 32 == 0 and w.shape[1] % 32 == 0 and amx_available()
 
 
 def pack_amx(w: torch.Tensor) -> torch.Tensor:
@@ -232,7 +225,7 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"packed weights {tuple(packed.shape)} {packed.dtype} do not fit rows of {k}; "
                          f"make them with pack_amx")
     x = x.contiguous()
-    xb = _scratch(-(-m // 32) * 32 * 3 * k)                                # hi, mid, lo of each row
+    xb = torch.empty((-(-m // 32) * 32, 3, k), dtype=torch.bfloat16)      # hi, mid, lo of each row
     y = torch.empty((m, n), dtype=torch.float32)
     _lib.w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(),
                      m, n, k)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,21 +48,19 @@ class Linear:
         x[k] * q[n, k] and differ in the order of the fp32 sums only, so a token's K/V do not depend on how
         its prompt was chunked or cached, and cache on == cache off within the mode (benchmarks/README.md,
         "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
-        bf16 tiles, made on the first prefill (twice the int8 bytes). Without the C kernels `_weight_int8pack_mm` runs on bf16 activations; on
-        other devices a bf16 GEMM on the dequantized weight (bf16(q * scale)) runs every row.
+        bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without the C kernels
+        `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized
+        weight (bf16(q * scale)) runs every row.
     """
 
-    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "amx")
+    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles")
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str) -> None:
         weight = weight.detach()
         self.kind = kind
         self.out_features = weight.shape[0]
         self.dense = self.dense_bias = None
-        # int8 on a CPU: True until the first AMX use packs the bf16 tiles (native_kernels.pack_amx), then them;
-        # False where the shape is not whole tiles
-        self.amx: Union[bool, torch.Tensor] = (kind == "int8" and weight.device.type == "cpu"
-                                               and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0)
+        self.tiles: Optional[torch.Tensor] = None   # int8: the bf16 AMX tiles, packed on the first prefill
         if kind == "int8":
             w = weight.float()
             scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -93,10 +91,10 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         if self.dense is None:
             if native_kernels.available():
-                if self.amx is not False and x.shape[0] >= AMX_MIN_ROWS and native_kernels.amx_available():
-                    if self.amx is True:      # first prefill: the bf16 tiles, made once
-                        self.amx = native_kernels.pack_amx(self.weight)
-                    return native_kernels.w8_amx_gemm(x, self.amx, self.scales, self.bias)
+                if x.shape[0] >= AMX_MIN_ROWS and native_kernels.amx_fits(self.weight):
+                    if self.tiles is None:
+                        self.tiles = native_kernels.pack_amx(self.weight)
+                    return native_kernels.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
                 return native_kernels.w8_gemv(x.contiguous(), self.weight, self.scales, self.bias)
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
                                                    self.scales.to(torch.bfloat16)).float()
@@ -104,8 +102,7 @@ class Linear:
         return F.linear(x.to(torch.bfloat16), self.dense, self.dense_bias).float()
 
     def nbytes(self) -> int:
-        packed = self.amx if isinstance(self.amx, torch.Tensor) else None
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias, self.dense, packed)
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias, self.dense, self.tiles)
                    if t is not None)
 
 
@@ -213,6 +210,8 @@ class AttentionPlan:
     * fresh: a single request with no cached prefix: its own new K/V, `is_causal`, no gather.
     * extends: all other multi-token requests in one padded call (gather + SDPA), unless padding
       would cost more than PAD_FACTOR times the real work; then the batch's own groups (few calls).
+    * prefixed: when those are one request after a cached prefix, layers without a sliding window run
+      `attend_prefixed` (prefix keys and own keys in two flash calls) instead of its padded call.
     """
 
     num_tokens: int
