@@ -1,8 +1,8 @@
 """The int8 projections of a prefill on SmolLM2-135M's shapes, side by side in one process: the FMA kernel
-(`w8_gemv`, what every row ran before), the AMX kernel (`w8_amx_gemm`: each fp32 row as three bf16, the same
-exact products), and torch's fp32 matmul on the dequantized weights (MKL: what Hugging Face fp32 runs). Also
-oneDNN's bf16 matmul on one bf16 per activation, for scale only: it rounds x and its output, so it is not the
-same arithmetic (the 42/50 cache on == off of benchmarks/README.md). Milliseconds, fastest of --reps; each
+(`w8_gemv`, what decode rows run), the AMX kernel (`w8_amx_gemm`: each row's x16 as two bf16, the same exact
+products), and torch's fp32 matmul on the dequantized weights (MKL: what Hugging Face fp32 runs). Also
+oneDNN's bf16 matmul on one bf16 per activation, for scale only: it rounds x to 8 bits and its output, so it is
+not the same arithmetic (the 42/50 cache on == off of benchmarks/README.md). Milliseconds, fastest of --reps; each
 shape's weights as the model holds them. Then one whole uncached prefill of the default model with the AMX
 kernel and with every row through the FMA kernel (AMX_MIN_ROWS raised), the same process.
 
@@ -47,7 +47,7 @@ def main() -> None:
         sys.exit(f"no AMX here (kernels: {native_kernels.error() or 'built without AMX'}); nothing to compare")
     g = torch.Generator().manual_seed(0)
     print(f"int8 projections, {args.threads} threads, ms (fastest of {args.reps}); ratios against the FMA kernel")
-    print(f"{'shape':>8} {'rows':>5} {'FMA w8_gemv':>12} {'AMX x3':>8} {'MKL fp32':>9} {'bf16 x1':>8}  "
+    print(f"{'shape':>8} {'rows':>5} {'FMA w8_gemv':>12} {'AMX x2':>8} {'MKL fp32':>9} {'bf16 x1':>8}  "
           f"{'AMX speed-up':>12} {'AMX vs MKL':>10}")
     for name, (n, k) in SHAPES.items():
         w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)

@@ -4,7 +4,8 @@ All three run in this process on the same threads, interleaved round by round, e
 fastest round (a noisy neighbour only ever makes a run slower). Each runs as its users run it:
 
 - the engine: `Engine.submit` + `Engine.step` (scheduler, sampler, radix bookkeeping included), radix cache off
-  so every prompt is really prefilled;
+  so every prompt is really prefilled, its step budget the server's default (a prompt past 2,048 tokens is
+  prefilled in 2,048-token chunks, as `python -m core.server` does);
 - Hugging Face: `model.generate`, greedy, KV cache, the stock model in fp32 with sdpa attention;
 - llama.cpp: llama-cpp-python's `Llama.generate` on the GGUF the default model ships as (Q4_1), greedy, after
   `reset()` so nothing is reused (only when llama-cpp-python is installed: `make llamacpp`).
@@ -38,7 +39,7 @@ class StepClock:
 def engine_run(runner: ModelRunner, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
     """(seconds to the first token of every request, seconds from there to the last token) through the engine."""
     engine = Engine(runner, pool_slots=sum(len(p) + new_tokens for p in prompts) + 64, disable_radix_cache=True,
-                    max_running_requests=len(prompts), max_prefill_tokens=max(2048, max(map(len, prompts))))
+                    max_running_requests=len(prompts))
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()
     handles = [engine.submit(p, params) for p in prompts]

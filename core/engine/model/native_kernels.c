@@ -5,8 +5,9 @@
  *   of the pool ([slots, kv_heads, head_dim] per layer) by slot index: no gathered copy of K/V, one
  *   pass over each key and value row, all G = H / KVH query heads of a KV head together, keys split
  *   into chunks (flash-decoding) so that even one request keeps every thread busy.
- * w8_gemv: y = x @ (q * scale)^T (+ bias) for a few rows of x (decode), int8 weights, fp32 maths.
- * w8_amx_gemm: the same for many rows (prefill) on AMX tiles (where the CPU and compiler have them).
+ * w8_gemv: y = x16 @ (q * scale)^T (+ bias) for a few rows of x (decode), int8 weights, fp32 maths, where x16 is
+ *   x rounded to 16 significant bits: then each product x16[k] * q[n, k] is exact in fp32.
+ * w8_amx_gemm: the same products for many rows (prefill) on AMX tiles (where the CPU and compiler have them).
  *
  * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
  * native_kernels.py says why): the code never relies on inf or nan (empty chunks are flagged, not -inf), so
@@ -55,7 +56,7 @@ typedef void (*chunk_fn)(const float *qf, const void *kbuf, const void *vbuf, in
                          int n, int KVH, int kh, int G, int D, float *s, float *pm, float *pl, float *po);
 
 #if defined(__AVX512F__)
-/* exp(x), 1-2 ulp on the range used here (x <= 0), Cephes' expf polynomial; NaN stays NaN. */
+/* exp(x), 1-2 ulp for x up to 88.7 (inf beyond, 0 below -87.3), Cephes' expf polynomial; NaN stays NaN. */
 static inline __m512 exp512(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);       /* second operand returned for a NaN x */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -447,7 +448,42 @@ combine:
     }
 }
 
-/* y[M, N] = x[M, K] @ (w[N, K] * scales[N])^T (+ bias[N]); x, y, scales, bias fp32; M small (decode). */
+/* An int8 projection's activations, rounded to 16 significant bits (to nearest, ties to even): a 16-bit
+ * significand times an int8 (7 bits and a sign) fits fp32's 24 bits, so every product is exact, and the same
+ * x16 is exactly two bf16 (hi: its top 8 bits; lo: the next 8), which AMX tiles multiply exactly. inf and nan
+ * pass through. Both kernels round first, so they add the same products. */
+static inline uint32_t round16_bits(uint32_t u) {
+    if ((u & 0x7F800000u) == 0x7F800000u) return u;
+    return (u + 0x7Fu + ((u >> 8) & 1u)) & 0xFFFFFF00u;
+}
+
+#if defined(__AVX512F__)
+static inline __m512i round16_epi32(__m512i u) {
+    const __m512i expo = _mm512_set1_epi32(0x7F800000);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 8), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7F))),
+                                       _mm512_set1_epi32((int)0xFFFFFF00u));
+    return _mm512_mask_mov_epi32(r, _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, expo), expo), u);
+}
+#endif
+
+/* dst[0..n) = x16 of src[0..n) */
+static void round16(const float *src, float *dst, int64_t n) {
+    const uint32_t *s = (const uint32_t *)src;
+    uint32_t *d = (uint32_t *)dst;
+    #pragma omp parallel for schedule(static) if (n >= 65536)
+    for (int64_t b = 0; b < (n + 4095) / 4096; b++) {
+        int64_t i = b * 4096;
+        const int64_t end = i + 4096 < n ? i + 4096 : n;
+#if defined(__AVX512F__)
+        for (; i + 16 <= end; i += 16)
+            _mm512_storeu_si512((void *)(d + i), round16_epi32(_mm512_loadu_si512((const void *)(s + i))));
+#endif
+        for (; i < end; i++) d[i] = round16_bits(s[i]);
+    }
+}
+
+/* y[M, N] = x[M, K] @ (w[N, K] * scales[N])^T (+ bias[N]); x (already x16), y, scales, bias fp32. */
 static void w8_rows_generic(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
                             int M, int N, int K, int n0, int n1) {
     for (int n = n0; n < n1; n++) {
@@ -510,8 +546,8 @@ W8_ROW(1) W8_ROW(2) W8_ROW(3) W8_ROW(4)
 
 int w8_force_generic = 0;   /* benchmarks flip it to time the row-at-a-time loop alone */
 
-void w8_gemv(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
-             int M, int N, int K) {
+static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
+                        int M, int N, int K) {
 #if defined(__AVX512F__)
     /* Measured on SmolLM2's shapes (30 layers, int8 weights): one output channel at a time against
      * up to 4 rows of x (w8_row_m*) streams 13-15 GB/s for one row (the plain loop: 11-13) and wins
@@ -562,11 +598,22 @@ void w8_gemv(const float *x, const int8_t *w, const float *scales, const float *
     }
 }
 
-/* Many rows (prefill) on AMX tiles, with the FMA kernel's products. An fp32 x is exactly hi + mid + lo, three
- * bf16 (each round-to-nearest split leaves a remainder of at most 16, then 8 significant bits), and a bf16 times
- * an int8 is exact in fp32: so the three TDPBF16PS per tile add exactly the products x[k] * q[n, k], as the FMA
- * kernel does, and the two differ only in the order of the fp32 sums (a token's K/V then do not depend on
- * the size of the batch it was computed in). xb: scratch [Mp][3][K] bf16 (hi, mid, lo of each row of x; Mp = M
+/* Returns -1 when out of memory (the x16 copy of x). */
+int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *bias, float *y, int M, int N, int K) {
+    float stack[4096];
+    const int64_t n = (int64_t)M * K;
+    float *x16 = n <= 4096 ? stack : (float *)malloc((size_t)n * sizeof(float));
+    if (!x16) return -1;
+    round16(x, x16, n);
+    w8_gemv_x16(x16, w, scales, bias, y, M, N, K);
+    if (x16 != stack) free(x16);
+    return 0;
+}
+
+/* Many rows (prefill) on AMX tiles, with the FMA kernel's products: x16 (round16 above) is exactly hi + lo, two
+ * bf16, and a bf16 times an int8 is exact in fp32, so the two TDPBF16PS per tile step add exactly the products
+ * x16[k] * q[n, k] that the FMA kernel adds, in another order of the fp32 sums (a token's K/V then do not
+ * depend on the size of the batch it was computed in). xb: scratch [Mp][2][K] bf16 (hi, lo of each row; Mp = M
  * rounded up to 32, rows past M zero); wp: the int8 weights as bf16 (exact), in the layout TDPBF16PS reads,
  * [N/16][K/32][16 pairs of k][16 columns][2] (native_kernels.pack_amx). Blocks of rows that fit in L2 against
  * every 32 output columns: 2 x 2 tiles of 16 x 16 fp32 accumulators, K in steps of 32. */
@@ -584,33 +631,20 @@ int amx_ready(void) {   /* Linux hands out the tile registers on request only (a
 
 typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
 
-/* fp32 -> bf16 bits, round to nearest even (f32_to_bf16), 16 lanes: the bf16 in the high half of each lane */
-static inline __m512i rne_bf16_hi(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    return _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
-                            _mm512_set1_epi32((int)0xFFFF0000u));
-}
-
-/* xb[m] = hi, mid, lo of row m of x (rows M..Mp-1 zero), K % 32 == 0. Without reassociation: (x - hi) - mid
- * must not become x - (hi + mid), which rounds. */
-__attribute__((optimize("no-associative-math")))
-static void split_rows_bf16x3(const float *x, uint16_t *xb, int M, int Mp, int K) {
+/* xb[m] = hi, lo of x16 of row m of x (rows M..Mp-1 zero), K % 32 == 0: hi keeps x16's top 16 bits (8
+ * significant), lo = x16 - hi (exact, the other 8). */
+static void split_rows_bf16x2(const float *x, uint16_t *xb, int M, int Mp, int K) {
     #pragma omp parallel for schedule(static)
     for (int m = 0; m < Mp; m++) {
-        uint16_t *d = xb + (int64_t)m * 3 * K;
-        if (m >= M) { memset(d, 0, (size_t)3 * K * sizeof(uint16_t)); continue; }
+        uint16_t *d = xb + (int64_t)m * 2 * K;
+        if (m >= M) { memset(d, 0, (size_t)2 * K * sizeof(uint16_t)); continue; }
         const float *row = x + (int64_t)m * K;
         for (int k = 0; k < K; k += 16) {
-            const __m512 v = _mm512_loadu_ps(row + k);
-            const __m512i hi = rne_bf16_hi(v);
-            const __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(hi));
-            const __m512i mid = rne_bf16_hi(r1);
-            const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(mid));
-            const __m512i lo = rne_bf16_hi(r2);
+            const __m512i v = round16_epi32(_mm512_loadu_si512((const void *)(row + k)));
+            const __m512i hi = _mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u));
+            const __m512i lo = _mm512_castps_si512(_mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_castsi512_ps(hi)));
             _mm256_storeu_si256((__m256i *)(d + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)));
-            _mm256_storeu_si256((__m256i *)(d + K + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(mid, 16)));
-            _mm256_storeu_si256((__m256i *)(d + 2 * K + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
+            _mm256_storeu_si256((__m256i *)(d + K + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
         }
     }
 }
@@ -618,11 +652,11 @@ static void split_rows_bf16x3(const float *x, uint16_t *xb, int M, int Mp, int K
 int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
                 int M, int N, int K) {
     const int KB = K / 32, NB = N / 32, MB = (M + 31) / 32;
-    /* rows per block: a block's hi, mid and lo rows (6 K bytes each) stay in L2 while every column block runs */
-    int rows = (int)((1 << 20) / ((int64_t)6 * K)) / 32 * 32;
+    /* rows per block: a block's hi and lo rows (4 K bytes each) stay in L2 while every column block runs */
+    int rows = (int)((1 << 20) / ((int64_t)4 * K)) / 32 * 32;
     const int BM = rows < 32 ? 1 : rows / 32;          /* 32-row pairs of tiles per block */
     const int MC = (MB + BM - 1) / BM;
-    split_rows_bf16x3(x, xb, M, MB * 32, K);
+    split_rows_bf16x2(x, xb, M, MB * 32, K);
     #pragma omp parallel
     {
         tile_config cfg;
@@ -637,14 +671,14 @@ int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *s
                 const uint16_t *b0 = wp + (int64_t)(2 * nb) * KB * 512, *b1 = b0 + (int64_t)KB * 512;
                 const int mb_end = (mc + 1) * BM < MB ? (mc + 1) * BM : MB;
                 for (int mb = mc * BM; mb < mb_end; mb++) {
-                    const uint16_t *a0 = xb + (int64_t)mb * 32 * 3 * K, *a1 = a0 + (int64_t)16 * 3 * K;
+                    const uint16_t *a0 = xb + (int64_t)mb * 32 * 2 * K, *a1 = a0 + (int64_t)16 * 2 * K;
                     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
                     for (int kb = 0; kb < KB; kb++) {
                         _tile_loadd(6, b0 + kb * 512, 64);
                         _tile_loadd(7, b1 + kb * 512, 64);
-                        for (int part = 0; part < 3; part++) {   /* hi, mid, lo */
-                            _tile_loadd(4, a0 + (int64_t)part * K + kb * 32, K * 6);
-                            _tile_loadd(5, a1 + (int64_t)part * K + kb * 32, K * 6);
+                        for (int part = 0; part < 2; part++) {   /* hi, lo */
+                            _tile_loadd(4, a0 + (int64_t)part * K + kb * 32, K * 4);
+                            _tile_loadd(5, a1 + (int64_t)part * K + kb * 32, K * 4);
                             _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
                             _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
                         }
@@ -672,9 +706,14 @@ int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *s
                 int M, int N, int K) { (void)x; (void)xb; (void)wp; (void)scales; (void)bias; (void)y; (void)M; (void)N; (void)K; return -2; }
 #endif
 
-/* Decode-sized elementwise work, one call instead of 6-8 torch ops (~5 us of dispatch each).
+/* Elementwise work of every fp32 forward, one call instead of 6-8 torch ops (~5 us of dispatch each at decode,
+ * 3-5 passes over memory at prefill). A row's result does not depend on M (rows split across threads only),
+ * so a token's hidden state is the same bits in a decode step and in a prefill chunk.
  * add_rms_norm: if delta: x += delta (in place); then y = x * rsqrt(mean(x^2) + eps) * w. fp32. */
+#define PAR_ROWS 64   /* from this many rows the rows are split across the OpenMP threads */
+
 void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M, int N, float eps) {
+    #pragma omp parallel for schedule(static) if (M >= PAR_ROWS)
     for (int m = 0; m < M; m++) {
         float *xr = x + (int64_t)m * N;
         float *yr = y + (int64_t)m * N;
@@ -694,11 +733,46 @@ void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M,
 
 /* gu: [M, 2I] (gate | up) -> out [M, I] = silu(gate) * up. fp32. */
 void silu_mul(const float *gu, float *out, int M, int I) {
+    #pragma omp parallel for schedule(static) if (M >= PAR_ROWS)
     for (int m = 0; m < M; m++) {
         const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
         float *o = out + (int64_t)m * I;
-        #pragma omp simd
-        for (int i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        int i = 0;
+#if defined(__AVX512F__)   /* exp512: scalar expf per element cost ~1 ms a layer at 1,024 rows */
+        const __m512 one = _mm512_set1_ps(1.f);
+        for (; i + 16 <= I; i += 16) {
+            const __m512 gv = _mm512_loadu_ps(g + i);
+            const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}
+
+/* RoPE of the q and k heads of T rows: out[t, h] = x * cos[t] + roll(x, D/2) * sin[t] with x = the NH heads of D
+ * at qk + t * row_stride (the q and k columns of a fused QKV row), cos / sin [T, D] (rope_tables: sin
+ * sign-folded); out [T, NH, D]. Three roundings, no contraction: the bits of native_layers.apply_rope. */
+__attribute__((optimize("no-associative-math", "fp-contract=off")))
+void rope(const float *qk, int64_t row_stride, const float *cos, const float *sin, float *out, int T, int NH, int D) {
+    const int half = D / 2;
+    #pragma omp parallel for schedule(static) if (T >= PAR_ROWS)
+    for (int t = 0; t < T; t++) {
+        const float *c = cos + (int64_t)t * D, *sn = sin + (int64_t)t * D;
+        for (int h = 0; h < NH; h++) {
+            const float *x = qk + t * row_stride + (int64_t)h * D;
+            float *o = out + ((int64_t)t * NH + h) * D;
+            #pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const float a = x[i] * c[i], b = x[i + half] * sn[i];
+                o[i] = a + b;
+            }
+            #pragma omp simd
+            for (int i = half; i < D; i++) {
+                const float a = x[i] * c[i], b = x[i - half] * sn[i];
+                o[i] = a + b;
+            }
+        }
     }
 }
 
@@ -738,9 +812,11 @@ static PyObject *py_w8_gemv(PyObject *self, PyObject *const *args, Py_ssize_t n)
     const float *x = PTR(0); const int8_t *w = PTR(1); const float *s = PTR(2), *b = PTR(3); float *y = PTR(4);
     int M = INT(5), N = INT(6), K = INT(7);
     if (PyErr_Occurred()) return NULL;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    w8_gemv(x, w, s, b, y, M, N, K);
+    rc = w8_gemv(x, w, s, b, y, M, N, K);
     Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -768,7 +844,13 @@ static PyObject *py_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize
     float *x = PTR(0); const float *d = PTR(1), *w = PTR(2); float *y = PTR(3);
     int M = INT(4), N = INT(5); float eps = FLT(6);
     if (PyErr_Occurred()) return NULL;
-    add_rms_norm(x, d, w, y, M, N, eps);
+    if (M >= PAR_ROWS) {   /* prefill-sized: let other threads run; decode-sized calls keep the GIL (cheaper) */
+        Py_BEGIN_ALLOW_THREADS
+        add_rms_norm(x, d, w, y, M, N, eps);
+        Py_END_ALLOW_THREADS
+    } else {
+        add_rms_norm(x, d, w, y, M, N, eps);
+    }
     Py_RETURN_NONE;
 }
 
@@ -776,7 +858,28 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (!args_ok(n, 4, "silu_mul")) return NULL;
     const float *gu = PTR(0); float *o = PTR(1); int M = INT(2), I = INT(3);
     if (PyErr_Occurred()) return NULL;
-    silu_mul(gu, o, M, I);
+    if (M >= PAR_ROWS) {
+        Py_BEGIN_ALLOW_THREADS
+        silu_mul(gu, o, M, I);
+        Py_END_ALLOW_THREADS
+    } else {
+        silu_mul(gu, o, M, I);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 8, "rope")) return NULL;
+    const float *x = PTR(0); int64_t rs = I64(1); const float *c = PTR(2), *sn = PTR(3); float *o = PTR(4);
+    int T = INT(5), NH = INT(6), D = INT(7);
+    if (PyErr_Occurred()) return NULL;
+    if (T >= PAR_ROWS) {
+        Py_BEGIN_ALLOW_THREADS
+        rope(x, rs, c, sn, o, T, NH, D);
+        Py_END_ALLOW_THREADS
+    } else {
+        rope(x, rs, c, sn, o, T, NH, D);
+    }
     Py_RETURN_NONE;
 }
 
@@ -798,6 +901,7 @@ static PyMethodDef METHODS[] = {
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, METH_FASTCALL, NULL},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, NULL},
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},
     {"decode_attention_fast", (PyCFunction)(void (*)(void))py_decode_attention_fast, METH_FASTCALL, NULL},
     {"set_w8_force_generic", (PyCFunction)(void (*)(void))py_set_w8_force_generic, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},

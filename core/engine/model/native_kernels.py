@@ -162,7 +162,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
 
 
 def w8_gemv(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [M, K] fp32 contiguous, w [N, K] int8, scales [N] fp32 -> [M, N] fp32."""
+    """x [M, K] fp32 contiguous, w [N, K] int8, scales [N] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias),
+    x16 being x rounded to 16 significant bits (so every product is exact in fp32; `x16` below)."""
     m, k = x.shape
     n = w.shape[0]
     y = torch.empty((m, n), dtype=torch.float32)
@@ -185,6 +186,26 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     m, two_i = gu.shape
     out = torch.empty((m, two_i // 2), dtype=torch.float32)
     _lib.silu_mul(gu.data_ptr(), out.data_ptr(), m, two_i // 2)
+    return out
+
+
+def x16(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32) rounded to 16 significant bits, to nearest, ties to even (inf and nan kept): the activations both
+    int8 kernels multiply. Why 16: a 16-bit significand times an int8 weight is exact in fp32, and it is exactly
+    two bf16, which AMX tiles multiply exactly; the rounding (at most 2^-16 relative) is far below the int8 weights'."""
+    u = x.float().contiguous().view(torch.int32)
+    r = (u + 0x7F + ((u >> 8) & 1)) & -256
+    return torch.where((u & 0x7F800000) == 0x7F800000, u, r).view(torch.float32)
+
+
+def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """native_layers.apply_rope in one pass, bit for bit: qk [T, heads, D] fp32 (rows may be strided, heads and D
+    contiguous: the q and k columns of a fused QKV output), cos / sin [T, D] fp32 contiguous -> [T, heads, D]."""
+    t, nh, d = qk.shape
+    if qk.stride(2) != 1 or qk.stride(1) != d:
+        qk = qk.contiguous()
+    out = torch.empty((t, nh, d), dtype=torch.float32)
+    _lib.rope(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), t, nh, d)
     return out
 
 
@@ -211,9 +232,9 @@ def pack_amx(w: torch.Tensor) -> torch.Tensor:
 
 def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                 bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [M, K] fp32 -> x @ (w * scales)^T (+ bias), [M, N] fp32, on AMX tiles; `packed` = pack_amx(w). Each row
-    of x is split into three bf16 (hi + mid + lo == x exactly), so the tiles add exactly the products `w8_gemv`
-    adds, in another order: fp32 rounding apart, a row's result does not depend on the batch size."""
+    """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, on AMX tiles; `packed` = pack_amx(w). Each
+    row's x16 is exactly two bf16 (hi + lo), so the tiles add exactly the products `w8_gemv` adds, in another
+    order: fp32 rounding apart, a row's result does not depend on the batch size."""
     if not amx_available():
         raise RuntimeError("AMX tiles are not available here (the CPU, the compiler or Linux lacks them); "
                            "use w8_gemv, which adds the same products")
@@ -225,7 +246,7 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"packed weights {tuple(packed.shape)} {packed.dtype} do not fit rows of {k}; "
                          f"make them with pack_amx")
     x = x.contiguous()
-    xb = torch.empty((-(-m // 32) * 32, 3, k), dtype=torch.bfloat16)      # hi, mid, lo of each row
+    xb = torch.empty((-(-m // 32) * 32, 2, k), dtype=torch.bfloat16)      # hi, lo of each row
     y = torch.empty((m, n), dtype=torch.float32)
     _lib.w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(),
                      m, n, k)

@@ -43,10 +43,11 @@ class Linear:
     kind "bf16": bf16 weight [out, in] and bf16 activations (oneDNN, AVX512-BF16).
     kind "int8": weight-only int8, symmetric, one fp32 scale per output channel (w ~= q * scale),
         fp32 activations. On a CPU the decode-sized batches run the FMA kernel `w8_gemv` and, from
-        AMX_MIN_ROWS rows where the CPU has AMX, the prefill-sized ones run `w8_amx_gemm` on AMX tiles with
-        each row of x split into three bf16 (hi + mid + lo == x exactly): both add exactly the products
-        x[k] * q[n, k] and differ in the order of the fp32 sums only, so a token's K/V do not depend on how
-        its prompt was chunked or cached, and cache on == cache off within the mode (benchmarks/README.md,
+        AMX_MIN_ROWS rows where the CPU has AMX, the prefill-sized ones run `w8_amx_gemm` on AMX tiles. Both
+        round x to 16 significant bits first (`native_kernels.x16`: exactly two bf16 for the tiles, and a
+        product with an int8 that is exact in fp32), so both add exactly the products x16[k] * q[n, k] and
+        differ in the order of the fp32 sums only: a token's K/V do not depend on how its prompt was chunked
+        or cached, and cache on == cache off within the mode (benchmarks/README.md,
         "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
         bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without the C kernels
         `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized

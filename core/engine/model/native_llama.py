@@ -14,17 +14,17 @@ tables, one index_copy_ per K and V into the pool, at most one attention call fo
 one for all extends (core/engine/model/native_layers.py: AttentionPlan, built once per forward), o_proj, one
 fused gate+up matmul, SiLU*up, down. The LM head runs on the last token of each request only.
 On CPU, decode attention reads K/V straight from the pool by slot (core/engine/model/native_kernels.c, built
-with the system compiler on first use; torch fallbacks otherwise), and decode-sized batches use
-fused C kernels for residual+RMSNorm and SiLU*up.
+with the system compiler on first use; torch fallbacks otherwise), and fp32 activations go through
+fused C kernels for residual+RMSNorm, RoPE and SiLU*up at every batch size.
 
 Numerics ("dtype"):
   fp32  weights, activations and KV pool fp32: Hugging Face fp32 to ~1e-7 on the test models.
   bf16  weights, activations and KV pool bf16 (fp32 accumulation inside the kernels).
   int8  weight-only int8 (one fp32 scale per output channel) for every projection and the LM head;
-        on fp32 activations: on a CPU the C kernel `w8_gemv` for decode-sized batches and AMX tiles
-        (`w8_amx_gemm`, x split into three bf16) for prefill-sized ones, the same products summed in another
-        order (native_layers.Linear). Activations and the KV pool stay fp32 (kv_dtype="bf16" halves the
-        KV bytes).
+        on fp32 activations rounded to 16 significant bits (native_kernels.x16): on a CPU the C kernel
+        `w8_gemv` for decode-sized batches and AMX tiles (`w8_amx_gemm`, x16 as two bf16) for prefill-sized
+        ones, the same exact products summed in another order (native_layers.Linear). Activations and the
+        KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes).
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
 Refused (ValueError, route to the Hugging Face path): other families, non-SiLU MLPs, RoPE types
 whose frequencies depend on the sequence length (dynamic, longrope).
@@ -45,7 +45,6 @@ from core.engine.model.native_layers import (AttentionPlan, Linear, apply_rope, 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
 KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-FUSED_MAX_TOKENS = 16   # batches up to this many tokens use the fused C norm / SiLU kernels (fp32 activations)
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq does not depend on the sequence length
 
 
@@ -267,10 +266,12 @@ class NativeLlama(torch.nn.Module):
         q_end, k_end = h * d, (h + kvh) * d
         kvd = self.kv_dtype
         kv_cast = kvd != self.act_dtype
-        # Decode-sized fp32 batches: residual add + RMSNorm and SiLU*up as single C calls
-        # (core/engine/model/native_kernels.c); each replaces 6-8 torch ops of ~5 us dispatch each.
-        fused = (self.act_dtype == torch.float32 and t <= FUSED_MAX_TOKENS and x.device.type == "cpu"
-                 and native_kernels.available())
+        # fp32 activations on a CPU: residual add + RMSNorm, RoPE and SiLU*up as single C calls
+        # (core/engine/model/native_kernels.c), for every batch size: at decode each replaces 6-8 torch ops of
+        # ~5 us dispatch each, at prefill 3-5 passes over memory; and a row's result does not depend on the
+        # batch it is in, so a token's hidden state is the same in a decode step and in a prefill chunk.
+        fused = self.act_dtype == torch.float32 and x.device.type == "cpu" and native_kernels.available()
+        cos2, sin2 = cos[:, 0], sin[:, 0]                               # [T, D] for native_kernels.rope
 
         def resid_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor):
             if fused:
@@ -287,7 +288,7 @@ class NativeLlama(torch.nn.Module):
             qk = qkv[:, :k_end].view(t, h + kvh, d)
             if L.qk_norm is not None:
                 qk = F.rms_norm(qk, (d,), None, eps) * L.qk_norm
-            qk = apply_rope(qk, cos, sin)
+            qk = native_kernels.rope(qk, cos2, sin2) if fused else apply_rope(qk, cos, sin)
             q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, k_end:].view(t, kvh, d)
             k_buf, v_buf = pool.k_buffer[li], pool.v_buffer[li]

@@ -1,10 +1,11 @@
-"""The int8 projections (native_kernels.c `w8_gemv` and `w8_amx_gemm`) and the long-extend attention
-(native_layers.attend_prefixed), on SmolLM2's shapes, against float64 written out.
+"""The int8 projections (native_kernels.c `w8_gemv` and `w8_amx_gemm`), the fused elementwise kernels and the
+long-extend attention (native_layers.attend_prefixed), on SmolLM2's shapes, against float64 written out.
 
 Why the numbers must agree this closely: a token's K/V are computed by whichever kernel its batch size picks
 (a decode step: the FMA kernel; a prefill chunk: AMX tiles), and cache on == cache off holds only if the two
-add the same products, x[k] times an int8 weight, differing in the order of the fp32 sums. The AMX kernel
-splits each fp32 row into three bf16 (hi + mid + lo == x) for that; with one bf16 it would be ~1e-3 off."""
+add the same products, x16[k] times an int8 weight, differing in the order of the fp32 sums. x16 is x rounded
+to 16 significant bits: exact products in fp32, and exactly two bf16 (hi + lo) for the tiles; with one bf16 per
+x the tiles would be ~1e-3 off."""
 from __future__ import annotations
 
 import math
@@ -33,9 +34,27 @@ def weights(n: int, k: int, seed: int):
     return w, torch.rand(n, generator=g) * 0.01 + 1e-3, torch.randn(n, generator=g)
 
 
+def round16(x: torch.Tensor) -> torch.Tensor:
+    """x to 16 significant bits, to nearest, ties to even, written with frexp (not the kernels' bit trick)."""
+    m, e = torch.frexp(x.double())                     # x = m * 2^e, 0.5 <= |m| < 1
+    return torch.ldexp(torch.round(m * 2.0 ** 16), (e - 16).double())
+
+
 def exact(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """x @ (w * scales)^T + bias in float64: what both kernels compute up to fp32 sums."""
-    return (x.double() @ w.double().t()) * scales.double() + bias.double()
+    """x16 @ (w * scales)^T + bias in float64: what both kernels compute up to fp32 sums."""
+    return (round16(x) @ w.double().t()) * scales.double() + bias.double()
+
+
+def test_activations_are_rounded_to_16_significant_bits_to_nearest_even_keeping_inf_and_nan():
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 10
+    assert torch.equal(native_kernels.x16(x).double(), round16(x))
+    one = 1.0 + 2.0 ** -15                              # the last bit x16 keeps, just above 1
+    ties = torch.tensor([1.0 + 2.0 ** -16, one + 2.0 ** -16, -(1.0 + 2.0 ** -16), 3.0 * 2.0 ** -17])
+    assert native_kernels.x16(ties).tolist() == [1.0, one + 2.0 ** -15, -1.0, 3.0 * 2.0 ** -17]
+    special = native_kernels.x16(torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0]))
+    assert special[:2].tolist() == [float("inf"), -float("inf")] and special[2].isnan()
+    assert special[3:].tolist() == [0.0, 0.0] and math.copysign(1, special[4]) == -1
+    assert float((native_kernels.x16(x) - x).abs().div(x.abs()).max()) <= 2.0 ** -16
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -47,7 +66,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_the_fma_kernel_sums_the_exact_products_in_fp32(n, k, m):
     w, s, b = weights(n, k, m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(100 + m)) * 3
-    assert rel(native_kernels.w8_gemv(x, w, s, b), exact(x, w, s, b)) < 1e-6
+    y = native_kernels.w8_gemv(x, w, s, b)
+    assert rel(y, exact(x, w, s, b)) < 1e-6
+    unrounded = (x.double() @ w.double().t()) * s.double() + b.double()
+    assert 1e-6 < rel(y, unrounded) < 5e-5          # x16 is measurably not x, and costs little
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

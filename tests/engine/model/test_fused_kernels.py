@@ -1,0 +1,75 @@
+"""The fused elementwise C kernels every fp32 forward on a CPU runs (residual add + RMSNorm, RoPE, SiLU * up):
+equal to the torch ops they replace (RoPE bit for bit, the others to fp32 rounding), and a row's result the same
+bits whatever the number of rows around it, below and above the size where rows are split across threads: what
+lets a token's hidden state be the same in a decode step and in a prefill chunk."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core.engine.model import native_kernels
+from core.engine.model.native_layers import apply_rope, rope_tables
+from tests.engine.model.require_kernels import require_kernels
+
+ROWS = [1, 5, 63, 64, 300]   # 64: native_kernels.c PAR_ROWS, where rows go to the OpenMP threads
+
+
+@pytest.fixture(autouse=True)
+def kernels():
+    require_kernels()
+
+
+def data(m: int, n: int, seed: int, scale: float = 3.0) -> torch.Tensor:
+    return torch.randn(m, n, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+@pytest.mark.parametrize("m", ROWS)
+def test_rope_equals_apply_rope_bit_for_bit_on_strided_qkv_rows(m):
+    cos, sin = rope_tables(1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)), 1.0, 4096, torch.float32)
+    pos = torch.randint(0, 4096, (m,), generator=torch.Generator().manual_seed(m))
+    c, s = cos.index_select(0, pos), sin.index_select(0, pos)
+    qkv = data(m, 960, m)
+    qk = qkv[:, :768].view(m, 12, 64)                   # q and k heads of a fused QKV row: strided rows
+    out = native_kernels.rope(qk, c, s)
+    assert out.shape == (m, 12, 64) and out.is_contiguous()
+    assert torch.equal(out, apply_rope(qk, c[:, None], s[:, None]))
+
+
+@pytest.mark.parametrize("m", ROWS)
+def test_add_rms_norm_adds_in_place_and_normalises_like_torch(m):
+    x, delta, w = data(m, 576, m), data(m, 576, m + 1), torch.rand(576) + 0.5
+    want_x = x + delta
+    want_y = F.rms_norm(want_x.double(), (576,), w.double(), 1e-5)
+    y = native_kernels.add_rms_norm(x, delta, w, 1e-5)
+    assert torch.equal(x, want_x)
+    torch.testing.assert_close(y.double(), want_y, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", ROWS)
+def test_silu_mul_equals_silu_of_gate_times_up(m):
+    gu = data(m, 3072, m, scale=8.0)
+    want = F.silu(gu[:, :1536].double()) * gu[:, 1536:].double()
+    torch.testing.assert_close(native_kernels.silu_mul(gu).double(), want, rtol=2e-6, atol=1e-6)
+
+
+def test_silu_mul_keeps_nan_and_saturates_at_the_extremes():
+    gate = torch.tensor([float("nan"), -200.0, 200.0, 0.0] + [1.0] * 12)   # 16: one AVX-512 vector
+    out = native_kernels.silu_mul(torch.cat([gate, torch.ones(16)])[None])[0]
+    assert out[0].isnan() and out[1] == 0.0 and out[2] == 200.0 and out[3] == 0.0
+
+
+def test_a_row_gets_the_same_bits_alone_and_among_hundreds():
+    cos, sin = rope_tables(1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)), 1.0, 512, torch.float32)
+    many_x, many_d, w = data(300, 576, 1), data(300, 576, 2), torch.rand(576) + 0.5
+    gu, qk = data(300, 3072, 3), data(300, 768, 4).view(300, 12, 64)
+    pos = torch.arange(300)
+    x_all = many_x.clone()
+    y_all = native_kernels.add_rms_norm(x_all, many_d, w, 1e-5)
+    s_all = native_kernels.silu_mul(gu)
+    r_all = native_kernels.rope(qk, cos[pos], sin[pos])
+    for i in (0, 63, 64, 299):
+        x_one = many_x[i:i + 1].clone()
+        assert torch.equal(native_kernels.add_rms_norm(x_one, many_d[i:i + 1], w, 1e-5), y_all[i:i + 1])
+        assert torch.equal(native_kernels.silu_mul(gu[i:i + 1].contiguous()), s_all[i:i + 1])
+        assert torch.equal(native_kernels.rope(qk[i:i + 1], cos[i:i + 1], sin[i:i + 1]), r_all[i:i + 1])
