@@ -3,7 +3,9 @@
 products), and torch's fp32 matmul on the dequantized weights (MKL: what Hugging Face fp32 runs). Also
 oneDNN's bf16 matmul on one bf16 per activation, for scale only: it rounds x to 8 bits and its output, so it is
 not the same arithmetic (the 42/50 cache on == off of benchmarks/README.md). Milliseconds, fastest of --reps; each
-shape's weights as the model holds them. Then one whole uncached prefill of the default model with the AMX
+shape's weights as the model holds them. Then the projections of one decode step (30 layers of SmolLM2's shapes
+and its int8 LM head, one row of x, 134 MB of weights that no cache holds) with `w8_gemv` prefetching the weight
+rows 4 KB ahead and without, alternating; then one whole uncached prefill of the default model with the AMX
 kernel and with every row through the FMA kernel (AMX_MIN_ROWS raised), the same process.
 
     .venv/bin/python benchmarks/bench_int8_gemm.py --threads 2
@@ -27,6 +29,32 @@ def best_ms(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return min(times) * 1e3
+
+
+def decode_step(g, reps: int) -> None:
+    """A decode step's int8 projections (30 layers + LM head, one row), weight prefetch on and off, alternating."""
+    import torch
+    from core.engine.model import native_kernels
+    layers = [[(torch.randint(-127, 128, shape, dtype=torch.int8, generator=g), torch.rand(shape[0], generator=g))
+               for shape in SHAPES.values()] for _ in range(30)]
+    layers.append([(torch.randint(-127, 128, (49152, 576), dtype=torch.int8, generator=g), torch.rand(49152))])
+    xs = {k: torch.randn(1, k, generator=g) for k in (576, 1536)}
+    nbytes = sum(w.numel() for layer in layers for w, _ in layer)
+
+    def step() -> None:
+        for layer in layers:
+            for w, s in layer:
+                native_kernels.w8_gemv(xs[w.shape[1]], w, s, None)
+
+    best = {4096: float("inf"), 0: float("inf")}
+    for _ in range(3):
+        for ahead in best:
+            native_kernels.set_w8_prefetch(ahead)
+            best[ahead] = min(best[ahead], best_ms(step, reps))
+    native_kernels.set_w8_prefetch(4096)
+    print(f"\ndecode step's projections ({nbytes / 1e6:.0f} MB of int8 weights, one row), ms (fastest):")
+    print(f"  prefetch 4 KB ahead {best[4096]:.2f} ({nbytes / best[4096] / 1e6:.1f} GB/s), none {best[0]:.2f} "
+          f"({nbytes / best[0] / 1e6:.1f} GB/s): {best[0] / best[4096]:.2f}x")
 
 
 def main() -> None:
@@ -61,6 +89,7 @@ def main() -> None:
             b16 = best_ms(lambda: F.linear(x.bfloat16(), w16), args.reps)
             print(f"{name:>8} {m:5d} {fma:12.2f} {amx:8.2f} {mkl:9.2f} {b16:8.2f}  {fma / amx:11.2f}x "
                   f"{mkl / amx:9.2f}x", flush=True)
+    decode_step(g, args.reps)
     native = ModelRunner("default", device="cpu", impl="native", numerics="int8").native
     print("\nwhole uncached prefill of the default model (int8), s, fastest of 3, alternating")
     for n in (int(v) for v in args.prefill.split(",")):

@@ -544,11 +544,10 @@ static void w8_row_m##MB(const float *x, const int8_t *wr, int K, float *out) { 
 W8_ROW(1) W8_ROW(2) W8_ROW(3) W8_ROW(4)
 #endif
 
-/* The weight rows are streamed once per decode step (241 MB for the default model, not cached): the hardware
+/* The weight rows are streamed once per decode step (134 MB for the default model, not cached): the hardware
  * prefetcher alone kept one row at a time at 10-13 GB/s; fetching the lines 4 KB ahead by hand reached 15-21 GB/s
- * (a 30-layer step of SmolLM2's shapes, one row of x: 1.5x, benchmarks/README.md "Decode: prefetching the
- * weights"). Distances of 1, 2 and 8 KB measured in between. */
-#define PF_AHEAD 4096
+ * (bench_int8_gemm.py's decode step; 1, 2, 6 and 8 KB measured no better). 0: no prefetch (benchmarks). */
+int w8_prefetch = 4096;
 int w8_force_generic = 0;   /* benchmarks flip it to time the row-at-a-time loop alone */
 
 static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
@@ -561,8 +560,8 @@ static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, co
         #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
             const int8_t *wr = w + (int64_t)n * K;
-            for (int k = 0; k < K; k += 64)   /* PF_AHEAD bytes ahead (a prefetch never faults) */
-                _mm_prefetch((const char *)(wr + PF_AHEAD + k), _MM_HINT_T0);
+            if (w8_prefetch)   /* w8_prefetch bytes ahead (a prefetch never faults) */
+                for (int k = 0; k < K; k += 64) _mm_prefetch((const char *)(wr + w8_prefetch + k), _MM_HINT_T0);
             for (int m0 = 0; m0 < M; m0 += 4) {
                 float out[4];
                 const int mb = M - m0 >= 4 ? 4 : M - m0;
@@ -584,7 +583,8 @@ static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, co
         #pragma omp parallel for schedule(static)
         for (int b = 0; b < blocks; b++) {
             const int8_t *wb = w + (int64_t)b * 4 * K;
-            for (int k = 0; k < 4 * K; k += 64) _mm_prefetch((const char *)(wb + PF_AHEAD + k), _MM_HINT_T0);
+            if (w8_prefetch)
+                for (int k = 0; k < 4 * K; k += 64) _mm_prefetch((const char *)(wb + w8_prefetch + k), _MM_HINT_T0);
             for (int m0 = 0; m0 < M; m0 += 4) {
                 switch (M - m0 >= 4 ? 4 : M - m0) {
                     case 4: w8_block_m4(x, w, scales, bias, y, N, K, b * 4, m0); break;
@@ -903,6 +903,12 @@ static PyObject *py_set_w8_force_generic(PyObject *self, PyObject *const *args, 
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_w8_prefetch(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 1, "set_w8_prefetch")) return NULL;
+    w8_prefetch = INT(0);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef METHODS[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
@@ -913,6 +919,7 @@ static PyMethodDef METHODS[] = {
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},
     {"decode_attention_fast", (PyCFunction)(void (*)(void))py_decode_attention_fast, METH_FASTCALL, NULL},
     {"set_w8_force_generic", (PyCFunction)(void (*)(void))py_set_w8_force_generic, METH_FASTCALL, NULL},
+    {"set_w8_prefetch", (PyCFunction)(void (*)(void))py_set_w8_prefetch, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -121,6 +121,13 @@ def set_enabled(flag: bool) -> bool:
     return previous
 
 
+def set_w8_prefetch(nbytes: int) -> None:
+    """How far ahead `w8_gemv` prefetches the weight rows, in bytes (4096 by default; 0: not at all). For
+    benchmarks: bench_int8_gemm.py times a decode step's projections both ways in one process."""
+    if available():
+        _lib.set_w8_prefetch(int(nbytes))
+
+
 def available() -> bool:
     return _enabled and lib() is not None
 

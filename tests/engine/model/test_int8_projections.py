@@ -89,6 +89,19 @@ def test_amx_tiles_add_the_same_products_as_the_fma_kernel(n, k, m):
     assert rel(y, one_bf16) > 1e-4           # what rows rounded to one bf16 would have given: far off
 
 
+@pytest.mark.parametrize("m", [1, 8, 9])   # the one-channel rows path, and blocks of four channels
+def test_prefetching_the_weights_changes_no_bit(m):
+    w, s, b = weights(3072, 576, m)
+    x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
+    with_prefetch = native_kernels.w8_gemv(x, w, s, b)
+    native_kernels.set_w8_prefetch(0)
+    try:
+        without = native_kernels.w8_gemv(x, w, s, b)
+    finally:
+        native_kernels.set_w8_prefetch(4096)
+    assert torch.equal(with_prefetch, without)
+
+
 def test_amx_tiles_refuse_sizes_that_are_not_whole_tiles_and_rows_that_do_not_fit():
     w, s, b = weights(48, 64, 0)
     with pytest.raises(ValueError, match="multiples of 32"):
