@@ -64,6 +64,7 @@ LLAMACPP_NO_AMX = -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -
 llamacpp: $(STAMP)
 	if grep -q amx_int8 /proc/cpuinfo; then args="$(LLAMACPP_NO_AMX)"; else args="-DGGML_NATIVE=ON"; fi; \
 	CMAKE_ARGS="$$args" $(BIN)/python -m pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36
+	$(BIN)/python -m pip install llama-cpp-python==0.3.36   # its dependencies (diskcache), without rebuilding it
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

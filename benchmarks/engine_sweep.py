@@ -69,7 +69,8 @@ def llama_cpp_model(threads: int, n_ctx: int):
     """llama-cpp-python's Llama on the default model's GGUF, or None when llama-cpp-python is not installed."""
     try:
         from llama_cpp import Llama
-    except ImportError:
+    except ImportError as exc:
+        print(f"\n(llama-cpp-python does not import ({exc}), so no llama.cpp column: `make llamacpp` builds it)")
         return None
     from core.engine.model.loader import default_gguf
     return Llama(model_path=str(default_gguf()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
@@ -164,8 +165,6 @@ def section_speed(args, engines: list[ModelRunner], hf, ids: list[int], sections
     contexts = [int(x) for x in args.contexts.split(",") if x]
     sizes = [int(x) for x in args.prefill.split(",") if x]
     llm = llama_cpp_model(torch.get_num_threads(), max(contexts + sizes) + args.sweep_tokens + 64)
-    if llm is None:
-        print("\n(llama-cpp-python is not installed, so no llama.cpp column: `make llamacpp` builds it)")
     runners = {engine_name(r): r for r in engines}
     warm = ids[:64]
     for runner in engines:
