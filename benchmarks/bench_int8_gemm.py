@@ -1,12 +1,14 @@
 """The int8 projections of a prefill on SmolLM2-135M's shapes, side by side in one process: the FMA kernel
 (`w8_gemv`, what decode rows run), the AMX kernel (`w8_amx_gemm`: each row's x16 as two bf16, the same exact
-products), and torch's fp32 matmul on the dequantized weights (MKL: what Hugging Face fp32 runs). Also
+products), the weight-panel kernel a CPU without AMX runs for prefill rows (`w8_panel_gemm`, the same products),
+and torch's fp32 matmul on the dequantized weights (MKL: what Hugging Face fp32 runs). Also
 oneDNN's bf16 matmul on one bf16 per activation, for scale only: it rounds x to 8 bits and its output, so it is
 not the same arithmetic (the 42/50 cache on == off of benchmarks/README.md). Milliseconds, fastest of --reps; each
 shape's weights as the model holds them. Then the projections of one decode step (30 layers of SmolLM2's shapes
 and its int8 LM head, one row of x, 134 MB of weights that no cache holds) with `w8_gemv` prefetching the weight
 rows 4 KB ahead and without, alternating; then one whole uncached prefill of the default model with the AMX
-kernel and with every row through the FMA kernel (AMX_MIN_ROWS raised), the same process.
+kernel, as a CPU without AMX runs it (`set_amx(False)`: weight panels) and with every row through the FMA kernel
+(AMX_MIN_ROWS raised), the same process.
 
     .venv/bin/python benchmarks/bench_int8_gemm.py --threads 2
 """
@@ -75,20 +77,22 @@ def main() -> None:
         sys.exit(f"no AMX here (kernels: {native_kernels.error() or 'built without AMX'}); nothing to compare")
     g = torch.Generator().manual_seed(0)
     print(f"int8 projections, {args.threads} threads, ms (fastest of {args.reps}); ratios against the FMA kernel")
-    print(f"{'shape':>8} {'rows':>5} {'FMA w8_gemv':>12} {'AMX x2':>8} {'MKL fp32':>9} {'bf16 x1':>8}  "
-          f"{'AMX speed-up':>12} {'AMX vs MKL':>10}")
+    print(f"{'shape':>8} {'rows':>5} {'FMA w8_gemv':>12} {'AMX x2':>8} {'panels':>7} {'MKL fp32':>9} {'bf16 x1':>8}  "
+          f"{'AMX speed-up':>12} {'AMX vs MKL':>10} {'panels vs MKL':>13}")
     for name, (n, k) in SHAPES.items():
         w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
         s = torch.rand(n, generator=g) * 0.01
         packed, dense, w16 = native_kernels.pack_amx(w), (w.float() * s[:, None]).t().contiguous(), w.bfloat16()
+        panels = native_kernels.pack_panels(w)
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k, generator=g)
             fma = best_ms(lambda: native_kernels.w8_gemv(x, w, s, None), args.reps)
             amx = best_ms(lambda: native_kernels.w8_amx_gemm(x, packed, s, None), args.reps)
+            pan = best_ms(lambda: native_kernels.w8_panel_gemm(x, panels, s, None), args.reps)
             mkl = best_ms(lambda: x @ dense, args.reps)
             b16 = best_ms(lambda: F.linear(x.bfloat16(), w16), args.reps)
-            print(f"{name:>8} {m:5d} {fma:12.2f} {amx:8.2f} {mkl:9.2f} {b16:8.2f}  {fma / amx:11.2f}x "
-                  f"{mkl / amx:9.2f}x", flush=True)
+            print(f"{name:>8} {m:5d} {fma:12.2f} {amx:8.2f} {pan:7.2f} {mkl:9.2f} {b16:8.2f}  {fma / amx:11.2f}x "
+                  f"{mkl / amx:9.2f}x {mkl / pan:12.2f}x", flush=True)
     decode_step(g, args.reps)
     native = ModelRunner("default", device="cpu", impl="native", numerics="int8").native
     print("\nwhole uncached prefill of the default model (int8), s, fastest of 3, alternating")
@@ -96,17 +100,21 @@ def main() -> None:
         ids = torch.randint(100, 40000, (n,), generator=g).tolist()
         pool = native.make_pool(n + 8)
         batch = ForwardBatch.build([(ids, [], torch.arange(1, n + 1))])
-        best = {"AMX": float("inf"), "FMA": float("inf")}
+        best = {"AMX": float("inf"), "panels": float("inf"), "FMA": float("inf")}
         for _ in range(3):
-            for mode, rows in (("AMX", native_layers.AMX_MIN_ROWS), ("FMA", 10 ** 9)):
+            for mode, rows, amx in (("AMX", native_layers.AMX_MIN_ROWS, True),
+                                    ("panels", native_layers.AMX_MIN_ROWS, False), ("FMA", 10 ** 9, True)):
                 saved, native_layers.AMX_MIN_ROWS = native_layers.AMX_MIN_ROWS, rows
+                was = native_kernels.set_amx(amx)
                 try:
                     t = time.perf_counter()
                     native.forward(batch, pool)
                     best[mode] = min(best[mode], time.perf_counter() - t)
                 finally:
                     native_layers.AMX_MIN_ROWS = saved
-        print(f"{n:5d} tokens: AMX {best['AMX']:.2f} s, FMA {best['FMA']:.2f} s: {best['FMA'] / best['AMX']:.2f}x")
+                    native_kernels.set_amx(was)
+        print(f"{n:5d} tokens: AMX {best['AMX']:.2f} s, panels (no AMX) {best['panels']:.2f} s, FMA {best['FMA']:.2f} s; "
+              f"FMA / AMX {best['FMA'] / best['AMX']:.2f}x, FMA / panels {best['FMA'] / best['panels']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -216,10 +216,21 @@ def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return out
 
 
+_amx_enabled = True
+
+
+def set_amx(flag: bool) -> bool:
+    """Use AMX tiles where they exist (True, the default) or run as a CPU without them (False: prefill rows on
+    `w8_panel_gemm`); returns the previous setting. Tests and benchmarks reach the no-AMX path here with it."""
+    global _amx_enabled
+    previous, _amx_enabled = _amx_enabled, bool(flag)
+    return previous
+
+
 def amx_available() -> bool:
     """Whether `w8_amx_gemm` runs here: the kernels built with AMX (the CPU has AMX-BF16 and the compiler knows
-    it) and Linux granted this process the tile registers."""
-    return available() and bool(_lib.amx_ready())
+    it), Linux granted this process the tile registers, and set_amx did not turn them off."""
+    return _amx_enabled and available() and bool(_lib.amx_ready())
 
 
 def amx_fits(w: torch.Tensor) -> bool:
@@ -235,6 +246,40 @@ def pack_amx(w: torch.Tensor) -> torch.Tensor:
     if n % 32 or k % 32:
         raise ValueError(f"w8_amx_gemm needs both weight sizes multiples of 32, got {n} x {k}")
     return w.to(torch.bfloat16).view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def panels_fit(w: torch.Tensor) -> bool:
+    """Whether the int8 weights `w` [N, K] can run `w8_panel_gemm`: the C kernels here, a CPU tensor, N a
+    multiple of 16."""
+    return w.device.type == "cpu" and w.shape[0] % 16 == 0 and available()
+
+
+def pack_panels(w: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] (N a multiple of 16) as the panels `w8_panel_gemm` reads: [N/16, K, 16], the 16 output
+    channels of a panel side by side for each k. The same bytes as `w`: made on a model's first prefill where
+    there are no AMX tiles."""
+    n, k = w.shape
+    if n % 16:
+        raise ValueError(f"w8_panel_gemm needs the output size a multiple of 16, got {n}")
+    return w.view(n // 16, 16, k).transpose(1, 2).contiguous()
+
+
+def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, with FMAs on weight panels (`panels` =
+    pack_panels(w)): the products `w8_gemv` adds, summed in another order, at GEMM speed for many rows on a CPU
+    without AMX tiles."""
+    if x.dtype != torch.float32 or x.dim() != 2:
+        raise ValueError(f"w8_panel_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    if panels.dtype != torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16:
+        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not fit rows of {k}; "
+                         f"make them with pack_panels")
+    x = x.contiguous()
+    n = panels.shape[0] * 16
+    y = torch.empty((m, n), dtype=torch.float32)
+    _lib.w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(), m, n, k)
+    return y
 
 
 def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,

@@ -49,12 +49,14 @@ class Linear:
         differ in the order of the fp32 sums only: a token's K/V do not depend on how its prompt was chunked
         or cached, and cache on == cache off within the mode (benchmarks/README.md,
         "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
-        bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without the C kernels
+        bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without AMX the prefill-sized
+        batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again, ~2x the GEMV
+        kernel at 1,024 rows). Without the C kernels
         `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized
         weight (bf16(q * scale)) runs every row.
     """
 
-    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles")
+    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles", "panels")
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str) -> None:
         weight = weight.detach()
@@ -62,6 +64,7 @@ class Linear:
         self.out_features = weight.shape[0]
         self.dense = self.dense_bias = None
         self.tiles: Optional[torch.Tensor] = None   # int8: the bf16 AMX tiles, packed on the first prefill
+        self.panels: Optional[torch.Tensor] = None  # int8 without AMX: the weight panels, packed likewise
         if kind == "int8":
             w = weight.float()
             scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -92,10 +95,15 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         if self.dense is None:
             if native_kernels.available():
-                if x.shape[0] >= AMX_MIN_ROWS and native_kernels.amx_fits(self.weight):
-                    if self.tiles is None:
-                        self.tiles = native_kernels.pack_amx(self.weight)
-                    return native_kernels.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
+                if x.shape[0] >= AMX_MIN_ROWS:
+                    if native_kernels.amx_fits(self.weight):
+                        if self.tiles is None:
+                            self.tiles = native_kernels.pack_amx(self.weight)
+                        return native_kernels.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
+                    if native_kernels.panels_fit(self.weight):
+                        if self.panels is None:
+                            self.panels = native_kernels.pack_panels(self.weight)
+                        return native_kernels.w8_panel_gemm(x, self.panels, self.scales, self.bias)
                 return native_kernels.w8_gemv(x.contiguous(), self.weight, self.scales, self.bias)
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
                                                    self.scales.to(torch.bfloat16)).float()
@@ -103,8 +111,8 @@ class Linear:
         return F.linear(x.to(torch.bfloat16), self.dense, self.dense_bias).float()
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.bias, self.dense, self.tiles)
-                   if t is not None)
+        return sum(t.numel() * t.element_size()
+                   for t in (self.weight, self.scales, self.bias, self.dense, self.tiles, self.panels) if t is not None)
 
 
 def rope_tables(inv_freq: torch.Tensor, attention_scaling: float, num_positions: int,

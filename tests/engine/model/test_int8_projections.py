@@ -102,6 +102,48 @@ def test_prefetching_the_weights_changes_no_bit(m):
     assert torch.equal(with_prefetch, without)
 
 
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_weight_panels_add_the_same_products_as_the_fma_kernel(n, k, m):
+    """The prefill kernel of a CPU without AMX: the exact products again, summed one k after another per lane."""
+    w, s, b = weights(n, k, m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(300 + m))
+    panels = native_kernels.pack_panels(w)
+    assert panels.shape == (n // 16, k, 16) and torch.equal(panels[1, 5], w[16:32, 5])
+    y = native_kernels.w8_panel_gemm(x, panels, s, b)
+    assert y.shape == (m, n)
+    assert rel(y, exact(x, w, s, b)) < 3e-6
+    assert rel(y, native_kernels.w8_gemv(x, w, s, b)) < 4e-6
+
+
+def test_weight_panels_refuse_sizes_and_rows_that_do_not_fit():
+    w, s, b = weights(40, 64, 0)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        native_kernels.pack_panels(w)
+    w, s, b = weights(64, 64, 0)
+    with pytest.raises(ValueError, match="make them with pack_panels"):
+        native_kernels.w8_panel_gemm(torch.randn(40, 96), native_kernels.pack_panels(w), s, b)
+    with pytest.raises(ValueError, match="fp32 rows"):
+        native_kernels.w8_panel_gemm(torch.randn(40, 64).double(), native_kernels.pack_panels(w), s, b)
+
+
+def test_without_amx_a_prefill_runs_on_weight_panels_and_keeps_its_rows():
+    """set_amx(False): what a CPU without AMX runs. From AMX_MIN_ROWS rows the projection packs its panels and
+    agrees with the same rows one at a time (the FMA kernel) to fp32 rounding."""
+    g = torch.Generator().manual_seed(6)
+    lin = Linear(torch.randn(960, 576, generator=g) * 0.05, torch.randn(960, generator=g), "int8")
+    x = torch.randn(AMX_MIN_ROWS + 9, 576, generator=g)
+    previous = native_kernels.set_amx(False)
+    try:
+        assert not native_kernels.amx_available()
+        many = lin(x)
+    finally:
+        native_kernels.set_amx(previous)
+    assert lin.panels is not None and lin.tiles is None
+    for i in (0, 20, AMX_MIN_ROWS + 8):
+        assert rel(lin(x[i:i + 1])[0], many[i]) < 4e-6
+
+
 def test_amx_tiles_refuse_sizes_that_are_not_whole_tiles_and_rows_that_do_not_fit():
     w, s, b = weights(48, 64, 0)
     with pytest.raises(ValueError, match="multiples of 32"):

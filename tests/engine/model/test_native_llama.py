@@ -309,14 +309,17 @@ def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(famil
         torch.testing.assert_close(last_logits(cut), whole, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("amx", [True, False], ids=["amx-where-present", "no-amx"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, monkeypatch):
-    """A 72-token prompt after a 24-token cached prefix: its projections on AMX tiles (where this CPU has them;
-    else the FMA kernel again) and its attention split into prefix + own keys, against every row through the
-    FMA kernel and one masked call (AMX_MIN_ROWS and the split turned off): the same logits to fp32 rounding,
-    and the same K/V written into the pool."""
+def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx, monkeypatch, request):
+    """A 72-token prompt after a 24-token cached prefix: its projections on AMX tiles (where this CPU has them)
+    or on weight panels (no AMX, as set_amx(False) runs it) and its attention split into prefix + own keys,
+    against every row through the FMA kernel and one masked call (AMX_MIN_ROWS and the split turned off): the
+    same logits to fp32 rounding, and the same K/V written into the pool."""
     from core.engine.model import native_layers
     require_kernels()
+    previous = native_kernels.set_amx(amx)
+    request.addfinalizer(lambda: native_kernels.set_amx(previous))
     native = NativeLlama.from_hf(make_ref(family), dtype="int8")
     ids = torch.randint(1, 128, (96,), generator=torch.Generator().manual_seed(4)).tolist()
     slots = torch.randperm(120, generator=torch.Generator().manual_seed(5))[:96] + 1
@@ -328,8 +331,10 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, monk
         return logits[0], pool.k_buffer[:, slots].clone()
 
     fast, fast_k = run()
-    packed = [lin.tiles is not None for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
-    assert packed == [native_kernels.amx_available()] * len(packed)     # the 72 rows did run on tiles
+    lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
+    tiles = native_kernels.amx_available()
+    assert [lin.tiles is not None for lin in lins] == [tiles] * len(lins)     # the 72 rows ran on tiles, or
+    assert [lin.panels is not None for lin in lins] == [not tiles] * len(lins)   # on panels
     build = native_layers.AttentionPlan.build
 
     split = []
