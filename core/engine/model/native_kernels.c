@@ -620,11 +620,21 @@ int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *b
     return 0;
 }
 
-/* Many rows (prefill) without AMX, with the same products: GCC vector code (AVX-512, AVX2 or whatever -march=native
- * gives), a register block of PANEL_ROWS rows x 16 output channels, K steps of one broadcast x16 value times one
+/* Many rows (prefill) without AMX, with the same products: GCC vector code, a register block of PANEL_ROWS rows x 16
+ * output channels, K steps of one broadcast x16 value times one
  * converted vector of 16 int8 weights. The weights in panels: [N/16][K][16] int8 (native_kernels.pack_panels), so
  * a step reads 16 contiguous bytes. The GEMV kernel instead reduces each (row, channel) dot product across
- * lanes: right for a few rows (each weight read once), 2.7x slower than MKL's fp32 GEMM at 1,024 rows. */
+ * lanes: right for a few rows (each weight read once), 2.7x slower than MKL's fp32 GEMM at 1,024 rows. It pays
+ * with AVX-512 (32 vector registers hold the block): panel_gemm_fast. Built for AVX2 it is correct but was 1.3-1.5x
+ * slower than the GEMV kernel (the block does not fit 16 registers), so Linear keeps the GEMV kernel there. */
+int panel_gemm_fast(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 typedef float v16f __attribute__((vector_size(64)));
 typedef int8_t v16b __attribute__((vector_size(16)));
 #define PANEL_ROWS 6
@@ -904,6 +914,11 @@ static PyObject *py_w8_gemv(PyObject *self, PyObject *const *args, Py_ssize_t n)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_panel_gemm_fast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "panel_gemm_fast")) return NULL;
+    return PyBool_FromLong(panel_gemm_fast());
+}
+
 static PyObject *py_w8_panel_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 8, "w8_panel_gemm")) return NULL;
     const float *x = PTR(0); const int8_t *w = PTR(1); const float *s = PTR(2), *b = PTR(3); float *y = PTR(4);
@@ -1002,6 +1017,7 @@ static PyMethodDef METHODS[] = {
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
     {"w8_amx_gemm", (PyCFunction)(void (*)(void))py_w8_amx_gemm, METH_FASTCALL, NULL},
     {"w8_panel_gemm", (PyCFunction)(void (*)(void))py_w8_panel_gemm, METH_FASTCALL, NULL},
+    {"panel_gemm_fast", (PyCFunction)(void (*)(void))py_panel_gemm_fast, METH_FASTCALL, NULL},
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, METH_FASTCALL, NULL},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, NULL},

@@ -249,9 +249,9 @@ def pack_amx(w: torch.Tensor) -> torch.Tensor:
 
 
 def panels_fit(w: torch.Tensor) -> bool:
-    """Whether the int8 weights `w` [N, K] can run `w8_panel_gemm`: the C kernels here, a CPU tensor, N a
-    multiple of 16."""
-    return w.device.type == "cpu" and w.shape[0] % 16 == 0 and available()
+    """Whether prefill rows of the int8 weights `w` [N, K] should run `w8_panel_gemm`: a CPU tensor, N a multiple
+    of 16, and kernels built with AVX-512 (built for AVX2 it ran slower than `w8_gemv`, native_kernels.c)."""
+    return w.device.type == "cpu" and w.shape[0] % 16 == 0 and available() and bool(_lib.panel_gemm_fast())
 
 
 def pack_panels(w: torch.Tensor) -> torch.Tensor:

@@ -49,9 +49,9 @@ class Linear:
         differ in the order of the fp32 sums only: a token's K/V do not depend on how its prompt was chunked
         or cached, and cache on == cache off within the mode (benchmarks/README.md,
         "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
-        bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without AMX the prefill-sized
-        batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again, ~2x the GEMV
-        kernel at 1,024 rows). Without the C kernels
+        bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without AMX (with AVX-512) the
+        prefill-sized batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again,
+        ~2x the GEMV kernel at 1,024 rows). Without the C kernels
         `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized
         weight (bf16(q * scale)) runs every row.
     """
