@@ -70,7 +70,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(args.threads)
-    from core.engine.model import native_kernels, native_layers
+    from core.engine.model import native_kernels, native_linear
     from core.engine.model.forward_batch import ForwardBatch
     from core.engine.model.runner import ModelRunner
     if not native_kernels.amx_available():
@@ -102,16 +102,16 @@ def main() -> None:
         batch = ForwardBatch.build([(ids, [], torch.arange(1, n + 1))])
         best = {"AMX": float("inf"), "panels": float("inf"), "FMA": float("inf")}
         for _ in range(3):
-            for mode, rows, amx in (("AMX", native_layers.AMX_MIN_ROWS, True),
-                                    ("panels", native_layers.AMX_MIN_ROWS, False), ("FMA", 10 ** 9, True)):
-                saved, native_layers.AMX_MIN_ROWS = native_layers.AMX_MIN_ROWS, rows
+            for mode, rows, amx in (("AMX", native_linear.AMX_MIN_ROWS, True),
+                                    ("panels", native_linear.AMX_MIN_ROWS, False), ("FMA", 10 ** 9, True)):
+                saved, native_linear.AMX_MIN_ROWS = native_linear.AMX_MIN_ROWS, rows
                 was = native_kernels.set_amx(amx)
                 try:
                     t = time.perf_counter()
                     native.forward(batch, pool)
                     best[mode] = min(best[mode], time.perf_counter() - t)
                 finally:
-                    native_layers.AMX_MIN_ROWS = saved
+                    native_linear.AMX_MIN_ROWS = saved
                     native_kernels.set_amx(was)
         print(f"{n:5d} tokens: AMX {best['AMX']:.2f} s, panels (no AMX) {best['panels']:.2f} s, FMA {best['FMA']:.2f} s; "
               f"FMA / AMX {best['FMA'] / best['AMX']:.2f}x, FMA / panels {best['FMA'] / best['panels']:.2f}x")

@@ -39,7 +39,7 @@ def main() -> None:
 
     from benchmarks.bench_native import agreement_prompts
     from core.engine.engine import Engine
-    from core.engine.model import native_layers
+    from core.engine.model import native_linear
     from core.engine.model.loader import resolve_model
     from core.engine.model.runner import ModelRunner
     from core.engine.sampling import SamplingParams
@@ -53,12 +53,12 @@ def main() -> None:
         ref = [hf.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
                for p in prompts]
     runner = ModelRunner("default", device="cpu", impl="native", numerics="int8")
-    original = native_layers.Linear.__call__
+    original = native_linear.Linear.__call__
     modes = {"weight-only int8": None, "W8A8, a scale per row": fake_quant_rows,
              "W8A8, a scale per 32": fake_quant_blocks}
     try:
         for name, fq in modes.items():
-            native_layers.Linear.__call__ = original if fq is None else (lambda self, x, fq=fq: original(self, fq(x)))
+            native_linear.Linear.__call__ = original if fq is None else (lambda self, x, fq=fq: original(self, fq(x)))
             outs = {}
             for disable in (False, True):
                 e = Engine(runner, pool_slots=sum(len(p) + n for p in prompts) + 64, disable_radix_cache=disable,
@@ -70,7 +70,7 @@ def main() -> None:
             print(f"{name:24s}: {sum(f == n for f in first)}/{len(prompts)} identical to HF fp32; mean first "
                   f"difference {statistics.mean(first):.1f}/{n}; cache on == off {same}/{len(prompts)}", flush=True)
     finally:
-        native_layers.Linear.__call__ = original
+        native_linear.Linear.__call__ = original
 
 
 if __name__ == "__main__":

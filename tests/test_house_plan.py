@@ -36,7 +36,7 @@ LAYERS: dict[str, set[str]] = {
 # Reading another module's underscore name, allowed only where there is no public way. Each entry says why.
 PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
     ("core.lab.__main__", "os._exit"): "the documented way to leave a process without running atexit hooks",
-    ("core.engine.model.native_layers", "torch.ops.aten._weight_int8pack_mm"):
+    ("core.engine.model.native_linear", "torch.ops.aten._weight_int8pack_mm"):
         "an op in torch's operator registry (the CPU int8 weight-only matmul gpt-fast uses), not a module's state",
     ("core.engine.model.native_layers", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"):
         "the op behind CPU SDPA, in torch's operator registry: the one that also returns the log-sum-exp",

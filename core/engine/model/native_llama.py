@@ -23,7 +23,7 @@ Numerics ("dtype"):
   int8  weight-only int8 (one fp32 scale per output channel) for every projection and the LM head;
         on fp32 activations rounded to 16 significant bits (native_kernels.x16): on a CPU the C kernel
         `w8_gemv` for decode-sized batches and AMX tiles (`w8_amx_gemm`, x16 as two bf16) for prefill-sized
-        ones, the same exact products summed in another order (native_layers.Linear). Activations and the
+        ones, the same exact products summed in another order (native_linear.Linear). Activations and the
         KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes).
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
 Refused (ValueError, route to the Hugging Face path): other families, non-SiLU MLPs, RoPE types
@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from core.engine.model import native_kernels
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
-from core.engine.model.native_layers import (AttentionPlan, Linear, apply_rope, attend_decodes, attend_padded,
+from core.engine.model.native_linear import Linear
+from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_decodes, attend_padded,
                                              attend_prefixed, fresh_causal_mask, rope_tables)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")

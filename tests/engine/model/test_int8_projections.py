@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from core.engine.model import native_kernels
 from core.engine.model.forward_batch import ForwardBatch
-from core.engine.model.native_layers import AMX_MIN_ROWS, AttentionPlan, Linear, attend_prefixed
+from core.engine.model.native_layers import AttentionPlan, attend_prefixed
+from core.engine.model.native_linear import AMX_MIN_ROWS, Linear
 from tests.engine.model.require_kernels import require_kernels
 
 SHAPES = [(960, 576), (3072, 576), (576, 1536)]   # SmolLM2-135M: QKV, gate+up, down

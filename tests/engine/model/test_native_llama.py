@@ -316,7 +316,7 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
     or on weight panels (no AMX, as set_amx(False) runs it) and its attention split into prefix + own keys,
     against every row through the FMA kernel and one masked call (AMX_MIN_ROWS and the split turned off): the
     same logits to fp32 rounding, and the same K/V written into the pool."""
-    from core.engine.model import native_layers
+    from core.engine.model import native_layers, native_linear
     require_kernels()
     previous = native_kernels.set_amx(amx)
     request.addfinalizer(lambda: native_kernels.set_amx(previous))
@@ -347,7 +347,7 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
             plan.prefixed = None                  # the extend goes through one masked call instead
         return plan
 
-    monkeypatch.setattr(native_layers, "AMX_MIN_ROWS", 10 ** 9)
+    monkeypatch.setattr(native_linear, "AMX_MIN_ROWS", 10 ** 9)
     monkeypatch.setattr(native_layers.AttentionPlan, "build", staticmethod(without_split))
     plain, plain_k = run()
     assert split == [(0, 72, 24)]

@@ -1,0 +1,96 @@
+"""Linear: one (possibly fused) projection of the native Llama-family forward in the model's numerics (fp32, bf16,
+weight-only int8), and which kernel runs it: for int8 on a CPU the C kernels of native_kernels.c, chosen by the
+number of rows (a decode step's few, a prefill chunk's many) so that every choice adds the same exact products."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from core.engine.model import native_kernels
+
+# From this many rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), below it
+# the FMA kernel (w8_gemv): measured on SmolLM2's shapes, benchmarks/README.md "Prefill on AMX tiles".
+AMX_MIN_ROWS = 32
+
+
+class Linear:
+    """y = x @ W^T (+ b) for one (possibly fused) projection, in the model's numerics.
+
+    kind "fp32": the weight stored transposed ([in, out]); `x @ Wt` measured 1.5-1.9x faster than
+        F.linear's `x @ W^T` for one row on this CPU (MKL's gemv on the transposed layout), the same
+        for many rows.
+    kind "bf16": bf16 weight [out, in] and bf16 activations (oneDNN, AVX512-BF16).
+    kind "int8": weight-only int8, symmetric, one fp32 scale per output channel (w ~= q * scale),
+        fp32 activations. On a CPU the decode-sized batches run the FMA kernel `w8_gemv` and, from
+        AMX_MIN_ROWS rows where the CPU has AMX, the prefill-sized ones run `w8_amx_gemm` on AMX tiles. Both
+        round x to 16 significant bits first (`native_kernels.x16`: exactly two bf16 for the tiles, and a
+        product with an int8 that is exact in fp32), so both add exactly the products x16[k] * q[n, k] and
+        differ in the order of the fp32 sums only: a token's K/V do not depend on how its prompt was chunked
+        or cached, and cache on == cache off within the mode (benchmarks/README.md,
+        "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
+        bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without AMX (with AVX-512) the
+        prefill-sized batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again,
+        ~2x the GEMV kernel at 1,024 rows). Without the C kernels
+        `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized
+        weight (bf16(q * scale)) runs every row.
+    """
+
+    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles", "panels")
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str) -> None:
+        weight = weight.detach()
+        self.kind = kind
+        self.out_features = weight.shape[0]
+        self.dense = self.dense_bias = None
+        self.tiles: Optional[torch.Tensor] = None   # int8: the bf16 AMX tiles, packed on the first prefill
+        self.panels: Optional[torch.Tensor] = None  # int8 without AMX: the weight panels, packed likewise
+        if kind == "int8":
+            w = weight.float()
+            scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            self.scales = scales.contiguous()
+            self.bias = None if bias is None else bias.detach().float().contiguous()
+            if weight.device.type != "cpu":
+                self.dense = (self.weight.float() * scales[:, None]).to(torch.bfloat16).contiguous()
+                self.dense_bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        elif kind == "fp32":
+            self.weight = weight.float().t().contiguous()          # [in, out]
+            self.scales = None
+            self.bias = None if bias is None else bias.detach().float().contiguous()
+        elif kind == "bf16":
+            self.weight = weight.to(torch.bfloat16).contiguous()
+            self.scales = None
+            self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
+        else:
+            raise ValueError(f"unknown weight kind {kind!r}")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        kind = self.kind
+        if kind == "fp32":
+            if self.bias is None:
+                return torch.matmul(x, self.weight)
+            return torch.addmm(self.bias, x, self.weight)
+        if kind == "bf16":
+            return F.linear(x, self.weight, self.bias)
+        if self.dense is None:
+            if native_kernels.available():
+                if x.shape[0] >= AMX_MIN_ROWS:
+                    if native_kernels.amx_fits(self.weight):
+                        if self.tiles is None:
+                            self.tiles = native_kernels.pack_amx(self.weight)
+                        return native_kernels.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
+                    if native_kernels.panels_fit(self.weight):
+                        if self.panels is None:
+                            self.panels = native_kernels.pack_panels(self.weight)
+                        return native_kernels.w8_panel_gemm(x, self.panels, self.scales, self.bias)
+                return native_kernels.w8_gemv(x.contiguous(), self.weight, self.scales, self.bias)
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
+                                                   self.scales.to(torch.bfloat16)).float()
+            return y if self.bias is None else y.add_(self.bias)
+        return F.linear(x.to(torch.bfloat16), self.dense, self.dense_bias).float()
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size()
+                   for t in (self.weight, self.scales, self.bias, self.dense, self.tiles, self.panels) if t is not None)
