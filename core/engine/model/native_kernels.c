@@ -886,6 +886,8 @@ static int args_ok(Py_ssize_t n, Py_ssize_t want, const char *name) {
 #define INT(i) ((int)PyLong_AsLong(args[i]))
 #define I64(i) ((int64_t)PyLong_AsLongLong(args[i]))
 #define FLT(i) ((float)PyFloat_AsDouble(args[i]))
+/* prefill-sized calls let other threads run; decode-sized ones keep the GIL (cheaper than dropping it) */
+#define UNLOCKED_IF(big, call) do { if (big) { Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS } else { call; } } while (0)
 
 static PyObject *py_decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 22, "decode_attention")) return NULL;
@@ -901,17 +903,24 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *const *args, Py_s
     Py_RETURN_NONE;
 }
 
-static PyObject *py_w8_gemv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 8, "w8_gemv")) return NULL;
+/* w8_gemv and w8_panel_gemm: the same arguments, -1 when out of memory */
+typedef int (*w8_fn)(const float *, const int8_t *, const float *, const float *, float *, int, int, int);
+
+static PyObject *call_w8(w8_fn fn, const char *name, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 8, name)) return NULL;
     const float *x = PTR(0); const int8_t *w = PTR(1); const float *s = PTR(2), *b = PTR(3); float *y = PTR(4);
     int M = INT(5), N = INT(6), K = INT(7);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = w8_gemv(x, w, s, b, y, M, N, K);
+    rc = fn(x, w, s, b, y, M, N, K);
     Py_END_ALLOW_THREADS
     if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
+}
+
+static PyObject *py_w8_gemv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_w8(w8_gemv, "w8_gemv", args, n);
 }
 
 static PyObject *py_panel_gemm_fast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -920,16 +929,7 @@ static PyObject *py_panel_gemm_fast(PyObject *self, PyObject *const *args, Py_ss
 }
 
 static PyObject *py_w8_panel_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 8, "w8_panel_gemm")) return NULL;
-    const float *x = PTR(0); const int8_t *w = PTR(1); const float *s = PTR(2), *b = PTR(3); float *y = PTR(4);
-    int M = INT(5), N = INT(6), K = INT(7);
-    if (PyErr_Occurred()) return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = w8_panel_gemm(x, w, s, b, y, M, N, K);
-    Py_END_ALLOW_THREADS
-    if (rc) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return call_w8(w8_panel_gemm, "w8_panel_gemm", args, n);
 }
 
 static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -956,13 +956,7 @@ static PyObject *py_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize
     float *x = PTR(0); const float *d = PTR(1), *w = PTR(2); float *y = PTR(3);
     int M = INT(4), N = INT(5); float eps = FLT(6);
     if (PyErr_Occurred()) return NULL;
-    if (M >= PAR_ROWS) {   /* prefill-sized: let other threads run; decode-sized calls keep the GIL (cheaper) */
-        Py_BEGIN_ALLOW_THREADS
-        add_rms_norm(x, d, w, y, M, N, eps);
-        Py_END_ALLOW_THREADS
-    } else {
-        add_rms_norm(x, d, w, y, M, N, eps);
-    }
+    UNLOCKED_IF(M >= PAR_ROWS, add_rms_norm(x, d, w, y, M, N, eps));
     Py_RETURN_NONE;
 }
 
@@ -970,13 +964,7 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (!args_ok(n, 4, "silu_mul")) return NULL;
     const float *gu = PTR(0); float *o = PTR(1); int M = INT(2), I = INT(3);
     if (PyErr_Occurred()) return NULL;
-    if (M >= PAR_ROWS) {
-        Py_BEGIN_ALLOW_THREADS
-        silu_mul(gu, o, M, I);
-        Py_END_ALLOW_THREADS
-    } else {
-        silu_mul(gu, o, M, I);
-    }
+    UNLOCKED_IF(M >= PAR_ROWS, silu_mul(gu, o, M, I));
     Py_RETURN_NONE;
 }
 
@@ -985,13 +973,7 @@ static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     const float *x = PTR(0); int64_t rs = I64(1); const float *c = PTR(2), *sn = PTR(3); float *o = PTR(4);
     int T = INT(5), NH = INT(6), D = INT(7);
     if (PyErr_Occurred()) return NULL;
-    if (T >= PAR_ROWS) {
-        Py_BEGIN_ALLOW_THREADS
-        rope(x, rs, c, sn, o, T, NH, D);
-        Py_END_ALLOW_THREADS
-    } else {
-        rope(x, rs, c, sn, o, T, NH, D);
-    }
+    UNLOCKED_IF(T >= PAR_ROWS, rope(x, rs, c, sn, o, T, NH, D));
     Py_RETURN_NONE;
 }
 
