@@ -452,18 +452,25 @@ combine:
 /* An int8 projection's activations, rounded to 16 significant bits (to nearest, ties to even): a 16-bit
  * significand times an int8 (7 bits and a sign) fits fp32's 24 bits, so every product is exact, and the same
  * x16 is exactly two bf16 (hi: its top 8 bits; lo: the next 8), which AMX tiles multiply exactly. inf and nan
- * pass through. Both kernels round first, so they add the same products. */
+ * pass through; a finite x that rounds past FLT_MAX becomes inf (as any rounding to 16 bits would). x16 below
+ * X16_MIN in magnitude is flushed to a signed zero: there lo would be a subnormal bf16, which AMX reads as zero,
+ * so the kernels would no longer add the same products (activations that small carry nothing anyway). Both
+ * kernels round first, so they add the same products. */
+#define X16_MIN_EXP 16u   /* biased fp32 exponent of X16_MIN = 2^-111: lo's last bit (2^-15 below) is >= 2^-126 */
 static inline uint32_t round16_bits(uint32_t u) {
     if ((u & 0x7F800000u) == 0x7F800000u) return u;
-    return (u + 0x7Fu + ((u >> 8) & 1u)) & 0xFFFFFF00u;
+    const uint32_t r = (u + 0x7Fu + ((u >> 8) & 1u)) & 0xFFFFFF00u;
+    return (r & 0x7F800000u) < (X16_MIN_EXP << 23) ? (u & 0x80000000u) : r;
 }
 
 #if defined(__AVX512F__)
 static inline __m512i round16_epi32(__m512i u) {
     const __m512i expo = _mm512_set1_epi32(0x7F800000);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 8), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7F))),
-                                       _mm512_set1_epi32((int)0xFFFFFF00u));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7F))),
+                                 _mm512_set1_epi32((int)0xFFFFFF00u));
+    const __mmask16 tiny = _mm512_cmplt_epu32_mask(_mm512_and_si512(r, expo), _mm512_set1_epi32((int)(X16_MIN_EXP << 23)));
+    r = _mm512_mask_mov_epi32(r, tiny, _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u)));
     return _mm512_mask_mov_epi32(r, _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, expo), expo), u);
 }
 #endif
@@ -674,6 +681,7 @@ static v16f panel_row(const float *x, const int8_t *panel, int K) {
 /* Returns -1 when out of memory (the x16 copy of x). N % 16 == 0. */
 int w8_panel_gemm(const float *x, const int8_t *panels, const float *scales, const float *bias, float *y,
                   int M, int N, int K) {
+    if (M <= 0) return 0;
     float *x16 = (float *)malloc((size_t)M * K * sizeof(float));
     if (!x16) return -1;
     round16(x, x16, (int64_t)M * K);
@@ -706,8 +714,8 @@ int w8_panel_gemm(const float *x, const int8_t *panels, const float *scales, con
 
 /* Many rows (prefill) on AMX tiles, with the FMA kernel's products: x16 (round16 above) is exactly hi + lo, two
  * bf16, and a bf16 times an int8 is exact in fp32, so the two TDPBF16PS per tile step add exactly the products
- * x16[k] * q[n, k] that the FMA kernel adds, in another order of the fp32 sums (a token's K/V then do not
- * depend on the size of the batch it was computed in). xb: scratch [Mp][2][K] bf16 (hi, lo of each row; Mp = M
+ * x16[k] * q[n, k] that the FMA kernel adds, in another order of the fp32 sums (a token's K/V then differ
+ * between batch sizes by the rounding of those sums only). xb: scratch [Mp][2][K] bf16 (hi, lo of each row; Mp = M
  * rounded up to 32, rows past M zero); wp: the int8 weights as bf16 (exact), in the layout TDPBF16PS reads,
  * [N/16][K/32][16 pairs of k][16 columns][2] (native_kernels.pack_amx). Blocks of rows that fit in L2 against
  * every 32 output columns: 2 x 2 tiles of 16 x 16 fp32 accumulators, K in steps of 32. */
@@ -733,10 +741,17 @@ static void split_rows_bf16x2(const float *x, uint16_t *xb, int M, int Mp, int K
         uint16_t *d = xb + (int64_t)m * 2 * K;
         if (m >= M) { memset(d, 0, (size_t)2 * K * sizeof(uint16_t)); continue; }
         const float *row = x + (int64_t)m * K;
+        const __m512i expo = _mm512_set1_epi32(0x7F800000);
         for (int k = 0; k < K; k += 16) {
-            const __m512i v = round16_epi32(_mm512_loadu_si512((const void *)(row + k)));
+            __m512i v = round16_epi32(_mm512_loadu_si512((const void *)(row + k)));
+            /* inf and nan: hi carries them (a nan keeps its quiet bit, so it stays a nan in 16 bits), lo = 0
+             * (inf - inf would be a nan) */
+            const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, expo), expo);
+            v = _mm512_mask_or_epi32(v, _mm512_mask_test_epi32_mask(special, v, _mm512_set1_epi32(0x007FFFFF)), v,
+                                     _mm512_set1_epi32(0x00400000));
             const __m512i hi = _mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u));
-            const __m512i lo = _mm512_castps_si512(_mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_castsi512_ps(hi)));
+            __m512i lo = _mm512_castps_si512(_mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_castsi512_ps(hi)));
+            lo = _mm512_maskz_mov_epi32((__mmask16)~special, lo);
             _mm256_storeu_si256((__m256i *)(d + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)));
             _mm256_storeu_si256((__m256i *)(d + K + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
         }
@@ -801,8 +816,9 @@ int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *s
 #endif
 
 /* Elementwise work of every fp32 forward, one call instead of 6-8 torch ops (~5 us of dispatch each at decode,
- * 3-5 passes over memory at prefill). A row's result does not depend on M (rows split across threads only),
- * so a token's hidden state is the same bits in a decode step and in a prefill chunk.
+ * 3-5 passes over memory at prefill). A row's result does not depend on M (rows split across threads only): these
+ * kernels add no batch dependence of their own (the int8 projections' sum order still differs between a decode
+ * step and a prefill chunk, by fp32 rounding).
  * add_rms_norm: if delta: x += delta (in place); then y = x * rsqrt(mean(x^2) + eps) * w. fp32. */
 #define PAR_ROWS 64   /* from this many rows the rows are split across the OpenMP threads */
 
@@ -990,8 +1006,10 @@ static PyObject *py_set_w8_force_generic(PyObject *self, PyObject *const *args, 
 
 static PyObject *py_set_w8_prefetch(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 1, "set_w8_prefetch")) return NULL;
-    w8_prefetch = INT(0);
-    Py_RETURN_NONE;
+    const int previous = w8_prefetch, want = INT(0);
+    if (PyErr_Occurred()) return NULL;
+    w8_prefetch = want;
+    return PyLong_FromLong(previous);
 }
 
 static PyMethodDef METHODS[] = {

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from typing import Optional
 
 import torch
@@ -35,10 +36,12 @@ SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
          "-fassociative-math", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11"]
 MAX_D, MAX_G, MAX_CHUNK = 256, 16, 512
+X16_MIN_EXP = 16  # x16 below 2^(X16_MIN_EXP - 127) = 2^-111 flushes to zero (native_kernels.c X16_MIN_EXP)
 SEG_CHUNK = 64   # keys per work item of an extend run (native_kernels.c)
 
 _lib = None   # the compiled extension module
 _tried = False
+_build_lock = threading.Lock()
 _error: Optional[str] = None
 
 
@@ -91,17 +94,21 @@ def _build():
 
 
 def lib():
+    """The compiled module, built on first use (None where it cannot be: `error` says why). Threads that ask
+    while the first build runs wait for it rather than see None."""
     global _lib, _tried, _error
     if not _tried:
-        _tried = True
-        if not env.native_kernels():
-            _error = "disabled by RADIX_NATIVE_KERNELS=0"
-        else:
-            try:
-                _lib = _build()
-            except Exception as exc:  # no compiler, a failed build: the torch fallbacks run
-                _error = f"{type(exc).__name__}: {exc}"
-                print(f"native kernels unavailable ({_error}); using torch fallbacks", file=sys.stderr)
+        with _build_lock:
+            if not _tried:
+                if not env.native_kernels():
+                    _error = "disabled by RADIX_NATIVE_KERNELS=0"
+                else:
+                    try:
+                        _lib = _build()
+                    except Exception as exc:  # no compiler, a failed build: the torch fallbacks run
+                        _error = f"{type(exc).__name__}: {exc}"
+                        print(f"native kernels unavailable ({_error}); using torch fallbacks", file=sys.stderr)
+                _tried = True
     return _lib
 
 
@@ -121,11 +128,13 @@ def set_enabled(flag: bool) -> bool:
     return previous
 
 
-def set_w8_prefetch(nbytes: int) -> None:
-    """How far ahead `w8_gemv` prefetches the weight rows, in bytes (4096 by default; 0: not at all). For
-    benchmarks: bench_int8_gemm.py times a decode step's projections both ways in one process."""
-    if available():
-        _lib.set_w8_prefetch(int(nbytes))
+def set_w8_prefetch(nbytes: int) -> int:
+    """How far ahead `w8_gemv` prefetches the weight rows, in bytes (4096 by default; 0: not at all); returns the
+    previous setting. For benchmarks: bench_int8_gemm.py times a decode step's projections both ways in one
+    process."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= 1 << 20:
+        raise ValueError(f"set_w8_prefetch takes a whole number of bytes from 0 to 1 MiB, got {nbytes!r}")
+    return int(_lib.set_w8_prefetch(nbytes)) if available() else 0
 
 
 def available() -> bool:
@@ -143,8 +152,31 @@ def error() -> Optional[str]:
     return _error
 
 
+def _built():
+    """The compiled module, for the kernel wrappers below: a clear error where it did not build (or is turned off)
+    rather than an AttributeError on None."""
+    if not available():
+        raise RuntimeError(f"the C kernels are not available here ({error() or 'turned off by set_enabled'}); "
+                           f"check native_kernels.available() and use the torch ops instead")
+    return _lib
+
+
 def _ptr(t: Optional[torch.Tensor]) -> int:
     return 0 if t is None else t.data_ptr()
+
+
+def _check_rows(name: str, x: torch.Tensor, k: int) -> None:
+    """The kernels read raw pointers: a wrong dtype, device or width would be read as garbage, so refuse it."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu" or x.shape[1] != k:
+        raise ValueError(f"{name} takes fp32 CPU rows [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}")
+
+
+def _check_channels(name: str, n: int, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    for label, t in (("scales", scales), ("bias", bias)):
+        if t is not None and (t.dtype != torch.float32 or t.numel() != n or not t.is_contiguous()
+                              or t.device.type != "cpu"):
+            raise ValueError(f"{name}: {label} must be {n} contiguous fp32 CPU values (one per output channel), "
+                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
 
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
@@ -160,59 +192,103 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     kvh = k_buf.shape[1]
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
-    _lib.decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(),
-                          int(k_buf.dtype == torch.bfloat16), slots.data_ptr(), first.data_ptr(), lens.data_ptr(),
-                          r, h, kvh, d, slots.shape[1], scale, chunk, nchunks, scratch.data_ptr(), out.data_ptr(),
-                          int(out.dtype == torch.bfloat16), _ptr(segments),
-                          0 if segments is None else segments.numel() - 1)
+    _built().decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(),
+                              v_buf.data_ptr(), int(k_buf.dtype == torch.bfloat16), slots.data_ptr(), first.data_ptr(),
+                              lens.data_ptr(), r, h, kvh, d, slots.shape[1], scale, chunk, nchunks, scratch.data_ptr(),
+                              out.data_ptr(), int(out.dtype == torch.bfloat16), _ptr(segments),
+                              0 if segments is None else segments.numel() - 1)
     return out
 
 
+class Int8Matrix:
+    """int8 weights w [N, K] with one fp32 scale (and bias) per output channel, checked once: `gemv` then checks
+    only the rows. Linear holds one per int8 projection (a decode step makes ~120 calls; checking the weights on
+    every call cost ~2 us each)."""
+
+    __slots__ = ("weight", "scales", "bias", "n", "k", "_ptrs")
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        if (weight.dtype != torch.int8 or weight.dim() != 2 or not weight.is_contiguous()
+                or weight.device.type != "cpu"):
+            raise ValueError(f"w8_gemv takes contiguous int8 CPU weights [N, K], "
+                             f"got {weight.dtype} {tuple(weight.shape)} on {weight.device}")
+        self.n, self.k = weight.shape
+        _check_channels("w8_gemv", self.n, scales, bias)
+        self.weight, self.scales, self.bias = weight, scales, bias       # kept alive for the pointers below
+        self._ptrs = (weight.data_ptr(), scales.data_ptr(), _ptr(bias))
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias), on the FMA kernel (`w8_gemv`)."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k or not x.is_cpu:
+            _check_rows("w8_gemv", x, self.k)
+        x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty((m, self.n), dtype=torch.float32)
+        w, s, b = self._ptrs
+        _built().w8_gemv(x.data_ptr(), w, s, b, y.data_ptr(), m, self.n, self.k)
+        return y
+
+
 def w8_gemv(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [M, K] fp32 contiguous, w [N, K] int8, scales [N] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias),
+    """x [M, K] fp32, w [N, K] int8, scales [N] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias),
     x16 being x rounded to 16 significant bits (so every product is exact in fp32; `x16` below)."""
-    m, k = x.shape
-    n = w.shape[0]
-    y = torch.empty((m, n), dtype=torch.float32)
-    _lib.w8_gemv(x.data_ptr(), w.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(), m, n, k)
-    return y
+    return Int8Matrix(w, scales, bias).gemv(x)
 
 
 def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [M, N] fp32 contiguous, updated in place to x + delta (when given); returns rms_norm(x) * w."""
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu":
+        raise ValueError(f"add_rms_norm updates x in place: it takes contiguous fp32 CPU rows [M, N], "
+                         f"got {x.dtype} {tuple(x.shape)}")
     m, n = x.shape
-    y = torch.empty_like(x)
-    if delta is not None and not delta.is_contiguous():
+    if delta is not None:
+        if delta.dtype != torch.float32 or delta.shape != x.shape:
+            raise ValueError(f"add_rms_norm: delta must be fp32 {tuple(x.shape)} like x, "
+                             f"got {delta.dtype} {tuple(delta.shape)}")
         delta = delta.contiguous()
-    _lib.add_rms_norm(x.data_ptr(), _ptr(delta), w.data_ptr(), y.data_ptr(), m, n, eps)
+    _check_channels("add_rms_norm", n, w, None)
+    y = torch.empty_like(x)
+    _built().add_rms_norm(x.data_ptr(), _ptr(delta), w.data_ptr(), y.data_ptr(), m, n, eps)
     return y
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """gu [M, 2I] fp32 contiguous -> silu(gu[:, :I]) * gu[:, I:]."""
+    """gu [M, 2I] fp32 -> silu(gu[:, :I]) * gu[:, I:]."""
+    if gu.dtype != torch.float32 or gu.dim() != 2 or gu.shape[1] % 2 or gu.device.type != "cpu":
+        raise ValueError(f"silu_mul takes fp32 CPU rows [M, 2I] (gate | up), got {gu.dtype} {tuple(gu.shape)}")
+    gu = gu.contiguous()
     m, two_i = gu.shape
     out = torch.empty((m, two_i // 2), dtype=torch.float32)
-    _lib.silu_mul(gu.data_ptr(), out.data_ptr(), m, two_i // 2)
+    _built().silu_mul(gu.data_ptr(), out.data_ptr(), m, two_i // 2)
     return out
 
 
 def x16(x: torch.Tensor) -> torch.Tensor:
-    """x (fp32) rounded to 16 significant bits, to nearest, ties to even (inf and nan kept): the activations both
+    """x (fp32) rounded to 16 significant bits, to nearest, ties to even (inf and nan kept): the activations all
     int8 kernels multiply. Why 16: a 16-bit significand times an int8 weight is exact in fp32, and it is exactly
-    two bf16, which AMX tiles multiply exactly; the rounding (at most 2^-16 relative) is far below the int8 weights'."""
+    two bf16, which AMX tiles multiply exactly; the rounding (at most 2^-16 relative) is far below the int8 weights'.
+    Results below X16_MIN (2^-111) in magnitude become a signed zero (there the low bf16 would be subnormal, which
+    AMX reads as zero); a finite x that rounds past FLT_MAX becomes inf."""
     u = x.float().contiguous().view(torch.int32)
     r = (u + 0x7F + ((u >> 8) & 1)) & -256
+    r = torch.where((r & 0x7F800000) < (X16_MIN_EXP << 23), u & -(1 << 31), r)
     return torch.where((u & 0x7F800000) == 0x7F800000, u, r).view(torch.float32)
 
 
 def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """native_layers.apply_rope in one pass, bit for bit: qk [T, heads, D] fp32 (rows may be strided, heads and D
     contiguous: the q and k columns of a fused QKV output), cos / sin [T, D] fp32 contiguous -> [T, heads, D]."""
+    if qk.dtype != torch.float32 or qk.dim() != 3 or qk.shape[2] % 2 or qk.device.type != "cpu":
+        raise ValueError(f"rope takes fp32 CPU rows [T, heads, D] with D even, got {qk.dtype} {tuple(qk.shape)}")
     t, nh, d = qk.shape
+    for label, table in (("cos", cos), ("sin", sin)):
+        if table.dtype != torch.float32 or table.shape != (t, d) or not table.is_contiguous():
+            raise ValueError(f"rope: {label} must be contiguous fp32 [{t}, {d}] (one row per token), "
+                             f"got {table.dtype} {tuple(table.shape)}")
     if qk.stride(2) != 1 or qk.stride(1) != d:
         qk = qk.contiguous()
     out = torch.empty((t, nh, d), dtype=torch.float32)
-    _lib.rope(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), t, nh, d)
+    _built().rope(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), t, nh, d)
     return out
 
 
@@ -272,13 +348,16 @@ def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
     if x.dtype != torch.float32 or x.dim() != 2:
         raise ValueError(f"w8_panel_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
-    if panels.dtype != torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16:
+    if (panels.dtype != torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16
+            or not panels.is_contiguous()):
         raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not fit rows of {k}; "
                          f"make them with pack_panels")
-    x = x.contiguous()
+    _check_rows("w8_panel_gemm", x, k)
     n = panels.shape[0] * 16
+    _check_channels("w8_panel_gemm", n, scales, bias)
+    x = x.contiguous()
     y = torch.empty((m, n), dtype=torch.float32)
-    _lib.w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(), m, n, k)
+    _built().w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(), m, n, k)
     return y
 
 
@@ -294,12 +373,15 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"w8_amx_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
     n = packed.shape[0] * 16
-    if packed.dtype != torch.bfloat16 or packed.dim() != 5 or packed.shape[1] * 32 != k:
+    if (packed.dtype != torch.bfloat16 or packed.dim() != 5 or packed.shape[1] * 32 != k
+            or not packed.is_contiguous()):
         raise ValueError(f"packed weights {tuple(packed.shape)} {packed.dtype} do not fit rows of {k}; "
                          f"make them with pack_amx")
+    _check_rows("w8_amx_gemm", x, k)
+    _check_channels("w8_amx_gemm", n, scales, bias)
     x = x.contiguous()
     xb = torch.empty((-(-m // 32) * 32, 2, k), dtype=torch.bfloat16)      # hi, lo of each row
     y = torch.empty((m, n), dtype=torch.float32)
-    _lib.w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(),
+    _built().w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(),
                      m, n, k)
     return y

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from core.engine.model import native_kernels
 
-# From this many rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), below it
-# the FMA kernel (w8_gemv): measured on SmolLM2's shapes, benchmarks/README.md "Prefill on AMX tiles".
+# From this many rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), else on
+# weight panels with AVX-512 (w8_panel_gemm); below it the FMA kernel (w8_gemv): measured on SmolLM2's shapes,
+# benchmarks/README.md "Prefill on AMX tiles" and "Latest run (2026-12-03)" (weight panels).
 AMX_MIN_ROWS = 32
 
 
@@ -37,7 +38,8 @@ class Linear:
         weight (bf16(q * scale)) runs every row.
     """
 
-    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles", "panels")
+    __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles", "panels",
+                 "matrix")
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str) -> None:
         weight = weight.detach()
@@ -46,13 +48,16 @@ class Linear:
         self.dense = self.dense_bias = None
         self.tiles: Optional[torch.Tensor] = None   # int8: the bf16 AMX tiles, packed on the first prefill
         self.panels: Optional[torch.Tensor] = None  # int8 without AMX: the weight panels, packed likewise
+        self.matrix: Optional[native_kernels.Int8Matrix] = None   # int8 on a CPU: what the decode kernel reads
         if kind == "int8":
             w = weight.float()
             scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
             self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
             self.scales = scales.contiguous()
             self.bias = None if bias is None else bias.detach().float().contiguous()
-            if weight.device.type != "cpu":
+            if weight.device.type == "cpu":
+                self.matrix = native_kernels.Int8Matrix(self.weight, self.scales, self.bias)
+            else:
                 self.dense = (self.weight.float() * scales[:, None]).to(torch.bfloat16).contiguous()
                 self.dense_bias = None if bias is None else bias.detach().to(torch.bfloat16)
         elif kind == "fp32":
@@ -85,7 +90,7 @@ class Linear:
                         if self.panels is None:
                             self.panels = native_kernels.pack_panels(self.weight)
                         return native_kernels.w8_panel_gemm(x, self.panels, self.scales, self.bias)
-                return native_kernels.w8_gemv(x.contiguous(), self.weight, self.scales, self.bias)
+                return self.matrix.gemv(x)
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
                                                    self.scales.to(torch.bfloat16)).float()
             return y if self.bias is None else y.add_(self.bias)

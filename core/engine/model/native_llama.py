@@ -22,8 +22,9 @@ Numerics ("dtype"):
   bf16  weights, activations and KV pool bf16 (fp32 accumulation inside the kernels).
   int8  weight-only int8 (one fp32 scale per output channel) for every projection and the LM head;
         on fp32 activations rounded to 16 significant bits (native_kernels.x16): on a CPU the C kernel
-        `w8_gemv` for decode-sized batches and AMX tiles (`w8_amx_gemm`, x16 as two bf16) for prefill-sized
-        ones, the same exact products summed in another order (native_linear.Linear). Activations and the
+        `w8_gemv` for decode-sized batches and, for prefill-sized ones, AMX tiles (`w8_amx_gemm`, x16 as two
+        bf16) or, on AVX-512 CPUs without AMX, weight panels (`w8_panel_gemm`): the same exact products
+        summed in another order (native_linear.Linear). Activations and the
         KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes).
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
 Refused (ValueError, route to the Hugging Face path): other families, non-SiLU MLPs, RoPE types
@@ -269,8 +270,9 @@ class NativeLlama(torch.nn.Module):
         kv_cast = kvd != self.act_dtype
         # fp32 activations on a CPU: residual add + RMSNorm, RoPE and SiLU*up as single C calls
         # (core/engine/model/native_kernels.c), for every batch size: at decode each replaces 6-8 torch ops of
-        # ~5 us dispatch each, at prefill 3-5 passes over memory; and a row's result does not depend on the
-        # batch it is in, so a token's hidden state is the same in a decode step and in a prefill chunk.
+        # ~5 us dispatch each, at prefill 3-5 passes over memory; a row's result does not depend on the batch
+        # it is in, so these kernels add no batch dependence of their own (the int8 projections' sums do, by
+        # fp32 rounding: native_linear.Linear).
         fused = self.act_dtype == torch.float32 and x.device.type == "cpu" and native_kernels.available()
         cos2, sin2 = cos[:, 0], sin[:, 0]                               # [T, D] for native_kernels.rope
 

@@ -1,7 +1,8 @@
 """The fused elementwise C kernels every fp32 forward on a CPU runs (residual add + RMSNorm, RoPE, SiLU * up):
 equal to the torch ops they replace (RoPE bit for bit, the others to fp32 rounding), and a row's result the same
-bits whatever the number of rows around it, below and above the size where rows are split across threads: what
-lets a token's hidden state be the same in a decode step and in a prefill chunk."""
+bits whatever the number of rows around it, below and above the size where rows are split across threads: these
+kernels add no batch dependence of their own (only the int8 projections' fp32 sums differ between a decode step
+and a prefill chunk)."""
 from __future__ import annotations
 
 import pytest
@@ -73,3 +74,39 @@ def test_a_row_gets_the_same_bits_alone_and_among_hundreds():
         assert torch.equal(native_kernels.add_rms_norm(x_one, many_d[i:i + 1], w, 1e-5), y_all[i:i + 1])
         assert torch.equal(native_kernels.silu_mul(gu[i:i + 1].contiguous()), s_all[i:i + 1])
         assert torch.equal(native_kernels.rope(qk[i:i + 1], cos[i:i + 1], sin[i:i + 1]), r_all[i:i + 1])
+
+
+def test_the_elementwise_kernels_refuse_what_they_would_misread_with_what_to_pass():
+    """The C kernels read raw pointers: a wrong dtype, a short table or an odd width must be an error, not
+    garbage read past the end."""
+    qk = torch.randn(4, 3, 8)
+    cos, sin = torch.randn(4, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match="cos must be contiguous fp32"):
+        native_kernels.rope(qk, cos.double(), sin)
+    with pytest.raises(ValueError, match=r"sin must be contiguous fp32 \[4, 8\]"):
+        native_kernels.rope(qk, cos, sin[:3])
+    with pytest.raises(ValueError, match="D even"):
+        native_kernels.rope(torch.randn(4, 3, 7), cos[:, :7].contiguous(), sin[:, :7].contiguous())
+    with pytest.raises(ValueError, match="fp32 CPU rows"):
+        native_kernels.rope(qk.double(), cos, sin)
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="updates x in place"):
+        native_kernels.add_rms_norm(torch.randn(8, 4).t(), None, torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="delta must be fp32"):
+        native_kernels.add_rms_norm(x, torch.randn(4, 7), torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="8 contiguous fp32"):
+        native_kernels.add_rms_norm(x, None, torch.ones(7), 1e-6)
+    with pytest.raises(ValueError, match=r"\[M, 2I\]"):
+        native_kernels.silu_mul(torch.randn(4, 7))
+    strided = torch.randn(8, 4).t()                                    # a transposed gate | up: copied, not misread
+    assert torch.equal(native_kernels.silu_mul(strided), native_kernels.silu_mul(strided.contiguous()))
+
+
+def test_kernels_turned_off_raise_a_clear_error_rather_than_crash():
+    previous = native_kernels.set_enabled(False)
+    try:
+        with pytest.raises(RuntimeError, match="not available here"):
+            native_kernels.silu_mul(torch.randn(2, 8))
+    finally:
+        native_kernels.set_enabled(previous)
+    assert native_kernels.silu_mul(torch.zeros(2, 8)).tolist() == [[0.0] * 4] * 2

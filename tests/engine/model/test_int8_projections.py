@@ -36,9 +36,12 @@ def weights(n: int, k: int, seed: int):
 
 
 def round16(x: torch.Tensor) -> torch.Tensor:
-    """x to 16 significant bits, to nearest, ties to even, written with frexp (not the kernels' bit trick)."""
+    """x to 16 significant bits, to nearest, ties to even, written with frexp (not the kernels' bit trick);
+    results below 2^-111 in magnitude flushed to a signed zero, from 2^128 up (past fp32) made inf."""
     m, e = torch.frexp(x.double())                     # x = m * 2^e, 0.5 <= |m| < 1
-    return torch.ldexp(torch.round(m * 2.0 ** 16), (e - 16).double())
+    r = torch.ldexp(torch.round(m * 2.0 ** 16), (e - 16).double())
+    r = torch.where(r.abs() < 2.0 ** -111, r * 0.0, r)
+    return torch.where(r.abs() >= 2.0 ** 128, r * math.inf, r)
 
 
 def exact(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -50,12 +53,62 @@ def test_activations_are_rounded_to_16_significant_bits_to_nearest_even_keeping_
     x = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 10
     assert torch.equal(native_kernels.x16(x).double(), round16(x))
     one = 1.0 + 2.0 ** -15                              # the last bit x16 keeps, just above 1
-    ties = torch.tensor([1.0 + 2.0 ** -16, one + 2.0 ** -16, -(1.0 + 2.0 ** -16), 3.0 * 2.0 ** -17])
-    assert native_kernels.x16(ties).tolist() == [1.0, one + 2.0 ** -15, -1.0, 3.0 * 2.0 ** -17]
+    ties = torch.tensor([1.0 + 2.0 ** -16, one + 2.0 ** -16, -(1.0 + 2.0 ** -16), (1.0 + 2.0 ** -16) * 2.0 ** -100])
+    assert native_kernels.x16(ties).tolist() == [1.0, one + 2.0 ** -15, -1.0, 2.0 ** -100]
+    above_a_tie = torch.tensor([1.0 + 2.0 ** -16 + 2.0 ** -20, 3.0 * 2.0 ** -17])     # not ties: to nearest
+    assert native_kernels.x16(above_a_tie).tolist() == [one, 3.0 * 2.0 ** -17]
     special = native_kernels.x16(torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0]))
     assert special[:2].tolist() == [float("inf"), -float("inf")] and special[2].isnan()
     assert special[3:].tolist() == [0.0, 0.0] and math.copysign(1, special[4]) == -1
     assert float((native_kernels.x16(x) - x).abs().div(x.abs()).max()) <= 2.0 ** -16
+
+
+def test_activations_too_small_for_two_normal_bf16_flush_to_zero_and_past_flt_max_round_to_inf():
+    """Below 2^-111 the low bf16 of x16 would be subnormal (AMX reads it as zero): flushed, sign kept."""
+    x = torch.tensor([2.0 ** -111, (2 - 2.0 ** -17) * 2.0 ** -112, (2 - 2.0 ** -15) * 2.0 ** -112, -2.0 ** -112,
+                      1e-40, 3.4028235e38, -3.4028235e38, 3.4027e38])
+    y = native_kernels.x16(x)
+    assert y.tolist() == [2.0 ** -111, 2.0 ** -111, 0.0, 0.0, 0.0, math.inf, -math.inf, round16(x[7:]).item()]
+    assert [math.copysign(1, v) for v in y[2:5].tolist()] == [1, -1, 1]
+    assert torch.equal(y.double(), round16(x))
+
+
+def edge_rows(k: int) -> torch.Tensor:
+    """Rows of finite values where the rounding has corners: ties, carries into the exponent, values around
+    2^-111, subnormals, the largest finite values, both signs."""
+    g = torch.Generator().manual_seed(k)
+    tiny = torch.tensor([2.0 ** -111, (2 - 2.0 ** -17) * 2.0 ** -112, (2 - 2.0 ** -15) * 2.0 ** -112, 1e-40,
+                         (1 + 2.0 ** -8 + 2.0 ** -15) * 2.0 ** -111, 9.2864e-37, 1.0 + 2.0 ** -16, 2 - 2.0 ** -17])
+    rows = [torch.randn(k, generator=g) * 10.0 ** e for e in (-36, -33, -3, 0, 30, 37)]
+    rows.append(tiny.repeat(k // 8 + 1)[:k] * torch.where(torch.rand(k, generator=g) < 0.5, -1.0, 1.0))
+    return torch.stack(rows)
+
+
+def test_the_kernels_round_exactly_as_x16_in_vector_lanes_and_in_the_scalar_tail():
+    """Identity weights make each kernel output its x16 itself: bit for bit what the Python x16 gives. K = 40:
+    the FMA kernel rounds 16 values per vector and the last ones one by one."""
+    k = 40
+    eye = torch.eye(k, dtype=torch.int8)
+    x = edge_rows(k)
+    y = native_kernels.w8_gemv(x, eye, torch.ones(k), torch.zeros(k))
+    assert torch.equal(y, native_kernels.x16(x)) and torch.equal(y.double(), round16(x))
+
+
+def test_every_int8_kernel_gives_the_same_bits_at_the_edges_of_x16():
+    """AMX tiles, weight panels and the FMA kernel on identity weights: the same x16 (no subnormal low bf16 that
+    AMX would drop, no nan from inf - inf), and inf and nan reach the outputs the same way."""
+    k = 64
+    eye, ones, zeros = torch.eye(k, dtype=torch.int8), torch.ones(k), torch.zeros(k)
+    x = torch.cat([edge_rows(k), torch.zeros(2, k)])
+    x[-2, 5], x[-1, 9] = math.inf, math.nan
+    want = native_kernels.w8_gemv(x, eye, ones, zeros)
+    assert torch.equal(want[:-2], native_kernels.x16(x[:-2]))
+    assert want[-2, 5] == math.inf and want[-1, 9].isnan()
+    kernels = [native_kernels.w8_panel_gemm(x, native_kernels.pack_panels(eye), ones, zeros)]
+    if native_kernels.amx_available():
+        kernels.append(native_kernels.w8_amx_gemm(x, native_kernels.pack_amx(eye), ones, zeros))
+    for y in kernels:
+        torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -95,12 +148,12 @@ def test_prefetching_the_weights_changes_no_bit(m):
     w, s, b = weights(3072, 576, m)
     x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
     with_prefetch = native_kernels.w8_gemv(x, w, s, b)
-    native_kernels.set_w8_prefetch(0)
+    previous = native_kernels.set_w8_prefetch(0)
     try:
         without = native_kernels.w8_gemv(x, w, s, b)
     finally:
-        native_kernels.set_w8_prefetch(4096)
-    assert torch.equal(with_prefetch, without)
+        assert native_kernels.set_w8_prefetch(previous) == 0
+    assert previous == 4096 and torch.equal(with_prefetch, without)
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
@@ -126,6 +179,26 @@ def test_weight_panels_refuse_sizes_and_rows_that_do_not_fit():
         native_kernels.w8_panel_gemm(torch.randn(40, 96), native_kernels.pack_panels(w), s, b)
     with pytest.raises(ValueError, match="fp32 rows"):
         native_kernels.w8_panel_gemm(torch.randn(40, 64).double(), native_kernels.pack_panels(w), s, b)
+
+
+def test_the_int8_kernels_refuse_what_they_would_misread_and_take_any_layout_of_rows():
+    w, s, b = weights(64, 64, 0)
+    panels = native_kernels.pack_panels(w)
+    x = torch.randn(5, 64)
+    with pytest.raises(ValueError, match="make them with pack_panels"):
+        native_kernels.w8_panel_gemm(x, panels.transpose(0, 1).contiguous().transpose(0, 1), s, b)
+    for short in ((s[:48], b), (s, b[:63])):
+        with pytest.raises(ValueError, match="must be 64 contiguous fp32 CPU values"):
+            native_kernels.w8_panel_gemm(x, panels, *short)
+        with pytest.raises(ValueError, match="must be 64 contiguous fp32 CPU values"):
+            native_kernels.w8_gemv(x, w, *short)
+    with pytest.raises(ValueError, match=r"fp32 CPU rows \[M, 64\]"):
+        native_kernels.w8_gemv(x.double(), w, s, b)
+    with pytest.raises(ValueError, match="contiguous int8"):
+        native_kernels.w8_gemv(x, w.t(), s, b)
+    strided = torch.randn(64, 5).t()
+    assert torch.equal(native_kernels.w8_gemv(strided, w, s, b), native_kernels.w8_gemv(strided.contiguous(), w, s, b))
+    assert native_kernels.w8_panel_gemm(torch.empty(0, 64), panels, s, b).shape == (0, 64)
 
 
 def test_without_amx_a_prefill_runs_on_weight_panels_and_keeps_its_rows():
