@@ -9,6 +9,7 @@
  *   x rounded to 16 significant bits: then each product x16[k] * q[n, k] is exact in fp32.
  * w8_amx_gemm: the same products for many rows (prefill) on AMX tiles (where the CPU and compiler have them).
  * w8_panel_gemm: the same products for many rows where there are no AMX tiles: FMAs on weight panels.
+ * amx_attention (amx_attention.c, compiled into the same module): a prefill's causal attention on AMX tiles.
  *
  * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
  * native_kernels.py says why): the code never relies on inf or nan (empty chunks are flagged, not -inf), so
@@ -22,6 +23,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "native_simd.h"
 
 static inline float bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v;
@@ -56,24 +58,6 @@ static inline void load_row(const void *base, int bf16, int64_t offset, int d, f
 typedef void (*chunk_fn)(const float *qf, const void *kbuf, const void *vbuf, int kv_bf16, const int64_t *sl,
                          int n, int KVH, int kh, int G, int D, float *s, float *pm, float *pl, float *po);
 
-#if defined(__AVX512F__)
-/* exp(x), 1-2 ulp for x up to 88.7 (inf beyond, 0 below -87.3), Cephes' expf polynomial; NaN stays NaN. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);       /* second operand returned for a NaN x */
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(y, n);
-}
-#endif
 
 /* Row-wise softmax numerators of scores s[g][0..n-1] (stride MAX_CHUNK), in place; m[g] = max, l[g] = sum.
  * AVX-512: 16 scores a step (max, exp512); a NaN score makes its row's m, l NaN (combine propagates it). */
@@ -731,7 +715,6 @@ int amx_ready(void) {   /* Linux hands out the tile registers on request only (a
     return amx_state == 1;
 }
 
-typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
 
 /* xb[m] = hi, lo of x16 of row m of x (rows M..Mp-1 zero), K % 32 == 0: hi keeps x16's top 16 bits (8
  * significant), lo = x16 - hi (exact, the other 8). */
@@ -962,6 +945,23 @@ static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
+                  int KVH, int D, float scale);   /* amx_attention.c */
+
+static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 11, "amx_attention")) return NULL;
+    const float *q = PTR(0); int64_t qs = I64(1); const float *k = PTR(2), *v = PTR(3); float *out = PTR(4);
+    int N = INT(5), M = INT(6), H = INT(7), KVH = INT(8), D = INT(9); float sc = FLT(10);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = amx_attention(q, qs, k, v, out, N, M, H, KVH, D, sc);
+    Py_END_ALLOW_THREADS
+    if (rc == -1) return PyErr_NoMemory();
+    if (rc) { PyErr_SetString(PyExc_RuntimeError, "amx_attention: these kernels were built without AMX"); return NULL; }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_amx_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 0, "amx_ready")) return NULL;
     return PyBool_FromLong(amx_ready());
@@ -1019,6 +1019,7 @@ static PyMethodDef METHODS[] = {
     {"w8_panel_gemm", (PyCFunction)(void (*)(void))py_w8_panel_gemm, METH_FASTCALL, NULL},
     {"panel_gemm_fast", (PyCFunction)(void (*)(void))py_panel_gemm_fast, METH_FASTCALL, NULL},
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
+    {"amx_attention", (PyCFunction)(void (*)(void))py_amx_attention, METH_FASTCALL, NULL},
     {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, METH_FASTCALL, NULL},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, NULL},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},

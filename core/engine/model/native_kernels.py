@@ -30,6 +30,9 @@ import torch
 from core import env
 
 SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
+# compiled together into one module (SOURCE holds its Python bindings); the header is hashed, not compiled
+SOURCES = [SOURCE, SOURCE.with_name("amx_attention.c")]
+HEADERS = [SOURCE.with_name("native_simd.h")]
 # Not -ffast-math: linking with it pulls in crtfastmath.o, which turns on flush-to-zero for the whole
 # process at load time (numpy, hypothesis and every float in Python then lose subnormals). These flags
 # give the vectoriser what it needs (reassociated sums, fused multiply-add) without touching FP state.
@@ -61,7 +64,7 @@ def _cache_dir() -> pathlib.Path:
 
 
 def _build():
-    """Compile core/engine/model/native_kernels.c as a CPython extension module (once per source/flags/CPU) and import it."""
+    """Compile SOURCES as one CPython extension module (once per source/flags/CPU) and import it."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc/cc) on PATH")
@@ -69,7 +72,7 @@ def _build():
     if not os.path.isfile(os.path.join(include, "Python.h")):
         raise RuntimeError(f"no Python.h in {include} (install the Python development headers)")
     flags = FLAGS + ["-DNATIVE_PYMODULE", f"-I{include}"]
-    src = SOURCE.read_bytes()
+    src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
     key = hashlib.sha256(src + " ".join([cc, sys.version] + flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
     folder = _cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -78,7 +81,7 @@ def _build():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         try:
-            res = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+            res = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:2000]}")
             os.chmod(tmp, 0o755)
@@ -385,3 +388,37 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     _built().w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(),
                      m, n, k)
     return y
+
+
+def amx_attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether `amx_attention` runs this attention here: AMX available, a CPU tensor, head_dim a multiple of 32
+    up to MAX_D, whole groups of query heads per KV head."""
+    return (device.type == "cpu" and head_dim % 32 == 0 and head_dim <= MAX_D and heads % kv_heads == 0
+            and amx_available())
+
+
+def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of a prefill's n new queries over its m keys, on AMX tiles (amx_attention.c says how:
+    each operand as two bf16, fp32 accumulators, ~2^-15 relative to fp32 attention; a row's result does not
+    depend on how its prompt was chunked). q [n, H, D] fp32 (rows may be strided, heads and D contiguous);
+    k, v [m, KVH, D] fp32, m >= n: the cached prefix's keys then the queries' own, query i at position
+    m - n + i seeing keys 0 .. m - n + i. Returns [n, H, D] fp32."""
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"amx_attention takes q [n, H, D] and k, v [m, KVH, D], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    n, h, d = q.shape
+    m, kvh = k.shape[0], k.shape[1]
+    if not amx_attention_fits(q.device, h, kvh, d) or k.shape[2] != d:
+        raise ValueError(f"amx_attention does not fit {h} heads over {kvh} KV heads of size {d} here (needs AMX, "
+                         f"head_dim a multiple of 32 up to {MAX_D}, whole head groups); use torch's attention")
+    if m < n:
+        raise ValueError(f"amx_attention needs at least as many keys as queries (their own), got {m} < {n}")
+    if any(t.dtype != torch.float32 for t in (q, k, v)):
+        raise ValueError(f"amx_attention takes fp32 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    k, v = k.contiguous(), v.contiguous()
+    out = torch.empty((n, h, d), dtype=torch.float32)
+    _built().amx_attention(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, m, h, kvh, d,
+                           float(scale))
+    return out

@@ -272,6 +272,24 @@ def attend_prefixed(p: Padded, prefix: int, q: torch.Tensor, k: torch.Tensor, v:
     return o[0].transpose(0, 1)
 
 
+def prefix_and_own(p: Padded, prefix: int, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
+                   v_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's keys and values in order, as fp32 [prefix + n, KVH, D]: its `prefix` cached ones gathered
+    from the pool (p: its padded plan, one row), then its n new ones (k, v [n, KVH, D]). What
+    native_kernels.amx_attention reads: one call over every key instead of attend_prefixed's two."""
+    n, kvh, d = k.shape
+    ks = p.buffer("k_all", (prefix + n, kvh, d), torch.float32)
+    vs = p.buffer("v_all", (prefix + n, kvh, d), torch.float32)
+    slots = p.slots[:prefix]
+    for buf, own, dst in ((k_buf, k, ks), (v_buf, v, vs)):
+        if buf.dtype == torch.float32:
+            torch.index_select(buf, 0, slots, out=dst[:prefix])
+        else:
+            dst[:prefix] = buf.index_select(0, slots)
+        dst[prefix:] = own
+    return ks, vs
+
+
 FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu   # (out, logsumexp); GQA by head count
 
 

@@ -42,7 +42,7 @@ from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
 from core.engine.model.native_linear import Linear
 from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_decodes, attend_padded,
-                                             attend_prefixed, fresh_causal_mask, rope_tables)
+                                             attend_prefixed, fresh_causal_mask, prefix_and_own, rope_tables)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
@@ -326,7 +326,15 @@ class NativeLlama(torch.nn.Module):
         if dec is not None:
             o = attend_decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, self.scale)
             out.index_copy_(0, plan.decode_idx, o)
-        if plan.fresh is not None:
+        tiles = window is None and self.mode == "int8" and native_kernels.amx_attention_fits(
+            q.device, h, k.shape[1], d)
+        if plan.fresh is not None and tiles:
+            s, n = plan.fresh
+            o = native_kernels.amx_attention(q[s:s + n], k[s:s + n], v[s:s + n], self.scale)
+            if s == 0 and n == t:
+                return o
+            out[s:s + n] = o
+        elif plan.fresh is not None:
             s, n = plan.fresh
             mask = fresh_causal_mask(n, window, q.device)
             # 4-D inputs: with 3-D ones CPU SDPA takes the O(n^2)-memory math path (4x slower at n=1024)
@@ -336,6 +344,14 @@ class NativeLlama(torch.nn.Module):
             if s == 0 and n == t:
                 return o.transpose(0, 1)
             out[s:s + n] = o.transpose(0, 1)
+        if plan.prefixed is not None and tiles:
+            s, n, prefix = plan.prefixed
+            o = native_kernels.amx_attention(q[s:s + n], *prefix_and_own(plan.extends[0], prefix, k[s:s + n],
+                                                                         v[s:s + n], k_buf, v_buf), self.scale)
+            if s == 0 and n == t:
+                return o
+            out[s:s + n] = o
+            return out
         if plan.prefixed is not None and window is None and q.device.type == "cpu":
             s, n, prefix = plan.prefixed
             o = attend_prefixed(plan.extends[0], prefix, q[s:s + n], k[s:s + n], v[s:s + n], k_buf, v_buf,

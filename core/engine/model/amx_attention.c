@@ -1,0 +1,247 @@
+/* Prefill attention on AMX tiles: one request's n new queries over its m keys (the cached prefix's and their own),
+ * causal, in fp32 precision from bf16 tiles.
+ *
+ * Why: a long prompt's prefill spent 60 % of its time in attention (torch's CPU flash kernel, fp32 FMAs, ~230
+ * GFLOP/s here), and AMX multiplies bf16 tiles ~16x faster than AVX-512 multiplies fp32. One bf16 holds 8
+ * significant bits, too few: each operand is split in two bf16, x = hi + lo (16 bits, relative error <= 2^-17),
+ * and a product is hi*hi' + hi*lo' + lo*hi' (the lo*lo' term, below 2^-16 of the product, dropped), each exact in
+ * the fp32 accumulators. So the scores and the weighted values are within ~2^-15 of fp32's, not bit for bit.
+ *
+ * A query row's result depends only on its own scores: keys run in blocks of 32 aligned to absolute positions
+ * 0, 32, 64, ..., each row keeps its own running max and sum (online softmax), and a block with no visible key
+ * for a row adds exactly nothing to it. So a token's attention is the same bits whether its prompt came whole,
+ * in chunks or after a cached prefix (what the K/V are aside), and whatever rows share its tile.
+ *
+ * Layouts (bf16 as uint16): q rows [n][H][D] fp32 (row stride qs floats), k/v [m][KVH][D] fp32 contiguous,
+ * out [n][H][D] fp32 contiguous. Query i sits at position m - n + i and sees keys 0 .. m - n + i. D % 32 == 0,
+ * D <= 256, H % KVH == 0. Returns -1 when out of memory, -2 where built without AMX. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "native_simd.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
+
+#define QROWS 32   /* query rows per work item: two row tiles */
+#define KBLK 32    /* keys per block (two score tiles, one value tile pass) */
+
+/* 16 fp32 -> hi (their top 16 bits: a truncated bf16) and lo (x - hi rounded to the nearest bf16), each as 16
+ * bf16 in the low halves of 32-bit lanes */
+static inline void split_bf16x2(__m512 x, __m512i *hi, __m512i *lo) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i h = _mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u));
+    const __m512i r = _mm512_castps_si512(_mm512_sub_ps(x, _mm512_castsi512_ps(h)));
+    const __m512i rnd = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                         _mm512_and_si512(_mm512_srli_epi32(r, 16), _mm512_set1_epi32(1)));
+    *hi = _mm512_srli_epi32(h, 16);
+    *lo = _mm512_srli_epi32(_mm512_add_epi32(r, rnd), 16);
+}
+
+/* queries as A tiles: qh/ql [H][np][D], row-major (np = n rounded up to QROWS, extra rows zero) */
+static void pack_queries(const float *q, int64_t qs, int n, int np, int H, int D, uint16_t *qh, uint16_t *ql) {
+    #pragma omp parallel for schedule(static)
+    for (int i = 0; i < np; i++) {
+        for (int h = 0; h < H; h++) {
+            uint16_t *dh = qh + ((int64_t)h * np + i) * D, *dl = ql + ((int64_t)h * np + i) * D;
+            if (i >= n) { memset(dh, 0, (size_t)D * 2); memset(dl, 0, (size_t)D * 2); continue; }
+            const float *row = q + (int64_t)i * qs + (int64_t)h * D;
+            for (int d = 0; d < D; d += 16) {
+                __m512i hi, lo;
+                split_bf16x2(_mm512_loadu_ps(row + d), &hi, &lo);
+                _mm256_storeu_si256((__m256i *)(dh + d), _mm512_cvtepi32_epi16(hi));
+                _mm256_storeu_si256((__m256i *)(dl + d), _mm512_cvtepi32_epi16(lo));
+            }
+        }
+    }
+}
+
+/* keys as B tiles of the scores: [KVH][mp/16][D/32] tiles of [16 pairs of d][16 keys][2] (VNNI) */
+static void pack_keys(const float *k, int m, int mp, int KVH, int D, uint16_t *kh, uint16_t *kl) {
+    const int DS = D / 32;
+    #pragma omp parallel for schedule(static)
+    for (int key = 0; key < mp; key++) {
+        const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                 _mm512_set1_epi32(16));
+        for (int g = 0; g < KVH; g++) {
+            for (int ds = 0; ds < DS; ds++) {
+                const int64_t tile = (((int64_t)g * (mp / 16) + key / 16) * DS + ds) * 512;
+                uint32_t *th = (uint32_t *)(kh + tile) + key % 16, *tl = (uint32_t *)(kl + tile) + key % 16;
+                if (key >= m) {
+                    for (int r = 0; r < 16; r++) th[r * 16] = tl[r * 16] = 0;
+                    continue;
+                }
+                const float *src = k + ((int64_t)key * KVH + g) * D + ds * 32;
+                __m512i h0, l0, h1, l1;
+                split_bf16x2(_mm512_loadu_ps(src), &h0, &l0);
+                split_bf16x2(_mm512_loadu_ps(src + 16), &h1, &l1);
+                /* 32 bf16 in d order = 16 dwords, dword r = (d 2r, d 2r+1): row r of the tile, column key % 16 */
+                const __m512i ph = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(h0)),
+                                                      _mm512_cvtepi32_epi16(h1), 1);
+                const __m512i pl = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l0)),
+                                                      _mm512_cvtepi32_epi16(l1), 1);
+                _mm512_i32scatter_epi32(th, lanes, ph, 4);
+                _mm512_i32scatter_epi32(tl, lanes, pl, 4);
+            }
+        }
+    }
+}
+
+/* values as B tiles of the weighted sum: [KVH][mp/32][D/16] tiles of [16 pairs of keys][16 d][2] (VNNI) */
+static void pack_values(const float *v, int m, int mp, int KVH, int D, uint16_t *vh, uint16_t *vl) {
+    const int DC = D / 16;
+    #pragma omp parallel for schedule(static)
+    for (int pair = 0; pair < mp / 2; pair++) {
+        const int k0 = 2 * pair, kb = k0 / KBLK, r = (k0 % KBLK) / 2;
+        for (int g = 0; g < KVH; g++) {
+            for (int dc = 0; dc < DC; dc++) {
+                const int64_t at = (((int64_t)g * (mp / KBLK) + kb) * DC + dc) * 512 + r * 32;
+                __m512i h0 = _mm512_setzero_si512(), l0 = h0, h1 = h0, l1 = h0;
+                if (k0 < m) split_bf16x2(_mm512_loadu_ps(v + ((int64_t)k0 * KVH + g) * D + dc * 16), &h0, &l0);
+                if (k0 + 1 < m)
+                    split_bf16x2(_mm512_loadu_ps(v + ((int64_t)(k0 + 1) * KVH + g) * D + dc * 16), &h1, &l1);
+                _mm512_storeu_si512((void *)(vh + at), _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+                _mm512_storeu_si512((void *)(vl + at), _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
+            }
+        }
+    }
+}
+
+/* The softmax of one row's block of KBLK scores: running max mx and sums sumv (16 lanes, added up at the end),
+ * o rescaled when the max grows, the block's weights p as two bf16 (ph, pl). seen: keys of the block the row
+ * sees (>= 1). */
+static inline void softmax_row(const float *s, int seen, float scale, float *mx, float *sumv, float *o, int D,
+                               uint16_t *ph, uint16_t *pl) {
+    const uint32_t bits = seen >= KBLK ? 0xFFFFFFFFu : (1u << seen) - 1u;
+    const __mmask16 k0 = (__mmask16)bits, k1 = (__mmask16)(bits >> 16);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 s0 = _mm512_mask_loadu_ps(ninf, k0, s), s1 = _mm512_mask_loadu_ps(ninf, k1, s + 16);
+    const float bmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)) * scale;
+    if (bmax > *mx) {
+        const __m512 a = _mm512_set1_ps(expf(*mx - bmax));            /* 0 on the first block */
+        _mm512_store_ps(sumv, _mm512_mul_ps(_mm512_load_ps(sumv), a));
+        for (int d = 0; d < D; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), a));
+        *mx = bmax;
+    }
+    const __m512 sc = _mm512_set1_ps(scale), mv = _mm512_set1_ps(*mx);
+    const __m512 p0 = _mm512_maskz_mov_ps(k0, exp512(_mm512_fmsub_ps(s0, sc, mv)));
+    const __m512 p1 = _mm512_maskz_mov_ps(k1, exp512(_mm512_fmsub_ps(s1, sc, mv)));
+    _mm512_store_ps(sumv, _mm512_add_ps(_mm512_load_ps(sumv), _mm512_add_ps(p0, p1)));
+    __m512i hi, lo;
+    split_bf16x2(p0, &hi, &lo);
+    _mm256_store_si256((__m256i *)ph, _mm512_cvtepi32_epi16(hi));
+    _mm256_store_si256((__m256i *)pl, _mm512_cvtepi32_epi16(lo));
+    split_bf16x2(p1, &hi, &lo);
+    _mm256_store_si256((__m256i *)(ph + 16), _mm512_cvtepi32_epi16(hi));
+    _mm256_store_si256((__m256i *)(pl + 16), _mm512_cvtepi32_epi16(lo));
+}
+
+/* One head's QROWS query rows q0.. against every key block they see. Tiles: 0-3 accumulators (two row tiles x
+ * two column tiles, so consecutive TDPBF16PS never wait on one another), 4-5 row operands, 6-7 column operands. */
+static void attend_rows(const uint16_t *qh, const uint16_t *ql, const uint16_t *kh, const uint16_t *kl,
+                        const uint16_t *vh, const uint16_t *vl, float *out, int h, int g, int q0, int n, int m,
+                        int np, int mp, int H, int D, float scale) {
+    const int rows = n - q0 < QROWS ? n - q0 : QROWS, p0 = m - n, DS = D / 32, DC = D / 16;
+    const int nkb = (p0 + q0 + rows - 1) / KBLK + 1;
+    float o[QROWS][256] __attribute__((aligned(64)));
+    float s[QROWS][KBLK] __attribute__((aligned(64)));
+    float pv[QROWS][32] __attribute__((aligned(64)));
+    float sumv[QROWS][16] __attribute__((aligned(64)));
+    uint16_t ph[QROWS][KBLK] __attribute__((aligned(64))), pl[QROWS][KBLK] __attribute__((aligned(64)));
+    float mx[QROWS];
+    for (int r = 0; r < QROWS; r++) mx[r] = -INFINITY;
+    memset(o, 0, sizeof o);
+    memset(sumv, 0, sizeof sumv);
+    memset(ph, 0, sizeof ph);
+    memset(pl, 0, sizeof pl);
+    const uint16_t *qa = qh + ((int64_t)h * np + q0) * D, *qb = qa + 16 * D;       /* hi of row tiles 0, 1 */
+    const uint16_t *la = ql + ((int64_t)h * np + q0) * D, *lb = la + 16 * D;       /* lo */
+    const int qstride = D * 2;
+    for (int kb = 0; kb < nkb; kb++) {
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int ds = 0; ds < DS; ds++) {   /* scores: qh.kh + ql.kh + qh.kl */
+            const int64_t t0 = (((int64_t)g * (mp / 16) + 2 * kb) * DS + ds) * 512, t1 = t0 + (int64_t)DS * 512;
+            _tile_loadd(6, kh + t0, 64); _tile_loadd(7, kh + t1, 64);
+            _tile_loadd(4, qa + ds * 32, qstride); _tile_loadd(5, qb + ds * 32, qstride);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(4, la + ds * 32, qstride); _tile_loadd(5, lb + ds * 32, qstride);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(6, kl + t0, 64); _tile_loadd(7, kl + t1, 64);
+            _tile_loadd(4, qa + ds * 32, qstride); _tile_loadd(5, qb + ds * 32, qstride);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, &s[0][0], KBLK * 4); _tile_stored(1, &s[0][16], KBLK * 4);
+        _tile_stored(2, &s[16][0], KBLK * 4); _tile_stored(3, &s[16][16], KBLK * 4);
+        for (int r = 0; r < rows; r++) {
+            const int seen = p0 + q0 + r - kb * KBLK + 1;        /* keys of this block row r sees */
+            if (seen <= 0) {   /* none: no change, and a zero row of weights */
+                memset(ph[r], 0, sizeof ph[r]); memset(pl[r], 0, sizeof pl[r]);
+                continue;
+            }
+            softmax_row(s[r], seen, scale, &mx[r], sumv[r], o[r], D, ph[r], pl[r]);
+        }
+        for (int dc = 0; dc < DC; dc += 2) {   /* weighted values: ph.vh + pl.vh + ph.vl, 32 columns a pass */
+            const int64_t t0 = (((int64_t)g * (mp / KBLK) + kb) * DC + dc) * 512, t1 = t0 + 512;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            _tile_loadd(4, &ph[0][0], KBLK * 2); _tile_loadd(5, &ph[16][0], KBLK * 2);
+            _tile_loadd(6, vh + t0, 64); _tile_loadd(7, vh + t1, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(6, vl + t0, 64); _tile_loadd(7, vl + t1, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(4, &pl[0][0], KBLK * 2); _tile_loadd(5, &pl[16][0], KBLK * 2);
+            _tile_loadd(6, vh + t0, 64); _tile_loadd(7, vh + t1, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            _tile_stored(0, &pv[0][0], 128); _tile_stored(1, &pv[0][16], 128);
+            _tile_stored(2, &pv[16][0], 128); _tile_stored(3, &pv[16][16], 128);
+            for (int r = 0; r < rows; r++) {
+                float *od = o[r] + dc * 16;
+                _mm512_store_ps(od, _mm512_add_ps(_mm512_load_ps(od), _mm512_load_ps(pv[r])));
+                _mm512_store_ps(od + 16, _mm512_add_ps(_mm512_load_ps(od + 16), _mm512_load_ps(pv[r] + 16)));
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(sumv[r])));
+        float *dst = out + ((int64_t)(q0 + r) * H + h) * D;
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_load_ps(o[r] + d), inv));
+    }
+}
+
+int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
+                  int KVH, int D, float scale) {
+    if (n <= 0) return 0;
+    const int np = (n + QROWS - 1) / QROWS * QROWS, mp = (m + KBLK - 1) / KBLK * KBLK, G = H / KVH;
+    const size_t qn = (size_t)H * np * D, kn = (size_t)KVH * mp * D;
+    uint16_t *buf = (uint16_t *)malloc((2 * qn + 4 * kn) * sizeof(uint16_t));
+    if (!buf) return -1;
+    uint16_t *qh = buf, *ql = qh + qn, *kh = ql + qn, *kl = kh + kn, *vh = kl + kn, *vl = vh + kn;
+    pack_queries(q, qs, n, np, H, D, qh, ql);
+    pack_keys(k, m, mp, KVH, D, kh, kl);
+    pack_values(v, m, mp, KVH, D, vh, vl);
+    const int nqb = np / QROWS;
+    #pragma omp parallel
+    {
+        tile_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+        _tile_loadconfig(&cfg);
+        /* the last query blocks see the most keys: hand them out first */
+        #pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < nqb * H; it++) {
+            const int qb = nqb - 1 - it / H, h = it % H;
+            attend_rows(qh, ql, kh, kl, vh, vl, out, h, h / G, qb * QROWS, n, m, np, mp, H, D, scale);
+        }
+        _tile_release();
+    }
+    free(buf);
+    return 0;
+}
+#else
+int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
+                  int KVH, int D, float scale) {
+    (void)q; (void)qs; (void)k; (void)v; (void)out; (void)n; (void)m; (void)H; (void)KVH; (void)D; (void)scale;
+    return -2;
+}
+#endif

@@ -1,0 +1,30 @@
+/* What the C kernels of the native path share (native_kernels.c, amx_attention.c): the vector exp and the AMX tile
+ * configuration. native_kernels.py hashes this header with the sources, so a change here rebuilds them. */
+#ifndef NATIVE_SIMD_H
+#define NATIVE_SIMD_H
+#include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* exp(x), 1-2 ulp for x up to 88.7 (inf beyond, 0 below -87.3), Cephes' expf polynomial; NaN stays NaN. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);       /* second operand returned for a NaN x */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(y, n);
+}
+#endif
+
+/* the 64-byte block LDTILECFG reads (palette 1: 8 tiles, each up to 16 rows of 64 bytes) */
+typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
+
+#endif /* NATIVE_SIMD_H */

@@ -1,0 +1,108 @@
+"""Prefill attention on AMX tiles (native_kernels.amx_attention, amx_attention.c): within ~2^-15 of exact attention
+(each operand as two bf16), and a query row's result the same bits however its prompt was chunked or cached and
+whatever rows share its tile. On a CPU without AMX the kernel refuses and the model keeps torch's attention."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core.engine.model import native_kernels
+from tests.engine.model.require_kernels import require_kernels
+
+
+@pytest.fixture(autouse=True)
+def kernels():
+    require_kernels()
+
+
+def qkv(n: int, m: int, heads: int, kv_heads: int, d: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, heads, d, generator=g) * 2, torch.randn(m, kv_heads, d, generator=g) * 2,
+            torch.randn(m, kv_heads, d, generator=g))
+
+
+def exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention in float64, query i at position m - n + i."""
+    n, m = q.shape[0], k.shape[0]
+    mask = torch.ones(n, m, dtype=torch.bool).tril(m - n)
+    o = F.scaled_dot_product_attention(q.double().transpose(0, 1)[None], k.double().transpose(0, 1)[None],
+                                       v.double().transpose(0, 1)[None], attn_mask=mask, scale=scale,
+                                       enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+def amx_here() -> bool:
+    """Whether this CPU runs the kernel; where not, it must refuse (what the model then checks to keep torch's)."""
+    if native_kernels.amx_attention_fits(torch.device("cpu"), 9, 3, 64):
+        return True
+    with pytest.raises(ValueError, match="use torch's attention"):
+        native_kernels.amx_attention(*qkv(4, 4, 9, 3, 64, 0), 0.125)
+    return False
+
+
+SHAPES = [  # n, m, heads, kv heads, head_dim: SmolLM2's 9 over 3 at 64, MHA at 128, 32; tails of 16 and 32
+    (1, 1, 9, 3, 64), (5, 5, 9, 3, 64), (37, 37, 9, 3, 64), (20, 100, 9, 3, 64), (100, 100, 4, 4, 128),
+    (300, 333, 9, 3, 64), (64, 64, 2, 1, 32), (17, 545, 9, 3, 64)]
+
+
+@pytest.mark.parametrize("n,m,heads,kv_heads,d", SHAPES)
+def test_amx_attention_is_within_2_to_the_minus_15_of_exact_causal_attention(n, m, heads, kv_heads, d):
+    q, k, v = qkv(n, m, heads, kv_heads, d, n + m)
+    if not amx_here():
+        return
+    got = native_kernels.amx_attention(q, k, v, d ** -0.5)
+    want = exact(q, k, v, d ** -0.5)
+    assert got.shape == (n, heads, d) and got.dtype == torch.float32
+    err = float((got.double() - want).abs().max() / v.abs().max())
+    assert err < 2.0 ** -11                      # measured 1e-5 .. 5e-5 on these scores (|s| up to ~20)
+    one_bf16 = exact(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), d ** -0.5)
+    assert err < float((one_bf16 - want).abs().max() / v.abs().max()) / 8   # far better than plain bf16
+
+
+def test_a_rows_result_is_the_same_bits_whole_in_chunks_or_after_a_cached_prefix():
+    """Keys in blocks aligned to absolute positions, per-row running max and sum: a row does not see how its
+    prompt was cut (cut points off the 16-row tiles and 32-key blocks on purpose)."""
+    if not amx_here():
+        return
+    q, k, v = qkv(300, 300, 9, 3, 64, 1)
+    whole = native_kernels.amx_attention(q, k, v, 0.125)
+    for cut in (1, 13, 47, 100, 299):
+        rest = native_kernels.amx_attention(q[cut:], k, v, 0.125)
+        head = native_kernels.amx_attention(q[:cut], k[:cut], v[:cut], 0.125)
+        assert torch.equal(torch.cat([head, rest]), whole)
+    for i in (0, 31, 150, 299):
+        alone = native_kernels.amx_attention(q[i:i + 1], k[:i + 1], v[:i + 1], 0.125)
+        assert torch.equal(alone[0], whole[i])
+
+
+def test_strided_query_rows_are_read_in_place_like_contiguous_ones():
+    if not amx_here():
+        return
+    q, k, v = qkv(40, 40, 9, 3, 64, 2)
+    fused = torch.cat([q.reshape(40, -1), torch.randn(40, 3 * 64 * 2)], dim=1)     # a QKV row's q columns
+    strided = fused[:, :9 * 64].view(40, 9, 64)
+    assert not strided.is_contiguous()
+    assert torch.equal(native_kernels.amx_attention(strided, k, v, 0.125), native_kernels.amx_attention(q, k, v, 0.125))
+
+
+def test_amx_attention_refuses_shapes_it_cannot_run_with_what_to_change():
+    q, k, v = qkv(8, 8, 4, 2, 48, 3)
+    with pytest.raises(ValueError, match="head_dim a multiple of 32"):
+        native_kernels.amx_attention(q, k, v, 0.1)
+    q, k, v = qkv(8, 4, 4, 2, 64, 3)
+    error = "at least as many keys" if amx_here() else "use torch's attention"
+    with pytest.raises(ValueError, match=error):
+        native_kernels.amx_attention(q, k, v, 0.1)
+    q, k, v = qkv(8, 8, 4, 2, 64, 3)
+    with pytest.raises(ValueError, match="fp32 q, k, v" if amx_here() else "use torch's attention"):
+        native_kernels.amx_attention(q.double(), k, v, 0.1)
+    with pytest.raises(ValueError, match=r"k, v \[m, KVH, D\]"):
+        native_kernels.amx_attention(q, k, v[:, :1], 0.1)
+    previous = native_kernels.set_amx(False)
+    try:
+        assert not native_kernels.amx_attention_fits(torch.device("cpu"), 4, 2, 64)
+        with pytest.raises(ValueError, match="use torch's attention"):
+            native_kernels.amx_attention(q, k, v, 0.1)
+    finally:
+        native_kernels.set_amx(previous)

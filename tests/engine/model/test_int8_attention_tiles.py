@@ -1,0 +1,95 @@
+"""The int8 model's prefill attention on AMX tiles (native_kernels.amx_attention) inside NativeLlama: near torch's
+fp32 attention, the same logits however the prompt is chunked or cached, greedy cache on == cache off through the
+Engine, and fp32 mode untouched (still HF's logits). A model with head_dim 64, as SmolLM2's: the tiny models of
+the other tests (head_dim 16) do not fit the tiles."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from core.engine.engine import Engine
+from core.engine.model import native_kernels
+from core.engine.model.forward_batch import ForwardBatch
+from core.engine.model.native_llama import NativeLlama
+from core.engine.model.runner import ModelRunner
+from core.engine.sampling import SamplingParams
+from tests.engine.model.require_kernels import require_kernels
+
+ATOL = 1e-5
+# K/V that differ by fp32 rounding (~1e-7: a chunk's projections sum in another order) can fall on either side of
+# a 16-bit split step of the tiles, so a cached or chunked prompt's logits may move by ~2^-16 of their size
+TILES_ATOL = 5e-5
+
+
+@pytest.fixture(autouse=True)
+def kernels():
+    require_kernels()
+
+
+def make_ref(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=3,
+                      num_key_value_heads=1, vocab_size=128, max_position_embeddings=512)
+    cfg.eos_token_id = None
+    ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    ref.generation_config.eos_token_id = None
+    return ref
+
+
+IDS = torch.randint(1, 128, (96,), generator=torch.Generator().manual_seed(4)).tolist()
+SLOTS = torch.randperm(120, generator=torch.Generator().manual_seed(5))[:96] + 1
+
+
+def last_logits(native: NativeLlama, cut: int) -> torch.Tensor:
+    """The prompt's last logits: whole (cut 0), or its first `cut` tokens first and the rest after them."""
+    pool = native.make_pool(128)
+    if cut:
+        native.forward(ForwardBatch.build([(IDS[:cut], [], SLOTS[:cut])]), pool)
+    return native.forward(ForwardBatch.build([(IDS[cut:], SLOTS[:cut], SLOTS[cut:])]), pool)[-1]
+
+
+def torch_attention(monkeypatch) -> None:
+    monkeypatch.setattr(native_kernels, "amx_attention_fits", lambda *a: False)
+
+
+@pytest.mark.parametrize("cut", [0, 24])   # a fresh prompt, and 72 tokens after a 24-token cached prefix
+def test_int8_prefill_attention_on_tiles_stays_near_torch_attention(cut, monkeypatch):
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    tiles = last_logits(native, cut)
+    torch_attention(monkeypatch)
+    plain = last_logits(native, cut)
+    diff = float((tiles - plain).abs().max() / plain.abs().max())
+    if native_kernels.amx_available():
+        assert 0 < diff < 1e-3        # another kernel ran (~2^-15 per score), and moved nothing that matters
+    else:
+        assert diff == 0              # no tiles here: torch's attention both times
+
+
+def test_int8_logits_with_tiled_attention_do_not_depend_on_chunking_or_caching():
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    whole = last_logits(native, 0)
+    for cut in (7, 17, 40, 95):
+        torch.testing.assert_close(last_logits(native, cut), whole, atol=TILES_ATOL, rtol=0)
+
+
+def test_int8_greedy_with_tiled_attention_is_the_same_with_the_cache_on_and_off():
+    runner = ModelRunner.from_hf(make_ref(1), device="cpu", impl="native", numerics="int8")
+    g = torch.Generator().manual_seed(6)
+    system = torch.randint(1, 128, (70,), generator=g).tolist()
+    prompts = [system + torch.randint(1, 128, (int(n),), generator=g).tolist() for n in (5, 40, 17, 33, 1)]
+    outs = []
+    for disable in (False, True):
+        engine = Engine(runner, pool_slots=1024, max_prefill_tokens=48, disable_radix_cache=disable)
+        outs.append([c.token_ids for c in engine.generate(prompts, SamplingParams(max_new_tokens=12))])
+        assert (engine.metrics.cached_tokens == 0) == disable
+    assert outs[0] == outs[1]
+
+
+def test_fp32_mode_keeps_torch_attention_and_hf_logits():
+    ref = make_ref()
+    native = NativeLlama.from_hf(ref, dtype="fp32")
+    with torch.no_grad():
+        want = ref(torch.tensor([IDS])).logits[0, -1]
+    for cut in (0, 24):
+        torch.testing.assert_close(last_logits(native, cut), want, atol=ATOL, rtol=0)
