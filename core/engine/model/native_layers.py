@@ -134,6 +134,10 @@ class AttentionPlan:
       would cost more than PAD_FACTOR times the real work; then the batch's own groups (few calls).
     * prefixed: when those are one request after a cached prefix, layers without a sliding window run
       `attend_prefixed` (prefix keys and own keys in two flash calls) instead of its padded call.
+    * tiled (build's `tiles`: the int8 model with AMX attention, no sliding window): every extend, long or
+      short, cached prefix or not, in its own native_kernels.amx_attention call, the decodes as above. One
+      kernel for every prompt token, so a token's attention does not depend on how its prompt was chunked
+      or cached (the decode kernel and the tiles differ by ~1e-5; mixing them flipped greedy tokens).
     """
 
     num_tokens: int
@@ -142,9 +146,10 @@ class AttentionPlan:
     fresh: Optional[tuple[int, int]] = None     # (start, length) of a lone uncached extend
     extends: list[Padded] = field(default_factory=list)
     prefixed: Optional[tuple[int, int, int]] = None   # (start, length, prefix) of a lone extend after a prefix
+    tiled: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)   # (start, length, prefix slots)
 
     @classmethod
-    def build(cls, batch: ForwardBatch, row_kernel: bool = False) -> "AttentionPlan":
+    def build(cls, batch: ForwardBatch, row_kernel: bool = False, tiles: bool = False) -> "AttentionPlan":
         """`row_kernel`: the C decode kernel can run this model's attention (CPU, its shapes); then
         short extends (at most ROW_KERNEL_MAX_QUERIES new tokens, a cached prefix or company in the
         batch) join the decodes, one kernel row per query token, reading their keys from the pool
@@ -152,6 +157,14 @@ class AttentionPlan:
         prefix in every layer (what kept a decoding stream waiting behind a long prefill)."""
         plan = cls(num_tokens=batch.num_tokens)
         rows = batch.extend_rows
+        if tiles and rows:
+            plan.tiled = [(batch.extend_starts[r], batch.extend_lens[r], batch.seq_slots[r][:batch.prefix_lens[r]])
+                          for r in rows]
+            if batch.decode_rows:
+                plan.decodes = (_query_rows(batch, batch.decode_rows) if row_kernel
+                                else _padded(batch, batch.decode_rows, all_tokens=False))
+                plan.decode_idx = plan.decodes.q_index
+            return plan
         if row_kernel:
             lone_fresh = len(rows) == 1 and batch.prefix_lens[rows[0]] == 0 and not batch.decode_rows
             short = [] if lone_fresh else [r for r in rows if batch.extend_lens[r] <= ROW_KERNEL_MAX_QUERIES]
@@ -272,15 +285,14 @@ def attend_prefixed(p: Padded, prefix: int, q: torch.Tensor, k: torch.Tensor, v:
     return o[0].transpose(0, 1)
 
 
-def prefix_and_own(p: Padded, prefix: int, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
+def prefix_and_own(slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
                    v_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request's keys and values in order, as fp32 [prefix + n, KVH, D]: its `prefix` cached ones gathered
-    from the pool (p: its padded plan, one row), then its n new ones (k, v [n, KVH, D]). What
-    native_kernels.amx_attention reads: one call over every key instead of attend_prefixed's two."""
+    """One request's keys and values in order, as fp32 [prefix + n, KVH, D]: its cached ones gathered from the
+    pool at `slots` [prefix], then its n new ones (k, v [n, KVH, D]). What native_kernels.amx_attention reads."""
     n, kvh, d = k.shape
-    ks = p.buffer("k_all", (prefix + n, kvh, d), torch.float32)
-    vs = p.buffer("v_all", (prefix + n, kvh, d), torch.float32)
-    slots = p.slots[:prefix]
+    prefix = slots.numel()
+    ks = torch.empty((prefix + n, kvh, d), dtype=torch.float32, device=k.device)
+    vs = torch.empty_like(ks)
     for buf, own, dst in ((k_buf, k, ks), (v_buf, v, vs)):
         if buf.dtype == torch.float32:
             torch.index_select(buf, 0, slots, out=dst[:prefix])

@@ -160,6 +160,7 @@ class NativeLlama(torch.nn.Module):
         self.cos, self.sin = self.cos.to(self.device), self.sin.to(self.device)
         # UNTESTED (no GPU where this was written): replay captured decode steps on CUDA, core/native_cuda.py
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        self.full_attention = all(L.window is None for L in self.layers)   # no sliding window in any layer
         self._graph_decoders: dict = {}
 
     @classmethod
@@ -254,7 +255,10 @@ class NativeLlama(torch.nn.Module):
         # differ from SDPA's at bf16 rounding, and cache on / off would drift apart)
         row_kernel = self.act_dtype == torch.float32 and native_kernels.attention_fits(
             batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
-        plan = AttentionPlan.build(batch, row_kernel=row_kernel)
+        # int8 on a CPU with AMX: every extend's attention on tiles (AttentionPlan.tiled says why all of them)
+        tiles = self.mode == "int8" and self.full_attention and native_kernels.amx_attention_fits(
+            batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
+        plan = AttentionPlan.build(batch, row_kernel=row_kernel, tiles=tiles)
         if int(batch.positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
                              f"({self.max_positions} positions)")
@@ -326,15 +330,14 @@ class NativeLlama(torch.nn.Module):
         if dec is not None:
             o = attend_decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, self.scale)
             out.index_copy_(0, plan.decode_idx, o)
-        tiles = window is None and self.mode == "int8" and native_kernels.amx_attention_fits(
-            q.device, h, k.shape[1], d)
-        if plan.fresh is not None and tiles:
-            s, n = plan.fresh
-            o = native_kernels.amx_attention(q[s:s + n], k[s:s + n], v[s:s + n], self.scale)
+        for s, n, prefix_slots in plan.tiled:
+            keys, values = ((k[s:s + n], v[s:s + n]) if not prefix_slots.numel() else
+                            prefix_and_own(prefix_slots, k[s:s + n], v[s:s + n], k_buf, v_buf))
+            o = native_kernels.amx_attention(q[s:s + n], keys, values, self.scale)
             if s == 0 and n == t:
                 return o
             out[s:s + n] = o
-        elif plan.fresh is not None:
+        if plan.fresh is not None:
             s, n = plan.fresh
             mask = fresh_causal_mask(n, window, q.device)
             # 4-D inputs: with 3-D ones CPU SDPA takes the O(n^2)-memory math path (4x slower at n=1024)
@@ -344,14 +347,6 @@ class NativeLlama(torch.nn.Module):
             if s == 0 and n == t:
                 return o.transpose(0, 1)
             out[s:s + n] = o.transpose(0, 1)
-        if plan.prefixed is not None and tiles:
-            s, n, prefix = plan.prefixed
-            o = native_kernels.amx_attention(q[s:s + n], *prefix_and_own(plan.extends[0], prefix, k[s:s + n],
-                                                                         v[s:s + n], k_buf, v_buf), self.scale)
-            if s == 0 and n == t:
-                return o
-            out[s:s + n] = o
-            return out
         if plan.prefixed is not None and window is None and q.device.type == "cpu":
             s, n, prefix = plan.prefixed
             o = attend_prefixed(plan.extends[0], prefix, q[s:s + n], k[s:s + n], v[s:s + n], k_buf, v_buf,

@@ -93,3 +93,18 @@ def test_fp32_mode_keeps_torch_attention_and_hf_logits():
         want = ref(torch.tensor([IDS])).logits[0, -1]
     for cut in (0, 24):
         torch.testing.assert_close(last_logits(native, cut), want, atol=ATOL, rtol=0)
+
+
+def test_a_short_extend_beside_a_decode_attends_on_tiles_like_its_prompt_whole():
+    """Every prompt token's attention runs on the tiles, a 3-token extend sharing a step with another
+    request's decode included (before, short extends joined the decode kernel's rows: ~1e-5 apart)."""
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    whole = last_logits(native, 0)
+    pool = native.make_pool(256)
+    other = [5, 9, 2, 7]
+    other_slots = torch.arange(200, 205)
+    native.forward(ForwardBatch.build([(other, [], other_slots[:4])]), pool)
+    native.forward(ForwardBatch.build([(IDS[:93], [], SLOTS[:93])]), pool)
+    mixed = native.forward(ForwardBatch.build([([3], other_slots[:4], other_slots[4:]),
+                                               (IDS[93:], SLOTS[:93], SLOTS[93:])]), pool)
+    torch.testing.assert_close(mixed[-1], whole, atol=TILES_ATOL, rtol=0)

@@ -340,8 +340,8 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
 
     split = []
 
-    def without_split(batch, row_kernel=False):
-        plan = build(batch, row_kernel)
+    def without_split(batch, row_kernel=False, tiles=False):
+        plan = build(batch, row_kernel, tiles)
         if plan.prefixed is not None:
             split.append(plan.prefixed)
             plan.prefixed = None                  # the extend goes through one masked call instead
