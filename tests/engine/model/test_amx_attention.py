@@ -106,3 +106,17 @@ def test_amx_attention_refuses_shapes_it_cannot_run_with_what_to_change():
             native_kernels.amx_attention(q, k, v, 0.1)
     finally:
         native_kernels.set_amx(previous)
+
+
+def test_a_nan_stays_where_it_belongs():
+    """A NaN query makes its own (row, head) NaN only; a NaN key makes NaN exactly the rows that see it."""
+    if not amx_here():
+        return
+    q, k, v = qkv(40, 40, 9, 3, 64, 4)
+    q[10, 4, 7] = float("nan")
+    out = native_kernels.amx_attention(q, k, v, 0.125)
+    assert out.isnan().any(-1).nonzero().tolist() == [[10, 4]]
+    q, k, v = qkv(40, 40, 9, 3, 64, 4)
+    k[20, 1, 3] = float("nan")
+    bad = native_kernels.amx_attention(q, k, v, 0.125).isnan().any(-1)
+    assert bad.nonzero().tolist() == [[r, h] for r in range(20, 40) for h in (3, 4, 5)]   # KV head 1's group
