@@ -26,6 +26,7 @@
 
 #define QROWS 32   /* query rows per work item: two row tiles */
 #define KBLK 32    /* keys per block (two score tiles, one value tile pass) */
+#define STALE 8.f  /* how far a score may pass the running max before the max moves (softmax_row) */
 
 /* 16 fp32 -> hi (their top 16 bits: a truncated bf16) and lo (x - hi rounded to the nearest bf16), each as 16
  * bf16 in the low halves of 32-bit lanes */
@@ -117,8 +118,11 @@ static inline void softmax_row(const float *s, int seen, float scale, float *mx,
     const __mmask16 k0 = (__mmask16)bits, k1 = (__mmask16)(bits >> 16);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     const __m512 s0 = _mm512_mask_loadu_ps(ninf, k0, s), s1 = _mm512_mask_loadu_ps(ninf, k1, s + 16);
-    const float bmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)) * scale;
-    if (bmax > *mx) {
+    /* the running max moves only when a score passes it by STALE (FlashAttention-4's lazy rescale): weights up
+     * to e^STALE, no horizontal max and no rescale in most blocks */
+    const __m512 lim = _mm512_set1_ps((*mx + STALE) / scale);
+    if (_mm512_cmp_ps_mask(s0, lim, _CMP_GT_OQ) | _mm512_cmp_ps_mask(s1, lim, _CMP_GT_OQ)) {
+        const float bmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)) * scale;
         const __m512 a = _mm512_set1_ps(expf(*mx - bmax));            /* 0 on the first block */
         _mm512_store_ps(sumv, _mm512_mul_ps(_mm512_load_ps(sumv), a));
         for (int d = 0; d < D; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), a));
@@ -227,10 +231,12 @@ int amx_attention(const float *q, int64_t qs, const float *k, const float *v, fl
         cfg.palette = 1;
         for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
         _tile_loadconfig(&cfg);
-        /* the last query blocks see the most keys: hand them out first */
+        /* one KV head's work items together (its packed K/V stay in cache), and within it the last query
+         * blocks, which see the most keys, first */
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < nqb * H; it++) {
-            const int qb = nqb - 1 - it / H, h = it % H;
+            const int per_g = nqb * G, gg = it / per_g, rest = it % per_g;
+            const int qb = nqb - 1 - rest / G, h = gg * G + rest % G;
             attend_rows(qh, ql, kh, kl, vh, vl, out, h, h / G, qb * QROWS, n, m, np, mp, H, D, scale);
         }
         _tile_release();
