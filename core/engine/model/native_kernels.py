@@ -39,6 +39,7 @@ HEADERS = [SOURCE.with_name("native_simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
          "-fassociative-math", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11"]
 MAX_D, MAX_G, MAX_CHUNK = 256, 16, 512
+F32 = torch.float32
 X16_MIN_EXP = 16  # x16 below 2^(X16_MIN_EXP - 127) = 2^-111 flushes to zero (native_kernels.c X16_MIN_EXP)
 SEG_CHUNK = 64   # keys per work item of an extend run (native_kernels.c)
 
@@ -170,14 +171,13 @@ def _ptr(t: Optional[torch.Tensor]) -> int:
 
 def _check_rows(name: str, x: torch.Tensor, k: int) -> None:
     """The kernels read raw pointers: a wrong dtype, device or width would be read as garbage, so refuse it."""
-    if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu" or x.shape[1] != k:
+    if x.dtype is not F32 or x.dim() != 2 or not x.is_cpu or x.shape[1] != k:
         raise ValueError(f"{name} takes fp32 CPU rows [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}")
 
 
 def _check_channels(name: str, n: int, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
     for label, t in (("scales", scales), ("bias", bias)):
-        if t is not None and (t.dtype != torch.float32 or t.numel() != n or not t.is_contiguous()
-                              or t.device.type != "cpu"):
+        if t is not None and (t.dtype is not F32 or t.numel() != n or not t.is_contiguous() or not t.is_cpu):
             raise ValueError(f"{name}: {label} must be {n} contiguous fp32 CPU values (one per output channel), "
                              f"got {t.dtype} {tuple(t.shape)} on {t.device}")
 
@@ -211,8 +211,8 @@ class Int8Matrix:
     __slots__ = ("weight", "scales", "bias", "n", "k", "_ptrs")
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
-        if (weight.dtype != torch.int8 or weight.dim() != 2 or not weight.is_contiguous()
-                or weight.device.type != "cpu"):
+        if (weight.dtype is not torch.int8 or weight.dim() != 2 or not weight.is_contiguous()
+                or not weight.is_cpu):
             raise ValueError(f"w8_gemv takes contiguous int8 CPU weights [N, K], "
                              f"got {weight.dtype} {tuple(weight.shape)} on {weight.device}")
         self.n, self.k = weight.shape
@@ -222,7 +222,7 @@ class Int8Matrix:
 
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias), on the FMA kernel (`w8_gemv`)."""
-        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k or not x.is_cpu:
+        if x.dtype is not F32 or x.dim() != 2 or x.shape[1] != self.k or not x.is_cpu:
             _check_rows("w8_gemv", x, self.k)
         x = x.contiguous()
         m = x.shape[0]
@@ -240,12 +240,12 @@ def w8_gemv(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Option
 
 def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [M, N] fp32 contiguous, updated in place to x + delta (when given); returns rms_norm(x) * w."""
-    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu":
+    if x.dtype is not F32 or x.dim() != 2 or not x.is_contiguous() or not x.is_cpu:
         raise ValueError(f"add_rms_norm updates x in place: it takes contiguous fp32 CPU rows [M, N], "
                          f"got {x.dtype} {tuple(x.shape)}")
     m, n = x.shape
     if delta is not None:
-        if delta.dtype != torch.float32 or delta.shape != x.shape:
+        if delta.dtype is not F32 or delta.shape != x.shape:
             raise ValueError(f"add_rms_norm: delta must be fp32 {tuple(x.shape)} like x, "
                              f"got {delta.dtype} {tuple(delta.shape)}")
         delta = delta.contiguous()
@@ -257,7 +257,7 @@ def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     """gu [M, 2I] fp32 -> silu(gu[:, :I]) * gu[:, I:]."""
-    if gu.dtype != torch.float32 or gu.dim() != 2 or gu.shape[1] % 2 or gu.device.type != "cpu":
+    if gu.dtype is not F32 or gu.dim() != 2 or gu.shape[1] % 2 or not gu.is_cpu:
         raise ValueError(f"silu_mul takes fp32 CPU rows [M, 2I] (gate | up), got {gu.dtype} {tuple(gu.shape)}")
     gu = gu.contiguous()
     m, two_i = gu.shape
@@ -281,11 +281,11 @@ def x16(x: torch.Tensor) -> torch.Tensor:
 def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """native_layers.apply_rope in one pass, bit for bit: qk [T, heads, D] fp32 (rows may be strided, heads and D
     contiguous: the q and k columns of a fused QKV output), cos / sin [T, D] fp32 contiguous -> [T, heads, D]."""
-    if qk.dtype != torch.float32 or qk.dim() != 3 or qk.shape[2] % 2 or qk.device.type != "cpu":
+    if qk.dtype is not F32 or qk.dim() != 3 or qk.shape[2] % 2 or not qk.is_cpu:
         raise ValueError(f"rope takes fp32 CPU rows [T, heads, D] with D even, got {qk.dtype} {tuple(qk.shape)}")
     t, nh, d = qk.shape
     for label, table in (("cos", cos), ("sin", sin)):
-        if table.dtype != torch.float32 or table.shape != (t, d) or not table.is_contiguous():
+        if table.dtype is not F32 or table.shape != (t, d) or not table.is_contiguous():
             raise ValueError(f"rope: {label} must be contiguous fp32 [{t}, {d}] (one row per token), "
                              f"got {table.dtype} {tuple(table.shape)}")
     if qk.stride(2) != 1 or qk.stride(1) != d:
@@ -315,7 +315,7 @@ def amx_available() -> bool:
 def amx_fits(w: torch.Tensor) -> bool:
     """Whether the int8 weights `w` [N, K] can run on AMX tiles here: AMX available, a CPU tensor, both sizes
     multiples of 32 (whole tiles)."""
-    return w.device.type == "cpu" and w.shape[0] % 32 == 0 and w.shape[1] % 32 == 0 and amx_available()
+    return w.is_cpu and w.shape[0] % 32 == 0 and w.shape[1] % 32 == 0 and amx_available()
 
 
 def pack_amx(w: torch.Tensor) -> torch.Tensor:
@@ -330,7 +330,7 @@ def pack_amx(w: torch.Tensor) -> torch.Tensor:
 def panels_fit(w: torch.Tensor) -> bool:
     """Whether prefill rows of the int8 weights `w` [N, K] should run `w8_panel_gemm`: a CPU tensor, N a multiple
     of 16, and kernels built with AVX-512 (built for AVX2 it ran slower than `w8_gemv`, native_kernels.c)."""
-    return w.device.type == "cpu" and w.shape[0] % 16 == 0 and available() and bool(_lib.panel_gemm_fast())
+    return w.is_cpu and w.shape[0] % 16 == 0 and available() and bool(_lib.panel_gemm_fast())
 
 
 def pack_panels(w: torch.Tensor) -> torch.Tensor:
@@ -348,10 +348,10 @@ def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
     """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, with FMAs on weight panels (`panels` =
     pack_panels(w)): the products `w8_gemv` adds, summed in another order, at GEMM speed for many rows on a CPU
     without AMX tiles."""
-    if x.dtype != torch.float32 or x.dim() != 2:
+    if x.dtype is not F32 or x.dim() != 2:
         raise ValueError(f"w8_panel_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
-    if (panels.dtype != torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16
+    if (panels.dtype is not torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16
             or not panels.is_contiguous()):
         raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not fit rows of {k}; "
                          f"make them with pack_panels")
@@ -372,7 +372,7 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if not amx_available():
         raise RuntimeError("AMX tiles are not available here (the CPU, the compiler or Linux lacks them); "
                            "use w8_gemv, which adds the same products")
-    if x.dtype != torch.float32 or x.dim() != 2:
+    if x.dtype is not F32 or x.dim() != 2:
         raise ValueError(f"w8_amx_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
     n = packed.shape[0] * 16
@@ -413,7 +413,7 @@ def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
                          f"head_dim a multiple of 32 up to {MAX_D}, whole head groups); use torch's attention")
     if m < n:
         raise ValueError(f"amx_attention needs at least as many keys as queries (their own), got {m} < {n}")
-    if any(t.dtype != torch.float32 for t in (q, k, v)):
+    if any(t.dtype is not F32 for t in (q, k, v)):
         raise ValueError(f"amx_attention takes fp32 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
