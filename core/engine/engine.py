@@ -209,7 +209,8 @@ class Engine:
             started = time.perf_counter()
             try:
                 batch = ForwardBatch.build([(it.tokens, it.req.kv_slots, it.new_slots) for it in items],
-                                           device=self.device)
+                                           device=self.device,
+                                           prompt=[it.req.computed < len(it.req.prompt_ids) for it in items])
                 logits = self.runner.forward(batch, self.pool)
                 self._record_kv(batch)
             except Exception as exc:  # a model failure fails this batch, not the engine

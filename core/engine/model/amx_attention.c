@@ -3,14 +3,15 @@
  *
  * Why: a long prompt's prefill spent 60 % of its time in attention (torch's CPU flash kernel, fp32 FMAs, ~230
  * GFLOP/s here), and AMX multiplies bf16 tiles ~16x faster than AVX-512 multiplies fp32. One bf16 holds 8
- * significant bits, too few: each operand is split in two bf16, x = hi + lo (16 bits, relative error <= 2^-17),
- * and a product is hi*hi' + hi*lo' + lo*hi' (the lo*lo' term, below 2^-16 of the product, dropped), each exact in
- * the fp32 accumulators. So the scores and the weighted values are within ~2^-15 of fp32's, not bit for bit.
+ * significant bits, too few: each operand is split in two bf16, x = hi + lo (16 bits, relative error <= 2^-16),
+ * and a product is hi*hi' + hi*lo' + lo*hi' (the lo*lo' term, up to 2^-14 of the product, dropped: the main
+ * error), each exact in the fp32 accumulators. So outputs are within ~2^-15 of fp32 attention's, not bit for bit.
  *
  * A query row's result depends only on its own scores: keys run in blocks of 32 aligned to absolute positions
  * 0, 32, 64, ..., each row keeps its own running max and sum (online softmax), and a block with no visible key
- * for a row adds exactly nothing to it. So a token's attention is the same bits whether its prompt came whole,
- * in chunks or after a cached prefix (what the K/V are aside), and whatever rows share its tile.
+ * for a row adds exactly nothing to it. So, given the same K/V, a token's attention is the same bits whether
+ * its prompt came whole, in chunks or after a cached prefix, and whatever rows share its tile. (One limit: a
+ * non-finite V reaches every row of the 32-row tiles whose blocks hold it, seen or not: 0 * inf is nan.)
  *
  * Layouts (bf16 as uint16): q rows [n][H][D] fp32 (row stride qs floats), k/v [m][KVH][D] fp32 contiguous,
  * out [n][H][D] fp32 contiguous. Query i sits at position m - n + i and sees keys 0 .. m - n + i. D % 32 == 0,
@@ -212,8 +213,11 @@ static void attend_rows(const uint16_t *qh, const uint16_t *ql, const uint16_t *
     }
 }
 
+int amx_attention_ready(void) { return 1; }
+
 int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
                   int KVH, int D, float scale) {
+    if (D % 32 || D > 256 || D <= 0 || KVH <= 0 || H % KVH || m < n) return -3;   /* the wrapper checks these */
     if (n <= 0) return 0;
     const int np = (n + QROWS - 1) / QROWS * QROWS, mp = (m + KBLK - 1) / KBLK * KBLK, G = H / KVH;
     const size_t qn = (size_t)H * np * D, kn = (size_t)KVH * mp * D;
@@ -245,6 +249,8 @@ int amx_attention(const float *q, int64_t qs, const float *k, const float *v, fl
     return 0;
 }
 #else
+int amx_attention_ready(void) { return 0; }
+
 int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
                   int KVH, int D, float scale) {
     (void)q; (void)qs; (void)k; (void)v; (void)out; (void)n; (void)m; (void)H; (void)KVH; (void)D; (void)scale;

@@ -97,6 +97,10 @@ class ForwardBatch:
     shared_decodes: Optional[SharedDecodes] = None
     plain_decodes: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # idx, flat slots, lens
     extend_rows: list[int] = field(default_factory=list)
+    # Rows whose new tokens are prompt tokens (a prefill chunk, one token long included), where the caller
+    # said so: a model that attends prompt tokens with another kernel than decodes (the int8 model's AMX
+    # tiles) keeps a one-token chunk on the prompt kernel. Empty: no row known to be a prompt chunk.
+    prompt_rows: frozenset = frozenset()
     # Extends with a cached prefix (or several fresh ones) are attended in padded groups, one SDPA
     # call per group: many small calls are slow on CPU, and very slow when its threads are contended.
     extend_groups: list[ExtendGroup] = field(default_factory=list)
@@ -118,12 +122,16 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, requests: Sequence[tuple[TokenIds, Slots, Slots]],
-              device: Union[str, torch.device] = "cpu") -> "ForwardBatch":
+              device: Union[str, torch.device] = "cpu", prompt: Optional[Sequence[bool]] = None) -> "ForwardBatch":
         """Build from `(new_token_ids, prefix_slots, new_slots)` per request.
 
         `prefix_slots` hold the K/V already in the pool (may be empty); `new_slots` receive
         the K/V of `new_token_ids` (same length, at least 1). Put the batch on the pool's device.
+        `prompt`: per request, whether its new tokens are prompt tokens (None: rows of more than one
+        token are, one-token rows are decodes).
         """
+        if prompt is not None and len(prompt) != len(requests):
+            raise ValueError(f"prompt has {len(prompt)} flags for {len(requests)} requests; give one per request")
         if not requests:
             raise ValueError("a ForwardBatch needs at least one request")
         device = torch.device(device)
@@ -149,6 +157,7 @@ class ForwardBatch:
         last = torch.tensor([s + n - 1 for s, n in zip(starts, ext)], dtype=torch.int64, device=device)
         batch = cls(input_ids=torch.cat(ids), positions=pos, out_slots=torch.cat(outs), seq_slots=seqs,
                     extend_lens=ext, logits_indices=last, prefix_lens=pre, extend_starts=starts)
+        batch.prompt_rows = frozenset(r for r, n in enumerate(ext) if (n > 1 if prompt is None else prompt[r]))
         batch._index_decodes()
         return batch
 

@@ -12,8 +12,9 @@
  * amx_attention (amx_attention.c, compiled into the same module): a prefill's causal attention on AMX tiles.
  *
  * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
- * native_kernels.py says why): the code never relies on inf or nan (empty chunks are flagged, not -inf), so
+ * native_kernels.py says why): this file never relies on inf or nan (empty chunks are flagged, not -inf), so
  * those flags only license vectorised reductions; the one place that must not reassociate says so.
+ * (amx_attention.c starts each row's running max at -inf: without -ffinite-math-only that is well defined.)
  */
 #include <math.h>
 #include <stdint.h>
@@ -947,6 +948,12 @@ static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_
 
 int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
                   int KVH, int D, float scale);   /* amx_attention.c */
+int amx_attention_ready(void);
+
+static PyObject *py_amx_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "amx_attention_ready")) return NULL;
+    return PyBool_FromLong(amx_attention_ready());
+}
 
 static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 11, "amx_attention")) return NULL;
@@ -958,6 +965,8 @@ static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssiz
     rc = amx_attention(q, qs, k, v, out, N, M, H, KVH, D, sc);
     Py_END_ALLOW_THREADS
     if (rc == -1) return PyErr_NoMemory();
+    if (rc == -3) { PyErr_SetString(PyExc_ValueError, "amx_attention: head_dim must be a multiple of 32 up to 256, "
+                                    "heads a multiple of kv_heads, keys >= queries"); return NULL; }
     if (rc) { PyErr_SetString(PyExc_RuntimeError, "amx_attention: these kernels were built without AMX"); return NULL; }
     Py_RETURN_NONE;
 }
@@ -1020,6 +1029,7 @@ static PyMethodDef METHODS[] = {
     {"panel_gemm_fast", (PyCFunction)(void (*)(void))py_panel_gemm_fast, METH_FASTCALL, NULL},
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"amx_attention", (PyCFunction)(void (*)(void))py_amx_attention, METH_FASTCALL, NULL},
+    {"amx_attention_ready", (PyCFunction)(void (*)(void))py_amx_attention_ready, METH_FASTCALL, NULL},
     {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, METH_FASTCALL, NULL},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, NULL},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},

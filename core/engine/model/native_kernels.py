@@ -13,6 +13,7 @@ torch.set_num_threads.
 from __future__ import annotations
 
 import hashlib
+import math
 import importlib.machinery
 import importlib.util
 import os
@@ -193,6 +194,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     keys once for all its rows."""
     r, h, d = q.shape
     kvh = k_buf.shape[1]
+    _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments)
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     _built().decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(),
@@ -232,6 +234,42 @@ class Int8Matrix:
         return y
 
 
+def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments) -> None:
+    """decode_attention's inputs, as the C kernel reads them (raw pointers): wrong ones must not reach it.
+    Plain tests first, messages only on failure (30 calls a decode step)."""
+    r, h, d = q.shape
+    bf16 = torch.bfloat16
+    if not (q.dtype is F32 or q.dtype is bf16) or not q.is_cpu:
+        raise ValueError(f"decode_attention: q must be fp32 or bf16 on the CPU, got {q.dtype} on {q.device}")
+    if (k_buf.dim() != 3 or v_buf.shape != k_buf.shape or not (k_buf.dtype is F32 or k_buf.dtype is bf16)
+            or v_buf.dtype is not k_buf.dtype or not (k_buf.is_contiguous() and v_buf.is_contiguous())
+            or not (k_buf.is_cpu and v_buf.is_cpu)):
+        raise ValueError(f"decode_attention: k_buf, v_buf must be one contiguous CPU pool layer [slots, KVH, D] "
+                         f"each, fp32 or bf16, got {k_buf.dtype} {tuple(k_buf.shape)} and {v_buf.dtype} "
+                         f"{tuple(v_buf.shape)}")
+    kvh = k_buf.shape[1]
+    if kvh <= 0 or h % kvh or k_buf.shape[2] != d or d > MAX_D or h // kvh > MAX_G:
+        raise ValueError(f"decode_attention: {h} query heads of size {d} do not fit KV heads "
+                         f"{tuple(k_buf.shape[1:])} (at most {MAX_G} per KV head, head_dim <= {MAX_D})")
+    for t in (slots, first, lens):
+        if t.dtype is not torch.int64 or not t.is_contiguous() or not t.is_cpu:
+            raise ValueError("decode_attention: slots, first, lens must be contiguous int64 CPU tensors")
+    if slots.dim() != 2 or slots.shape[0] != r or first.numel() != r or lens.numel() != r:
+        raise ValueError(f"decode_attention: slots [{r}, Lmax], first [{r}], lens [{r}] for {r} query rows, got "
+                         f"{tuple(slots.shape)}, {tuple(first.shape)}, {tuple(lens.shape)}")
+    if not 0 < chunk <= MAX_CHUNK or nchunks <= 0:
+        raise ValueError(f"decode_attention: chunk must be 1..{MAX_CHUNK} keys and nchunks > 0")
+    need = r * kvh * nchunks * (h // kvh) * (d + 2)
+    if scratch.dtype is not F32 or not scratch.is_contiguous() or scratch.numel() < need:
+        raise ValueError(f"decode_attention: scratch needs {need} contiguous fp32 values (R*KVH*nchunks*G*(D+2))")
+    if (out.shape != q.shape or not out.is_contiguous() or not (out.dtype is F32 or out.dtype is bf16)
+            or not out.is_cpu):
+        raise ValueError(f"decode_attention: out must be a contiguous [{r}, {h}, {d}] fp32 or bf16 tensor")
+    if segments is not None and (segments.dtype is not torch.int64 or not segments.is_contiguous()
+                                 or segments.numel() < 2):
+        raise ValueError("decode_attention: segments must be None or contiguous int64 run starts [runs + 1]")
+
+
 def w8_gemv(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [M, K] fp32, w [N, K] int8, scales [N] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias),
     x16 being x rounded to 16 significant bits (so every product is exact in fp32; `x16` below)."""
@@ -245,7 +283,7 @@ def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor
                          f"got {x.dtype} {tuple(x.shape)}")
     m, n = x.shape
     if delta is not None:
-        if delta.dtype is not F32 or delta.shape != x.shape:
+        if delta.dtype is not F32 or delta.shape != x.shape or not delta.is_cpu:
             raise ValueError(f"add_rms_norm: delta must be fp32 {tuple(x.shape)} like x, "
                              f"got {delta.dtype} {tuple(delta.shape)}")
         delta = delta.contiguous()
@@ -285,7 +323,7 @@ def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
         raise ValueError(f"rope takes fp32 CPU rows [T, heads, D] with D even, got {qk.dtype} {tuple(qk.shape)}")
     t, nh, d = qk.shape
     for label, table in (("cos", cos), ("sin", sin)):
-        if table.dtype is not F32 or table.shape != (t, d) or not table.is_contiguous():
+        if table.dtype is not F32 or table.shape != (t, d) or not table.is_contiguous() or not table.is_cpu:
             raise ValueError(f"rope: {label} must be contiguous fp32 [{t}, {d}] (one row per token), "
                              f"got {table.dtype} {tuple(table.shape)}")
     if qk.stride(2) != 1 or qk.stride(1) != d:
@@ -377,7 +415,7 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     m, k = x.shape
     n = packed.shape[0] * 16
     if (packed.dtype != torch.bfloat16 or packed.dim() != 5 or packed.shape[1] * 32 != k
-            or not packed.is_contiguous()):
+            or packed.shape[0] % 2 or tuple(packed.shape[2:]) != (16, 16, 2) or not packed.is_contiguous()):
         raise ValueError(f"packed weights {tuple(packed.shape)} {packed.dtype} do not fit rows of {k}; "
                          f"make them with pack_amx")
     _check_rows("w8_amx_gemm", x, k)
@@ -393,8 +431,8 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 def amx_attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether `amx_attention` runs this attention here: AMX available, a CPU tensor, head_dim a multiple of 32
     up to MAX_D, whole groups of query heads per KV head."""
-    return (device.type == "cpu" and head_dim % 32 == 0 and head_dim <= MAX_D and heads % kv_heads == 0
-            and amx_available())
+    return (device.type == "cpu" and head_dim % 32 == 0 and head_dim <= MAX_D and kv_heads > 0
+            and heads % kv_heads == 0 and amx_available() and bool(_lib.amx_attention_ready()))
 
 
 def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -413,8 +451,11 @@ def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
                          f"head_dim a multiple of 32 up to {MAX_D}, whole head groups); use torch's attention")
     if m < n:
         raise ValueError(f"amx_attention needs at least as many keys as queries (their own), got {m} < {n}")
-    if any(t.dtype is not F32 for t in (q, k, v)):
-        raise ValueError(f"amx_attention takes fp32 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if any(t.dtype is not F32 or not t.is_cpu for t in (q, k, v)):
+        raise ValueError(f"amx_attention takes fp32 CPU q, k, v, got {q.dtype}, {k.dtype}, {v.dtype} on "
+                         f"{q.device}, {k.device}, {v.device}")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"amx_attention takes a positive finite scale (1/sqrt(head_dim) as a rule), got {scale!r}")
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     k, v = k.contiguous(), v.contiguous()

@@ -134,10 +134,11 @@ class AttentionPlan:
       would cost more than PAD_FACTOR times the real work; then the batch's own groups (few calls).
     * prefixed: when those are one request after a cached prefix, layers without a sliding window run
       `attend_prefixed` (prefix keys and own keys in two flash calls) instead of its padded call.
-    * tiled (build's `tiles`: the int8 model with AMX attention, no sliding window): every extend, long or
-      short, cached prefix or not, in its own native_kernels.amx_attention call, the decodes as above. One
-      kernel for every prompt token, so a token's attention does not depend on how its prompt was chunked
-      or cached (the decode kernel and the tiles differ by ~1e-5; mixing them flipped greedy tokens).
+    * tiled (build's `tiles`: the int8 model with AMX attention, no sliding window): every prompt chunk
+      (the batch's extends and its `prompt_rows`, one-token chunks included), long or short, cached prefix or
+      not, in its own native_kernels.amx_attention call, the decodes as above. One kernel for every prompt
+      token, so a token's attention does not depend on how its prompt was chunked or cached (the decode
+      kernel and the tiles differ by ~1e-5; mixing them flipped greedy tokens).
     """
 
     num_tokens: int
@@ -157,12 +158,12 @@ class AttentionPlan:
         prefix in every layer (what kept a decoding stream waiting behind a long prefill)."""
         plan = cls(num_tokens=batch.num_tokens)
         rows = batch.extend_rows
-        if tiles and rows:
+        if tiles and batch.prompt_rows:
             plan.tiled = [(batch.extend_starts[r], batch.extend_lens[r], batch.seq_slots[r][:batch.prefix_lens[r]])
-                          for r in rows]
-            if batch.decode_rows:
-                plan.decodes = (_query_rows(batch, batch.decode_rows) if row_kernel
-                                else _padded(batch, batch.decode_rows, all_tokens=False))
+                          for r in sorted(set(rows) | batch.prompt_rows)]
+            decodes = [r for r in batch.decode_rows if r not in batch.prompt_rows]
+            if decodes:
+                plan.decodes = (_query_rows(batch, decodes) if row_kernel else _padded(batch, decodes, all_tokens=False))
                 plan.decode_idx = plan.decodes.q_index
             return plan
         if row_kernel:

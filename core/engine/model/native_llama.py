@@ -25,9 +25,11 @@ Numerics ("dtype"):
         `w8_gemv` for decode-sized batches and, for prefill-sized ones, AMX tiles (`w8_amx_gemm`, x16 as two
         bf16) or, on AVX-512 CPUs without AMX, weight panels (`w8_panel_gemm`): the same exact products
         summed in another order (native_linear.Linear). Activations and the
-        KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes). Where the CPU has AMX, every extend's
-        attention runs on tiles too (native_kernels.amx_attention: ~2^-15 of fp32 attention, the same bits
-        however a prompt is chunked or cached; AttentionPlan.tiled), decodes on the C decode kernel.
+        KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes). Where the CPU has AMX (and the model has
+        no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,
+        one-token chunks included (native_kernels.amx_attention: ~2^-15 of fp32 attention; given the same
+        K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled), decodes on the C
+        decode kernel.
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
 Refused (ValueError, route to the Hugging Face path): other families, non-SiLU MLPs, RoPE types
 whose frequencies depend on the sequence length (dynamic, longrope).

@@ -95,7 +95,7 @@ def test_amx_attention_refuses_shapes_it_cannot_run_with_what_to_change():
     with pytest.raises(ValueError, match=error):
         native_kernels.amx_attention(q, k, v, 0.1)
     q, k, v = qkv(8, 8, 4, 2, 64, 3)
-    with pytest.raises(ValueError, match="fp32 q, k, v" if amx_here() else "use torch's attention"):
+    with pytest.raises(ValueError, match="fp32 CPU q, k, v" if amx_here() else "use torch's attention"):
         native_kernels.amx_attention(q.double(), k, v, 0.1)
     with pytest.raises(ValueError, match=r"k, v \[m, KVH, D\]"):
         native_kernels.amx_attention(q, k, v[:, :1], 0.1)
@@ -108,8 +108,10 @@ def test_amx_attention_refuses_shapes_it_cannot_run_with_what_to_change():
         native_kernels.set_amx(previous)
 
 
-def test_a_nan_stays_where_it_belongs():
-    """A NaN query makes its own (row, head) NaN only; a NaN key makes NaN exactly the rows that see it."""
+def test_a_nan_query_or_key_stays_where_it_belongs():
+    """A NaN query makes its own (row, head) NaN only; a NaN key makes NaN exactly the rows that see it. (A
+    non-finite value V is another matter: 0 * inf is nan for the rows of its tiles that do not see it;
+    amx_attention.c says so.)"""
     if not amx_here():
         return
     q, k, v = qkv(40, 40, 9, 3, 64, 4)

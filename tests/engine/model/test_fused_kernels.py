@@ -110,3 +110,23 @@ def test_kernels_turned_off_raise_a_clear_error_rather_than_crash():
     finally:
         native_kernels.set_enabled(previous)
     assert native_kernels.silu_mul(torch.zeros(2, 8)).tolist() == [[0.0] * 4] * 2
+
+
+def test_decode_attention_refuses_inputs_the_kernel_would_misread():
+    q = torch.randn(2, 4, 16)
+    k = torch.randn(10, 2, 16)
+    slots = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    first, lens = torch.zeros(2, dtype=torch.int64), torch.tensor([3, 2])
+    scratch, out = torch.empty(2 * 2 * 1 * 2 * 18), torch.empty(2, 4, 16)
+    ok = dict(q=q, k_buf=k, v_buf=k.clone(), slots=slots, first=first, lens=lens, scale=0.25, chunk=32, nchunks=1,
+              scratch=scratch, out=out)
+    native_kernels.decode_attention(**ok)
+    want = F.scaled_dot_product_attention(q[:, :, None], k[slots].permute(0, 2, 1, 3).repeat_interleave(2, 1),
+                                          k[slots].permute(0, 2, 1, 3).repeat_interleave(2, 1), scale=0.25,
+                                          attn_mask=(torch.arange(3)[None, :] < lens[:, None])[:, None, None])
+    torch.testing.assert_close(out, want[:, :, 0], atol=1e-6, rtol=0)
+    for bad, match in ((dict(slots=slots.int()), "int64"), (dict(lens=lens[:1]), r"lens \[2\]"),
+                       (dict(scratch=scratch[:10]), "scratch needs"), (dict(k_buf=k.double()), "pool layer"),
+                       (dict(q=torch.randn(2, 3, 16)), "do not fit"), (dict(out=out[:, :2]), "out must be")):
+        with pytest.raises(ValueError, match=match):
+            native_kernels.decode_attention(**{**ok, **bad})

@@ -53,6 +53,21 @@ def torch_attention(monkeypatch) -> None:
     monkeypatch.setattr(native_kernels, "amx_attention_fits", lambda *a: False)
 
 
+def tile_calls(monkeypatch) -> list:
+    """Record each amx_attention call's query count (the real kernel still runs): proof the tiles ran."""
+    calls, real = [], native_kernels.amx_attention
+
+    def counted(q, k, v, scale):
+        calls.append(q.shape[0])
+        return real(q, k, v, scale)
+    monkeypatch.setattr(native_kernels, "amx_attention", counted)
+    return calls
+
+
+def expect_tiles(calls: list, want: list) -> None:
+    assert calls == (want if native_kernels.amx_available() else [])
+
+
 @pytest.mark.parametrize("cut", [0, 24])   # a fresh prompt, and 72 tokens after a 24-token cached prefix
 def test_int8_prefill_attention_on_tiles_stays_near_torch_attention(cut, monkeypatch):
     native = NativeLlama.from_hf(make_ref(), dtype="int8")
@@ -66,14 +81,41 @@ def test_int8_prefill_attention_on_tiles_stays_near_torch_attention(cut, monkeyp
         assert diff == 0              # no tiles here: torch's attention both times
 
 
-def test_int8_logits_with_tiled_attention_do_not_depend_on_chunking_or_caching():
+def test_int8_logits_with_tiled_attention_do_not_depend_on_chunking_or_caching(monkeypatch):
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    calls = tile_calls(monkeypatch)
+    whole = last_logits(native, 0)
+    expect_tiles(calls, [96, 96])                          # both layers
+    for cut in (7, 17, 40):
+        calls.clear()
+        torch.testing.assert_close(last_logits(native, cut), whole, atol=TILES_ATOL, rtol=0)
+        expect_tiles(calls, [cut, cut, 96 - cut, 96 - cut])
+
+
+def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monkeypatch):
+    """A full radix hit computes only the prompt's last token: flagged as a prompt row it stays on the tiles, as
+    it was inside the whole prompt; unflagged (a decode) it goes to the decode kernel."""
     native = NativeLlama.from_hf(make_ref(), dtype="int8")
     whole = last_logits(native, 0)
-    for cut in (7, 17, 40, 95):
-        torch.testing.assert_close(last_logits(native, cut), whole, atol=TILES_ATOL, rtol=0)
+    pool = native.make_pool(128)
+    native.forward(ForwardBatch.build([(IDS[:95], [], SLOTS[:95])]), pool)
+    calls = tile_calls(monkeypatch)
+    batch = ForwardBatch.build([(IDS[95:], SLOTS[:95], SLOTS[95:])], prompt=[True])
+    assert batch.decode_rows == [0] and batch.prompt_rows == {0}
+    last = native.forward(batch, pool)[-1]
+    expect_tiles(calls, [1, 1])
+    torch.testing.assert_close(last, whole, atol=TILES_ATOL, rtol=0)
+    calls.clear()
+    as_decode = native.forward(ForwardBatch.build([(IDS[95:], SLOTS[:95], SLOTS[95:])]), pool)[-1]
+    assert calls == [] and ForwardBatch.build([([1], [2], [3])]).prompt_rows == frozenset()
+    if native_kernels.amx_available():
+        assert not torch.equal(as_decode, last)             # the other kernel: ~1e-5 apart
+    with pytest.raises(ValueError, match="one per request"):
+        ForwardBatch.build([([1], [2], [3])], prompt=[True, False])
 
 
-def test_int8_greedy_with_tiled_attention_is_the_same_with_the_cache_on_and_off():
+def test_int8_greedy_with_tiled_attention_is_the_same_with_the_cache_on_and_off(monkeypatch):
+    calls = tile_calls(monkeypatch)
     runner = ModelRunner.from_hf(make_ref(1), device="cpu", impl="native", numerics="int8")
     g = torch.Generator().manual_seed(6)
     system = torch.randint(1, 128, (70,), generator=g).tolist()
@@ -84,6 +126,12 @@ def test_int8_greedy_with_tiled_attention_is_the_same_with_the_cache_on_and_off(
         outs.append([c.token_ids for c in engine.generate(prompts, SamplingParams(max_new_tokens=12))])
         assert (engine.metrics.cached_tokens == 0) == disable
     assert outs[0] == outs[1]
+    assert (len(calls) > 0) == native_kernels.amx_available()
+    again = Engine(runner, pool_slots=1024, max_prefill_tokens=48)       # a full radix hit: only the last token
+    first = again.generate([prompts[0]], SamplingParams(max_new_tokens=12))[0].token_ids
+    calls.clear()
+    assert again.generate([prompts[0]], SamplingParams(max_new_tokens=12))[0].token_ids == first == outs[0][0]
+    expect_tiles(calls[:2], [1, 1])                          # its one prompt token, on the tiles in both layers
 
 
 def test_fp32_mode_keeps_torch_attention_and_hf_logits():
@@ -95,16 +143,19 @@ def test_fp32_mode_keeps_torch_attention_and_hf_logits():
         torch.testing.assert_close(last_logits(native, cut), want, atol=ATOL, rtol=0)
 
 
-def test_a_short_extend_beside_a_decode_attends_on_tiles_like_its_prompt_whole():
+def test_a_short_extend_beside_a_decode_attends_on_tiles_like_its_prompt_whole(monkeypatch):
     """Every prompt token's attention runs on the tiles, a 3-token extend sharing a step with another
     request's decode included (before, short extends joined the decode kernel's rows: ~1e-5 apart)."""
     native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    calls = tile_calls(monkeypatch)
     whole = last_logits(native, 0)
     pool = native.make_pool(256)
     other = [5, 9, 2, 7]
     other_slots = torch.arange(200, 205)
     native.forward(ForwardBatch.build([(other, [], other_slots[:4])]), pool)
     native.forward(ForwardBatch.build([(IDS[:93], [], SLOTS[:93])]), pool)
+    calls.clear()
     mixed = native.forward(ForwardBatch.build([([3], other_slots[:4], other_slots[4:]),
                                                (IDS[93:], SLOTS[:93], SLOTS[93:])]), pool)
+    expect_tiles(calls, [3, 3])                              # the extend's 3 tokens; the decode not
     torch.testing.assert_close(mixed[-1], whole, atol=TILES_ATOL, rtol=0)

@@ -229,6 +229,11 @@ def test_amx_tiles_refuse_sizes_that_are_not_whole_tiles_and_rows_that_do_not_fi
     if native_kernels.amx_available():
         with pytest.raises(ValueError, match="fp32 rows"):
             native_kernels.w8_amx_gemm(torch.randn(40, 64).bfloat16(), native_kernels.pack_amx(w), s, b)
+        half = native_kernels.pack_amx(torch.cat([w, w[:32]]))[:5].contiguous()      # 80 columns: not whole pairs
+        short = native_kernels.pack_amx(w)[:, :, :1].contiguous()                     # the tiles cut short
+        for packed in (half, short):
+            with pytest.raises(ValueError, match="make them with pack_amx"):
+                native_kernels.w8_amx_gemm(torch.randn(40, 64), packed, s, b)
 
 
 def test_an_int8_projection_switches_kernels_at_amx_min_rows_without_moving_its_rows():
