@@ -36,7 +36,7 @@ def best_ms(fn, reps: int) -> float:
 def decode_step(g, reps: int) -> None:
     """A decode step's int8 projections (30 layers + LM head, one row), weight prefetch on and off, alternating."""
     import torch
-    from core.engine.model import native_kernels
+    from core.engine.model import native_int8
     layers = [[(torch.randint(-127, 128, shape, dtype=torch.int8, generator=g), torch.rand(shape[0], generator=g))
                for shape in SHAPES.values()] for _ in range(30)]
     layers.append([(torch.randint(-127, 128, (49152, 576), dtype=torch.int8, generator=g), torch.rand(49152))])
@@ -46,14 +46,14 @@ def decode_step(g, reps: int) -> None:
     def step() -> None:
         for layer in layers:
             for w, s in layer:
-                native_kernels.w8_gemv(xs[w.shape[1]], w, s, None)
+                native_int8.w8_gemv(xs[w.shape[1]], w, s, None)
 
     best = {4096: float("inf"), 0: float("inf")}
     for _ in range(3):
         for ahead in best:
-            native_kernels.set_w8_prefetch(ahead)
+            native_int8.set_w8_prefetch(ahead)
             best[ahead] = min(best[ahead], best_ms(step, reps))
-    native_kernels.set_w8_prefetch(4096)
+    native_int8.set_w8_prefetch(4096)
     print(f"\ndecode step's projections ({nbytes / 1e6:.0f} MB of int8 weights, one row), ms (fastest):")
     print(f"  prefetch 4 KB ahead {best[4096]:.2f} ({nbytes / best[4096] / 1e6:.1f} GB/s), none {best[0]:.2f} "
           f"({nbytes / best[0] / 1e6:.1f} GB/s): {best[0] / best[4096]:.2f}x")
@@ -70,7 +70,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(args.threads)
-    from core.engine.model import native_kernels, native_linear
+    from core.engine.model import native_int8, native_kernels, native_linear
     from core.engine.model.forward_batch import ForwardBatch
     from core.engine.model.runner import ModelRunner
     if not native_kernels.amx_available():
@@ -82,13 +82,13 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
         s = torch.rand(n, generator=g) * 0.01
-        packed, dense, w16 = native_kernels.pack_amx(w), (w.float() * s[:, None]).t().contiguous(), w.bfloat16()
-        panels = native_kernels.pack_panels(w)
+        packed, dense, w16 = native_int8.pack_amx(w), (w.float() * s[:, None]).t().contiguous(), w.bfloat16()
+        panels = native_int8.pack_panels(w)
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k, generator=g)
-            fma = best_ms(lambda: native_kernels.w8_gemv(x, w, s, None), args.reps)
-            amx = best_ms(lambda: native_kernels.w8_amx_gemm(x, packed, s, None), args.reps)
-            pan = best_ms(lambda: native_kernels.w8_panel_gemm(x, panels, s, None), args.reps)
+            fma = best_ms(lambda: native_int8.w8_gemv(x, w, s, None), args.reps)
+            amx = best_ms(lambda: native_int8.w8_amx_gemm(x, packed, s, None), args.reps)
+            pan = best_ms(lambda: native_int8.w8_panel_gemm(x, panels, s, None), args.reps)
             mkl = best_ms(lambda: x @ dense, args.reps)
             b16 = best_ms(lambda: F.linear(x.bfloat16(), w16), args.reps)
             print(f"{name:>8} {m:5d} {fma:12.2f} {amx:8.2f} {pan:7.2f} {mkl:9.2f} {b16:8.2f}  {fma / amx:11.2f}x "

@@ -614,7 +614,7 @@ int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *b
 
 /* Many rows (prefill) without AMX, with the same products: GCC vector code, a register block of PANEL_ROWS rows x 16
  * output channels, K steps of one broadcast x16 value times one
- * converted vector of 16 int8 weights. The weights in panels: [N/16][K][16] int8 (native_kernels.pack_panels), so
+ * converted vector of 16 int8 weights. The weights in panels: [N/16][K][16] int8 (native_int8.pack_panels), so
  * a step reads 16 contiguous bytes. The GEMV kernel instead reduces each (row, channel) dot product across
  * lanes: right for a few rows (each weight read once), 2.7x slower than MKL's fp32 GEMM at 1,024 rows. It pays
  * with AVX-512 (32 vector registers hold the block): panel_gemm_fast. Built for AVX2 it is correct but was 1.3-1.5x
@@ -702,7 +702,7 @@ int w8_panel_gemm(const float *x, const int8_t *panels, const float *scales, con
  * x16[k] * q[n, k] that the FMA kernel adds, in another order of the fp32 sums (a token's K/V then differ
  * between batch sizes by the rounding of those sums only). xb: scratch [Mp][2][K] bf16 (hi, lo of each row; Mp = M
  * rounded up to 32, rows past M zero); wp: the int8 weights as bf16 (exact), in the layout TDPBF16PS reads,
- * [N/16][K/32][16 pairs of k][16 columns][2] (native_kernels.pack_amx). Blocks of rows that fit in L2 against
+ * [N/16][K/32][16 pairs of k][16 columns][2] (native_int8.pack_amx). Blocks of rows that fit in L2 against
  * every 32 output columns: 2 x 2 tiles of 16 x 16 fp32 accumulators, K in steps of 32. */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #include <sys/syscall.h>

@@ -9,6 +9,9 @@ It is built as a tiny CPython extension module (pointers travel as Python ints: 
 where ctypes cost ~4 us, and a decode step makes ~240 calls). It links libgomp, the OpenMP runtime
 torch itself loads (same soname), so its parallel regions run on torch's threads and follow
 torch.set_num_threads.
+
+Here: the build, decode attention, the fused elementwise kernels, AMX's availability and prefill attention on
+tiles; the int8 projections' wrappers are in native_int8.py.
 """
 from __future__ import annotations
 
@@ -41,7 +44,6 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-m
          "-fassociative-math", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11"]
 MAX_D, MAX_G, MAX_CHUNK = 256, 16, 512
 F32 = torch.float32
-X16_MIN_EXP = 16  # x16 below 2^(X16_MIN_EXP - 127) = 2^-111 flushes to zero (native_kernels.c X16_MIN_EXP)
 SEG_CHUNK = 64   # keys per work item of an extend run (native_kernels.c)
 
 _lib = None   # the compiled extension module
@@ -133,15 +135,6 @@ def set_enabled(flag: bool) -> bool:
     return previous
 
 
-def set_w8_prefetch(nbytes: int) -> int:
-    """How far ahead `w8_gemv` prefetches the weight rows, in bytes (4096 by default; 0: not at all); returns the
-    previous setting. For benchmarks: bench_int8_gemm.py times a decode step's projections both ways in one
-    process."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= 1 << 20:
-        raise ValueError(f"set_w8_prefetch takes a whole number of bytes from 0 to 1 MiB, got {nbytes!r}")
-    return int(_lib.set_w8_prefetch(nbytes)) if available() else 0
-
-
 def available() -> bool:
     return _enabled and lib() is not None
 
@@ -157,7 +150,7 @@ def error() -> Optional[str]:
     return _error
 
 
-def _built():
+def built():
     """The compiled module, for the kernel wrappers below: a clear error where it did not build (or is turned off)
     rather than an AttributeError on None."""
     if not available():
@@ -166,17 +159,11 @@ def _built():
     return _lib
 
 
-def _ptr(t: Optional[torch.Tensor]) -> int:
+def ptr(t: Optional[torch.Tensor]) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _check_rows(name: str, x: torch.Tensor, k: int) -> None:
-    """The kernels read raw pointers: a wrong dtype, device or width would be read as garbage, so refuse it."""
-    if x.dtype is not F32 or x.dim() != 2 or not x.is_cpu or x.shape[1] != k:
-        raise ValueError(f"{name} takes fp32 CPU rows [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}")
-
-
-def _check_channels(name: str, n: int, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+def check_channels(name: str, n: int, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
     for label, t in (("scales", scales), ("bias", bias)):
         if t is not None and (t.dtype is not F32 or t.numel() != n or not t.is_contiguous() or not t.is_cpu):
             raise ValueError(f"{name}: {label} must be {n} contiguous fp32 CPU values (one per output channel), "
@@ -197,41 +184,12 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments)
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
-    _built().decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(),
+    built().decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(),
                               v_buf.data_ptr(), int(k_buf.dtype == torch.bfloat16), slots.data_ptr(), first.data_ptr(),
                               lens.data_ptr(), r, h, kvh, d, slots.shape[1], scale, chunk, nchunks, scratch.data_ptr(),
-                              out.data_ptr(), int(out.dtype == torch.bfloat16), _ptr(segments),
+                              out.data_ptr(), int(out.dtype == torch.bfloat16), ptr(segments),
                               0 if segments is None else segments.numel() - 1)
     return out
-
-
-class Int8Matrix:
-    """int8 weights w [N, K] with one fp32 scale (and bias) per output channel, checked once: `gemv` then checks
-    only the rows. Linear holds one per int8 projection (a decode step makes ~120 calls; checking the weights on
-    every call cost ~2 us each)."""
-
-    __slots__ = ("weight", "scales", "bias", "n", "k", "_ptrs")
-
-    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
-        if (weight.dtype is not torch.int8 or weight.dim() != 2 or not weight.is_contiguous()
-                or not weight.is_cpu):
-            raise ValueError(f"w8_gemv takes contiguous int8 CPU weights [N, K], "
-                             f"got {weight.dtype} {tuple(weight.shape)} on {weight.device}")
-        self.n, self.k = weight.shape
-        _check_channels("w8_gemv", self.n, scales, bias)
-        self.weight, self.scales, self.bias = weight, scales, bias       # kept alive for the pointers below
-        self._ptrs = (weight.data_ptr(), scales.data_ptr(), _ptr(bias))
-
-    def gemv(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias), on the FMA kernel (`w8_gemv`)."""
-        if x.dtype is not F32 or x.dim() != 2 or x.shape[1] != self.k or not x.is_cpu:
-            _check_rows("w8_gemv", x, self.k)
-        x = x.contiguous()
-        m = x.shape[0]
-        y = torch.empty((m, self.n), dtype=torch.float32)
-        w, s, b = self._ptrs
-        _built().w8_gemv(x.data_ptr(), w, s, b, y.data_ptr(), m, self.n, self.k)
-        return y
 
 
 def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments) -> None:
@@ -270,12 +228,6 @@ def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks,
         raise ValueError("decode_attention: segments must be None or contiguous int64 run starts [runs + 1]")
 
 
-def w8_gemv(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [M, K] fp32, w [N, K] int8, scales [N] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias),
-    x16 being x rounded to 16 significant bits (so every product is exact in fp32; `x16` below)."""
-    return Int8Matrix(w, scales, bias).gemv(x)
-
-
 def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [M, N] fp32 contiguous, updated in place to x + delta (when given); returns rms_norm(x) * w."""
     if x.dtype is not F32 or x.dim() != 2 or not x.is_contiguous() or not x.is_cpu:
@@ -287,9 +239,9 @@ def add_rms_norm(x: torch.Tensor, delta: Optional[torch.Tensor], w: torch.Tensor
             raise ValueError(f"add_rms_norm: delta must be fp32 {tuple(x.shape)} like x, "
                              f"got {delta.dtype} {tuple(delta.shape)}")
         delta = delta.contiguous()
-    _check_channels("add_rms_norm", n, w, None)
+    check_channels("add_rms_norm", n, w, None)
     y = torch.empty_like(x)
-    _built().add_rms_norm(x.data_ptr(), _ptr(delta), w.data_ptr(), y.data_ptr(), m, n, eps)
+    built().add_rms_norm(x.data_ptr(), ptr(delta), w.data_ptr(), y.data_ptr(), m, n, eps)
     return y
 
 
@@ -300,20 +252,8 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     gu = gu.contiguous()
     m, two_i = gu.shape
     out = torch.empty((m, two_i // 2), dtype=torch.float32)
-    _built().silu_mul(gu.data_ptr(), out.data_ptr(), m, two_i // 2)
+    built().silu_mul(gu.data_ptr(), out.data_ptr(), m, two_i // 2)
     return out
-
-
-def x16(x: torch.Tensor) -> torch.Tensor:
-    """x (fp32) rounded to 16 significant bits, to nearest, ties to even (inf and nan kept): the activations all
-    int8 kernels multiply. Why 16: a 16-bit significand times an int8 weight is exact in fp32, and it is exactly
-    two bf16, which AMX tiles multiply exactly; the rounding (at most 2^-16 relative) is far below the int8 weights'.
-    Results below X16_MIN (2^-111) in magnitude become a signed zero (there the low bf16 would be subnormal, which
-    AMX reads as zero); a finite x that rounds past FLT_MAX becomes inf."""
-    u = x.float().contiguous().view(torch.int32)
-    r = (u + 0x7F + ((u >> 8) & 1)) & -256
-    r = torch.where((r & 0x7F800000) < (X16_MIN_EXP << 23), u & -(1 << 31), r)
-    return torch.where((u & 0x7F800000) == 0x7F800000, u, r).view(torch.float32)
 
 
 def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -329,7 +269,7 @@ def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     if qk.stride(2) != 1 or qk.stride(1) != d:
         qk = qk.contiguous()
     out = torch.empty((t, nh, d), dtype=torch.float32)
-    _built().rope(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), t, nh, d)
+    built().rope(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), t, nh, d)
     return out
 
 
@@ -348,84 +288,6 @@ def amx_available() -> bool:
     """Whether `w8_amx_gemm` runs here: the kernels built with AMX (the CPU has AMX-BF16 and the compiler knows
     it), Linux granted this process the tile registers, and set_amx did not turn them off."""
     return _amx_enabled and available() and bool(_lib.amx_ready())
-
-
-def amx_fits(w: torch.Tensor) -> bool:
-    """Whether the int8 weights `w` [N, K] can run on AMX tiles here: AMX available, a CPU tensor, both sizes
-    multiples of 32 (whole tiles)."""
-    return w.is_cpu and w.shape[0] % 32 == 0 and w.shape[1] % 32 == 0 and amx_available()
-
-
-def pack_amx(w: torch.Tensor) -> torch.Tensor:
-    """int8 weights [N, K] (N, K multiples of 32) as the bf16 tiles `w8_amx_gemm` reads (int8 is exact in bf16):
-    [N/16, K/32, 16 pairs of k, 16 columns, 2]. Twice the int8 bytes: made on a model's first AMX use."""
-    n, k = w.shape
-    if n % 32 or k % 32:
-        raise ValueError(f"w8_amx_gemm needs both weight sizes multiples of 32, got {n} x {k}")
-    return w.to(torch.bfloat16).view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
-
-
-def panels_fit(w: torch.Tensor) -> bool:
-    """Whether prefill rows of the int8 weights `w` [N, K] should run `w8_panel_gemm`: a CPU tensor, N a multiple
-    of 16, and kernels built with AVX-512 (built for AVX2 it ran slower than `w8_gemv`, native_kernels.c)."""
-    return w.is_cpu and w.shape[0] % 16 == 0 and available() and bool(_lib.panel_gemm_fast())
-
-
-def pack_panels(w: torch.Tensor) -> torch.Tensor:
-    """int8 weights [N, K] (N a multiple of 16) as the panels `w8_panel_gemm` reads: [N/16, K, 16], the 16 output
-    channels of a panel side by side for each k. The same bytes as `w`: made on a model's first prefill where
-    there are no AMX tiles."""
-    n, k = w.shape
-    if n % 16:
-        raise ValueError(f"w8_panel_gemm needs the output size a multiple of 16, got {n}")
-    return w.view(n // 16, 16, k).transpose(1, 2).contiguous()
-
-
-def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
-                  bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, with FMAs on weight panels (`panels` =
-    pack_panels(w)): the products `w8_gemv` adds, summed in another order, at GEMM speed for many rows on a CPU
-    without AMX tiles."""
-    if x.dtype is not F32 or x.dim() != 2:
-        raise ValueError(f"w8_panel_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
-    m, k = x.shape
-    if (panels.dtype is not torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16
-            or not panels.is_contiguous()):
-        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not fit rows of {k}; "
-                         f"make them with pack_panels")
-    _check_rows("w8_panel_gemm", x, k)
-    n = panels.shape[0] * 16
-    _check_channels("w8_panel_gemm", n, scales, bias)
-    x = x.contiguous()
-    y = torch.empty((m, n), dtype=torch.float32)
-    _built().w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(), m, n, k)
-    return y
-
-
-def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, on AMX tiles; `packed` = pack_amx(w). Each
-    row's x16 is exactly two bf16 (hi + lo), so the tiles add exactly the products `w8_gemv` adds, in another
-    order: fp32 rounding apart, a row's result does not depend on the batch size."""
-    if not amx_available():
-        raise RuntimeError("AMX tiles are not available here (the CPU, the compiler or Linux lacks them); "
-                           "use w8_gemv, which adds the same products")
-    if x.dtype is not F32 or x.dim() != 2:
-        raise ValueError(f"w8_amx_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
-    m, k = x.shape
-    n = packed.shape[0] * 16
-    if (packed.dtype != torch.bfloat16 or packed.dim() != 5 or packed.shape[1] * 32 != k
-            or packed.shape[0] % 2 or tuple(packed.shape[2:]) != (16, 16, 2) or not packed.is_contiguous()):
-        raise ValueError(f"packed weights {tuple(packed.shape)} {packed.dtype} do not fit rows of {k}; "
-                         f"make them with pack_amx")
-    _check_rows("w8_amx_gemm", x, k)
-    _check_channels("w8_amx_gemm", n, scales, bias)
-    x = x.contiguous()
-    xb = torch.empty((-(-m // 32) * 32, 2, k), dtype=torch.bfloat16)      # hi, lo of each row
-    y = torch.empty((m, n), dtype=torch.float32)
-    _built().w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), _ptr(bias), y.data_ptr(),
-                     m, n, k)
-    return y
 
 
 def amx_attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -460,6 +322,6 @@ def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         q = q.contiguous()
     k, v = k.contiguous(), v.contiguous()
     out = torch.empty((n, h, d), dtype=torch.float32)
-    _built().amx_attention(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, m, h, kvh, d,
+    built().amx_attention(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, m, h, kvh, d,
                            float(scale))
     return out

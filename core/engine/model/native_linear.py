@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from core.engine.model import native_kernels
+from core.engine.model import native_int8, native_kernels
 
 # From this many rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), else on
 # weight panels with AVX-512 (w8_panel_gemm); below it the FMA kernel (w8_gemv): measured on SmolLM2's shapes,
@@ -26,7 +26,7 @@ class Linear:
     kind "int8": weight-only int8, symmetric, one fp32 scale per output channel (w ~= q * scale),
         fp32 activations. On a CPU the decode-sized batches run the FMA kernel `w8_gemv` and, from
         AMX_MIN_ROWS rows where the CPU has AMX, the prefill-sized ones run `w8_amx_gemm` on AMX tiles. Both
-        round x to 16 significant bits first (`native_kernels.x16`: exactly two bf16 for the tiles, and a
+        round x to 16 significant bits first (`native_int8.x16`: exactly two bf16 for the tiles, and a
         product with an int8 that is exact in fp32), so both add exactly the products x16[k] * q[n, k] and
         differ in the order of the fp32 sums only: a token's K/V do not depend on how its prompt was chunked
         or cached, and cache on == cache off within the mode (benchmarks/README.md,
@@ -48,7 +48,7 @@ class Linear:
         self.dense = self.dense_bias = None
         self.tiles: Optional[torch.Tensor] = None   # int8: the bf16 AMX tiles, packed on the first prefill
         self.panels: Optional[torch.Tensor] = None  # int8 without AMX: the weight panels, packed likewise
-        self.matrix: Optional[native_kernels.Int8Matrix] = None   # int8 on a CPU: what the decode kernel reads
+        self.matrix: Optional[native_int8.Int8Matrix] = None   # int8 on a CPU: what the decode kernel reads
         if kind == "int8":
             w = weight.float()
             scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -56,7 +56,7 @@ class Linear:
             self.scales = scales.contiguous()
             self.bias = None if bias is None else bias.detach().float().contiguous()
             if weight.device.type == "cpu":
-                self.matrix = native_kernels.Int8Matrix(self.weight, self.scales, self.bias)
+                self.matrix = native_int8.Int8Matrix(self.weight, self.scales, self.bias)
             else:
                 self.dense = (self.weight.float() * scales[:, None]).to(torch.bfloat16).contiguous()
                 self.dense_bias = None if bias is None else bias.detach().to(torch.bfloat16)
@@ -82,14 +82,14 @@ class Linear:
         if self.dense is None:
             if native_kernels.available():
                 if x.shape[0] >= AMX_MIN_ROWS:
-                    if native_kernels.amx_fits(self.weight):
+                    if native_int8.amx_fits(self.weight):
                         if self.tiles is None:
-                            self.tiles = native_kernels.pack_amx(self.weight)
-                        return native_kernels.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
-                    if native_kernels.panels_fit(self.weight):
+                            self.tiles = native_int8.pack_amx(self.weight)
+                        return native_int8.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
+                    if native_int8.panels_fit(self.weight):
                         if self.panels is None:
-                            self.panels = native_kernels.pack_panels(self.weight)
-                        return native_kernels.w8_panel_gemm(x, self.panels, self.scales, self.bias)
+                            self.panels = native_int8.pack_panels(self.weight)
+                        return native_int8.w8_panel_gemm(x, self.panels, self.scales, self.bias)
                 return self.matrix.gemv(x)
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
                                                    self.scales.to(torch.bfloat16)).float()

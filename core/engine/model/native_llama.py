@@ -21,7 +21,7 @@ Numerics ("dtype"):
   fp32  weights, activations and KV pool fp32: Hugging Face fp32 to ~1e-7 on the test models.
   bf16  weights, activations and KV pool bf16 (fp32 accumulation inside the kernels).
   int8  weight-only int8 (one fp32 scale per output channel) for every projection and the LM head;
-        on fp32 activations rounded to 16 significant bits (native_kernels.x16): on a CPU the C kernel
+        on fp32 activations rounded to 16 significant bits (native_int8.x16): on a CPU the C kernel
         `w8_gemv` for decode-sized batches and, for prefill-sized ones, AMX tiles (`w8_amx_gemm`, x16 as two
         bf16) or, on AVX-512 CPUs without AMX, weight panels (`w8_panel_gemm`): the same exact products
         summed in another order (native_linear.Linear). Activations and the

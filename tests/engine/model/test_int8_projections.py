@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.engine.model import native_kernels
+from core.engine.model import native_int8, native_kernels
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_layers import AttentionPlan, attend_prefixed
 from core.engine.model.native_linear import AMX_MIN_ROWS, Linear
@@ -51,23 +51,23 @@ def exact(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: torch.Te
 
 def test_activations_are_rounded_to_16_significant_bits_to_nearest_even_keeping_inf_and_nan():
     x = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 10
-    assert torch.equal(native_kernels.x16(x).double(), round16(x))
+    assert torch.equal(native_int8.x16(x).double(), round16(x))
     one = 1.0 + 2.0 ** -15                              # the last bit x16 keeps, just above 1
     ties = torch.tensor([1.0 + 2.0 ** -16, one + 2.0 ** -16, -(1.0 + 2.0 ** -16), (1.0 + 2.0 ** -16) * 2.0 ** -100])
-    assert native_kernels.x16(ties).tolist() == [1.0, one + 2.0 ** -15, -1.0, 2.0 ** -100]
+    assert native_int8.x16(ties).tolist() == [1.0, one + 2.0 ** -15, -1.0, 2.0 ** -100]
     above_a_tie = torch.tensor([1.0 + 2.0 ** -16 + 2.0 ** -20, 3.0 * 2.0 ** -17])     # not ties: to nearest
-    assert native_kernels.x16(above_a_tie).tolist() == [one, 3.0 * 2.0 ** -17]
-    special = native_kernels.x16(torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0]))
+    assert native_int8.x16(above_a_tie).tolist() == [one, 3.0 * 2.0 ** -17]
+    special = native_int8.x16(torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0]))
     assert special[:2].tolist() == [float("inf"), -float("inf")] and special[2].isnan()
     assert special[3:].tolist() == [0.0, 0.0] and math.copysign(1, special[4]) == -1
-    assert float((native_kernels.x16(x) - x).abs().div(x.abs()).max()) <= 2.0 ** -16
+    assert float((native_int8.x16(x) - x).abs().div(x.abs()).max()) <= 2.0 ** -16
 
 
 def test_activations_too_small_for_two_normal_bf16_flush_to_zero_and_past_flt_max_round_to_inf():
     """Below 2^-111 the low bf16 of x16 would be subnormal (AMX reads it as zero): flushed, sign kept."""
     x = torch.tensor([2.0 ** -111, (2 - 2.0 ** -17) * 2.0 ** -112, (2 - 2.0 ** -15) * 2.0 ** -112, -2.0 ** -112,
                       1e-40, 3.4028235e38, -3.4028235e38, 3.4027e38])
-    y = native_kernels.x16(x)
+    y = native_int8.x16(x)
     assert y.tolist() == [2.0 ** -111, 2.0 ** -111, 0.0, 0.0, 0.0, math.inf, -math.inf, round16(x[7:]).item()]
     assert [math.copysign(1, v) for v in y[2:5].tolist()] == [1, -1, 1]
     assert torch.equal(y.double(), round16(x))
@@ -90,8 +90,8 @@ def test_the_kernels_round_exactly_as_x16_in_vector_lanes_and_in_the_scalar_tail
     k = 40
     eye = torch.eye(k, dtype=torch.int8)
     x = edge_rows(k)
-    y = native_kernels.w8_gemv(x, eye, torch.ones(k), torch.zeros(k))
-    assert torch.equal(y, native_kernels.x16(x)) and torch.equal(y.double(), round16(x))
+    y = native_int8.w8_gemv(x, eye, torch.ones(k), torch.zeros(k))
+    assert torch.equal(y, native_int8.x16(x)) and torch.equal(y.double(), round16(x))
 
 
 def test_every_int8_kernel_gives_the_same_bits_at_the_edges_of_x16():
@@ -101,12 +101,12 @@ def test_every_int8_kernel_gives_the_same_bits_at_the_edges_of_x16():
     eye, ones, zeros = torch.eye(k, dtype=torch.int8), torch.ones(k), torch.zeros(k)
     x = torch.cat([edge_rows(k), torch.zeros(2, k)])
     x[-2, 5], x[-1, 9] = math.inf, math.nan
-    want = native_kernels.w8_gemv(x, eye, ones, zeros)
-    assert torch.equal(want[:-2], native_kernels.x16(x[:-2]))
+    want = native_int8.w8_gemv(x, eye, ones, zeros)
+    assert torch.equal(want[:-2], native_int8.x16(x[:-2]))
     assert want[-2, 5] == math.inf and want[-1, 9].isnan()
-    kernels = [native_kernels.w8_panel_gemm(x, native_kernels.pack_panels(eye), ones, zeros)]
+    kernels = [native_int8.w8_panel_gemm(x, native_int8.pack_panels(eye), ones, zeros)]
     if native_kernels.amx_available():
-        kernels.append(native_kernels.w8_amx_gemm(x, native_kernels.pack_amx(eye), ones, zeros))
+        kernels.append(native_int8.w8_amx_gemm(x, native_int8.pack_amx(eye), ones, zeros))
     for y in kernels:
         torch.testing.assert_close(y, want, rtol=0, atol=0, equal_nan=True)
 
@@ -120,7 +120,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_the_fma_kernel_sums_the_exact_products_in_fp32(n, k, m):
     w, s, b = weights(n, k, m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(100 + m)) * 3
-    y = native_kernels.w8_gemv(x, w, s, b)
+    y = native_int8.w8_gemv(x, w, s, b)
     assert rel(y, exact(x, w, s, b)) < 1e-6
     unrounded = (x.double() @ w.double().t()) * s.double() + b.double()
     assert 1e-6 < rel(y, unrounded) < 5e-5          # x16 is measurably not x, and costs little
@@ -133,12 +133,12 @@ def test_amx_tiles_add_the_same_products_as_the_fma_kernel(n, k, m):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(200 + m))
     if not native_kernels.amx_available():   # a CPU without AMX-BF16: the FMA kernel runs every row
         with pytest.raises(RuntimeError, match="use w8_gemv"):
-            native_kernels.w8_amx_gemm(x, native_kernels.pack_amx(w), s, b)
+            native_int8.w8_amx_gemm(x, native_int8.pack_amx(w), s, b)
         return
-    y = native_kernels.w8_amx_gemm(x, native_kernels.pack_amx(w), s, b)
+    y = native_int8.w8_amx_gemm(x, native_int8.pack_amx(w), s, b)
     assert y.shape == (m, n)
     assert rel(y, exact(x, w, s, b)) < 1e-6
-    assert rel(y, native_kernels.w8_gemv(x, w, s, b)) < 2e-6
+    assert rel(y, native_int8.w8_gemv(x, w, s, b)) < 2e-6
     one_bf16 = (x.bfloat16().double() @ w.double().t()) * s.double() + b.double()
     assert rel(y, one_bf16) > 1e-4           # what rows rounded to one bf16 would have given: far off
 
@@ -147,12 +147,12 @@ def test_amx_tiles_add_the_same_products_as_the_fma_kernel(n, k, m):
 def test_prefetching_the_weights_changes_no_bit(m):
     w, s, b = weights(3072, 576, m)
     x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
-    with_prefetch = native_kernels.w8_gemv(x, w, s, b)
-    previous = native_kernels.set_w8_prefetch(0)
+    with_prefetch = native_int8.w8_gemv(x, w, s, b)
+    previous = native_int8.set_w8_prefetch(0)
     try:
-        without = native_kernels.w8_gemv(x, w, s, b)
+        without = native_int8.w8_gemv(x, w, s, b)
     finally:
-        assert native_kernels.set_w8_prefetch(previous) == 0
+        assert native_int8.set_w8_prefetch(previous) == 0
     assert previous == 4096 and torch.equal(with_prefetch, without)
 
 
@@ -162,43 +162,43 @@ def test_weight_panels_add_the_same_products_as_the_fma_kernel(n, k, m):
     """The prefill kernel of a CPU without AMX: the exact products again, summed one k after another per lane."""
     w, s, b = weights(n, k, m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(300 + m))
-    panels = native_kernels.pack_panels(w)
+    panels = native_int8.pack_panels(w)
     assert panels.shape == (n // 16, k, 16) and torch.equal(panels[1, 5], w[16:32, 5])
-    y = native_kernels.w8_panel_gemm(x, panels, s, b)
+    y = native_int8.w8_panel_gemm(x, panels, s, b)
     assert y.shape == (m, n)
     assert rel(y, exact(x, w, s, b)) < 3e-6
-    assert rel(y, native_kernels.w8_gemv(x, w, s, b)) < 4e-6
+    assert rel(y, native_int8.w8_gemv(x, w, s, b)) < 4e-6
 
 
 def test_weight_panels_refuse_sizes_and_rows_that_do_not_fit():
     w, s, b = weights(40, 64, 0)
     with pytest.raises(ValueError, match="multiple of 16"):
-        native_kernels.pack_panels(w)
+        native_int8.pack_panels(w)
     w, s, b = weights(64, 64, 0)
     with pytest.raises(ValueError, match="make them with pack_panels"):
-        native_kernels.w8_panel_gemm(torch.randn(40, 96), native_kernels.pack_panels(w), s, b)
+        native_int8.w8_panel_gemm(torch.randn(40, 96), native_int8.pack_panels(w), s, b)
     with pytest.raises(ValueError, match="fp32 rows"):
-        native_kernels.w8_panel_gemm(torch.randn(40, 64).double(), native_kernels.pack_panels(w), s, b)
+        native_int8.w8_panel_gemm(torch.randn(40, 64).double(), native_int8.pack_panels(w), s, b)
 
 
 def test_the_int8_kernels_refuse_what_they_would_misread_and_take_any_layout_of_rows():
     w, s, b = weights(64, 64, 0)
-    panels = native_kernels.pack_panels(w)
+    panels = native_int8.pack_panels(w)
     x = torch.randn(5, 64)
     with pytest.raises(ValueError, match="make them with pack_panels"):
-        native_kernels.w8_panel_gemm(x, panels.transpose(0, 1).contiguous().transpose(0, 1), s, b)
+        native_int8.w8_panel_gemm(x, panels.transpose(0, 1).contiguous().transpose(0, 1), s, b)
     for short in ((s[:48], b), (s, b[:63])):
         with pytest.raises(ValueError, match="must be 64 contiguous fp32 CPU values"):
-            native_kernels.w8_panel_gemm(x, panels, *short)
+            native_int8.w8_panel_gemm(x, panels, *short)
         with pytest.raises(ValueError, match="must be 64 contiguous fp32 CPU values"):
-            native_kernels.w8_gemv(x, w, *short)
+            native_int8.w8_gemv(x, w, *short)
     with pytest.raises(ValueError, match=r"fp32 CPU rows \[M, 64\]"):
-        native_kernels.w8_gemv(x.double(), w, s, b)
+        native_int8.w8_gemv(x.double(), w, s, b)
     with pytest.raises(ValueError, match="contiguous int8"):
-        native_kernels.w8_gemv(x, w.t(), s, b)
+        native_int8.w8_gemv(x, w.t(), s, b)
     strided = torch.randn(64, 5).t()
-    assert torch.equal(native_kernels.w8_gemv(strided, w, s, b), native_kernels.w8_gemv(strided.contiguous(), w, s, b))
-    assert native_kernels.w8_panel_gemm(torch.empty(0, 64), panels, s, b).shape == (0, 64)
+    assert torch.equal(native_int8.w8_gemv(strided, w, s, b), native_int8.w8_gemv(strided.contiguous(), w, s, b))
+    assert native_int8.w8_panel_gemm(torch.empty(0, 64), panels, s, b).shape == (0, 64)
 
 
 def test_without_amx_a_prefill_runs_on_weight_panels_and_keeps_its_rows():
@@ -213,7 +213,7 @@ def test_without_amx_a_prefill_runs_on_weight_panels_and_keeps_its_rows():
         many = lin(x)
     finally:
         native_kernels.set_amx(previous)
-    assert lin.tiles is None and (lin.panels is not None) == native_kernels.panels_fit(lin.weight)
+    assert lin.tiles is None and (lin.panels is not None) == native_int8.panels_fit(lin.weight)
     for i in (0, 20, AMX_MIN_ROWS + 8):
         assert rel(lin(x[i:i + 1])[0], many[i]) < 4e-6
 
@@ -221,19 +221,19 @@ def test_without_amx_a_prefill_runs_on_weight_panels_and_keeps_its_rows():
 def test_amx_tiles_refuse_sizes_that_are_not_whole_tiles_and_rows_that_do_not_fit():
     w, s, b = weights(48, 64, 0)
     with pytest.raises(ValueError, match="multiples of 32"):
-        native_kernels.pack_amx(w)
+        native_int8.pack_amx(w)
     w, s, b = weights(64, 64, 0)
     error = (ValueError, "make them with pack_amx") if native_kernels.amx_available() else (RuntimeError, "w8_gemv")
     with pytest.raises(error[0], match=error[1]):
-        native_kernels.w8_amx_gemm(torch.randn(40, 96), native_kernels.pack_amx(w), s, b)
+        native_int8.w8_amx_gemm(torch.randn(40, 96), native_int8.pack_amx(w), s, b)
     if native_kernels.amx_available():
         with pytest.raises(ValueError, match="fp32 rows"):
-            native_kernels.w8_amx_gemm(torch.randn(40, 64).bfloat16(), native_kernels.pack_amx(w), s, b)
-        half = native_kernels.pack_amx(torch.cat([w, w[:32]]))[:5].contiguous()      # 80 columns: not whole pairs
-        short = native_kernels.pack_amx(w)[:, :, :1].contiguous()                     # the tiles cut short
+            native_int8.w8_amx_gemm(torch.randn(40, 64).bfloat16(), native_int8.pack_amx(w), s, b)
+        half = native_int8.pack_amx(torch.cat([w, w[:32]]))[:5].contiguous()      # 80 columns: not whole pairs
+        short = native_int8.pack_amx(w)[:, :, :1].contiguous()                     # the tiles cut short
         for packed in (half, short):
             with pytest.raises(ValueError, match="make them with pack_amx"):
-                native_kernels.w8_amx_gemm(torch.randn(40, 64), packed, s, b)
+                native_int8.w8_amx_gemm(torch.randn(40, 64), packed, s, b)
 
 
 def test_an_int8_projection_switches_kernels_at_amx_min_rows_without_moving_its_rows():

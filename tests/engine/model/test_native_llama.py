@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from core import env
-from core.engine.model import native_kernels
+from core.engine.model import native_int8, native_kernels
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
@@ -334,7 +334,7 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
     lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
     tiles = native_kernels.amx_available()
     assert [lin.tiles is not None for lin in lins] == [tiles] * len(lins)     # the 72 rows ran on tiles, or
-    panels = not tiles and native_kernels.panels_fit(lins[0].weight)
+    panels = not tiles and native_int8.panels_fit(lins[0].weight)
     assert [lin.panels is not None for lin in lins] == [panels] * len(lins)   # on panels
     build = native_layers.AttentionPlan.build
 

@@ -1,0 +1,156 @@
+"""The int8 projections' kernels (native_kernels.c), their checked wrappers and the weight layouts they read:
+`w8_gemv` for a decode step's few rows, `w8_amx_gemm` on AMX tiles and `w8_panel_gemm` on weight panels for a
+prefill's many. All three round the activations to 16 significant bits first (`x16`), so every product
+x16[k] * q[n, k] is exact in fp32 and the kernels differ only in the order of their sums. native_linear.Linear
+picks one per call by its row count."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from core.engine.model import native_kernels
+from core.engine.model.native_kernels import F32
+
+X16_MIN_EXP = 16  # x16 below 2^(X16_MIN_EXP - 127) = 2^-111 flushes to zero (native_kernels.c X16_MIN_EXP)
+
+
+def set_w8_prefetch(nbytes: int) -> int:
+    """How far ahead `w8_gemv` prefetches the weight rows, in bytes (4096 by default; 0: not at all); returns the
+    previous setting. For benchmarks: bench_int8_gemm.py times a decode step's projections both ways in one
+    process."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= 1 << 20:
+        raise ValueError(f"set_w8_prefetch takes a whole number of bytes from 0 to 1 MiB, got {nbytes!r}")
+    return int(native_kernels.built().set_w8_prefetch(nbytes)) if native_kernels.available() else 0
+
+
+def check_rows(name: str, x: torch.Tensor, k: int) -> None:
+    """The kernels read raw pointers: a wrong dtype, device or width would be read as garbage, so refuse it."""
+    if x.dtype is not F32 or x.dim() != 2 or not x.is_cpu or x.shape[1] != k:
+        raise ValueError(f"{name} takes fp32 CPU rows [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}")
+
+
+class Int8Matrix:
+    """int8 weights w [N, K] with one fp32 scale (and bias) per output channel, checked once: `gemv` then checks
+    only the rows. Linear holds one per int8 projection (a decode step makes ~120 calls; checking the weights on
+    every call cost ~2 us each)."""
+
+    __slots__ = ("weight", "scales", "bias", "n", "k", "_ptrs")
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        if (weight.dtype is not torch.int8 or weight.dim() != 2 or not weight.is_contiguous()
+                or not weight.is_cpu):
+            raise ValueError(f"w8_gemv takes contiguous int8 CPU weights [N, K], "
+                             f"got {weight.dtype} {tuple(weight.shape)} on {weight.device}")
+        self.n, self.k = weight.shape
+        native_kernels.check_channels("w8_gemv", self.n, scales, bias)
+        self.weight, self.scales, self.bias = weight, scales, bias       # kept alive for the pointers below
+        self._ptrs = (weight.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias))
+
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias), on the FMA kernel (`w8_gemv`)."""
+        if x.dtype is not F32 or x.dim() != 2 or x.shape[1] != self.k or not x.is_cpu:
+            check_rows("w8_gemv", x, self.k)
+        x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty((m, self.n), dtype=torch.float32)
+        w, s, b = self._ptrs
+        native_kernels.built().w8_gemv(x.data_ptr(), w, s, b, y.data_ptr(), m, self.n, self.k)
+        return y
+
+
+def w8_gemv(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] fp32, w [N, K] int8, scales [N] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias),
+    x16 being x rounded to 16 significant bits (so every product is exact in fp32; `x16` below)."""
+    return Int8Matrix(w, scales, bias).gemv(x)
+
+
+def x16(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32) rounded to 16 significant bits, to nearest, ties to even (inf and nan kept): the activations all
+    int8 kernels multiply. Why 16: a 16-bit significand times an int8 weight is exact in fp32, and it is exactly
+    two bf16, which AMX tiles multiply exactly; the rounding (at most 2^-16 relative) is far below the int8 weights'.
+    Results below X16_MIN (2^-111) in magnitude become a signed zero (there the low bf16 would be subnormal, which
+    AMX reads as zero); a finite x that rounds past FLT_MAX becomes inf."""
+    u = x.float().contiguous().view(torch.int32)
+    r = (u + 0x7F + ((u >> 8) & 1)) & -256
+    r = torch.where((r & 0x7F800000) < (X16_MIN_EXP << 23), u & -(1 << 31), r)
+    return torch.where((u & 0x7F800000) == 0x7F800000, u, r).view(torch.float32)
+
+
+def amx_fits(w: torch.Tensor) -> bool:
+    """Whether the int8 weights `w` [N, K] can run on AMX tiles here: AMX available, a CPU tensor, both sizes
+    multiples of 32 (whole tiles)."""
+    return w.is_cpu and w.shape[0] % 32 == 0 and w.shape[1] % 32 == 0 and native_kernels.amx_available()
+
+
+def pack_amx(w: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] (N, K multiples of 32) as the bf16 tiles `w8_amx_gemm` reads (int8 is exact in bf16):
+    [N/16, K/32, 16 pairs of k, 16 columns, 2]. Twice the int8 bytes: made on a model's first AMX use."""
+    n, k = w.shape
+    if n % 32 or k % 32:
+        raise ValueError(f"w8_amx_gemm needs both weight sizes multiples of 32, got {n} x {k}")
+    return w.to(torch.bfloat16).view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def panels_fit(w: torch.Tensor) -> bool:
+    """Whether prefill rows of the int8 weights `w` [N, K] should run `w8_panel_gemm`: a CPU tensor, N a multiple
+    of 16, and kernels built with AVX-512 (built for AVX2 it ran slower than `w8_gemv`, native_kernels.c)."""
+    return (w.is_cpu and w.shape[0] % 16 == 0 and native_kernels.available()
+            and bool(native_kernels.built().panel_gemm_fast()))
+
+
+def pack_panels(w: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] (N a multiple of 16) as the panels `w8_panel_gemm` reads: [N/16, K, 16], the 16 output
+    channels of a panel side by side for each k. The same bytes as `w`: made on a model's first prefill where
+    there are no AMX tiles."""
+    n, k = w.shape
+    if n % 16:
+        raise ValueError(f"w8_panel_gemm needs the output size a multiple of 16, got {n}")
+    return w.view(n // 16, 16, k).transpose(1, 2).contiguous()
+
+
+def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, with FMAs on weight panels (`panels` =
+    pack_panels(w)): the products `w8_gemv` adds, summed in another order, at GEMM speed for many rows on a CPU
+    without AMX tiles."""
+    if x.dtype is not F32 or x.dim() != 2:
+        raise ValueError(f"w8_panel_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    if (panels.dtype is not torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16
+            or not panels.is_contiguous()):
+        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not fit rows of {k}; "
+                         f"make them with pack_panels")
+    check_rows("w8_panel_gemm", x, k)
+    n = panels.shape[0] * 16
+    native_kernels.check_channels("w8_panel_gemm", n, scales, bias)
+    x = x.contiguous()
+    y = torch.empty((m, n), dtype=torch.float32)
+    native_kernels.built().w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias), y.data_ptr(), m, n, k)
+    return y
+
+
+def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, on AMX tiles; `packed` = pack_amx(w). Each
+    row's x16 is exactly two bf16 (hi + lo), so the tiles add exactly the products `w8_gemv` adds, in another
+    order: fp32 rounding apart, a row's result does not depend on the batch size."""
+    if not native_kernels.amx_available():
+        raise RuntimeError("AMX tiles are not available here (the CPU, the compiler or Linux lacks them); "
+                           "use w8_gemv, which adds the same products")
+    if x.dtype is not F32 or x.dim() != 2:
+        raise ValueError(f"w8_amx_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    n = packed.shape[0] * 16
+    if (packed.dtype != torch.bfloat16 or packed.dim() != 5 or packed.shape[1] * 32 != k
+            or packed.shape[0] % 2 or tuple(packed.shape[2:]) != (16, 16, 2) or not packed.is_contiguous()):
+        raise ValueError(f"packed weights {tuple(packed.shape)} {packed.dtype} do not fit rows of {k}; "
+                         f"make them with pack_amx")
+    check_rows("w8_amx_gemm", x, k)
+    native_kernels.check_channels("w8_amx_gemm", n, scales, bias)
+    x = x.contiguous()
+    xb = torch.empty((-(-m // 32) * 32, 2, k), dtype=torch.bfloat16)      # hi, lo of each row
+    y = torch.empty((m, n), dtype=torch.float32)
+    native_kernels.built().w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias), y.data_ptr(),
+                     m, n, k)
+    return y
