@@ -136,7 +136,7 @@ def set_enabled(flag: bool) -> bool:
 
 
 def available() -> bool:
-    return _enabled and lib() is not None
+    return _enabled and (_lib is not None or lib() is not None)
 
 
 def attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -152,7 +152,9 @@ def error() -> Optional[str]:
 
 def built():
     """The compiled module, for the kernel wrappers below: a clear error where it did not build (or is turned off)
-    rather than an AttributeError on None."""
+    rather than an AttributeError on None. (~240 calls a decode step: the common case tests two globals.)"""
+    if _enabled and _lib is not None:
+        return _lib
     if not available():
         raise RuntimeError(f"the C kernels are not available here ({error() or 'turned off by set_enabled'}); "
                            f"check native_kernels.available() and use the torch ops instead")
