@@ -158,7 +158,7 @@ class AttentionPlan:
         prefix in every layer (what kept a decoding stream waiting behind a long prefill)."""
         plan = cls(num_tokens=batch.num_tokens)
         rows = batch.extend_rows
-        if tiles and batch.prompt_rows:
+        if tiles and (rows or batch.prompt_rows):
             plan.tiled = [(batch.extend_starts[r], batch.extend_lens[r], batch.seq_slots[r][:batch.prefix_lens[r]])
                           for r in sorted(set(rows) | batch.prompt_rows)]
             decodes = [r for r in batch.decode_rows if r not in batch.prompt_rows]
