@@ -11,7 +11,8 @@ then independent of it:
 
 Per layer: one fused QKV matmul, (Qwen3) one RMSNorm over the q and k heads, RoPE from precomputed
 tables, one index_copy_ per K and V into the pool, at most one attention call for all decodes and
-one for all extends (core/engine/model/native_layers.py: AttentionPlan, built once per forward), o_proj, one
+one for all extends (the int8 model on AMX tiles: one per prompt chunk, a step holds few) (core/engine/model/
+native_layers.py: AttentionPlan, built once per forward), o_proj, one
 fused gate+up matmul, SiLU*up, down. The LM head runs on the last token of each request only.
 On CPU, decode attention reads K/V straight from the pool by slot (core/engine/model/native_kernels.c, built
 with the system compiler on first use; torch fallbacks otherwise), and fp32 activations go through
