@@ -13,9 +13,10 @@
  * its prompt came whole, in chunks or after a cached prefix, and whatever rows share its tile. (One limit: a
  * non-finite V reaches every row of the 32-row tiles whose blocks hold it, seen or not: 0 * inf is nan.)
  *
- * Layouts (bf16 as uint16): q rows [n][H][D] fp32 (row stride qs floats), k/v [m][KVH][D] fp32 contiguous,
+ * Layouts (bf16 as uint16): q rows [n][H][D] fp32 (row stride qs floats); the keys and values read straight out
+ * of one pool layer, k/v [slots][KVH][D] fp32 or bf16 (kv_bf16), key j at slot slots[j] (no gathered copy);
  * out [n][H][D] fp32 contiguous. Query i sits at position m - n + i and sees keys 0 .. m - n + i. D % 32 == 0,
- * D <= 256, H % KVH == 0. Returns -1 when out of memory, -2 where built without AMX. */
+ * D <= 256, H % KVH == 0. Returns -1 when out of memory, -2 where built without AMX, -3 for shapes it cannot run. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,6 +42,14 @@ static inline void split_bf16x2(__m512 x, __m512i *hi, __m512i *lo) {
     *lo = _mm512_srli_epi32(_mm512_add_epi32(r, rnd), 16);
 }
 
+/* 16 values of a K or V row from the pool, as fp32 (a bf16 pool's values widen exactly: lo then splits to 0) */
+static inline __m512 load16(const void *base, int bf16, int64_t at) {
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at))), 16));
+    return _mm512_loadu_ps((const float *)base + at);
+}
+
 /* queries as A tiles: qh/ql [H][np][D], row-major (np = n rounded up to QROWS, extra rows zero) */
 static void pack_queries(const float *q, int64_t qs, int n, int np, int H, int D, uint16_t *qh, uint16_t *ql) {
     #pragma omp parallel for schedule(static)
@@ -60,7 +69,8 @@ static void pack_queries(const float *q, int64_t qs, int n, int np, int H, int D
 }
 
 /* keys as B tiles of the scores: [KVH][mp/16][D/32] tiles of [16 pairs of d][16 keys][2] (VNNI) */
-static void pack_keys(const float *k, int m, int mp, int KVH, int D, uint16_t *kh, uint16_t *kl) {
+static void pack_keys(const void *k, int bf16, const int64_t *slots, int m, int mp, int KVH, int D, uint16_t *kh,
+                      uint16_t *kl) {
     const int DS = D / 32;
     #pragma omp parallel for schedule(static)
     for (int key = 0; key < mp; key++) {
@@ -74,10 +84,10 @@ static void pack_keys(const float *k, int m, int mp, int KVH, int D, uint16_t *k
                     for (int r = 0; r < 16; r++) th[r * 16] = tl[r * 16] = 0;
                     continue;
                 }
-                const float *src = k + ((int64_t)key * KVH + g) * D + ds * 32;
+                const int64_t at = (slots[key] * KVH + g) * D + ds * 32;
                 __m512i h0, l0, h1, l1;
-                split_bf16x2(_mm512_loadu_ps(src), &h0, &l0);
-                split_bf16x2(_mm512_loadu_ps(src + 16), &h1, &l1);
+                split_bf16x2(load16(k, bf16, at), &h0, &l0);
+                split_bf16x2(load16(k, bf16, at + 16), &h1, &l1);
                 /* 32 bf16 in d order = 16 dwords, dword r = (d 2r, d 2r+1): row r of the tile, column key % 16 */
                 const __m512i ph = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(h0)),
                                                       _mm512_cvtepi32_epi16(h1), 1);
@@ -91,7 +101,8 @@ static void pack_keys(const float *k, int m, int mp, int KVH, int D, uint16_t *k
 }
 
 /* values as B tiles of the weighted sum: [KVH][mp/32][D/16] tiles of [16 pairs of keys][16 d][2] (VNNI) */
-static void pack_values(const float *v, int m, int mp, int KVH, int D, uint16_t *vh, uint16_t *vl) {
+static void pack_values(const void *v, int bf16, const int64_t *slots, int m, int mp, int KVH, int D, uint16_t *vh,
+                        uint16_t *vl) {
     const int DC = D / 16;
     #pragma omp parallel for schedule(static)
     for (int pair = 0; pair < mp / 2; pair++) {
@@ -100,9 +111,8 @@ static void pack_values(const float *v, int m, int mp, int KVH, int D, uint16_t 
             for (int dc = 0; dc < DC; dc++) {
                 const int64_t at = (((int64_t)g * (mp / KBLK) + kb) * DC + dc) * 512 + r * 32;
                 __m512i h0 = _mm512_setzero_si512(), l0 = h0, h1 = h0, l1 = h0;
-                if (k0 < m) split_bf16x2(_mm512_loadu_ps(v + ((int64_t)k0 * KVH + g) * D + dc * 16), &h0, &l0);
-                if (k0 + 1 < m)
-                    split_bf16x2(_mm512_loadu_ps(v + ((int64_t)(k0 + 1) * KVH + g) * D + dc * 16), &h1, &l1);
+                if (k0 < m) split_bf16x2(load16(v, bf16, (slots[k0] * KVH + g) * D + dc * 16), &h0, &l0);
+                if (k0 + 1 < m) split_bf16x2(load16(v, bf16, (slots[k0 + 1] * KVH + g) * D + dc * 16), &h1, &l1);
                 _mm512_storeu_si512((void *)(vh + at), _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
                 _mm512_storeu_si512((void *)(vl + at), _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
             }
@@ -215,8 +225,8 @@ static void attend_rows(const uint16_t *qh, const uint16_t *ql, const uint16_t *
 
 int amx_attention_ready(void) { return 1; }
 
-int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
-                  int KVH, int D, float scale) {
+int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+                  float *out, int n, int m, int H, int KVH, int D, float scale) {
     if (D % 32 || D > 256 || D <= 0 || KVH <= 0 || H % KVH || m < n) return -3;   /* the wrapper checks these */
     if (n <= 0) return 0;
     const int np = (n + QROWS - 1) / QROWS * QROWS, mp = (m + KBLK - 1) / KBLK * KBLK, G = H / KVH;
@@ -225,8 +235,8 @@ int amx_attention(const float *q, int64_t qs, const float *k, const float *v, fl
     if (!buf) return -1;
     uint16_t *qh = buf, *ql = qh + qn, *kh = ql + qn, *kl = kh + kn, *vh = kl + kn, *vl = vh + kn;
     pack_queries(q, qs, n, np, H, D, qh, ql);
-    pack_keys(k, m, mp, KVH, D, kh, kl);
-    pack_values(v, m, mp, KVH, D, vh, vl);
+    pack_keys(k, kv_bf16, slots, m, mp, KVH, D, kh, kl);
+    pack_values(v, kv_bf16, slots, m, mp, KVH, D, vh, vl);
     const int nqb = np / QROWS;
     #pragma omp parallel
     {
@@ -251,9 +261,9 @@ int amx_attention(const float *q, int64_t qs, const float *k, const float *v, fl
 #else
 int amx_attention_ready(void) { return 0; }
 
-int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
-                  int KVH, int D, float scale) {
-    (void)q; (void)qs; (void)k; (void)v; (void)out; (void)n; (void)m; (void)H; (void)KVH; (void)D; (void)scale;
+int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+                  float *out, int n, int m, int H, int KVH, int D, float scale) {
+    (void)q; (void)qs; (void)k; (void)v; (void)kv_bf16; (void)slots; (void)out; (void)n; (void)m; (void)H; (void)KVH; (void)D; (void)scale;
     return -2;
 }
 #endif

@@ -946,8 +946,8 @@ static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-int amx_attention(const float *q, int64_t qs, const float *k, const float *v, float *out, int n, int m, int H,
-                  int KVH, int D, float scale);   /* amx_attention.c */
+int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+                  float *out, int n, int m, int H, int KVH, int D, float scale);   /* amx_attention.c */
 int amx_attention_ready(void);
 
 static PyObject *py_amx_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -956,13 +956,14 @@ static PyObject *py_amx_attention_ready(PyObject *self, PyObject *const *args, P
 }
 
 static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 11, "amx_attention")) return NULL;
-    const float *q = PTR(0); int64_t qs = I64(1); const float *k = PTR(2), *v = PTR(3); float *out = PTR(4);
-    int N = INT(5), M = INT(6), H = INT(7), KVH = INT(8), D = INT(9); float sc = FLT(10);
+    if (!args_ok(n, 13, "amx_attention")) return NULL;
+    const float *q = PTR(0); int64_t qs = I64(1); const void *k = PTR(2), *v = PTR(3); int kvb = INT(4);
+    const int64_t *sl = PTR(5); float *out = PTR(6);
+    int N = INT(7), M = INT(8), H = INT(9), KVH = INT(10), D = INT(11); float sc = FLT(12);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = amx_attention(q, qs, k, v, out, N, M, H, KVH, D, sc);
+    rc = amx_attention(q, qs, k, v, kvb, sl, out, N, M, H, KVH, D, sc);
     Py_END_ALLOW_THREADS
     if (rc == -1) return PyErr_NoMemory();
     if (rc == -3) { PyErr_SetString(PyExc_ValueError, "amx_attention: head_dim must be a multiple of 32 up to 256, "

@@ -301,29 +301,48 @@ def amx_attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim
 
 def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of a prefill's n new queries over its m keys, on AMX tiles (amx_attention.c says how:
-    each operand as two bf16, fp32 accumulators, ~2^-15 relative to fp32 attention; a row's result does not
-    depend on how its prompt was chunked). q [n, H, D] fp32 (rows may be strided, heads and D contiguous);
-    k, v [m, KVH, D] fp32, m >= n: the cached prefix's keys then the queries' own, query i at position
-    m - n + i seeing keys 0 .. m - n + i. Returns [n, H, D] fp32."""
-    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
-        raise ValueError(f"amx_attention takes q [n, H, D] and k, v [m, KVH, D], got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    each operand as two bf16, fp32 accumulators, ~2^-15 relative to fp32 attention; given the same K/V a row's
+    result does not depend on how its prompt was chunked). q [n, H, D] fp32 (rows may be strided, heads and D
+    contiguous); k, v [m, KVH, D] fp32, m >= n: the cached prefix's keys then the queries' own, query i at
+    position m - n + i seeing keys 0 .. m - n + i. Returns [n, H, D] fp32."""
+    if k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"amx_attention takes k, v [m, KVH, D], got {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.dtype is not F32 or v.dtype is not F32:
+        raise ValueError(f"amx_attention takes fp32 CPU q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return amx_attention_pool(q, k.contiguous(), v.contiguous(), torch.arange(k.shape[0]), scale)
+
+
+def amx_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """amx_attention over keys read straight out of one pool layer: k_buf, v_buf [S, KVH, D] fp32 or bf16
+    (contiguous), key j at slot slots[j] (int64 [m]: the request's cached prefix, then its new tokens, whose K/V
+    are already written). No gathered copy of the prefix: a short chunk after a long one costs one pass over
+    its keys (the packing for the tiles)."""
+    if q.dim() != 3 or k_buf.dim() != 3 or v_buf.shape != k_buf.shape or slots.dim() != 1:
+        raise ValueError(f"amx_attention takes q [n, H, D], k, v [slots, KVH, D] and slots [m], got "
+                         f"{tuple(q.shape)}, {tuple(k_buf.shape)}, {tuple(v_buf.shape)}, {tuple(slots.shape)}")
     n, h, d = q.shape
-    m, kvh = k.shape[0], k.shape[1]
-    if not amx_attention_fits(q.device, h, kvh, d) or k.shape[2] != d:
+    m, kvh = slots.shape[0], k_buf.shape[1]
+    if not amx_attention_fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
         raise ValueError(f"amx_attention does not fit {h} heads over {kvh} KV heads of size {d} here (needs AMX, "
                          f"head_dim a multiple of 32 up to {MAX_D}, whole head groups); use torch's attention")
     if m < n:
         raise ValueError(f"amx_attention needs at least as many keys as queries (their own), got {m} < {n}")
-    if any(t.dtype is not F32 or not t.is_cpu for t in (q, k, v)):
-        raise ValueError(f"amx_attention takes fp32 CPU q, k, v, got {q.dtype}, {k.dtype}, {v.dtype} on "
-                         f"{q.device}, {k.device}, {v.device}")
+    kv_bf16 = k_buf.dtype is torch.bfloat16
+    if (q.dtype is not F32 or not q.is_cpu or not (k_buf.dtype is F32 or kv_bf16) or v_buf.dtype is not k_buf.dtype
+            or not (k_buf.is_cpu and v_buf.is_cpu and k_buf.is_contiguous() and v_buf.is_contiguous())):
+        raise ValueError(f"amx_attention takes fp32 CPU q, k, v (a pool layer may be bf16, contiguous), got "
+                         f"{q.dtype}, {k_buf.dtype}, {v_buf.dtype} on {q.device}, {k_buf.device}, {v_buf.device}")
+    if slots.dtype is not torch.int64 or not slots.is_cpu:
+        raise ValueError(f"amx_attention takes int64 CPU slots, got {slots.dtype} on {slots.device}")
+    if m and (int(slots.min()) < 0 or int(slots.max()) >= k_buf.shape[0]):
+        raise ValueError(f"amx_attention: slots must lie in 0 .. {k_buf.shape[0] - 1} (the pool layer's rows)")
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"amx_attention takes a positive finite scale (1/sqrt(head_dim) as a rule), got {scale!r}")
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
-    k, v = k.contiguous(), v.contiguous()
+    slots = slots.contiguous()
     out = torch.empty((n, h, d), dtype=torch.float32)
-    built().amx_attention(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, m, h, kvh, d,
-                           float(scale))
+    built().amx_attention(q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), int(kv_bf16),
+                          slots.data_ptr(), out.data_ptr(), n, m, h, kvh, d, float(scale))
     return out

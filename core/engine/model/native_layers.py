@@ -147,7 +147,7 @@ class AttentionPlan:
     fresh: Optional[tuple[int, int]] = None     # (start, length) of a lone uncached extend
     extends: list[Padded] = field(default_factory=list)
     prefixed: Optional[tuple[int, int, int]] = None   # (start, length, prefix) of a lone extend after a prefix
-    tiled: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)   # (start, length, prefix slots)
+    tiled: list[tuple[int, int, torch.Tensor]] = field(default_factory=list)   # (start, length, sequence slots)
 
     @classmethod
     def build(cls, batch: ForwardBatch, row_kernel: bool = False, tiles: bool = False) -> "AttentionPlan":
@@ -159,7 +159,7 @@ class AttentionPlan:
         plan = cls(num_tokens=batch.num_tokens)
         rows = batch.extend_rows
         if tiles and (rows or batch.prompt_rows):
-            plan.tiled = [(batch.extend_starts[r], batch.extend_lens[r], batch.seq_slots[r][:batch.prefix_lens[r]])
+            plan.tiled = [(batch.extend_starts[r], batch.extend_lens[r], batch.seq_slots[r])
                           for r in sorted(set(rows) | batch.prompt_rows)]
             decodes = [r for r in batch.decode_rows if r not in batch.prompt_rows]
             if decodes:
@@ -284,23 +284,6 @@ def attend_prefixed(p: Padded, prefix: int, q: torch.Tensor, k: torch.Tensor, v:
     w1, w2 = (l1 - top).exp_(), (l2 - top).exp_()                         # [1, H, n]
     o = (o1 * w1[..., None]).add_(o2 * w2[..., None]).div_((w1 + w2)[..., None])
     return o[0].transpose(0, 1)
-
-
-def prefix_and_own(slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
-                   v_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request's keys and values in order, as fp32 [prefix + n, KVH, D]: its cached ones gathered from the
-    pool at `slots` [prefix], then its n new ones (k, v [n, KVH, D]). What native_kernels.amx_attention reads."""
-    n, kvh, d = k.shape
-    prefix = slots.numel()
-    ks = torch.empty((prefix + n, kvh, d), dtype=torch.float32, device=k.device)
-    vs = torch.empty_like(ks)
-    for buf, own, dst in ((k_buf, k, ks), (v_buf, v, vs)):
-        if buf.dtype == torch.float32:
-            torch.index_select(buf, 0, slots, out=dst[:prefix])
-        else:
-            dst[:prefix] = buf.index_select(0, slots)
-        dst[prefix:] = own
-    return ks, vs
 
 
 FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu   # (out, logsumexp); GQA by head count

@@ -47,7 +47,7 @@ from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
 from core.engine.model.native_linear import Linear
 from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_decodes, attend_padded,
-                                             attend_prefixed, fresh_causal_mask, prefix_and_own, rope_tables)
+                                             attend_prefixed, fresh_causal_mask, rope_tables)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
@@ -335,10 +335,8 @@ class NativeLlama(torch.nn.Module):
         if dec is not None:
             o = attend_decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, self.scale)
             out.index_copy_(0, plan.decode_idx, o)
-        for s, n, prefix_slots in plan.tiled:
-            keys, values = ((k[s:s + n], v[s:s + n]) if not prefix_slots.numel() else
-                            prefix_and_own(prefix_slots, k[s:s + n], v[s:s + n], k_buf, v_buf))
-            o = native_kernels.amx_attention(q[s:s + n], keys, values, self.scale)
+        for s, n, seq_slots in plan.tiled:   # K/V read from the pool (this step's were written above)
+            o = native_kernels.amx_attention_pool(q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
             if s == 0 and n == t:
                 return o
             out[s:s + n] = o

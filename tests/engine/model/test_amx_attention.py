@@ -122,3 +122,21 @@ def test_a_nan_query_or_key_stays_where_it_belongs():
     k[20, 1, 3] = float("nan")
     bad = native_kernels.amx_attention(q, k, v, 0.125).isnan().any(-1)
     assert bad.nonzero().tolist() == [[r, h] for r in range(20, 40) for h in (3, 4, 5)]   # KV head 1's group
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keys_read_from_the_pool_by_slot_equal_the_same_keys_gathered(dtype):
+    """amx_attention_pool reads K/V straight out of a pool layer in slot order (the model's path, no gathered
+    copy): the same bits as amx_attention on those rows gathered; a bf16 pool's values widen exactly."""
+    if not amx_here():
+        return
+    g = torch.Generator().manual_seed(5)
+    k_buf, v_buf = (torch.randn(300, 3, 64, generator=g).to(dtype) for _ in range(2))
+    slots = torch.randperm(299, generator=g)[:150] + 1
+    q = torch.randn(40, 9, 64, generator=g)
+    got = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
+    assert torch.equal(got, native_kernels.amx_attention(q, k_buf[slots].float(), v_buf[slots].float(), 0.125))
+    with pytest.raises(ValueError, match="slots must lie in 0 .. 299"):
+        native_kernels.amx_attention_pool(q, k_buf, v_buf, torch.cat([slots, torch.tensor([300])]), 0.125)
+    with pytest.raises(ValueError, match="int64 CPU slots"):
+        native_kernels.amx_attention_pool(q, k_buf, v_buf, slots.int(), 0.125)

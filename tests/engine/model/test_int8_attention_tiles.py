@@ -54,13 +54,13 @@ def torch_attention(monkeypatch) -> None:
 
 
 def tile_calls(monkeypatch) -> list:
-    """Record each amx_attention call's query count (the real kernel still runs): proof the tiles ran."""
-    calls, real = [], native_kernels.amx_attention
+    """Record each amx_attention_pool call's query count (the real kernel still runs): proof the tiles ran."""
+    calls, real = [], native_kernels.amx_attention_pool
 
-    def counted(q, k, v, scale):
+    def counted(q, *rest):
         calls.append(q.shape[0])
-        return real(q, k, v, scale)
-    monkeypatch.setattr(native_kernels, "amx_attention", counted)
+        return real(q, *rest)
+    monkeypatch.setattr(native_kernels, "amx_attention_pool", counted)
     return calls
 
 
