@@ -12,24 +12,14 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_int8_gemm import best_ms  # noqa: E402
 from core.engine.model import native_kernels  # noqa: E402
-
-
-def best_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times) * 1e3
 
 
 def torch_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -240,11 +240,7 @@ int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int 
     const int nqb = np / QROWS;
     #pragma omp parallel
     {
-        tile_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.palette = 1;
-        for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-        _tile_loadconfig(&cfg);
+        load_full_tiles();
         /* one KV head's work items together (its packed K/V stay in cache), and within it the last query
          * blocks, which see the most keys, first */
         #pragma omp for schedule(dynamic, 1)

@@ -126,7 +126,8 @@ def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
     native_kernels.check_channels("w8_panel_gemm", n, scales, bias)
     x = x.contiguous()
     y = torch.empty((m, n), dtype=torch.float32)
-    native_kernels.built().w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias), y.data_ptr(), m, n, k)
+    native_kernels.built().w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias),
+                                         y.data_ptr(), m, n, k)
     return y
 
 
@@ -151,6 +152,6 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     x = x.contiguous()
     xb = torch.empty((-(-m // 32) * 32, 2, k), dtype=torch.bfloat16)      # hi, lo of each row
     y = torch.empty((m, n), dtype=torch.float32)
-    native_kernels.built().w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias), y.data_ptr(),
-                     m, n, k)
+    native_kernels.built().w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(),
+                                       native_kernels.ptr(bias), y.data_ptr(), m, n, k)
     return y

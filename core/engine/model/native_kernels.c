@@ -752,11 +752,7 @@ int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *s
     split_rows_bf16x2(x, xb, M, MB * 32, K);
     #pragma omp parallel
     {
-        tile_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.palette = 1;
-        for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-        _tile_loadconfig(&cfg);
+        load_full_tiles();
         float c[4][16 * 16] __attribute__((aligned(64)));
         #pragma omp for collapse(2) schedule(static)
         for (int mc = 0; mc < MC; mc++) {

@@ -16,9 +16,9 @@ tiles; the int8 projections' wrappers are in native_int8.py.
 from __future__ import annotations
 
 import hashlib
-import math
 import importlib.machinery
 import importlib.util
+import math
 import os
 import pathlib
 import shutil

@@ -28,8 +28,8 @@ class Linear:
         AMX_MIN_ROWS rows where the CPU has AMX, the prefill-sized ones run `w8_amx_gemm` on AMX tiles. Both
         round x to 16 significant bits first (`native_int8.x16`: exactly two bf16 for the tiles, and a
         product with an int8 that is exact in fp32), so both add exactly the products x16[k] * q[n, k] and
-        differ in the order of the fp32 sums only: a token's K/V do not depend on how its prompt was chunked
-        or cached, and cache on == cache off within the mode (benchmarks/README.md,
+        differ in the order of the fp32 sums only: how a prompt was chunked or cached moves its K/V by that
+        rounding alone, and cache on == cache off held within the mode (benchmarks/README.md,
         "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
         bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without AMX (with AVX-512) the
         prefill-sized batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again,

@@ -27,4 +27,17 @@ static inline __m512 exp512(__m512 x) {
 /* the 64-byte block LDTILECFG reads (palette 1: 8 tiles, each up to 16 rows of 64 bytes) */
 typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } tile_config;
 
+#if defined(__AMX_TILE__)
+#include <immintrin.h>
+#include <string.h>
+/* this thread's 8 tiles, each 16 rows of 64 bytes (16 fp32 or 32 bf16 a row): every AMX kernel here uses them so */
+static inline void load_full_tiles(void) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    _tile_loadconfig(&cfg);
+}
+#endif
+
 #endif /* NATIVE_SIMD_H */
