@@ -6,6 +6,7 @@
  * significant bits, too few: each operand is split in two bf16, x = hi + lo (16 bits, relative error <= 2^-16),
  * and a product is hi*hi' + hi*lo' + lo*hi' (the lo*lo' term, up to 2^-14 of the product, dropped: the main
  * error), each exact in the fp32 accumulators. So outputs are within ~2^-15 of fp32 attention's, not bit for bit.
+ * A bf16 pool's K/V have no lo half: their terms are skipped, a third fewer tile products.
  *
  * A query row's result depends only on its own scores: keys run in blocks of 32 aligned to absolute positions
  * 0, 32, 64, ..., each row keeps its own running max and sum (online softmax), and a block with no visible key
@@ -79,9 +80,10 @@ static void pack_keys(const void *k, int bf16, const int64_t *slots, int m, int 
         for (int g = 0; g < KVH; g++) {
             for (int ds = 0; ds < DS; ds++) {
                 const int64_t tile = (((int64_t)g * (mp / 16) + key / 16) * DS + ds) * 512;
-                uint32_t *th = (uint32_t *)(kh + tile) + key % 16, *tl = (uint32_t *)(kl + tile) + key % 16;
+                uint32_t *th = (uint32_t *)(kh + tile) + key % 16, *tl = kl ? (uint32_t *)(kl + tile) + key % 16 : 0;
                 if (key >= m) {
-                    for (int r = 0; r < 16; r++) th[r * 16] = tl[r * 16] = 0;
+                    for (int r = 0; r < 16; r++) th[r * 16] = 0;
+                    if (tl) for (int r = 0; r < 16; r++) tl[r * 16] = 0;
                     continue;
                 }
                 const int64_t at = (slots[key] * KVH + g) * D + ds * 32;
@@ -94,7 +96,7 @@ static void pack_keys(const void *k, int bf16, const int64_t *slots, int m, int 
                 const __m512i pl = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l0)),
                                                       _mm512_cvtepi32_epi16(l1), 1);
                 _mm512_i32scatter_epi32(th, lanes, ph, 4);
-                _mm512_i32scatter_epi32(tl, lanes, pl, 4);
+                if (tl) _mm512_i32scatter_epi32(tl, lanes, pl, 4);
             }
         }
     }
@@ -114,7 +116,7 @@ static void pack_values(const void *v, int bf16, const int64_t *slots, int m, in
                 if (k0 < m) split_bf16x2(load16(v, bf16, (slots[k0] * KVH + g) * D + dc * 16), &h0, &l0);
                 if (k0 + 1 < m) split_bf16x2(load16(v, bf16, (slots[k0 + 1] * KVH + g) * D + dc * 16), &h1, &l1);
                 _mm512_storeu_si512((void *)(vh + at), _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
-                _mm512_storeu_si512((void *)(vl + at), _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
+                if (vl) _mm512_storeu_si512((void *)(vl + at), _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
             }
         }
     }
@@ -182,6 +184,7 @@ static void attend_rows(const uint16_t *qh, const uint16_t *ql, const uint16_t *
             _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
             _tile_loadd(4, la + ds * 32, qstride); _tile_loadd(5, lb + ds * 32, qstride);
             _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            if (!kl) continue;   /* a bf16 pool: k has no lo part */
             _tile_loadd(6, kl + t0, 64); _tile_loadd(7, kl + t1, 64);
             _tile_loadd(4, qa + ds * 32, qstride); _tile_loadd(5, qb + ds * 32, qstride);
             _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
@@ -202,10 +205,12 @@ static void attend_rows(const uint16_t *qh, const uint16_t *ql, const uint16_t *
             _tile_loadd(4, &ph[0][0], KBLK * 2); _tile_loadd(5, &ph[16][0], KBLK * 2);
             _tile_loadd(6, vh + t0, 64); _tile_loadd(7, vh + t1, 64);
             _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-            _tile_loadd(6, vl + t0, 64); _tile_loadd(7, vl + t1, 64);
-            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            if (vl) {   /* a bf16 pool: v has no lo part */
+                _tile_loadd(6, vl + t0, 64); _tile_loadd(7, vl + t1, 64);
+                _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+                _tile_loadd(6, vh + t0, 64); _tile_loadd(7, vh + t1, 64);
+            }
             _tile_loadd(4, &pl[0][0], KBLK * 2); _tile_loadd(5, &pl[16][0], KBLK * 2);
-            _tile_loadd(6, vh + t0, 64); _tile_loadd(7, vh + t1, 64);
             _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
             _tile_stored(0, &pv[0][0], 128); _tile_stored(1, &pv[0][16], 128);
             _tile_stored(2, &pv[16][0], 128); _tile_stored(3, &pv[16][16], 128);
@@ -231,9 +236,12 @@ int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int 
     if (n <= 0) return 0;
     const int np = (n + QROWS - 1) / QROWS * QROWS, mp = (m + KBLK - 1) / KBLK * KBLK, G = H / KVH;
     const size_t qn = (size_t)H * np * D, kn = (size_t)KVH * mp * D;
-    uint16_t *buf = (uint16_t *)malloc((2 * qn + 4 * kn) * sizeof(uint16_t));
+    /* a bf16 pool's K/V are whole bf16: no lo halves to pack or multiply (a third fewer tile products, the same
+     * bits as an fp32 pool holding those values, whose lo halves are zeros) */
+    const int lo = !kv_bf16;
+    uint16_t *buf = (uint16_t *)malloc((2 * qn + (2 + 2 * lo) * kn) * sizeof(uint16_t));
     if (!buf) return -1;
-    uint16_t *qh = buf, *ql = qh + qn, *kh = ql + qn, *kl = kh + kn, *vh = kl + kn, *vl = vh + kn;
+    uint16_t *qh = buf, *ql = qh + qn, *kh = ql + qn, *vh = kh + kn, *kl = lo ? vh + kn : 0, *vl = lo ? kl + kn : 0;
     pack_queries(q, qs, n, np, H, D, qh, ql);
     pack_keys(k, kv_bf16, slots, m, mp, KVH, D, kh, kl);
     pack_values(v, kv_bf16, slots, m, mp, KVH, D, vh, vl);

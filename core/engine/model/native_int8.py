@@ -47,6 +47,12 @@ class Int8Matrix:
         self.weight, self.scales, self.bias = weight, scales, bias       # kept alive for the pointers below
         self._ptrs = (weight.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias))
 
+    @property
+    def pointers(self) -> tuple[int, int, int]:
+        """(weight, scales, bias or 0) addresses, for C code that runs `w8_gemv` itself (decode_layers.c); valid
+        while this matrix lives."""
+        return self._ptrs
+
     def gemv(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] fp32 -> [M, N] fp32: x16 @ (w * scales)^T (+ bias), on the FMA kernel (`w8_gemv`)."""
         if x.dtype is not F32 or x.dim() != 2 or x.shape[1] != self.k or not x.is_cpu:

@@ -968,6 +968,38 @@ static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I);   /* decode_layers.c */
+int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
+                  const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
+                  int64_t Lmax, int chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
+                  int R, int hidden, int H, int KVH, int D, int I, float eps, float scale);
+
+static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 6, "decode_layers_workspace")) return NULL;
+    const int64_t need = decode_layers_workspace(INT(0), INT(1), INT(2), INT(3), INT(4), INT(5));
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromLongLong(need);
+}
+
+/* a whole decode step's layers (~8 ms): the GIL is let go, so the server's other threads run meanwhile */
+static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 24, "decode_layers")) return NULL;
+    float *x = PTR(0), *y = PTR(1); const int64_t *lp = PTR(2); int L = INT(3);
+    const float *c = PTR(4), *sn = PTR(5);
+    const int64_t *os = PTR(6), *sl = PTR(7), *fi = PTR(8), *le = PTR(9); int64_t Lmax = I64(10);
+    int chunk = INT(11), nchunks = INT(12); float *scratch = PTR(13); int kvb = INT(14); float *ws = PTR(15);
+    int R = INT(16), hid = INT(17), H = INT(18), KVH = INT(19), D = INT(20), I = INT(21);
+    float eps = FLT(22), sc = FLT(23);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, chunk, nchunks, scratch, kvb, ws, R, hid, H, KVH,
+                       D, I, eps, sc);
+    Py_END_ALLOW_THREADS
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_amx_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 0, "amx_ready")) return NULL;
     return PyBool_FromLong(amx_ready());
@@ -1027,6 +1059,8 @@ static PyMethodDef METHODS[] = {
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"amx_attention", (PyCFunction)(void (*)(void))py_amx_attention, METH_FASTCALL, NULL},
     {"amx_attention_ready", (PyCFunction)(void (*)(void))py_amx_attention_ready, METH_FASTCALL, NULL},
+    {"decode_layers", (PyCFunction)(void (*)(void))py_decode_layers, METH_FASTCALL, NULL},
+    {"decode_layers_workspace", (PyCFunction)(void (*)(void))py_decode_layers_workspace, METH_FASTCALL, NULL},
     {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, METH_FASTCALL, NULL},
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, NULL},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},

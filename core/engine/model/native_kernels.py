@@ -35,7 +35,7 @@ from core import env
 
 SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
 # compiled together into one module (SOURCE holds its Python bindings); the header is hashed, not compiled
-SOURCES = [SOURCE, SOURCE.with_name("amx_attention.c")]
+SOURCES = [SOURCE, SOURCE.with_name("amx_attention.c"), SOURCE.with_name("decode_layers.c")]
 HEADERS = [SOURCE.with_name("native_simd.h")]
 # Not -ffast-math: linking with it pulls in crtfastmath.o, which turns on flush-to-zero for the whole
 # process at load time (numpy, hypothesis and every float in Python then lose subnormals). These flags

@@ -302,6 +302,19 @@ def decode_chunks(requests: int, kv_len: int, threads: int) -> tuple[int, int]:
     return chunk, -(-kv_len // chunk)
 
 
+def decode_launch(p: Padded, window: Optional[int], heads: int, kv_heads: int,
+                  head_dim: int) -> tuple[int, int, torch.Tensor]:
+    """(keys per chunk, chunks per row, scratch) of the C decode attention over `p`, made once per forward and
+    shared by every layer (and by decode_layers.c, which must split the keys the same way for the same bits)."""
+    key = ("chunks", window)
+    if key not in p.cache:
+        p.cache[key] = ((native_kernels.SEG_CHUNK, -(-p.kv_len // native_kernels.SEG_CHUNK))
+                        if p.segments is not None else decode_chunks(p.rows, p.kv_len, torch.get_num_threads()))
+    chunk, nchunks = p.cache[key]
+    need = p.rows * kv_heads * nchunks * (heads // kv_heads) * (head_dim + 2)
+    return chunk, nchunks, p.buffer("scratch", (need,), torch.float32)
+
+
 def attend_decodes(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                    window: Optional[int], scale: float) -> torch.Tensor:
     """One query per request ([Rd, H, D], rows may be strided) over its slots -> [Rd, H, D].
@@ -312,12 +325,7 @@ def attend_decodes(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     rd, heads, d = q.shape
     kvh = k_buf.shape[1]
     if native_kernels.attention_fits(q.device, heads, kvh, d):
-        key = ("chunks", window)
-        if key not in p.cache:
-            p.cache[key] = ((native_kernels.SEG_CHUNK, -(-p.kv_len // native_kernels.SEG_CHUNK))
-                            if p.segments is not None else decode_chunks(rd, p.kv_len, torch.get_num_threads()))
-        chunk, nchunks = p.cache[key]
-        scratch = p.buffer("scratch", (rd * kvh * nchunks * (heads // kvh) * (d + 2),), torch.float32)
+        chunk, nchunks, scratch = decode_launch(p, window, heads, kvh, d)
         out = torch.empty((rd, heads, d), dtype=q.dtype)
         return native_kernels.decode_attention(q, k_buf, v_buf, p.slots.view(rd, p.kv_len), p.first_key(window),
                                                p.seq_lens, scale, chunk, nchunks, scratch, out, p.segments)

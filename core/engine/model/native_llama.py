@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from core.engine.model import native_kernels
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
+from core.engine.model.native_decode import DecodeLayers
 from core.engine.model.native_linear import Linear
 from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_decodes, attend_padded,
                                              attend_prefixed, fresh_causal_mask, rope_tables)
@@ -167,6 +168,8 @@ class NativeLlama(torch.nn.Module):
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self.full_attention = all(L.window is None for L in self.layers)   # no sliding window in any layer
         self._graph_decoders: dict = {}
+        # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
+        self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, dtype: str = "fp32", **kw) -> "NativeLlama":
@@ -295,32 +298,35 @@ class NativeLlama(torch.nn.Module):
         inter = self.intermediate
         layers = self.layers
         x, y = resid_norm(x, None, layers[0].input_norm)
-        for li, L in enumerate(layers):
-            qkv = L.qkv(y)                                                # [T, (H + 2 KVH) D]
-            qk = qkv[:, :k_end].view(t, h + kvh, d)
-            if L.qk_norm is not None:
-                qk = F.rms_norm(qk, (d,), None, eps) * L.qk_norm
-            qk = native_kernels.rope(qk, cos2, sin2) if fused else apply_rope(qk, cos, sin)
-            q, k = qk[:, :h], qk[:, h:]
-            v = qkv[:, k_end:].view(t, kvh, d)
-            k_buf, v_buf = pool.k_buffer[li], pool.v_buffer[li]
-            if kv_cast:   # what the pool holds is what every later read sees: attend to that, too
-                k, v = k.to(kvd), v.to(kvd)
-                k_buf.index_copy_(0, out_slots, k)
-                v_buf.index_copy_(0, out_slots, v)
-                k, v = k.to(self.act_dtype), v.to(self.act_dtype)
-            else:
-                k_buf.index_copy_(0, out_slots, k)
-                v_buf.index_copy_(0, out_slots, v)
-            o = self._attention(plan, q, k, v, k_buf, v_buf, L.window)  # [T, H, D]
-            x, y = resid_norm(x, L.o(o.reshape(t, q_end)), L.post_norm)
-            gu = L.gate_up(y)
-            act = native_kernels.silu_mul(gu) if fused else F.silu(gu[:, :inter]) * gu[:, inter:]
-            delta = L.down(act)
-            if li + 1 < len(layers):
-                x, y = resid_norm(x, delta, layers[li + 1].input_norm)
-            else:
-                x = x + delta
+        if fused and self.decode_layers is not None and DecodeLayers.fits_step(plan, t):   # all layers, one C call
+            self.decode_layers.run(x, y, cos2, sin2, out_slots, plan, pool)
+        else:
+            for li, L in enumerate(layers):
+                qkv = L.qkv(y)                                                # [T, (H + 2 KVH) D]
+                qk = qkv[:, :k_end].view(t, h + kvh, d)
+                if L.qk_norm is not None:
+                    qk = F.rms_norm(qk, (d,), None, eps) * L.qk_norm
+                qk = native_kernels.rope(qk, cos2, sin2) if fused else apply_rope(qk, cos, sin)
+                q, k = qk[:, :h], qk[:, h:]
+                v = qkv[:, k_end:].view(t, kvh, d)
+                k_buf, v_buf = pool.k_buffer[li], pool.v_buffer[li]
+                if kv_cast:   # what the pool holds is what every later read sees: attend to that, too
+                    k, v = k.to(kvd), v.to(kvd)
+                    k_buf.index_copy_(0, out_slots, k)
+                    v_buf.index_copy_(0, out_slots, v)
+                    k, v = k.to(self.act_dtype), v.to(self.act_dtype)
+                else:
+                    k_buf.index_copy_(0, out_slots, k)
+                    v_buf.index_copy_(0, out_slots, v)
+                o = self._attention(plan, q, k, v, k_buf, v_buf, L.window)  # [T, H, D]
+                x, y = resid_norm(x, L.o(o.reshape(t, q_end)), L.post_norm)
+                gu = L.gate_up(y)
+                act = native_kernels.silu_mul(gu) if fused else F.silu(gu[:, :inter]) * gu[:, inter:]
+                delta = L.down(act)
+                if li + 1 < len(layers):
+                    x, y = resid_norm(x, delta, layers[li + 1].input_norm)
+                else:
+                    x = x + delta
         last = x.index_select(0, batch.logits_indices)
         return self.lm_head(F.rms_norm(last, hidden, self.final_norm, eps)).float()
 

@@ -1,0 +1,106 @@
+"""DecodeLayers: a pure decode step's decoder layers as one C call (decode_layers.c), for the int8 model on a CPU.
+
+Why: the Python loop of NativeLlama makes ~12 kernel calls a layer, each with its checks and its output
+allocation (~2 ms of a ~9 ms step for the default model), and holds the GIL in between. decode_layers.c runs the
+same kernels in the same order on the same inputs, so the logits are the same bits (tests/engine/model/
+test_decode_layers.py); this module checks the step's tensors once and hands C the addresses it reads.
+
+Taken only where the Python loop would run exactly those kernels: int8 weights on fp32 activations with the C
+kernels built, every row a decode (no extend, no decode-kernel extend runs), fewer rows than AMX_MIN_ROWS (from
+there the projections run on tiles), no sliding window, no Qwen3 q/k norm.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from core.cache.kv_pool import KVPool
+from core.engine.model import native_kernels
+from core.engine.model.native_layers import AttentionPlan, decode_launch
+from core.engine.model.native_linear import AMX_MIN_ROWS
+
+if TYPE_CHECKING:   # type hints only: native_llama imports this module
+    from core.engine.model.native_llama import NativeLlama
+
+LAYER_POINTERS = 16   # decode_layers.c's DL_PTRS: 4 projections x (weight, scales, bias), 2 norms, K, V
+
+
+class DecodeLayers:
+    """The per-layer address table of one NativeLlama and its workspace; `run` does one step's layers."""
+
+    def __init__(self, model: "NativeLlama") -> None:
+        self.model = model
+        self.weights = torch.zeros((model.num_layers, LAYER_POINTERS), dtype=torch.int64)
+        for li, L in enumerate(model.layers):
+            row = []
+            for lin in (L.qkv, L.o, L.gate_up, L.down):
+                row.extend(lin.matrix.pointers)
+            nxt = model.layers[li + 1].input_norm.data_ptr() if li + 1 < model.num_layers else 0
+            row.extend([L.post_norm.data_ptr(), nxt])
+            self.weights[li, :14] = torch.tensor(row, dtype=torch.int64)
+        self._pool_key: Optional[tuple] = None
+        self._table = self.weights
+        self._workspace = torch.empty(0)
+
+    @staticmethod
+    def fits_model(model: "NativeLlama") -> bool:
+        """Whether this model's decode steps can run here at all (the per-step test is `fits_step`)."""
+        return (model.mode == "int8" and model.device.type == "cpu" and model.full_attention
+                and native_kernels.available()
+                and native_kernels.attention_fits(model.device, model.num_heads, model.num_kv_heads, model.head_dim)
+                and all(L.qk_norm is None and L.qkv.matrix is not None and L.o.matrix is not None
+                        and L.gate_up.matrix is not None and L.down.matrix is not None for L in model.layers))
+
+    @staticmethod
+    def fits_step(plan: AttentionPlan, rows: int) -> bool:
+        """Whether the Python loop would run this batch on w8_gemv and the decode kernel alone."""
+        dec = plan.decodes
+        return (dec is not None and plan.decode_idx is None and dec.segments is None and dec.slots.is_contiguous()
+                and not plan.extends
+                and not plan.tiled and plan.fresh is None and plan.prefixed is None and rows < AMX_MIN_ROWS)
+
+    def _layer_table(self, pool: KVPool) -> torch.Tensor:
+        key = (pool.k_buffer.data_ptr(), pool.v_buffer.data_ptr(), pool.k_buffer.shape, pool.k_buffer.dtype)
+        if key != self._pool_key:
+            kb, vb = pool.k_buffer, pool.v_buffer
+            if not (kb.is_contiguous() and vb.is_contiguous() and kb.is_cpu and vb.shape == kb.shape
+                    and vb.dtype is kb.dtype and kb.dtype in (torch.float32, torch.bfloat16)):
+                raise ValueError(f"decode_layers reads contiguous fp32 or bf16 CPU K/V buffers of one shape, got "
+                                 f"{kb.dtype} {tuple(kb.shape)}, {vb.dtype} {tuple(vb.shape)}")
+            table = self.weights.clone()
+            table[:, 14] = torch.tensor([kb[li].data_ptr() for li in range(self.model.num_layers)])
+            table[:, 15] = torch.tensor([vb[li].data_ptr() for li in range(self.model.num_layers)])
+            self._table, self._pool_key = table, key
+        return self._table
+
+    def run(self, x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_slots: torch.Tensor,
+            plan: AttentionPlan, pool: KVPool) -> None:
+        """Every layer of one decode step: x [R, hidden] (the residual stream, updated in place), y [R, hidden]
+        (layer 0's normed input; overwritten), cos / sin [R, D] (each row's RoPE), out_slots [R] (where each
+        row's K/V go). After it, x is what the Python loop leaves before the final norm."""
+        m = self.model
+        r, hidden = x.shape
+        h, kvh, d, inter = m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
+        for name, t, shape in (("x", x, (r, hidden)), ("y", y, (r, hidden)), ("cos", cos, (r, d)),
+                               ("sin", sin, (r, d))):
+            if t.dtype is not torch.float32 or t.shape != shape or not t.is_contiguous() or not t.is_cpu:
+                raise ValueError(f"decode_layers: {name} must be contiguous fp32 {shape}, got {t.dtype} "
+                                 f"{tuple(t.shape)}")
+        table = self._layer_table(pool)
+        slots_in_pool = pool.k_buffer.shape[1]
+        if (out_slots.dtype is not torch.int64 or out_slots.shape != (r,) or not out_slots.is_contiguous()
+                or int(out_slots.min()) < 0 or int(out_slots.max()) >= slots_in_pool):
+            raise ValueError(f"decode_layers: out_slots must be {r} contiguous int64 slots of the pool "
+                             f"(0 .. {slots_in_pool - 1})")
+        p = plan.decodes
+        chunk, nchunks, scratch = decode_launch(p, None, h, kvh, d)
+        lib = native_kernels.built()
+        need = lib.decode_layers_workspace(r, hidden, h, kvh, d, inter)
+        if self._workspace.numel() < need:
+            self._workspace = torch.empty(need, dtype=torch.float32)
+        first, lens = p.first_key(None), p.seq_lens
+        lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
+                          out_slots.data_ptr(), p.slots.data_ptr(), first.data_ptr(), lens.data_ptr(), p.kv_len,
+                          chunk, nchunks, scratch.data_ptr(), int(pool.k_buffer.dtype is torch.bfloat16),
+                          self._workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale)

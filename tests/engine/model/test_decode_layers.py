@@ -1,0 +1,144 @@
+"""A pure decode step's layers in one C call (native_decode.DecodeLayers, decode_layers.c): the same logits and the
+same K/V in the pool, bit for bit, as NativeLlama's Python loop over the same kernels; taken only where that
+loop would run exactly those kernels; bad input refused before anything is written."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen3Config
+
+from core.engine.engine import Engine
+from core.engine.model.forward_batch import ForwardBatch
+from core.engine.model.native_layers import AttentionPlan
+from core.engine.model.native_linear import AMX_MIN_ROWS
+from core.engine.model.native_llama import NativeLlama
+from core.engine.model.runner import ModelRunner
+from core.engine.sampling import SamplingParams
+from tests.engine.model.require_kernels import require_kernels
+
+
+@pytest.fixture(autouse=True)
+def kernels():
+    require_kernels()
+
+
+def make_ref(seed: int = 0, **overrides) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    kw = dict(hidden_size=192, intermediate_size=256, num_hidden_layers=3, num_attention_heads=6,
+              num_key_value_heads=2, vocab_size=160, max_position_embeddings=512)
+    kw.update(overrides)
+    cfg = LlamaConfig(**kw)
+    cfg.eos_token_id = None
+    ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    ref.generation_config.eos_token_id = None
+    return ref
+
+
+def counted(native: NativeLlama) -> list:
+    """Count DecodeLayers.run calls (the real one still runs): proof of which path a step took."""
+    calls, real = [], native.decode_layers.run
+
+    def run(*args):
+        calls.append(args[0].shape[0])
+        return real(*args)
+    native.decode_layers.run = run
+    return calls
+
+
+PROMPTS = [torch.randint(1, 160, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 37, 70)]
+
+
+def prefilled(native: NativeLlama, kv_dtype_pool) -> tuple:
+    """A pool holding the three prompts (slots scattered), and the decode batch of their next tokens."""
+    pool = kv_dtype_pool(native)
+    slots = (torch.randperm(400, generator=torch.Generator().manual_seed(1)) + 1).tolist()
+    seqs, at = [], 0
+    for p in PROMPTS:
+        s = torch.tensor(slots[at:at + len(p)])
+        at += len(p)
+        native.forward(ForwardBatch.build([(p, [], s)]), pool)
+        seqs.append(s)
+    nxt = torch.tensor(slots[at:at + len(PROMPTS)])
+    batch = ForwardBatch.build([([7 + i], seqs[i], nxt[i:i + 1]) for i in range(len(PROMPTS))])
+    return pool, batch
+
+
+@pytest.mark.parametrize("kv", ["fp32", "bf16"])
+def test_one_call_decode_step_gives_the_python_loops_logits_and_kv_bit_for_bit(kv):
+    native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype=kv)
+    assert native.decode_layers is not None
+    make = lambda m: m.make_pool(512)   # noqa: E731
+    pool_c, batch = prefilled(native, make)
+    pool_py, _ = prefilled(native, make)
+    calls = counted(native)
+    fused = native.forward(batch, pool_c)
+    assert calls == [3]
+    layers, native.decode_layers = native.decode_layers, None
+    loop = native.forward(batch, pool_py)
+    native.decode_layers = layers
+    assert calls == [3]
+    assert torch.equal(fused, loop)
+    assert torch.equal(pool_c.k_buffer, pool_py.k_buffer) and torch.equal(pool_c.v_buffer, pool_py.v_buffer)
+    assert bool((pool_c.k_buffer[:, batch.out_slots].abs().sum(-1) > 0).all())   # the step's own K/V written
+
+
+def test_greedy_decoding_through_the_engine_is_the_same_tokens_either_way():
+    outs = {}
+    for on in (True, False):
+        runner = ModelRunner.from_hf(make_ref(3), device="cpu", impl="native", numerics="int8")
+        calls = counted(runner.native)
+        if not on:
+            runner.native.decode_layers = None
+        engine = Engine(runner, pool_slots=1024)
+        outs[on] = [c.token_ids for c in engine.generate(PROMPTS + [PROMPTS[1][:20] + [3, 4]],
+                                                         SamplingParams(max_new_tokens=24, ignore_eos=True))]
+        assert (len(calls) > 20) == on   # the decode steps took the one call when it was there
+    assert outs[True] == outs[False]
+    assert all(len(o) == 24 for o in outs[True])
+
+
+def test_steps_the_loop_runs_on_other_kernels_stay_in_the_loop():
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    calls = counted(native)
+    pool = native.make_pool(512)
+    mixed = ForwardBatch.build([(PROMPTS[1], [], torch.arange(1, 38)), ([5], torch.arange(40, 45), torch.tensor([45]))])
+    native.forward(mixed, pool)                         # an extend in the batch: prompt attention on other kernels
+    rows = AMX_MIN_ROWS
+    many = ForwardBatch.build([([3], torch.tensor([100 + i]), torch.tensor([200 + i])) for i in range(rows)])
+    native.forward(many, pool)                          # from AMX_MIN_ROWS rows the projections run on tiles
+    assert calls == []
+    native.forward(ForwardBatch.build([([3], torch.tensor([100 + i]), torch.tensor([300 + i]))
+                                       for i in range(rows - 1)]), pool)
+    assert calls == [rows - 1]
+
+
+def test_models_whose_loop_differs_do_not_get_the_one_call():
+    assert NativeLlama.from_hf(make_ref(), dtype="fp32").decode_layers is None        # torch projections
+    assert NativeLlama.from_hf(make_ref(), dtype="bf16").decode_layers is None
+    torch.manual_seed(0)
+    qwen3 = AutoModelForCausalLM.from_config(Qwen3Config(
+        hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=32, vocab_size=160, max_position_embeddings=512), attn_implementation="eager").eval()
+    assert NativeLlama.from_hf(qwen3, dtype="int8").decode_layers is None             # q/k norm per head
+    torch.manual_seed(0)
+    mistral = AutoModelForCausalLM.from_config(MistralConfig(
+        hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+        vocab_size=160, max_position_embeddings=512, sliding_window=16), attn_implementation="eager").eval()
+    native = NativeLlama.from_hf(mistral, dtype="int8")
+    assert not native.full_attention and native.decode_layers is None                   # a sliding window
+
+
+def test_out_of_range_out_slots_are_refused_before_anything_is_written():
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    pool, batch = prefilled(native, lambda m: m.make_pool(512))
+    before = pool.k_buffer.clone(), pool.v_buffer.clone()
+    x = torch.zeros(3, 192)
+    cos = torch.ones(3, 32)
+    plan = AttentionPlan.build(batch, row_kernel=True)
+    n = pool.k_buffer.shape[1]
+    for bad in (torch.tensor([1, 2, n]), torch.tensor([-1, 2, 3]), torch.tensor([1, 2]), torch.tensor([1., 2., 3.])):
+        with pytest.raises(ValueError, match="out_slots must be 3 contiguous int64 slots of the pool"):
+            native.decode_layers.run(x, x.clone(), cos, cos, bad, plan, pool)
+    with pytest.raises(ValueError, match="cos must be contiguous fp32"):
+        native.decode_layers.run(x, x.clone(), cos.double(), cos, torch.tensor([1, 2, 3]), plan, pool)
+    assert torch.equal(pool.k_buffer, before[0]) and torch.equal(pool.v_buffer, before[1])
