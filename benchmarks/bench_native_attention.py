@@ -72,13 +72,13 @@ def main() -> None:
                     table = slots.view(r, L)
                     first = torch.zeros(r, dtype=torch.int64)
                     lens = torch.full((r,), L, dtype=torch.int64)
-                    chunk, nch = decode_chunks(r, L, args.threads)
+                    row_chunks, nch = decode_chunks(lens, args.threads)
                     scratch = torch.empty(r * KVH * nch * (H // KVH) * (D + 2))
                     out = torch.empty(r, H, D, dtype=dtype)
 
                     def kernel():
-                        return native_kernels.decode_attention(q, kb, vb, table, first, lens, D ** -0.5, chunk, nch,
-                                                               scratch, out)
+                        return native_kernels.decode_attention(q, kb, vb, table, first, lens, D ** -0.5, 0, nch,
+                                                               scratch, out, row_chunks=row_chunks)
 
                     ref = fresh().reshape(r, H, D).float()
                     err = (kernel().float() - ref).abs().max().item()

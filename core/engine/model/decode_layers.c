@@ -22,8 +22,8 @@ void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M,
 void silu_mul(const float *gu, float *out, int M, int I);
 void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *slots, const int64_t *first, const int64_t *lens,
-                      int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, int nchunks,
-                      float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg);
+                      int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
+                      int nchunks, float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg);
 
 /* fp32 -> bf16, to nearest, ties to even; a nan becomes 0x7FC0 (torch's scalar rounding) */
 static inline uint16_t to_bf16(float f) {
@@ -52,7 +52,7 @@ int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I)
 
 int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
-                  int64_t Lmax, int chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
+                  int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale) {
     const int QKV = (H + 2 * KVH) * D, QK = (H + KVH) * D;
     float *qkv = ws, *qk = qkv + (int64_t)R * QKV, *att = qk + (int64_t)R * QK, *delta = att + (int64_t)R * H * D;
@@ -65,7 +65,7 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
         write_rows(qk + H * D, QK, P(DL_K), kv_bf16, out_slots, R, KVH * D);
         write_rows(qkv + QK, QKV, P(DL_V), kv_bf16, out_slots, R, KVH * D);
         decode_attention(qk, 0, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale,
-                         chunk, nchunks, scratch, att, 0, NULL, 0);
+                         0, row_chunk, nchunks, scratch, att, 0, NULL, 0);
         if (w8_gemv(att, P(DL_WO), P(DL_SO), P(DL_BO), delta, R, hidden, H * D)) return -1;
         add_rms_norm(x, delta, P(DL_POST_NORM), y, R, hidden, eps);
         if (w8_gemv(y, P(DL_WGU), P(DL_SGU), P(DL_BGU), gu, R, 2 * I, hidden)) return -1;

@@ -94,7 +94,7 @@ class DecodeLayers:
             raise ValueError(f"decode_layers: out_slots must be {r} contiguous int64 slots of the pool "
                              f"(0 .. {slots_in_pool - 1})")
         p = plan.decodes
-        chunk, nchunks, scratch = decode_launch(p, None, h, kvh, d)
+        _, row_chunks, nchunks, scratch = decode_launch(p, h, kvh, d)
         lib = native_kernels.built()
         need = lib.decode_layers_workspace(r, hidden, h, kvh, d, inter)
         if self._workspace.numel() < need:
@@ -102,5 +102,5 @@ class DecodeLayers:
         first, lens = p.first_key(None), p.seq_lens
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
                           out_slots.data_ptr(), p.slots.data_ptr(), first.data_ptr(), lens.data_ptr(), p.kv_len,
-                          chunk, nchunks, scratch.data_ptr(), int(pool.k_buffer.dtype is torch.bfloat16),
+                          row_chunks.data_ptr(), nchunks, scratch.data_ptr(), int(pool.k_buffer.dtype is torch.bfloat16),
                           self._workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale)

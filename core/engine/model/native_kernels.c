@@ -330,11 +330,14 @@ static void row_item(chunk_fn fn, const void *q, int q_bf16, int64_t q_off, cons
 
 /* q: [R, H, D] (q_bf16: bf16, else fp32), q_stride elements from one request's row to the next; kbuf, vbuf: [S, KVH, D] (kv_bf16); slots: [R, Lmax] int64;
  * keys of row r are slots[r, first[r] .. lens[r]-1]; scratch: R*KVH*nchunks*G*(D+2) floats;
- * out: [R, H, D] (out_bf16). Requires D <= MAX_D, G <= MAX_G, chunk <= MAX_CHUNK. */
+ * out: [R, H, D] (out_bf16). Requires D <= MAX_D, G <= MAX_G, chunk <= MAX_CHUNK.
+ * row_chunk: NULL (every row splits its keys every `chunk`), or [R] keys per chunk of each row (<= MAX_CHUNK,
+ * nchunks covering the longest): a row's chunks, and so its result's bits, then depend on that row alone, not
+ * on the batch it came in (decodes; the seg runs always split every SEG_CHUNK). */
 void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *slots, const int64_t *first, const int64_t *lens,
-                      int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, int nchunks,
-                      float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg) {
+                      int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
+                      int nchunks, float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg) {
     const int G = H / KVH;
     const int64_t part = (int64_t)G * (D + 2);      /* per item: m[G], l[G], o[G][D] */
     const chunk_fn fn = pick_chunk_fn(G, D);
@@ -394,7 +397,8 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
         const int c = (int)(rc / R);
         const int r = (int)(rc % R);
         row_item(fn, q, q_bf16, (int64_t)r * q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r * Lmax, first[r],
-                 lens[r], c, chunk, kh, KVH, G, D, scale, scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part);
+                 lens[r], c, row_chunk ? (int)row_chunk[r] : chunk, kh, KVH, G, D, scale,
+                 scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part);
     }
 
 combine:
@@ -886,15 +890,16 @@ static int args_ok(Py_ssize_t n, Py_ssize_t want, const char *name) {
 #define UNLOCKED_IF(big, call) do { if (big) { Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS } else { call; } } while (0)
 
 static PyObject *py_decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 22, "decode_attention")) return NULL;
+    if (!args_ok(n, 23, "decode_attention")) return NULL;
     const void *q = PTR(0); int qb = INT(1); int64_t qs = I64(2); const void *k = PTR(3), *v = PTR(4);
     int kvb = INT(5); const int64_t *sl = PTR(6), *fi = PTR(7), *le = PTR(8);
     int R = INT(9), H = INT(10), KVH = INT(11), D = INT(12); int64_t Lmax = I64(13); float sc = FLT(14);
     int chunk = INT(15), nch = INT(16); float *scr = PTR(17); void *out = PTR(18); int ob = INT(19);
-    const int64_t *seg = PTR(20); int nseg = INT(21);
+    const int64_t *seg = PTR(20); int nseg = INT(21); const int64_t *rch = PTR(22);
     if (PyErr_Occurred()) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    decode_attention(q, qb, qs, k, v, kvb, sl, fi, le, R, H, KVH, D, Lmax, sc, chunk, nch, scr, out, ob, seg, nseg);
+    decode_attention(q, qb, qs, k, v, kvb, sl, fi, le, R, H, KVH, D, Lmax, sc, chunk, rch, nch, scr, out, ob, seg,
+                     nseg);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -971,7 +976,7 @@ static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssiz
 int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I);   /* decode_layers.c */
 int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
-                  int64_t Lmax, int chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
+                  int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale);
 
 static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -987,13 +992,13 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     float *x = PTR(0), *y = PTR(1); const int64_t *lp = PTR(2); int L = INT(3);
     const float *c = PTR(4), *sn = PTR(5);
     const int64_t *os = PTR(6), *sl = PTR(7), *fi = PTR(8), *le = PTR(9); int64_t Lmax = I64(10);
-    int chunk = INT(11), nchunks = INT(12); float *scratch = PTR(13); int kvb = INT(14); float *ws = PTR(15);
+    const int64_t *rch = PTR(11); int nchunks = INT(12); float *scratch = PTR(13); int kvb = INT(14); float *ws = PTR(15);
     int R = INT(16), hid = INT(17), H = INT(18), KVH = INT(19), D = INT(20), I = INT(21);
     float eps = FLT(22), sc = FLT(23);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, chunk, nchunks, scratch, kvb, ws, R, hid, H, KVH,
+    rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, rch, nchunks, scratch, kvb, ws, R, hid, H, KVH,
                        D, I, eps, sc);
     Py_END_ALLOW_THREADS
     if (rc) return PyErr_NoMemory();

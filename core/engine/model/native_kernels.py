@@ -174,27 +174,32 @@ def check_channels(name: str, n: int, scales: torch.Tensor, bias: Optional[torch
 
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
                      first: torch.Tensor, lens: torch.Tensor, scale: float, chunk: int, nchunks: int,
-                     scratch: torch.Tensor, out: torch.Tensor, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     scratch: torch.Tensor, out: torch.Tensor, segments: Optional[torch.Tensor] = None,
+                     row_chunks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q [R, H, D] (rows may be strided, heads and D contiguous); k_buf/v_buf [S, KVH, D] contiguous;
     slots [R, Lmax] int64 contiguous; row r attends keys first[r] .. lens[r]-1 of its row;
     scratch >= R*KVH*nchunks*G*(D+2) fp32; out [R, H, D] contiguous.
     segments: None, or int64 [nseg + 1] row starts of runs of rows that share one slot row (an extend's new
     tokens, first and lens non-decreasing along the run); with chunk == SEG_CHUNK each run reads a chunk's
-    keys once for all its rows."""
+    keys once for all its rows.
+    row_chunks: None (every row's keys split every `chunk`), or int64 [R] keys per chunk of each row (1 ..
+    MAX_CHUNK; nchunks covering the longest row): then a row's bits depend on its own keys alone, not on the
+    other rows of the batch (`native_layers.decode_launch`)."""
     r, h, d = q.shape
     kvh = k_buf.shape[1]
-    _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments)
+    _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments, row_chunks)
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     built().decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(),
                               v_buf.data_ptr(), int(k_buf.dtype == torch.bfloat16), slots.data_ptr(), first.data_ptr(),
                               lens.data_ptr(), r, h, kvh, d, slots.shape[1], scale, chunk, nchunks, scratch.data_ptr(),
                               out.data_ptr(), int(out.dtype == torch.bfloat16), ptr(segments),
-                              0 if segments is None else segments.numel() - 1)
+                              0 if segments is None else segments.numel() - 1, ptr(row_chunks))
     return out
 
 
-def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments) -> None:
+def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments,
+                            row_chunks) -> None:
     """decode_attention's inputs, as the C kernel reads them (raw pointers): wrong ones must not reach it.
     Plain tests first, messages only on failure (30 calls a decode step)."""
     r, h, d = q.shape
@@ -217,8 +222,13 @@ def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks,
     if slots.dim() != 2 or slots.shape[0] != r or first.numel() != r or lens.numel() != r:
         raise ValueError(f"decode_attention: slots [{r}, Lmax], first [{r}], lens [{r}] for {r} query rows, got "
                          f"{tuple(slots.shape)}, {tuple(first.shape)}, {tuple(lens.shape)}")
-    if not 0 < chunk <= MAX_CHUNK or nchunks <= 0:
-        raise ValueError(f"decode_attention: chunk must be 1..{MAX_CHUNK} keys and nchunks > 0")
+    if row_chunks is None:
+        if not 0 < chunk <= MAX_CHUNK or nchunks <= 0:
+            raise ValueError(f"decode_attention: chunk must be 1..{MAX_CHUNK} keys and nchunks > 0")
+    elif (row_chunks.dtype is not torch.int64 or row_chunks.shape != (r,) or not row_chunks.is_contiguous()
+            or not row_chunks.is_cpu or nchunks <= 0 or int(row_chunks.min()) < 1 or int(row_chunks.max()) > MAX_CHUNK):
+        raise ValueError(f"decode_attention: row_chunks must be None or {r} contiguous int64 CPU chunk sizes, "
+                         f"1 .. {MAX_CHUNK} keys, and nchunks > 0")
     need = r * kvh * nchunks * (h // kvh) * (d + 2)
     if scratch.dtype is not F32 or not scratch.is_contiguous() or scratch.numel() < need:
         raise ValueError(f"decode_attention: scratch needs {need} contiguous fp32 values (R*KVH*nchunks*G*(D+2))")

@@ -289,30 +289,37 @@ def attend_prefixed(p: Padded, prefix: int, q: torch.Tensor, k: torch.Tensor, v:
 FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu   # (out, logsumexp); GQA by head count
 
 
-# Decode attention splits each request's keys into chunks so that there are about this many
-# (request, chunk) work items per thread (flash-decoding); chunks hold 32..512 keys.
+# Decode attention splits each request's keys into about this many chunks per thread (flash-decoding), so even
+# one request keeps every thread busy; chunks hold 32..512 keys.
 ITEMS_PER_THREAD = 8
 
 
-def decode_chunks(requests: int, kv_len: int, threads: int) -> tuple[int, int]:
-    """(keys per chunk, chunks per request) of the C decode attention."""
-    per_row = max(1, -(-ITEMS_PER_THREAD * threads // requests))
-    chunk = max(32, -(-kv_len // per_row))
-    chunk = min(native_kernels.MAX_CHUNK, -(-chunk // 32) * 32)
-    return chunk, -(-kv_len // chunk)
+def decode_chunks(seq_lens: torch.Tensor, threads: int) -> tuple[torch.Tensor, int]:
+    """(keys per chunk of each row, chunks of the longest row) of the C decode attention. A row's chunk size
+    comes from its own length (and the thread count) alone: the chunks set the order of the fp32 sums, so a
+    size taken from the batch (its longest row, its row count) made a request's tokens depend on who it was
+    batched with, and cache on / cache off, which batch requests differently, could pick different tokens."""
+    per_row = ITEMS_PER_THREAD * threads
+    chunk = (-(-seq_lens // per_row)).clamp(min=32)
+    chunk = ((chunk + 31) // 32 * 32).clamp(max=native_kernels.MAX_CHUNK)
+    return chunk.contiguous(), int((-(-seq_lens // chunk)).max())
 
 
-def decode_launch(p: Padded, window: Optional[int], heads: int, kv_heads: int,
-                  head_dim: int) -> tuple[int, int, torch.Tensor]:
-    """(keys per chunk, chunks per row, scratch) of the C decode attention over `p`, made once per forward and
-    shared by every layer (and by decode_layers.c, which must split the keys the same way for the same bits)."""
-    key = ("chunks", window)
-    if key not in p.cache:
-        p.cache[key] = ((native_kernels.SEG_CHUNK, -(-p.kv_len // native_kernels.SEG_CHUNK))
-                        if p.segments is not None else decode_chunks(p.rows, p.kv_len, torch.get_num_threads()))
-    chunk, nchunks = p.cache[key]
+def decode_launch(p: Padded, heads: int, kv_heads: int,
+                  head_dim: int) -> tuple[int, Optional[torch.Tensor], int, torch.Tensor]:
+    """(keys per chunk, keys per chunk of each row or None, chunks per row, scratch) of the C decode attention
+    over `p`, made once per forward and shared by every layer (and by decode_layers.c, which must split the
+    keys the same way for the same bits). Extend runs (`p.segments`) split every SEG_CHUNK keys; decodes by
+    `decode_chunks`."""
+    if "chunks" not in p.cache:
+        if p.segments is not None:
+            p.cache["chunks"] = (native_kernels.SEG_CHUNK, None, -(-p.kv_len // native_kernels.SEG_CHUNK))
+        else:
+            row_chunks, nchunks = decode_chunks(p.seq_lens, torch.get_num_threads())
+            p.cache["chunks"] = (0, row_chunks, nchunks)
+    chunk, row_chunks, nchunks = p.cache["chunks"]
     need = p.rows * kv_heads * nchunks * (heads // kv_heads) * (head_dim + 2)
-    return chunk, nchunks, p.buffer("scratch", (need,), torch.float32)
+    return chunk, row_chunks, nchunks, p.buffer("scratch", (need,), torch.float32)
 
 
 def attend_decodes(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
@@ -325,10 +332,11 @@ def attend_decodes(p: Padded, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     rd, heads, d = q.shape
     kvh = k_buf.shape[1]
     if native_kernels.attention_fits(q.device, heads, kvh, d):
-        chunk, nchunks, scratch = decode_launch(p, window, heads, kvh, d)
+        chunk, row_chunks, nchunks, scratch = decode_launch(p, heads, kvh, d)
         out = torch.empty((rd, heads, d), dtype=q.dtype)
         return native_kernels.decode_attention(q, k_buf, v_buf, p.slots.view(rd, p.kv_len), p.first_key(window),
-                                               p.seq_lens, scale, chunk, nchunks, scratch, out, p.segments)
+                                               p.seq_lens, scale, chunk, nchunks, scratch, out, p.segments,
+                                               row_chunks)
     if q.dtype == torch.float32:
         return attend_padded(p, q, k_buf, v_buf, window, scale)
     g = heads // kvh

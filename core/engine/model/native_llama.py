@@ -30,7 +30,8 @@ Numerics ("dtype"):
         no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,
         one-token chunks included (native_kernels.amx_attention: ~2^-15 of fp32 attention; given the same
         K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled), decodes on the C
-        decode kernel.
+        decode kernel; a step of decodes alone runs all its layers in one C call (native_decode.DecodeLayers:
+        the same kernels, the same bits, no Python between them).
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
 Refused (ValueError, route to the Hugging Face path): other families, non-SiLU MLPs, RoPE types
 whose frequencies depend on the sequence length (dynamic, longrope).

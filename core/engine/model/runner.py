@@ -40,9 +40,11 @@ CPU_NATIVE_NUMERICS = "int8"
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
 KV_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 # "auto" KV pool: the activations' dtype. bf16 K/V with int8 numerics (half the bytes a decode step reads at long
-# context) was measured as the default and not taken: cache on == cache off 49 / 50 prompts (benchmarks/README.md,
-# "Numerics"), because rounding to bf16 turns the ~1e-7 differences between a token computed in a prefill chunk
-# and in a decode step into whole bf16 steps; it stays one flag away (--kv-cache-dtype bf16).
+# context) was measured as the default and not taken: rounding to bf16 turns the ~1e-7 differences between a token
+# computed in a prefill chunk and in a decode step (the int8 kernels' sum orders) into whole bf16 steps. With every
+# prompt chunk on the tiles it held 50 / 50 on the agreement prompts, but 296 / 300 cache on == off on 150 mixed
+# prompts over two turns, where fp32 K/V held 300 / 300 (benchmarks/README.md, "Numerics"); it stays one flag away
+# (--kv-cache-dtype bf16).
 
 
 def pick_kv_cache_dtype(kv_cache_dtype: str, numerics: str, impl: str) -> Optional[str]:

@@ -142,3 +142,21 @@ def test_out_of_range_out_slots_are_refused_before_anything_is_written():
     with pytest.raises(ValueError, match="cos must be contiguous fp32"):
         native.decode_layers.run(x, x.clone(), cos.double(), cos, torch.tensor([1, 2, 3]), plan, pool)
     assert torch.equal(pool.k_buffer, before[0]) and torch.equal(pool.v_buffer, before[1])
+
+
+@pytest.mark.parametrize("one_call", [True, False])
+def test_a_decode_steps_logits_do_not_depend_on_the_other_rows_of_the_batch(one_call):
+    """Request 0's next-token logits alone and beside a 300-token request: the same bits (each row's decode
+    attention splits its keys by its own length), in the one C call and in the Python loop."""
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    if not one_call:
+        native.decode_layers = None
+    pool = native.make_pool(512)
+    native.forward(ForwardBatch.build([(PROMPTS[2], [], torch.arange(1, 71))]), pool)
+    long_prompt = torch.randint(1, 160, (300,), generator=torch.Generator().manual_seed(9)).tolist()
+    native.forward(ForwardBatch.build([(long_prompt, [], torch.arange(100, 400))]), pool)
+    a = ([5], torch.arange(1, 71), torch.tensor([71]))
+    b = ([6], torch.arange(100, 400), torch.tensor([400]))
+    alone = native.forward(ForwardBatch.build([a]), pool)
+    both = native.forward(ForwardBatch.build([a, b]), pool)
+    assert torch.equal(alone[0], both[0])

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from core.engine.model import native_kernels
-from core.engine.model.native_layers import apply_rope, rope_tables
+from core.engine.model.native_layers import apply_rope, decode_chunks, rope_tables
 from tests.engine.model.require_kernels import require_kernels
 
 ROWS = [1, 5, 63, 64, 300]   # 64: native_kernels.c PAR_ROWS, where rows go to the OpenMP threads
@@ -127,6 +127,38 @@ def test_decode_attention_refuses_inputs_the_kernel_would_misread():
     torch.testing.assert_close(out, want[:, :, 0], atol=1e-6, rtol=0)
     for bad, match in ((dict(slots=slots.int()), "int64"), (dict(lens=lens[:1]), r"lens \[2\]"),
                        (dict(scratch=scratch[:10]), "scratch needs"), (dict(k_buf=k.double()), "pool layer"),
-                       (dict(q=torch.randn(2, 3, 16)), "do not fit"), (dict(out=out[:, :2]), "out must be")):
+                       (dict(q=torch.randn(2, 3, 16)), "do not fit"), (dict(out=out[:, :2]), "out must be"),
+                       (dict(row_chunks=torch.tensor([32, 0])), "row_chunks must be"),
+                       (dict(row_chunks=torch.tensor([32, native_kernels.MAX_CHUNK + 1])), "row_chunks must be"),
+                       (dict(row_chunks=torch.tensor([32])), "row_chunks must be"),
+                       (dict(row_chunks=torch.tensor([32, 32], dtype=torch.int32)), "row_chunks must be")):
         with pytest.raises(ValueError, match=match):
             native_kernels.decode_attention(**{**ok, **bad})
+
+
+def test_a_decodes_attention_is_the_same_bits_whatever_it_is_batched_with():
+    """decode_chunks sizes each row's chunks from its own length: row 0 alone, and beside a far longer row (which
+    once set every row's chunk size, and so the order of row 0's sums), gives the same bits."""
+    g = torch.Generator().manual_seed(3)
+    k, v = torch.randn(3000, 3, 64, generator=g), torch.randn(3000, 3, 64, generator=g)
+    q = torch.randn(2, 9, 64, generator=g)
+    lens = torch.tensor([700, 2900])
+    table = torch.zeros(2, 2900, dtype=torch.int64)
+    table[0, :700] = torch.randperm(2999, generator=g)[:700] + 1
+    table[1] = torch.randperm(2999, generator=g)[:2900] + 1
+
+    def attend(rows: list[int]) -> torch.Tensor:
+        sub_lens = lens[rows].contiguous()
+        row_chunks, nch = decode_chunks(sub_lens, torch.get_num_threads())
+        out = torch.empty(len(rows), 9, 64)
+        native_kernels.decode_attention(q[rows], k, v, table[rows][:, :int(sub_lens.max())].contiguous(),
+                                        torch.zeros(len(rows), dtype=torch.int64), sub_lens, 0.125, 0, nch,
+                                        torch.empty(len(rows) * 3 * nch * 3 * 66), out, row_chunks=row_chunks)
+        return out
+
+    alone, both = attend([0]), attend([0, 1])
+    assert torch.equal(alone[0], both[0])
+    assert decode_chunks(torch.tensor([700, 2900]), 2)[0].tolist() == [64, 192]   # 16 chunks a row on 2 threads
+    want = F.scaled_dot_product_attention(q[:1, :, None], k[table[0, :700]].permute(1, 0, 2)[None].repeat_interleave(
+        3, 1), v[table[0, :700]].permute(1, 0, 2)[None].repeat_interleave(3, 1), scale=0.125)[:, :, 0]
+    torch.testing.assert_close(alone, want, atol=2e-6, rtol=0)
