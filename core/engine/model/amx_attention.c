@@ -69,34 +69,61 @@ static void pack_queries(const float *q, int64_t qs, int n, int np, int H, int D
     }
 }
 
-/* keys as B tiles of the scores: [KVH][mp/16][D/32] tiles of [16 pairs of d][16 keys][2] (VNNI) */
+/* r[j][i] -> r[i][j] for a 16 x 16 block of dwords (unpacks then 128-bit lane shuffles: ~64 shuffles, where
+ * 16 scatters of 16 dwords each cost ~4x that) */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16], v[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            v[8 * h + i] = _mm512_shuffle_i32x4(u[8 * h + i], u[8 * h + i + 4], 0x88);
+            v[8 * h + i + 4] = _mm512_shuffle_i32x4(u[8 * h + i], u[8 * h + i + 4], 0xDD);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0xDD);
+    }
+}
+
+/* keys as B tiles of the scores: [KVH][mp/16][D/32] tiles of [16 pairs of d][16 keys][2] (VNNI). Per block of
+ * 16 keys: each key's 32 d (one dword per pair of d) as a row, transposed so that a row holds one pair of d for
+ * the 16 keys (kl NULL: a bf16 pool, no lo halves). Keys past m are zeros. */
 static void pack_keys(const void *k, int bf16, const int64_t *slots, int m, int mp, int KVH, int D, uint16_t *kh,
                       uint16_t *kl) {
-    const int DS = D / 32;
+    const int DS = D / 32, nb = mp / 16;
     #pragma omp parallel for schedule(static)
-    for (int key = 0; key < mp; key++) {
-        const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                 _mm512_set1_epi32(16));
+    for (int b = 0; b < nb; b++) {
         for (int g = 0; g < KVH; g++) {
             for (int ds = 0; ds < DS; ds++) {
-                const int64_t tile = (((int64_t)g * (mp / 16) + key / 16) * DS + ds) * 512;
-                uint32_t *th = (uint32_t *)(kh + tile) + key % 16, *tl = kl ? (uint32_t *)(kl + tile) + key % 16 : 0;
-                if (key >= m) {
-                    for (int r = 0; r < 16; r++) th[r * 16] = 0;
-                    if (tl) for (int r = 0; r < 16; r++) tl[r * 16] = 0;
-                    continue;
+                __m512i hi[16], lo[16];
+                for (int j = 0; j < 16; j++) {
+                    const int key = b * 16 + j;
+                    if (key >= m) { hi[j] = lo[j] = _mm512_setzero_si512(); continue; }
+                    const int64_t at = (slots[key] * KVH + g) * D + ds * 32;
+                    __m512i h0, l0, h1, l1;
+                    split_bf16x2(load16(k, bf16, at), &h0, &l0);
+                    split_bf16x2(load16(k, bf16, at + 16), &h1, &l1);
+                    /* 32 bf16 in d order = 16 dwords, dword r = (d 2r, d 2r+1) */
+                    hi[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(h0)),
+                                               _mm512_cvtepi32_epi16(h1), 1);
+                    lo[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l0)),
+                                               _mm512_cvtepi32_epi16(l1), 1);
                 }
-                const int64_t at = (slots[key] * KVH + g) * D + ds * 32;
-                __m512i h0, l0, h1, l1;
-                split_bf16x2(load16(k, bf16, at), &h0, &l0);
-                split_bf16x2(load16(k, bf16, at + 16), &h1, &l1);
-                /* 32 bf16 in d order = 16 dwords, dword r = (d 2r, d 2r+1): row r of the tile, column key % 16 */
-                const __m512i ph = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(h0)),
-                                                      _mm512_cvtepi32_epi16(h1), 1);
-                const __m512i pl = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l0)),
-                                                      _mm512_cvtepi32_epi16(l1), 1);
-                _mm512_i32scatter_epi32(th, lanes, ph, 4);
-                if (tl) _mm512_i32scatter_epi32(tl, lanes, pl, 4);
+                const int64_t tile = (((int64_t)g * nb + b) * DS + ds) * 512;
+                transpose16(hi);
+                for (int r = 0; r < 16; r++) _mm512_storeu_si512((void *)(kh + tile + r * 32), hi[r]);
+                if (!kl) continue;
+                transpose16(lo);
+                for (int r = 0; r < 16; r++) _mm512_storeu_si512((void *)(kl + tile + r * 32), lo[r]);
             }
         }
     }
