@@ -59,6 +59,35 @@ def decode_step(g, reps: int) -> None:
           f"({nbytes / best[0] / 1e6:.1f} GB/s): {best[0] / best[4096]:.2f}x")
 
 
+def decode_batches(g, reps: int) -> None:
+    """A decode step's layer projections (30 layers of SmolLM2's shapes) for 1..8 rows, `w8_gemv` with one channel
+    at a time up to 8 rows (what it ran before) against blocks of 4 channels x 4 rows from 3 rows (w8_row_max 2,
+    the default), alternating."""
+    import torch
+    from core.engine.model import native_int8
+    mats = [[native_int8.Int8Matrix(torch.randint(-127, 128, shape, dtype=torch.int8, generator=g).contiguous(),
+                                    torch.rand(shape[0], generator=g).contiguous(), None) for shape in SHAPES.values()]
+            for _ in range(30)]
+    print("\ndecode batches: 30 layers' projections, ms (fastest), w8_row_max 8 vs 2 (default)")
+    default = native_int8.set_w8_row_max(2)
+    try:
+        for m in range(1, 9):
+            xs = {k: torch.randn(m, k, generator=g) for k in (576, 1536)}
+
+            def step() -> None:
+                for layer in mats:
+                    for mat in layer:
+                        mat.gemv(xs[mat.k])
+            best = {8: float("inf"), 2: float("inf")}
+            for _ in range(3):
+                for row_max in best:
+                    native_int8.set_w8_row_max(row_max)
+                    best[row_max] = min(best[row_max], best_ms(step, reps))
+            print(f"  {m} rows: row_max 8 {best[8]:.2f}, row_max 2 {best[2]:.2f}: {best[8] / best[2]:.2f}x", flush=True)
+    finally:
+        native_int8.set_w8_row_max(default)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="32,256,1024,2048")
@@ -94,6 +123,7 @@ def main() -> None:
             print(f"{name:>8} {m:5d} {fma:12.2f} {amx:8.2f} {pan:7.2f} {mkl:9.2f} {b16:8.2f}  {fma / amx:11.2f}x "
                   f"{mkl / amx:9.2f}x {mkl / pan:12.2f}x", flush=True)
     decode_step(g, args.reps)
+    decode_batches(g, args.reps)
     native = ModelRunner("default", device="cpu", impl="native", numerics="int8").native
     print("\nwhole uncached prefill of the default model (int8), s, fastest of 3, alternating")
     for n in (int(v) for v in args.prefill.split(",")):

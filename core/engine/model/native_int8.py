@@ -24,6 +24,15 @@ def set_w8_prefetch(nbytes: int) -> int:
     return int(native_kernels.built().set_w8_prefetch(nbytes)) if native_kernels.available() else 0
 
 
+def set_w8_row_max(rows: int) -> int:
+    """Up to how many rows `w8_gemv` runs one output channel at a time before blocks of 4 channels x 4 rows (2 by
+    default, measured); returns the previous setting. For benchmarks: bench_int8_gemm.py times decode batches
+    both ways in one process. The two add the same products in other orders (fp32 rounding apart)."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= 1 << 16:
+        raise ValueError(f"set_w8_row_max takes a whole number of rows from 0 to 65536, got {rows!r}")
+    return int(native_kernels.built().set_w8_row_max(rows)) if native_kernels.available() else 0
+
+
 def check_rows(name: str, x: torch.Tensor, k: int) -> None:
     """The kernels read raw pointers: a wrong dtype, device or width would be read as garbage, so refuse it."""
     if x.dtype is not F32 or x.dim() != 2 or not x.is_cpu or x.shape[1] != k:

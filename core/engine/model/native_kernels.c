@@ -545,15 +545,19 @@ W8_ROW(1) W8_ROW(2) W8_ROW(3) W8_ROW(4)
  * prefetcher alone kept one row at a time at 10-13 GB/s; fetching the lines 4 KB ahead by hand reached 15-21 GB/s
  * (bench_int8_gemm.py's decode step; 1, 2, 6 and 8 KB measured no better). 0: no prefetch (benchmarks). */
 int w8_prefetch = 4096;
+/* Up to this many rows one channel at a time (w8_row_m*), from there blocks of 4 channels x 4 rows (w8_block_m*):
+ * bench_int8_gemm.py's decode batches, 30 layers of SmolLM2's shapes side by side: blocks won from 3 rows (3 rows
+ * 4.64 vs 5.29 ms, 8 rows 9.13 vs 13.45 ms: 1.14x to 1.47x), one channel at a time at 1 and 2 (8 was the limit). */
+int w8_row_max = 2;
 int w8_force_generic = 0;   /* benchmarks flip it to time the row-at-a-time loop alone */
 
 static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
                         int M, int N, int K) {
 #if defined(__AVX512F__)
-    /* Measured on SmolLM2's shapes (30 layers, int8 weights): one output channel at a time against
-     * up to 4 rows of x (w8_row_m*) streams 13-15 GB/s for one row (the plain loop: 11-13) and wins
-     * up to 8 rows; from 9 rows on, blocks of 4 channels x 4 rows (w8_block_m*) win. */
-    if (K % 32 == 0 && M <= 8 && !w8_force_generic) {
+    /* Measured on SmolLM2's shapes (30 layers, int8 weights): one output channel at a time (w8_row_m*)
+     * streams 13-15 GB/s for one row (the plain loop: 11-13); from w8_row_max + 1 rows on, blocks of 4
+     * channels x 4 rows (w8_block_m*) win (w8_row_max says by how much). */
+    if (K % 32 == 0 && M <= w8_row_max && !w8_force_generic) {
         #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
             const int8_t *wr = w + (int64_t)n * K;
@@ -1047,6 +1051,14 @@ static PyObject *py_set_w8_force_generic(PyObject *self, PyObject *const *args, 
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_w8_row_max(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 1, "set_w8_row_max")) return NULL;
+    const int previous = w8_row_max, want = INT(0);
+    if (PyErr_Occurred()) return NULL;
+    w8_row_max = want;
+    return PyLong_FromLong(previous);
+}
+
 static PyObject *py_set_w8_prefetch(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 1, "set_w8_prefetch")) return NULL;
     const int previous = w8_prefetch, want = INT(0);
@@ -1071,6 +1083,7 @@ static PyMethodDef METHODS[] = {
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},
     {"decode_attention_fast", (PyCFunction)(void (*)(void))py_decode_attention_fast, METH_FASTCALL, NULL},
     {"set_w8_force_generic", (PyCFunction)(void (*)(void))py_set_w8_force_generic, METH_FASTCALL, NULL},
+    {"set_w8_row_max", (PyCFunction)(void (*)(void))py_set_w8_row_max, METH_FASTCALL, NULL},
     {"set_w8_prefetch", (PyCFunction)(void (*)(void))py_set_w8_prefetch, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
