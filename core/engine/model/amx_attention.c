@@ -94,57 +94,64 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
-/* keys as B tiles of the scores: [KVH][mp/16][D/32] tiles of [16 pairs of d][16 keys][2] (VNNI). Per block of
- * 16 keys: each key's 32 d (one dword per pair of d) as a row, transposed so that a row holds one pair of d for
- * the 16 keys (kl NULL: a bf16 pool, no lo halves). Keys past m are zeros. */
-static void pack_keys(const void *k, int bf16, const int64_t *slots, int m, int mp, int KVH, int D, uint16_t *kh,
-                      uint16_t *kl) {
-    const int DS = D / 32, nb = mp / 16;
-    #pragma omp parallel for schedule(static)
-    for (int b = 0; b < nb; b++) {
-        for (int g = 0; g < KVH; g++) {
-            for (int ds = 0; ds < DS; ds++) {
-                __m512i hi[16], lo[16];
-                for (int j = 0; j < 16; j++) {
-                    const int key = b * 16 + j;
-                    if (key >= m) { hi[j] = lo[j] = _mm512_setzero_si512(); continue; }
-                    const int64_t at = (slots[key] * KVH + g) * D + ds * 32;
-                    __m512i h0, l0, h1, l1;
-                    split_bf16x2(load16(k, bf16, at), &h0, &l0);
-                    split_bf16x2(load16(k, bf16, at + 16), &h1, &l1);
-                    /* 32 bf16 in d order = 16 dwords, dword r = (d 2r, d 2r+1) */
-                    hi[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(h0)),
-                                               _mm512_cvtepi32_epi16(h1), 1);
-                    lo[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l0)),
-                                               _mm512_cvtepi32_epi16(l1), 1);
-                }
-                const int64_t tile = (((int64_t)g * nb + b) * DS + ds) * 512;
-                transpose16(hi);
-                for (int r = 0; r < 16; r++) _mm512_storeu_si512((void *)(kh + tile + r * 32), hi[r]);
-                if (!kl) continue;
-                transpose16(lo);
-                for (int r = 0; r < 16; r++) _mm512_storeu_si512((void *)(kl + tile + r * 32), lo[r]);
-            }
+/* The 16 keys key0 .. key0+15 of KV head g, d from ds * 32 (one tile): each key's 32 d as a row of 16 dwords (one
+ * per pair of d), transposed so that tile row r holds d pair r for the 16 keys (VNNI). Keys past m are zeros;
+ * tl NULL: a bf16 pool, no lo halves. */
+static void pack_key_tile(const void *k, int bf16, const int64_t *slots, int m, int key0, int g, int ds, int KVH,
+                          int D, uint16_t *th, uint16_t *tl) {
+    __m512i hi[16], lo[16];
+    for (int j = 0; j < 16; j++) {
+        const int key = key0 + j;
+        if (key >= m) { hi[j] = lo[j] = _mm512_setzero_si512(); continue; }
+        const int64_t at = (slots[key] * KVH + g) * D + ds * 32;
+        __m512i h0, l0, h1, l1;
+        split_bf16x2(load16(k, bf16, at), &h0, &l0);
+        split_bf16x2(load16(k, bf16, at + 16), &h1, &l1);
+        /* 32 bf16 in d order = 16 dwords, dword r = (d 2r, d 2r+1) */
+        hi[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(h0)), _mm512_cvtepi32_epi16(h1), 1);
+        lo[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l0)), _mm512_cvtepi32_epi16(l1), 1);
+    }
+    transpose16(hi);
+    for (int r = 0; r < 16; r++) _mm512_storeu_si512((void *)(th + r * 32), hi[r]);
+    if (!tl) return;
+    transpose16(lo);
+    for (int r = 0; r < 16; r++) _mm512_storeu_si512((void *)(tl + r * 32), lo[r]);
+}
+
+/* The KBLK keys of block kb of KV head g as value tiles [D/16] of [16 pairs of keys][16 d][2] (VNNI); keys past m
+ * are zeros; vl NULL: no lo halves. */
+static void pack_value_block(const void *v, int bf16, const int64_t *slots, int m, int kb, int g, int KVH, int D,
+                             uint16_t *vt, uint16_t *vlt) {
+    const int DC = D / 16;
+    for (int r = 0; r < KBLK / 2; r++) {
+        const int k0 = kb * KBLK + 2 * r;
+        for (int dc = 0; dc < DC; dc++) {
+            const int64_t at = (int64_t)dc * 512 + r * 32;
+            __m512i h0 = _mm512_setzero_si512(), l0 = h0, h1 = h0, l1 = h0;
+            if (k0 < m) split_bf16x2(load16(v, bf16, (slots[k0] * KVH + g) * D + dc * 16), &h0, &l0);
+            if (k0 + 1 < m) split_bf16x2(load16(v, bf16, (slots[k0 + 1] * KVH + g) * D + dc * 16), &h1, &l1);
+            _mm512_storeu_si512((void *)(vt + at), _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+            if (vlt) _mm512_storeu_si512((void *)(vlt + at), _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
         }
     }
 }
 
-/* values as B tiles of the weighted sum: [KVH][mp/32][D/16] tiles of [16 pairs of keys][16 d][2] (VNNI) */
-static void pack_values(const void *v, int bf16, const int64_t *slots, int m, int mp, int KVH, int D, uint16_t *vh,
-                        uint16_t *vl) {
-    const int DC = D / 16;
-    #pragma omp parallel for schedule(static)
-    for (int pair = 0; pair < mp / 2; pair++) {
-        const int k0 = 2 * pair, kb = k0 / KBLK, r = (k0 % KBLK) / 2;
-        for (int g = 0; g < KVH; g++) {
-            for (int dc = 0; dc < DC; dc++) {
-                const int64_t at = (((int64_t)g * (mp / KBLK) + kb) * DC + dc) * 512 + r * 32;
-                __m512i h0 = _mm512_setzero_si512(), l0 = h0, h1 = h0, l1 = h0;
-                if (k0 < m) split_bf16x2(load16(v, bf16, (slots[k0] * KVH + g) * D + dc * 16), &h0, &l0);
-                if (k0 + 1 < m) split_bf16x2(load16(v, bf16, (slots[k0 + 1] * KVH + g) * D + dc * 16), &h1, &l1);
-                _mm512_storeu_si512((void *)(vh + at), _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
-                if (vl) _mm512_storeu_si512((void *)(vl + at), _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
-            }
+/* Every key block of every KV head, packed once for all query blocks: keys [KVH][mp/KBLK] blocks of 2 x D/32
+ * tiles (the block's two 16-key halves), values [KVH][mp/KBLK] blocks of D/16 tiles; kl, vl NULL for a bf16 pool */
+static void pack_all(const void *k, const void *v, int bf16, const int64_t *slots, int m, int mp, int KVH, int D,
+                     uint16_t *kh, uint16_t *kl, uint16_t *vh, uint16_t *vl) {
+    const int DS = D / 32, nkb = mp / KBLK;
+    const int64_t kstep = (int64_t)2 * DS * 512, vstep = (int64_t)(D / 16) * 512;   /* one block's tiles */
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int g = 0; g < KVH; g++) {
+        for (int kb = 0; kb < nkb; kb++) {
+            const int64_t b = (int64_t)g * nkb + kb;
+            for (int half = 0; half < 2; half++)
+                for (int ds = 0; ds < DS; ds++) {
+                    const int64_t t = b * kstep + (int64_t)(half * DS + ds) * 512;
+                    pack_key_tile(k, bf16, slots, m, kb * KBLK + half * 16, g, ds, KVH, D, kh + t, kl ? kl + t : 0);
+                }
+            pack_value_block(v, bf16, slots, m, kb, g, KVH, D, vh + b * vstep, vl ? vl + b * vstep : 0);
         }
     }
 }
@@ -181,112 +188,218 @@ static inline void softmax_row(const float *s, int seen, float scale, float *mx,
     _mm256_store_si256((__m256i *)(pl + 16), _mm512_cvtepi32_epi16(lo));
 }
 
-/* One head's QROWS query rows q0.. against every key block they see. Tiles: 0-3 accumulators (two row tiles x
- * two column tiles, so consecutive TDPBF16PS never wait on one another), 4-5 row operands, 6-7 column operands. */
-static void attend_rows(const uint16_t *qh, const uint16_t *ql, const uint16_t *kh, const uint16_t *kl,
-                        const uint16_t *vh, const uint16_t *vl, float *out, int h, int g, int q0, int n, int m,
-                        int np, int mp, int H, int D, float scale) {
-    const int rows = n - q0 < QROWS ? n - q0 : QROWS, p0 = m - n, DS = D / 32, DC = D / 16;
-    const int nkb = (p0 + q0 + rows - 1) / KBLK + 1;
-    float o[QROWS][256] __attribute__((aligned(64)));
+/* One head's QROWS query rows and their online-softmax state across key blocks. */
+typedef struct {
+    float o[QROWS][256] __attribute__((aligned(64)));   /* unnormalised output */
+    float sumv[QROWS][16] __attribute__((aligned(64)));
+    float mx[QROWS];
+} rows_state;
+
+static void rows_init(rows_state *st) {
+    for (int r = 0; r < QROWS; r++) st->mx[r] = -INFINITY;
+    memset(st->o, 0, sizeof st->o);
+    memset(st->sumv, 0, sizeof st->sumv);
+}
+
+/* One key block for one head's rows: qa/qb (hi) and la/lb (lo) the two row tiles of the queries (row stride
+ * qstride bytes); kt the block's key tiles [2 halves][D/32] (klt its lo halves, NULL for none), vt its value
+ * tiles [D/16] (vlt likewise). seen0: keys of the block the first row sees (row r sees seen0 + r). Tiles: 0-3
+ * accumulators (two row tiles x two column tiles, so consecutive TDPBF16PS never wait on one another), 4-5 row
+ * operands, 6-7 column operands. The same steps, in the same order, whichever driver packed kt and vt. */
+static void rows_block(rows_state *st, const uint16_t *qa, const uint16_t *qb, const uint16_t *la,
+                       const uint16_t *lb, int qstride, const uint16_t *kt, const uint16_t *klt, const uint16_t *vt,
+                       const uint16_t *vlt, int rows, int seen0, int D, float scale) {
+    const int DS = D / 32, DC = D / 16;
+    /* rows <= 16 (a short chunk): the second row tile holds no query, so its products are skipped (each row's
+     * products are its own: the same bits either way) */
+    const int two = rows > 16;
     float s[QROWS][KBLK] __attribute__((aligned(64)));
     float pv[QROWS][32] __attribute__((aligned(64)));
-    float sumv[QROWS][16] __attribute__((aligned(64)));
     uint16_t ph[QROWS][KBLK] __attribute__((aligned(64))), pl[QROWS][KBLK] __attribute__((aligned(64)));
-    float mx[QROWS];
-    for (int r = 0; r < QROWS; r++) mx[r] = -INFINITY;
-    memset(o, 0, sizeof o);
-    memset(sumv, 0, sizeof sumv);
-    memset(ph, 0, sizeof ph);
-    memset(pl, 0, sizeof pl);
-    const uint16_t *qa = qh + ((int64_t)h * np + q0) * D, *qb = qa + 16 * D;       /* hi of row tiles 0, 1 */
-    const uint16_t *la = ql + ((int64_t)h * np + q0) * D, *lb = la + 16 * D;       /* lo */
-    const int qstride = D * 2;
-    for (int kb = 0; kb < nkb; kb++) {
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (int ds = 0; ds < DS; ds++) {   /* scores: qh.kh + ql.kh + qh.kl */
-            const int64_t t0 = (((int64_t)g * (mp / 16) + 2 * kb) * DS + ds) * 512, t1 = t0 + (int64_t)DS * 512;
-            _tile_loadd(6, kh + t0, 64); _tile_loadd(7, kh + t1, 64);
-            _tile_loadd(4, qa + ds * 32, qstride); _tile_loadd(5, qb + ds * 32, qstride);
-            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-            _tile_loadd(4, la + ds * 32, qstride); _tile_loadd(5, lb + ds * 32, qstride);
-            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-            if (!kl) continue;   /* a bf16 pool: k has no lo part */
-            _tile_loadd(6, kl + t0, 64); _tile_loadd(7, kl + t1, 64);
-            _tile_loadd(4, qa + ds * 32, qstride); _tile_loadd(5, qb + ds * 32, qstride);
-            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    memset(ph, 0, sizeof ph[0] * (size_t)(two ? QROWS : 16));
+    memset(pl, 0, sizeof pl[0] * (size_t)(two ? QROWS : 16));
+    _tile_zero(0); _tile_zero(1);
+    if (two) { _tile_zero(2); _tile_zero(3); }
+    for (int ds = 0; ds < DS; ds++) {   /* scores: qh.kh + ql.kh + qh.kl */
+        const int64_t t0 = (int64_t)ds * 512, t1 = t0 + (int64_t)DS * 512;
+        _tile_loadd(6, kt + t0, 64); _tile_loadd(7, kt + t1, 64);
+        _tile_loadd(4, qa + ds * 32, qstride);
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        if (two) { _tile_loadd(5, qb + ds * 32, qstride); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+        _tile_loadd(4, la + ds * 32, qstride);
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        if (two) { _tile_loadd(5, lb + ds * 32, qstride); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+        if (!klt) continue;   /* a bf16 pool: k has no lo part */
+        _tile_loadd(6, klt + t0, 64); _tile_loadd(7, klt + t1, 64);
+        _tile_loadd(4, qa + ds * 32, qstride);
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        if (two) { _tile_loadd(5, qb + ds * 32, qstride); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+    }
+    _tile_stored(0, &s[0][0], KBLK * 4); _tile_stored(1, &s[0][16], KBLK * 4);
+    if (two) { _tile_stored(2, &s[16][0], KBLK * 4); _tile_stored(3, &s[16][16], KBLK * 4); }
+    for (int r = 0; r < rows; r++) {
+        const int seen = seen0 + r;        /* keys of this block row r sees */
+        if (seen <= 0) continue;           /* none: no change, and a zero row of weights */
+        softmax_row(s[r], seen, scale, &st->mx[r], st->sumv[r], st->o[r], D, ph[r], pl[r]);
+    }
+    for (int dc = 0; dc < DC; dc += 2) {   /* weighted values: ph.vh + ph.vl + pl.vh, 32 columns a pass */
+        const int64_t t0 = (int64_t)dc * 512, t1 = t0 + 512;
+        _tile_zero(0); _tile_zero(1);
+        if (two) { _tile_zero(2); _tile_zero(3); }
+        _tile_loadd(4, &ph[0][0], KBLK * 2);
+        if (two) _tile_loadd(5, &ph[16][0], KBLK * 2);
+        _tile_loadd(6, vt + t0, 64); _tile_loadd(7, vt + t1, 64);
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        if (two) { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+        if (vlt) {   /* a bf16 pool: v has no lo part */
+            _tile_loadd(6, vlt + t0, 64); _tile_loadd(7, vlt + t1, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+            if (two) { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+            _tile_loadd(6, vt + t0, 64); _tile_loadd(7, vt + t1, 64);
         }
-        _tile_stored(0, &s[0][0], KBLK * 4); _tile_stored(1, &s[0][16], KBLK * 4);
-        _tile_stored(2, &s[16][0], KBLK * 4); _tile_stored(3, &s[16][16], KBLK * 4);
+        _tile_loadd(4, &pl[0][0], KBLK * 2);
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        if (two) { _tile_loadd(5, &pl[16][0], KBLK * 2); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+        _tile_stored(0, &pv[0][0], 128); _tile_stored(1, &pv[0][16], 128);
+        if (two) { _tile_stored(2, &pv[16][0], 128); _tile_stored(3, &pv[16][16], 128); }
         for (int r = 0; r < rows; r++) {
-            const int seen = p0 + q0 + r - kb * KBLK + 1;        /* keys of this block row r sees */
-            if (seen <= 0) {   /* none: no change, and a zero row of weights */
-                memset(ph[r], 0, sizeof ph[r]); memset(pl[r], 0, sizeof pl[r]);
-                continue;
-            }
-            softmax_row(s[r], seen, scale, &mx[r], sumv[r], o[r], D, ph[r], pl[r]);
-        }
-        for (int dc = 0; dc < DC; dc += 2) {   /* weighted values: ph.vh + pl.vh + ph.vl, 32 columns a pass */
-            const int64_t t0 = (((int64_t)g * (mp / KBLK) + kb) * DC + dc) * 512, t1 = t0 + 512;
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            _tile_loadd(4, &ph[0][0], KBLK * 2); _tile_loadd(5, &ph[16][0], KBLK * 2);
-            _tile_loadd(6, vh + t0, 64); _tile_loadd(7, vh + t1, 64);
-            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-            if (vl) {   /* a bf16 pool: v has no lo part */
-                _tile_loadd(6, vl + t0, 64); _tile_loadd(7, vl + t1, 64);
-                _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-                _tile_loadd(6, vh + t0, 64); _tile_loadd(7, vh + t1, 64);
-            }
-            _tile_loadd(4, &pl[0][0], KBLK * 2); _tile_loadd(5, &pl[16][0], KBLK * 2);
-            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-            _tile_stored(0, &pv[0][0], 128); _tile_stored(1, &pv[0][16], 128);
-            _tile_stored(2, &pv[16][0], 128); _tile_stored(3, &pv[16][16], 128);
-            for (int r = 0; r < rows; r++) {
-                float *od = o[r] + dc * 16;
-                _mm512_store_ps(od, _mm512_add_ps(_mm512_load_ps(od), _mm512_load_ps(pv[r])));
-                _mm512_store_ps(od + 16, _mm512_add_ps(_mm512_load_ps(od + 16), _mm512_load_ps(pv[r] + 16)));
-            }
+            float *od = st->o[r] + dc * 16;
+            _mm512_store_ps(od, _mm512_add_ps(_mm512_load_ps(od), _mm512_load_ps(pv[r])));
+            _mm512_store_ps(od + 16, _mm512_add_ps(_mm512_load_ps(od + 16), _mm512_load_ps(pv[r] + 16)));
         }
     }
+}
+
+/* rows q0 .. q0+rows-1 of head h, normalised, into out [n][H][D] */
+static void rows_finish(const rows_state *st, float *out, int h, int q0, int rows, int H, int D) {
     for (int r = 0; r < rows; r++) {
-        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(sumv[r])));
+        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_load_ps(st->sumv[r])));
         float *dst = out + ((int64_t)(q0 + r) * H + h) * D;
-        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_load_ps(o[r] + d), inv));
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_load_ps(st->o[r] + d), inv));
     }
 }
 
 int amx_attention_ready(void) { return 1; }
+
+/* Query blocks (of QROWS rows) of one request up to which a work item packs its KV head's key blocks itself, in
+ * L1, for all of them (FEW_QBLOCKS x G row states live at once): a short chunk after a long cached prefix then
+ * reads each K/V row once (no packed copy written and read back: 2.3 -> ~0.7 ms a layer at 6,000 keys). */
+#define FEW_QBLOCKS 4
+
+static inline int qblock_rows(int qb, int n) { return n - qb * QROWS < QROWS ? n - qb * QROWS : QROWS; }
+
+/* Few query blocks: one work item per KV head; per key block, pack it once, then every (query block, head)
+ * of the group takes its step. Returns -1 when out of memory. */
+static int attend_few(const uint16_t *qh, const uint16_t *ql, const void *k, const void *v, int bf16,
+                      const int64_t *slots, float *out, int n, int m, int np, int H, int KVH, int D, float scale) {
+    const int G = H / KVH, nqb = np / QROWS, p0 = m - n, DS = D / 32, DC = D / 16, qstride = D * 2;
+    const int nkb = (m + KBLK - 1) / KBLK;
+    const int64_t esz = bf16 ? 2 : 4;
+    const int T = omp_get_max_threads();
+    const size_t tiles_n = (size_t)2 * (2 * DS + DC) * 512;   /* one block's K and V tiles, hi and lo */
+    rows_state *st_all = (rows_state *)aligned_alloc(64, sizeof(rows_state) * (size_t)(G * nqb) * (size_t)T);
+    uint16_t *tiles_all = (uint16_t *)aligned_alloc(64, tiles_n * sizeof(uint16_t) * (size_t)T);
+    if (!st_all || !tiles_all) { free(st_all); free(tiles_all); return -1; }
+    #pragma omp parallel
+    {
+        const int t = omp_get_thread_num();
+        rows_state *st = st_all + (size_t)t * (size_t)(G * nqb);
+        uint16_t *kt = tiles_all + (size_t)t * tiles_n, *klt = kt + 2 * DS * 512, *vt = klt + 2 * DS * 512;
+        uint16_t *vlt = vt + DC * 512;
+        load_full_tiles();
+        #pragma omp for schedule(dynamic, 1)
+        for (int g = 0; g < KVH; g++) {
+            for (int i = 0; i < G * nqb; i++) rows_init(&st[i]);
+            for (int kb = 0; kb < nkb; kb++) {
+                /* the key block after next, from the pool into cache while this one is packed and multiplied
+                 * (rows of one KV head are strided by the others': the prefetchers alone left it waiting) */
+                for (int j = (kb + 2) * KBLK; j < (kb + 3) * KBLK && j < m; j++) {
+                    const char *kr = (const char *)k + (slots[j] * KVH + g) * D * esz;
+                    const char *vr = (const char *)v + (slots[j] * KVH + g) * D * esz;
+                    for (int64_t off = 0; off < (int64_t)D * esz; off += 64) {
+                        _mm_prefetch(kr + off, _MM_HINT_T0);
+                        _mm_prefetch(vr + off, _MM_HINT_T0);
+                    }
+                }
+                for (int half = 0; half < 2; half++)
+                    for (int ds = 0; ds < DS; ds++) {
+                        const int64_t at = (int64_t)(half * DS + ds) * 512;
+                        pack_key_tile(k, bf16, slots, m, kb * KBLK + half * 16, g, ds, KVH, D, kt + at,
+                                      bf16 ? 0 : klt + at);
+                    }
+                pack_value_block(v, bf16, slots, m, kb, g, KVH, D, vt, bf16 ? 0 : vlt);
+                for (int qb = 0; qb < nqb; qb++) {
+                    const int q0 = qb * QROWS, rows = qblock_rows(qb, n);
+                    if (kb * KBLK > p0 + q0 + rows - 1) continue;   /* no row of this block sees it */
+                    for (int gi = 0; gi < G; gi++) {
+                        const int h = g * G + gi;
+                        const uint16_t *qa = qh + ((int64_t)h * np + q0) * D, *la = ql + ((int64_t)h * np + q0) * D;
+                        rows_block(&st[qb * G + gi], qa, qa + 16 * D, la, la + 16 * D, qstride, kt, bf16 ? 0 : klt,
+                                   vt, bf16 ? 0 : vlt, rows, p0 + q0 - kb * KBLK + 1, D, scale);
+                    }
+                }
+            }
+            for (int qb = 0; qb < nqb; qb++)
+                for (int gi = 0; gi < G; gi++)
+                    rows_finish(&st[qb * G + gi], out, g * G + gi, qb * QROWS, qblock_rows(qb, n), H, D);
+        }
+        _tile_release();
+    }
+    free(st_all);
+    free(tiles_all);
+    return 0;
+}
 
 int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                   float *out, int n, int m, int H, int KVH, int D, float scale) {
     if (D % 32 || D > 256 || D <= 0 || KVH <= 0 || H % KVH || m < n) return -3;   /* the wrapper checks these */
     if (n <= 0) return 0;
     const int np = (n + QROWS - 1) / QROWS * QROWS, mp = (m + KBLK - 1) / KBLK * KBLK, G = H / KVH;
-    const size_t qn = (size_t)H * np * D, kn = (size_t)KVH * mp * D;
+    const int nqb = np / QROWS, DS = D / 32;
+    const size_t qn = (size_t)H * np * D;
+    uint16_t *qbuf = (uint16_t *)malloc(2 * qn * sizeof(uint16_t));
+    if (!qbuf) return -1;
+    uint16_t *qh = qbuf, *ql = qh + qn;
+    pack_queries(q, qs, n, np, H, D, qh, ql);
+    if (nqb <= FEW_QBLOCKS) {
+        const int rc = attend_few(qh, ql, k, v, kv_bf16, slots, out, n, m, np, H, KVH, D, scale);
+        free(qbuf);
+        return rc;
+    }
     /* a bf16 pool's K/V are whole bf16: no lo halves to pack or multiply (a third fewer tile products, the same
      * bits as an fp32 pool holding those values, whose lo halves are zeros) */
     const int lo = !kv_bf16;
-    uint16_t *buf = (uint16_t *)malloc((2 * qn + (2 + 2 * lo) * kn) * sizeof(uint16_t));
-    if (!buf) return -1;
-    uint16_t *qh = buf, *ql = qh + qn, *kh = ql + qn, *vh = kh + kn, *kl = lo ? vh + kn : 0, *vl = lo ? kl + kn : 0;
-    pack_queries(q, qs, n, np, H, D, qh, ql);
-    pack_keys(k, kv_bf16, slots, m, mp, KVH, D, kh, kl);
-    pack_values(v, kv_bf16, slots, m, mp, KVH, D, vh, vl);
-    const int nqb = np / QROWS;
+    const size_t kn = (size_t)KVH * mp * D;
+    uint16_t *buf = (uint16_t *)malloc((2 + 2 * lo) * kn * sizeof(uint16_t));
+    if (!buf) { free(qbuf); return -1; }
+    uint16_t *kh = buf, *vh = kh + kn, *kl = lo ? vh + kn : 0, *vl = lo ? kl + kn : 0;
+    pack_all(k, v, kv_bf16, slots, m, mp, KVH, D, kh, kl, vh, vl);
+    const int nkb_all = mp / KBLK, DC = D / 16;
+    const int64_t kstep = (int64_t)2 * DS * 512, vstep = (int64_t)DC * 512;
     #pragma omp parallel
     {
         load_full_tiles();
+        rows_state st;
         /* one KV head's work items together (its packed K/V stay in cache), and within it the last query
          * blocks, which see the most keys, first */
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < nqb * H; it++) {
             const int per_g = nqb * G, gg = it / per_g, rest = it % per_g;
-            const int qb = nqb - 1 - rest / G, h = gg * G + rest % G;
-            attend_rows(qh, ql, kh, kl, vh, vl, out, h, h / G, qb * QROWS, n, m, np, mp, H, D, scale);
+            const int qb = nqb - 1 - rest / G, h = gg * G + rest % G, q0 = qb * QROWS, rows = qblock_rows(qb, n);
+            const int nkb = (m - n + q0 + rows - 1) / KBLK + 1;
+            const uint16_t *qa = qh + ((int64_t)h * np + q0) * D, *la = ql + ((int64_t)h * np + q0) * D;
+            rows_init(&st);
+            for (int kb = 0; kb < nkb; kb++) {
+                const int64_t b = (int64_t)gg * nkb_all + kb;
+                rows_block(&st, qa, qa + 16 * D, la, la + 16 * D, D * 2, kh + b * kstep, kl ? kl + b * kstep : 0,
+                           vh + b * vstep, vl ? vl + b * vstep : 0, rows, m - n + q0 - kb * KBLK + 1, D, scale);
+            }
+            rows_finish(&st, out, h, q0, rows, H, D);
         }
         _tile_release();
     }
     free(buf);
+    free(qbuf);
     return 0;
 }
 #else

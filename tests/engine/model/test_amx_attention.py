@@ -140,3 +140,18 @@ def test_keys_read_from_the_pool_by_slot_equal_the_same_keys_gathered(dtype):
         native_kernels.amx_attention_pool(q, k_buf, v_buf, torch.cat([slots, torch.tensor([300])]), 0.125)
     with pytest.raises(ValueError, match="int64 CPU slots"):
         native_kernels.amx_attention_pool(q, k_buf, v_buf, slots.int(), 0.125)
+
+
+def test_few_query_rows_and_many_give_the_same_bits_on_a_bf16_pool_too():
+    """Up to FEW_QBLOCKS query blocks each work item packs its KV head's key blocks itself (no packed copy); more
+    rows pack every block once for all: the same tiles, the same steps, so the same bits, also without lo halves."""
+    if not amx_here():
+        return
+    g = torch.Generator().manual_seed(8)
+    k_buf, v_buf = (torch.randn(400, 3, 64, generator=g).bfloat16() for _ in range(2))
+    slots = torch.randperm(399, generator=g)[:300] + 1
+    q = torch.randn(300, 9, 64, generator=g)
+    whole = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)       # 10 query blocks
+    for cut in (170, 250, 299):                                                      # the rest: 4, 2, 1 blocks
+        rest = native_kernels.amx_attention_pool(q[cut:], k_buf, v_buf, slots, 0.125)
+        assert torch.equal(rest, whole[cut:])
