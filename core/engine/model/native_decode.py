@@ -11,7 +11,7 @@ there the projections run on tiles), no sliding window, no Qwen3 q/k norm.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 import torch
 
@@ -20,16 +20,29 @@ from core.engine.model import native_kernels
 from core.engine.model.native_layers import AttentionPlan, decode_launch
 from core.engine.model.native_linear import AMX_MIN_ROWS
 
-if TYPE_CHECKING:   # type hints only: native_llama imports this module
-    from core.engine.model.native_llama import NativeLlama
+
+
+class DecodeModel(Protocol):
+    """What DecodeLayers reads of a NativeLlama (which imports this module, so it is not imported here)."""
+    mode: str
+    device: torch.device
+    full_attention: bool
+    layers: list
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
 
 LAYER_POINTERS = 16   # decode_layers.c's DL_PTRS: 4 projections x (weight, scales, bias), 2 norms, K, V
 
 
 class DecodeLayers:
-    """The per-layer address table of one NativeLlama and its workspace; `run` does one step's layers."""
+    """The per-layer address table of one NativeLlama; `run` does one step's layers."""
 
-    def __init__(self, model: "NativeLlama") -> None:
+    def __init__(self, model: DecodeModel) -> None:
         self.model = model
         self.weights = torch.zeros((model.num_layers, LAYER_POINTERS), dtype=torch.int64)
         for li, L in enumerate(model.layers):
@@ -41,10 +54,9 @@ class DecodeLayers:
             self.weights[li, :14] = torch.tensor(row, dtype=torch.int64)
         self._pool_key: Optional[tuple] = None
         self._table = self.weights
-        self._workspace = torch.empty(0)
 
     @staticmethod
-    def fits_model(model: "NativeLlama") -> bool:
+    def fits_model(model: DecodeModel) -> bool:
         """Whether this model's decode steps can run here at all (the per-step test is `fits_step`)."""
         return (model.mode == "int8" and model.device.type == "cpu" and model.full_attention
                 and native_kernels.available()
@@ -64,9 +76,13 @@ class DecodeLayers:
         key = (pool.k_buffer.data_ptr(), pool.v_buffer.data_ptr(), pool.k_buffer.shape, pool.k_buffer.dtype)
         if key != self._pool_key:
             kb, vb = pool.k_buffer, pool.v_buffer
+            m = self.model
             if not (kb.is_contiguous() and vb.is_contiguous() and kb.is_cpu and vb.shape == kb.shape
-                    and vb.dtype is kb.dtype and kb.dtype in (torch.float32, torch.bfloat16)):
-                raise ValueError(f"decode_layers reads contiguous fp32 or bf16 CPU K/V buffers of one shape, got "
+                    and vb.dtype is kb.dtype and kb.dtype in (torch.float32, torch.bfloat16)
+                    and kb.dim() == 4 and kb.shape[0] == m.num_layers
+                    and tuple(kb.shape[2:]) == (m.num_kv_heads, m.head_dim)):
+                raise ValueError(f"decode_layers reads contiguous fp32 or bf16 CPU K/V buffers [{m.num_layers}, "
+                                 f"slots, {m.num_kv_heads}, {m.head_dim}] (NativeLlama.make_pool), got "
                                  f"{kb.dtype} {tuple(kb.shape)}, {vb.dtype} {tuple(vb.shape)}")
             table = self.weights.clone()
             table[:, 14] = torch.tensor([kb[li].data_ptr() for li in range(self.model.num_layers)])
@@ -96,11 +112,10 @@ class DecodeLayers:
         p = plan.decodes
         _, row_chunks, nchunks, scratch = decode_launch(p, h, kvh, d)
         lib = native_kernels.built()
-        need = lib.decode_layers_workspace(r, hidden, h, kvh, d, inter)
-        if self._workspace.numel() < need:
-            self._workspace = torch.empty(need, dtype=torch.float32)
+        # per call (tens of KB): two engines sharing this model may step at once, the GIL let go
+        workspace = torch.empty(lib.decode_layers_workspace(r, hidden, h, kvh, d, inter), dtype=torch.float32)
         first, lens = p.first_key(None), p.seq_lens
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
                           out_slots.data_ptr(), p.slots.data_ptr(), first.data_ptr(), lens.data_ptr(), p.kv_len,
                           row_chunks.data_ptr(), nchunks, scratch.data_ptr(), int(pool.k_buffer.dtype is torch.bfloat16),
-                          self._workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale)
+                          workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale)

@@ -160,3 +160,14 @@ def test_a_decode_steps_logits_do_not_depend_on_the_other_rows_of_the_batch(one_
     alone = native.forward(ForwardBatch.build([a]), pool)
     both = native.forward(ForwardBatch.build([a, b]), pool)
     assert torch.equal(alone[0], both[0])
+
+
+def test_a_pool_of_another_shape_is_refused_with_what_to_use():
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    pool, batch = prefilled(native, lambda m: m.make_pool(512))
+    plan = AttentionPlan.build(batch, row_kernel=True)
+    other = NativeLlama.from_hf(make_ref(num_key_value_heads=3), dtype="int8").make_pool(512)
+    x = torch.zeros(3, 192)
+    with pytest.raises(ValueError, match=r"K/V buffers \[3, slots, 2, 32\] \(NativeLlama.make_pool\)"):
+        native.decode_layers.run(x, x.clone(), torch.ones(3, 32), torch.ones(3, 32), torch.tensor([1, 2, 3]), plan,
+                                 other)
