@@ -24,6 +24,7 @@
 #include <string.h>
 #include <omp.h>
 #include "native_simd.h"
+#include "native_kernels.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
 
@@ -295,12 +296,12 @@ static int attend_few(const uint16_t *qh, const uint16_t *ql, const void *k, con
     const int G = H / KVH, nqb = np / QROWS, p0 = m - n, DS = D / 32, DC = D / 16, qstride = D * 2;
     const int nkb = (m + KBLK - 1) / KBLK;
     const int64_t esz = bf16 ? 2 : 4;
-    const int T = omp_get_max_threads();
+    const int T = omp_get_max_threads() < KVH ? omp_get_max_threads() : KVH;   /* one work item per KV head */
     const size_t tiles_n = (size_t)2 * (2 * DS + DC) * 512;   /* one block's K and V tiles, hi and lo */
     rows_state *st_all = (rows_state *)aligned_alloc(64, sizeof(rows_state) * (size_t)(G * nqb) * (size_t)T);
     uint16_t *tiles_all = (uint16_t *)aligned_alloc(64, tiles_n * sizeof(uint16_t) * (size_t)T);
     if (!st_all || !tiles_all) { free(st_all); free(tiles_all); return -1; }
-    #pragma omp parallel
+    #pragma omp parallel num_threads(T)
     {
         const int t = omp_get_thread_num();
         rows_state *st = st_all + (size_t)t * (size_t)(G * nqb);

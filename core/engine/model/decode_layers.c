@@ -12,18 +12,10 @@
  * (the normed input of layer 0 on entry, written as each layer's input). Returns 0, or -1 when out of memory. */
 #include <stdint.h>
 #include <string.h>
+#include "native_kernels.h"
 
 enum { DL_WQKV, DL_SQKV, DL_BQKV, DL_WO, DL_SO, DL_BO, DL_WGU, DL_SGU, DL_BGU, DL_WD, DL_SD, DL_BD,
        DL_POST_NORM, DL_NEXT_NORM, DL_K, DL_V, DL_PTRS };
-
-int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *bias, float *y, int M, int N, int K);
-void rope(const float *qk, int64_t row_stride, const float *cos, const float *sin, float *out, int T, int NH, int D);
-void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M, int N, float eps);
-void silu_mul(const float *gu, float *out, int M, int I);
-void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
-                      const int64_t *slots, const int64_t *first, const int64_t *lens,
-                      int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
-                      int nchunks, float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg);
 
 /* fp32 -> bf16, to nearest, ties to even; a nan becomes 0x7FC0 (torch's scalar rounding) */
 static inline uint16_t to_bf16(float f) {

@@ -11,7 +11,7 @@ there the projections run on tiles), no sliding window, no Qwen3 q/k norm.
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 
@@ -52,8 +52,7 @@ class DecodeLayers:
             nxt = model.layers[li + 1].input_norm.data_ptr() if li + 1 < model.num_layers else 0
             row.extend([L.post_norm.data_ptr(), nxt])
             self.weights[li, :14] = torch.tensor(row, dtype=torch.int64)
-        self._pool_key: Optional[tuple] = None
-        self._table = self.weights
+        self._tables: tuple = (None, self.weights)   # (pool key, its table), replaced whole: one read per step
 
     @staticmethod
     def fits_model(model: DecodeModel) -> bool:
@@ -73,8 +72,11 @@ class DecodeLayers:
                 and not plan.tiled and plan.fresh is None and plan.prefixed is None and rows < AMX_MIN_ROWS)
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:
+        """The address table with this pool's K/V layers. Read once and replaced whole: another engine stepping on
+        this model with another pool at the same time never gets a table of the wrong pool."""
         key = (pool.k_buffer.data_ptr(), pool.v_buffer.data_ptr(), pool.k_buffer.shape, pool.k_buffer.dtype)
-        if key != self._pool_key:
+        cached_key, table = self._tables
+        if key != cached_key:
             kb, vb = pool.k_buffer, pool.v_buffer
             m = self.model
             if not (kb.is_contiguous() and vb.is_contiguous() and kb.is_cpu and vb.shape == kb.shape
@@ -87,8 +89,8 @@ class DecodeLayers:
             table = self.weights.clone()
             table[:, 14] = torch.tensor([kb[li].data_ptr() for li in range(self.model.num_layers)])
             table[:, 15] = torch.tensor([vb[li].data_ptr() for li in range(self.model.num_layers)])
-            self._table, self._pool_key = table, key
-        return self._table
+            self._tables = (key, table)
+        return table
 
     def run(self, x: torch.Tensor, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_slots: torch.Tensor,
             plan: AttentionPlan, pool: KVPool) -> None:
@@ -98,6 +100,10 @@ class DecodeLayers:
         m = self.model
         r, hidden = x.shape
         h, kvh, d, inter = m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
+        p = plan.decodes
+        if hidden != m.layers[0].o.out_features or p.rows != r or p.slots.numel() != r * p.kv_len:
+            raise ValueError(f"decode_layers: {r} rows of {hidden} for a model of hidden size "
+                             f"{m.layers[0].o.out_features} and a plan of {p.rows} decodes; build both from one batch")
         for name, t, shape in (("x", x, (r, hidden)), ("y", y, (r, hidden)), ("cos", cos, (r, d)),
                                ("sin", sin, (r, d))):
             if t.dtype is not torch.float32 or t.shape != shape or not t.is_contiguous() or not t.is_cpu:
@@ -109,7 +115,6 @@ class DecodeLayers:
                 or int(out_slots.min()) < 0 or int(out_slots.max()) >= slots_in_pool):
             raise ValueError(f"decode_layers: out_slots must be {r} contiguous int64 slots of the pool "
                              f"(0 .. {slots_in_pool - 1})")
-        p = plan.decodes
         _, row_chunks, nchunks, scratch = decode_launch(p, h, kvh, d)
         lib = native_kernels.built()
         # per call (tens of KB): two engines sharing this model may step at once, the GIL let go

@@ -25,6 +25,7 @@
 #include <immintrin.h>
 #endif
 #include "native_simd.h"
+#include "native_kernels.h"
 
 static inline float bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v;
@@ -333,7 +334,7 @@ static void row_item(chunk_fn fn, const void *q, int q_bf16, int64_t q_off, cons
  * out: [R, H, D] (out_bf16). Requires D <= MAX_D, G <= MAX_G, chunk <= MAX_CHUNK.
  * row_chunk: NULL (every row splits its keys every `chunk`), or [R] keys per chunk of each row (<= MAX_CHUNK,
  * nchunks covering the longest): a row's chunks, and so its result's bits, then depend on that row alone, not
- * on the batch it came in (decodes; the seg runs always split every SEG_CHUNK). */
+ * on the batch it came in (decodes, also beside seg runs; a run of several rows always splits every SEG_CHUNK). */
 void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *slots, const int64_t *first, const int64_t *lens,
                       int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
@@ -362,6 +363,12 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
         for (int kh = 0; kh < KVH; kh++) {
             const int c = (int)(cb / nblocks);
             const int r0 = (int)blocks[2 * (cb % nblocks)], r1 = (int)blocks[2 * (cb % nblocks) + 1];
+            if (r1 - r0 == 1) {   /* a decode: the decode chunk kernel, in the row's own chunks (row_chunk) */
+                row_item(fn, q, q_bf16, (int64_t)r0 * q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax,
+                         first[r0], lens[r0], c, row_chunk ? (int)row_chunk[r0] : chunk, kh, KVH, G, D, scale,
+                         scratch + (((int64_t)r0 * KVH + kh) * nchunks + c) * part);
+                continue;
+            }
             int64_t lo = (int64_t)c * chunk, hi = lo + chunk;
             if (lo < first[r0]) lo = first[r0];           /* along a run first and lens grow with the row */
             if (hi > lens[r1 - 1]) hi = lens[r1 - 1];
@@ -370,12 +377,6 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
                     float *pm = scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part;
                     for (int g = 0; g < G; g++) { pm[g] = 0.f; pm[G + g] = 0.f; }
                 }
-                continue;
-            }
-            if (r1 - r0 == 1) {                           /* a decode: the decode chunk kernel */
-                row_item(fn, q, q_bf16, (int64_t)r0 * q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax,
-                         first[r0], lens[r0], c, chunk, kh, KVH, G, D, scale,
-                         scratch + (((int64_t)r0 * KVH + kh) * nchunks + c) * part);
                 continue;
             }
             seg_chunk(q, q_bf16, q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax,
@@ -547,7 +548,10 @@ W8_ROW(1) W8_ROW(2) W8_ROW(3) W8_ROW(4)
 int w8_prefetch = 4096;
 /* Up to this many rows one channel at a time (w8_row_m*), from there blocks of 4 channels x 4 rows (w8_block_m*):
  * bench_int8_gemm.py's decode batches, 30 layers of SmolLM2's shapes side by side: blocks won from 3 rows (3 rows
- * 4.64 vs 5.29 ms, 8 rows 9.13 vs 13.45 ms: 1.14x to 1.47x), one channel at a time at 1 and 2 (8 was the limit). */
+ * 4.64 vs 5.29 ms, 8 rows 9.13 vs 13.45 ms: 1.14x to 1.47x), one channel at a time at 1 and 2 (8 was the limit).
+ * The two sum in other orders (two accumulators over 32 k a step vs one over 16), so a decode row's projections
+ * differ by fp32 rounding between steps of 1-2 rows and of 3 or more; one accumulator in the row kernel too made
+ * one row 10-15 % slower (tried). */
 int w8_row_max = 2;
 int w8_force_generic = 0;   /* benchmarks flip it to time the row-at-a-time loop alone */
 
@@ -579,7 +583,7 @@ static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, co
         }
         return;
     }
-    if (K % 16 == 0 && M >= 3 && !w8_force_generic) {
+    if (K % 16 == 0 && M > w8_row_max && !w8_force_generic) {
         const int blocks = N / 4;
         #pragma omp parallel for schedule(static)
         for (int b = 0; b < blocks; b++) {
@@ -951,10 +955,6 @@ static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
-                  float *out, int n, int m, int H, int KVH, int D, float scale);   /* amx_attention.c */
-int amx_attention_ready(void);
-
 static PyObject *py_amx_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 0, "amx_attention_ready")) return NULL;
     return PyBool_FromLong(amx_attention_ready());
@@ -976,12 +976,6 @@ static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssiz
     if (rc) { PyErr_SetString(PyExc_RuntimeError, "amx_attention: these kernels were built without AMX"); return NULL; }
     Py_RETURN_NONE;
 }
-
-int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I);   /* decode_layers.c */
-int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
-                  const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
-                  int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
-                  int R, int hidden, int H, int KVH, int D, int I, float eps, float scale);
 
 static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 6, "decode_layers_workspace")) return NULL;

@@ -36,7 +36,7 @@ from core import env
 SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
 # compiled together into one module (SOURCE holds its Python bindings); the header is hashed, not compiled
 SOURCES = [SOURCE, SOURCE.with_name("amx_attention.c"), SOURCE.with_name("decode_layers.c")]
-HEADERS = [SOURCE.with_name("native_simd.h")]
+HEADERS = [SOURCE.with_name("native_simd.h"), SOURCE.with_name("native_kernels.h")]
 # Not -ffast-math: linking with it pulls in crtfastmath.o, which turns on flush-to-zero for the whole
 # process at load time (numpy, hypothesis and every float in Python then lose subnormals). These flags
 # give the vectoriser what it needs (reassociated sums, fused multiply-add) without touching FP state.
@@ -226,9 +226,10 @@ def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks,
         if not 0 < chunk <= MAX_CHUNK or nchunks <= 0:
             raise ValueError(f"decode_attention: chunk must be 1..{MAX_CHUNK} keys and nchunks > 0")
     elif (row_chunks.dtype is not torch.int64 or row_chunks.shape != (r,) or not row_chunks.is_contiguous()
-            or not row_chunks.is_cpu or nchunks <= 0 or int(row_chunks.min()) < 1 or int(row_chunks.max()) > MAX_CHUNK):
+            or not row_chunks.is_cpu or nchunks <= 0 or int(row_chunks.min()) < 1 or int(row_chunks.max()) > MAX_CHUNK
+            or bool((row_chunks * nchunks < lens).any())):
         raise ValueError(f"decode_attention: row_chunks must be None or {r} contiguous int64 CPU chunk sizes, "
-                         f"1 .. {MAX_CHUNK} keys, and nchunks > 0")
+                         f"1 .. {MAX_CHUNK} keys, with nchunks of them covering each row's keys")
     need = r * kvh * nchunks * (h // kvh) * (d + 2)
     if scratch.dtype is not F32 or not scratch.is_contiguous() or scratch.numel() < need:
         raise ValueError(f"decode_attention: scratch needs {need} contiguous fp32 values (R*KVH*nchunks*G*(D+2))")

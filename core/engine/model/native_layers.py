@@ -309,13 +309,14 @@ def decode_launch(p: Padded, heads: int, kv_heads: int,
                   head_dim: int) -> tuple[int, Optional[torch.Tensor], int, torch.Tensor]:
     """(keys per chunk, keys per chunk of each row or None, chunks per row, scratch) of the C decode attention
     over `p`, made once per forward and shared by every layer (and by decode_layers.c, which must split the
-    keys the same way for the same bits). Extend runs (`p.segments`) split every SEG_CHUNK keys; decodes by
-    `decode_chunks`."""
+    keys the same way for the same bits). Runs of an extend's rows (`p.segments`) split every SEG_CHUNK keys;
+    decodes, beside them or not, by `decode_chunks`."""
     if "chunks" not in p.cache:
-        if p.segments is not None:
-            p.cache["chunks"] = (native_kernels.SEG_CHUNK, None, -(-p.kv_len // native_kernels.SEG_CHUNK))
+        row_chunks, nchunks = decode_chunks(p.seq_lens, torch.get_num_threads())
+        if p.segments is not None:   # runs of rows: SEG_CHUNK; one-row runs (decodes) their own chunks
+            seg = native_kernels.SEG_CHUNK
+            p.cache["chunks"] = (seg, row_chunks, max(nchunks, -(-p.kv_len // seg)))
         else:
-            row_chunks, nchunks = decode_chunks(p.seq_lens, torch.get_num_threads())
             p.cache["chunks"] = (0, row_chunks, nchunks)
     chunk, row_chunks, nchunks = p.cache["chunks"]
     need = p.rows * kv_heads * nchunks * (heads // kv_heads) * (head_dim + 2)

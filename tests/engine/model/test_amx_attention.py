@@ -152,6 +152,6 @@ def test_few_query_rows_and_many_give_the_same_bits_on_a_bf16_pool_too():
     slots = torch.randperm(399, generator=g)[:300] + 1
     q = torch.randn(300, 9, 64, generator=g)
     whole = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)       # 10 query blocks
-    for cut in (170, 250, 299):                                                      # the rest: 4, 2, 1 blocks
+    for cut in (172, 250, 299):                                                      # the rest: 4, 2, 1 blocks
         rest = native_kernels.amx_attention_pool(q[cut:], k_buf, v_buf, slots, 0.125)
         assert torch.equal(rest, whole[cut:])

@@ -141,6 +141,9 @@ def test_out_of_range_out_slots_are_refused_before_anything_is_written():
             native.decode_layers.run(x, x.clone(), cos, cos, bad, plan, pool)
     with pytest.raises(ValueError, match="cos must be contiguous fp32"):
         native.decode_layers.run(x, x.clone(), cos.double(), cos, torch.tensor([1, 2, 3]), plan, pool)
+    wide = torch.zeros(3, 200)
+    with pytest.raises(ValueError, match="3 rows of 200 for a model of hidden size 192"):
+        native.decode_layers.run(wide, wide.clone(), cos, cos, torch.tensor([1, 2, 3]), plan, pool)
     assert torch.equal(pool.k_buffer, before[0]) and torch.equal(pool.v_buffer, before[1])
 
 
@@ -148,6 +151,15 @@ def test_out_of_range_out_slots_are_refused_before_anything_is_written():
 def test_a_decode_steps_logits_do_not_depend_on_the_other_rows_of_the_batch(one_call):
     """Request 0's next-token logits alone and beside a 300-token request: the same bits (each row's decode
     attention splits its keys by its own length), in the one C call and in the Python loop."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)        # the batch-sized chunks it replaced differed here (32 vs 64 keys) on 2 threads
+    try:
+        check_batch_invariance(one_call)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_batch_invariance(one_call: bool) -> None:
     native = NativeLlama.from_hf(make_ref(), dtype="int8")
     if not one_call:
         native.decode_layers = None

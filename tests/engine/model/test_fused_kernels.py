@@ -162,3 +162,34 @@ def test_a_decodes_attention_is_the_same_bits_whatever_it_is_batched_with():
     want = F.scaled_dot_product_attention(q[:1, :, None], k[table[0, :700]].permute(1, 0, 2)[None].repeat_interleave(
         3, 1), v[table[0, :700]].permute(1, 0, 2)[None].repeat_interleave(3, 1), scale=0.125)[:, :, 0]
     torch.testing.assert_close(alone, want, atol=2e-6, rtol=0)
+
+
+def test_a_decode_beside_an_extends_rows_keeps_its_own_chunks():
+    """A decode batched with a short extend's rows (one-row run beside a run of 3 sharing a slot row: the
+    `segments` path) gives the bits it gives alone: runs split every SEG_CHUNK keys, the decode by its length."""
+    g = torch.Generator().manual_seed(4)
+    k, v = torch.randn(2000, 3, 64, generator=g), torch.randn(2000, 3, 64, generator=g)
+    q = torch.randn(4, 9, 64, generator=g)
+    lens = torch.tensor([1300, 1498, 1499, 1500])   # the decode (96-key chunks of its own, not 64), the extend
+    table = torch.zeros(4, 1500, dtype=torch.int64)
+    table[0, :1300] = torch.randperm(1999, generator=g)[:1300] + 1
+    table[1:] = torch.randperm(1999, generator=g)[:1500] + 1
+    first = torch.zeros(4, dtype=torch.int64)
+
+    def attend(rows: list[int], segments) -> torch.Tensor:
+        sub = lens[rows].contiguous()
+        row_chunks, nch = decode_chunks(sub, 2)
+        chunk = native_kernels.SEG_CHUNK if segments is not None else 0
+        if segments is not None:
+            nch = max(nch, -(-int(sub.max()) // chunk))
+        out = torch.empty(len(rows), 9, 64)
+        native_kernels.decode_attention(q[rows], k, v, table[rows][:, :int(sub.max())].contiguous(), first[rows],
+                                        sub, 0.125, chunk, nch, torch.empty(len(rows) * 3 * nch * 3 * 66), out,
+                                        segments, row_chunks)
+        return out
+
+    alone = attend([0], None)
+    beside = attend([0, 1, 2, 3], torch.tensor([0, 1, 4]))
+    assert torch.equal(alone[0], beside[0])
+    runs_alone = attend([1, 2, 3], torch.tensor([0, 3]))
+    assert torch.equal(runs_alone, beside[1:])

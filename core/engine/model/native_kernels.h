@@ -1,0 +1,29 @@
+/* The functions one C file of the native kernels calls in another (native_kernels.c, amx_attention.c,
+ * decode_layers.c; compiled into one module by native_kernels.py): declared once here, and included by the file
+ * that defines each, so that the compiler checks every caller against the definition. */
+#ifndef NATIVE_KERNELS_H
+#define NATIVE_KERNELS_H
+#include <stdint.h>
+
+/* native_kernels.c */
+int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *bias, float *y, int M, int N, int K);
+void rope(const float *qk, int64_t row_stride, const float *cos, const float *sin, float *out, int T, int NH, int D);
+void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M, int N, float eps);
+void silu_mul(const float *gu, float *out, int M, int I);
+void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
+                      const int64_t *slots, const int64_t *first, const int64_t *lens,
+                      int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
+                      int nchunks, float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg);
+
+/* amx_attention.c */
+int amx_attention_ready(void);
+int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+                  float *out, int n, int m, int H, int KVH, int D, float scale);
+
+/* decode_layers.c */
+int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I);
+int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
+                  const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
+                  int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
+                  int R, int hidden, int H, int KVH, int D, int I, float eps, float scale);
+#endif
