@@ -193,6 +193,8 @@ static inline void softmax_row(const float *s, int seen, float scale, float *mx,
 typedef struct {
     float o[QROWS][256] __attribute__((aligned(64)));   /* unnormalised output */
     float sumv[QROWS][16] __attribute__((aligned(64)));
+    uint16_t ph[QROWS][KBLK] __attribute__((aligned(64)));   /* the block's weights (hi, lo); rows past the */
+    uint16_t pl[QROWS][KBLK] __attribute__((aligned(64)));   /* queries stay zero */
     float mx[QROWS];
 } rows_state;
 
@@ -200,6 +202,8 @@ static void rows_init(rows_state *st) {
     for (int r = 0; r < QROWS; r++) st->mx[r] = -INFINITY;
     memset(st->o, 0, sizeof st->o);
     memset(st->sumv, 0, sizeof st->sumv);
+    memset(st->ph, 0, sizeof st->ph);
+    memset(st->pl, 0, sizeof st->pl);
 }
 
 /* One key block for one head's rows: qa/qb (hi) and la/lb (lo) the two row tiles of the queries (row stride
@@ -216,9 +220,7 @@ static void rows_block(rows_state *st, const uint16_t *qa, const uint16_t *qb, c
     const int two = rows > 16;
     float s[QROWS][KBLK] __attribute__((aligned(64)));
     float pv[QROWS][32] __attribute__((aligned(64)));
-    uint16_t ph[QROWS][KBLK] __attribute__((aligned(64))), pl[QROWS][KBLK] __attribute__((aligned(64)));
-    memset(ph, 0, sizeof ph[0] * (size_t)(two ? QROWS : 16));
-    memset(pl, 0, sizeof pl[0] * (size_t)(two ? QROWS : 16));
+    uint16_t (*ph)[KBLK] = st->ph, (*pl)[KBLK] = st->pl;
     _tile_zero(0); _tile_zero(1);
     if (two) { _tile_zero(2); _tile_zero(3); }
     for (int ds = 0; ds < DS; ds++) {   /* scores: qh.kh + ql.kh + qh.kl */
@@ -240,7 +242,11 @@ static void rows_block(rows_state *st, const uint16_t *qa, const uint16_t *qb, c
     if (two) { _tile_stored(2, &s[16][0], KBLK * 4); _tile_stored(3, &s[16][16], KBLK * 4); }
     for (int r = 0; r < rows; r++) {
         const int seen = seen0 + r;        /* keys of this block row r sees */
-        if (seen <= 0) continue;           /* none: no change, and a zero row of weights */
+        if (seen <= 0) {                   /* none: no change, and a zero row of weights */
+            memset(ph[r], 0, sizeof ph[r]);
+            memset(pl[r], 0, sizeof pl[r]);
+            continue;
+        }
         softmax_row(s[r], seen, scale, &st->mx[r], st->sumv[r], st->o[r], D, ph[r], pl[r]);
     }
     for (int dc = 0; dc < DC; dc += 2) {   /* weighted values: ph.vh + ph.vl + pl.vh, 32 columns a pass */
