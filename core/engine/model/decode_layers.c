@@ -9,21 +9,15 @@
  *
  * Layout of `layer_ptrs`: DL_PTRS pointers per layer (see the enum below); `ws` a workspace of
  * decode_layers_workspace(R, ...) floats. x [R, hidden] (the residual stream, updated in place) and y [R, hidden]
- * (the normed input of layer 0 on entry, written as each layer's input). Returns 0, or -1 when out of memory. */
+ * (the normed input of layer 0 on entry, written as each layer's input). Returns 0, -1 when out of memory, -2 when
+ * row_chunk is refused (decode_attention). */
 #include <stdint.h>
 #include <string.h>
+#include "native_simd.h"
 #include "native_kernels.h"
 
 enum { DL_WQKV, DL_SQKV, DL_BQKV, DL_WO, DL_SO, DL_BO, DL_WGU, DL_SGU, DL_BGU, DL_WD, DL_SD, DL_BD,
        DL_POST_NORM, DL_NEXT_NORM, DL_K, DL_V, DL_PTRS };
-
-/* fp32 -> bf16, to nearest, ties to even; a nan becomes 0x7FC0 (torch's scalar rounding) */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* rows of n floats (src, row stride ss) into the pool layer at slots[r] ([S][n] fp32 or bf16) */
 static void write_rows(const float *src, int64_t ss, void *buf, int bf16, const int64_t *slots, int R, int n) {
@@ -31,7 +25,7 @@ static void write_rows(const float *src, int64_t ss, void *buf, int bf16, const 
         const float *s = src + (int64_t)r * ss;
         if (bf16) {
             uint16_t *d = (uint16_t *)buf + slots[r] * (int64_t)n;
-            for (int i = 0; i < n; i++) d[i] = to_bf16(s[i]);
+            for (int i = 0; i < n; i++) d[i] = f32_to_bf16(s[i]);
         } else {
             memcpy((float *)buf + slots[r] * (int64_t)n, s, sizeof(float) * (size_t)n);
         }
@@ -49,6 +43,7 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
     const int QKV = (H + 2 * KVH) * D, QK = (H + KVH) * D;
     float *qkv = ws, *qk = qkv + (int64_t)R * QKV, *att = qk + (int64_t)R * QK, *delta = att + (int64_t)R * H * D;
     float *gu = delta + (int64_t)R * hidden, *act = gu + (int64_t)R * 2 * I;
+    if (!row_chunks_ok(row_chunk, lens, R, nchunks)) return -2;   /* before anything is written */
     for (int l = 0; l < L; l++) {
         const int64_t *p = layer_ptrs + (int64_t)l * DL_PTRS;
 #define P(i) ((void *)(intptr_t)p[i])
@@ -56,8 +51,8 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
         rope(qkv, QKV, cos, sin, qk, R, H + KVH, D);
         write_rows(qk + H * D, QK, P(DL_K), kv_bf16, out_slots, R, KVH * D);
         write_rows(qkv + QK, QKV, P(DL_V), kv_bf16, out_slots, R, KVH * D);
-        decode_attention(qk, 0, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale,
-                         0, row_chunk, nchunks, scratch, att, 0, NULL, 0);
+        decode_attention(qk, 0, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale, 0,
+                         row_chunk, nchunks, scratch, att, 0, NULL, 0);   /* row_chunk checked above */
         if (w8_gemv(att, P(DL_WO), P(DL_SO), P(DL_BO), delta, R, hidden, H * D)) return -1;
         add_rms_norm(x, delta, P(DL_POST_NORM), y, R, hidden, eps);
         if (w8_gemv(y, P(DL_WGU), P(DL_SGU), P(DL_BGU), gu, R, 2 * I, hidden)) return -1;

@@ -27,19 +27,6 @@
 #include "native_simd.h"
 #include "native_kernels.h"
 
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)h) << 16;
-    return v.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as torch does (no nan here) */
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    uint32_t rounding = 0x7FFFu + ((v.u >> 16) & 1u);
-    return (uint16_t)((v.u + rounding) >> 16);
-}
-
 static inline void load_row(const void *base, int bf16, int64_t offset, int d, float *dst) {
     if (bf16) {
         const uint16_t *p = (const uint16_t *)base + offset;
@@ -329,16 +316,26 @@ static void row_item(chunk_fn fn, const void *q, int q_bf16, int64_t q_off, cons
     fn(qf, kbuf, vbuf, kv_bf16, sl + lo, (int)(hi - lo), KVH, kh, G, D, s, pm, pm + G, pm + 2 * G);
 }
 
+/* Whether every row's chunk size is 1 .. MAX_CHUNK keys (row_item's score buffer holds MAX_CHUNK) and nchunks of
+ * them cover the row's keys. */
+int row_chunks_ok(const int64_t *row_chunk, const int64_t *lens, int R, int nchunks) {
+    for (int r = 0; r < R; r++)
+        if (row_chunk[r] < 1 || row_chunk[r] > MAX_CHUNK || row_chunk[r] * nchunks < lens[r]) return 0;
+    return 1;
+}
+
 /* q: [R, H, D] (q_bf16: bf16, else fp32), q_stride elements from one request's row to the next; kbuf, vbuf: [S, KVH, D] (kv_bf16); slots: [R, Lmax] int64;
  * keys of row r are slots[r, first[r] .. lens[r]-1]; scratch: R*KVH*nchunks*G*(D+2) floats;
  * out: [R, H, D] (out_bf16). Requires D <= MAX_D, G <= MAX_G, chunk <= MAX_CHUNK.
- * row_chunk: NULL (every row splits its keys every `chunk`), or [R] keys per chunk of each row (<= MAX_CHUNK,
- * nchunks covering the longest): a row's chunks, and so its result's bits, then depend on that row alone, not
- * on the batch it came in (decodes, also beside seg runs; a run of several rows always splits every SEG_CHUNK). */
-void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
+ * row_chunk: [R] keys per chunk of each one-row item (1 .. MAX_CHUNK, nchunks of them covering the row's keys): a
+ * row's chunks, and so its result's bits, depend on that row alone, not on the batch it came in (decodes, also
+ * beside seg runs; a run of several rows splits every `chunk` = SEG_CHUNK). Returns 0, or -2 (nothing read) when a
+ * row_chunk is out of range or does not cover its row. */
+int decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *slots, const int64_t *first, const int64_t *lens,
                       int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
                       int nchunks, float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg) {
+    if (!row_chunks_ok(row_chunk, lens, R, nchunks)) return -2;
     const int G = H / KVH;
     const int64_t part = (int64_t)G * (D + 2);      /* per item: m[G], l[G], o[G][D] */
     const chunk_fn fn = pick_chunk_fn(G, D);
@@ -365,7 +362,7 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
             const int r0 = (int)blocks[2 * (cb % nblocks)], r1 = (int)blocks[2 * (cb % nblocks) + 1];
             if (r1 - r0 == 1) {   /* a decode: the decode chunk kernel, in the row's own chunks (row_chunk) */
                 row_item(fn, q, q_bf16, (int64_t)r0 * q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r0 * Lmax,
-                         first[r0], lens[r0], c, row_chunk ? (int)row_chunk[r0] : chunk, kh, KVH, G, D, scale,
+                         first[r0], lens[r0], c, (int)row_chunk[r0], kh, KVH, G, D, scale,
                          scratch + (((int64_t)r0 * KVH + kh) * nchunks + c) * part);
                 continue;
             }
@@ -398,7 +395,7 @@ void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *k
         const int c = (int)(rc / R);
         const int r = (int)(rc % R);
         row_item(fn, q, q_bf16, (int64_t)r * q_stride, kbuf, vbuf, kv_bf16, slots + (int64_t)r * Lmax, first[r],
-                 lens[r], c, row_chunk ? (int)row_chunk[r] : chunk, kh, KVH, G, D, scale,
+                 lens[r], c, (int)row_chunk[r], kh, KVH, G, D, scale,
                  scratch + (((int64_t)r * KVH + kh) * nchunks + c) * part);
     }
 
@@ -437,6 +434,7 @@ combine:
             for (int i = 0; i < D; i++) dst[i] = o[i] * inv;
         }
     }
+    return 0;
 }
 
 /* An int8 projection's activations, rounded to 16 significant bits (to nearest, ties to even): a 16-bit
@@ -553,7 +551,6 @@ int w8_prefetch = 4096;
  * differ by fp32 rounding between steps of 1-2 rows and of 3 or more; one accumulator in the row kernel too made
  * one row 10-15 % slower (tried). */
 int w8_row_max = 2;
-int w8_force_generic = 0;   /* benchmarks flip it to time the row-at-a-time loop alone */
 
 static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
                         int M, int N, int K) {
@@ -561,7 +558,7 @@ static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, co
     /* Measured on SmolLM2's shapes (30 layers, int8 weights): one output channel at a time (w8_row_m*)
      * streams 13-15 GB/s for one row (the plain loop: 11-13); from w8_row_max + 1 rows on, blocks of 4
      * channels x 4 rows (w8_block_m*) win (w8_row_max says by how much). */
-    if (K % 32 == 0 && M <= w8_row_max && !w8_force_generic) {
+    if (K % 32 == 0 && M <= w8_row_max) {
         #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++) {
             const int8_t *wr = w + (int64_t)n * K;
@@ -583,7 +580,7 @@ static void w8_gemv_x16(const float *x, const int8_t *w, const float *scales, co
         }
         return;
     }
-    if (K % 16 == 0 && M > w8_row_max && !w8_force_generic) {
+    if (K % 16 == 0 && M > w8_row_max) {
         const int blocks = N / 4;
         #pragma omp parallel for schedule(static)
         for (int b = 0; b < blocks; b++) {
@@ -897,6 +894,12 @@ static int args_ok(Py_ssize_t n, Py_ssize_t want, const char *name) {
 /* prefill-sized calls let other threads run; decode-sized ones keep the GIL (cheaper than dropping it) */
 #define UNLOCKED_IF(big, call) do { if (big) { Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS } else { call; } } while (0)
 
+static PyObject *row_chunks_error(void) {
+    PyErr_Format(PyExc_ValueError, "decode_attention: row_chunks must be 1 .. %d keys each, with nchunks of them "
+                 "covering each row's keys (native_layers.decode_chunks makes them)", MAX_CHUNK);
+    return NULL;
+}
+
 static PyObject *py_decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 23, "decode_attention")) return NULL;
     const void *q = PTR(0); int qb = INT(1); int64_t qs = I64(2); const void *k = PTR(3), *v = PTR(4);
@@ -905,10 +908,12 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *const *args, Py_s
     int chunk = INT(15), nch = INT(16); float *scr = PTR(17); void *out = PTR(18); int ob = INT(19);
     const int64_t *seg = PTR(20); int nseg = INT(21); const int64_t *rch = PTR(22);
     if (PyErr_Occurred()) return NULL;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    decode_attention(q, qb, qs, k, v, kvb, sl, fi, le, R, H, KVH, D, Lmax, sc, chunk, rch, nch, scr, out, ob, seg,
-                     nseg);
+    rc = decode_attention(q, qb, qs, k, v, kvb, sl, fi, le, R, H, KVH, D, Lmax, sc, chunk, rch, nch, scr, out, ob,
+                          seg, nseg);
     Py_END_ALLOW_THREADS
+    if (rc) return row_chunks_error();
     Py_RETURN_NONE;
 }
 
@@ -999,6 +1004,7 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, rch, nchunks, scratch, kvb, ws, R, hid, H, KVH,
                        D, I, eps, sc);
     Py_END_ALLOW_THREADS
+    if (rc == -2) return row_chunks_error();
     if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
@@ -1039,26 +1045,21 @@ static PyObject *py_decode_attention_fast(PyObject *self, PyObject *const *args,
     return PyBool_FromLong(decode_attention_fast(INT(0), INT(1)));
 }
 
-static PyObject *py_set_w8_force_generic(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 1, "set_w8_force_generic")) return NULL;
-    w8_force_generic = INT(0);
-    Py_RETURN_NONE;
+/* a benchmark knob: set it, return the previous value */
+static PyObject *swap_setting(int *setting, const char *name, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 1, name)) return NULL;
+    const int previous = *setting, want = INT(0);
+    if (PyErr_Occurred()) return NULL;
+    *setting = want;
+    return PyLong_FromLong(previous);
 }
 
 static PyObject *py_set_w8_row_max(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 1, "set_w8_row_max")) return NULL;
-    const int previous = w8_row_max, want = INT(0);
-    if (PyErr_Occurred()) return NULL;
-    w8_row_max = want;
-    return PyLong_FromLong(previous);
+    return swap_setting(&w8_row_max, "set_w8_row_max", args, n);
 }
 
 static PyObject *py_set_w8_prefetch(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 1, "set_w8_prefetch")) return NULL;
-    const int previous = w8_prefetch, want = INT(0);
-    if (PyErr_Occurred()) return NULL;
-    w8_prefetch = want;
-    return PyLong_FromLong(previous);
+    return swap_setting(&w8_prefetch, "set_w8_prefetch", args, n);
 }
 
 static PyMethodDef METHODS[] = {
@@ -1076,7 +1077,6 @@ static PyMethodDef METHODS[] = {
     {"silu_mul", (PyCFunction)(void (*)(void))py_silu_mul, METH_FASTCALL, NULL},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_FASTCALL, NULL},
     {"decode_attention_fast", (PyCFunction)(void (*)(void))py_decode_attention_fast, METH_FASTCALL, NULL},
-    {"set_w8_force_generic", (PyCFunction)(void (*)(void))py_set_w8_force_generic, METH_FASTCALL, NULL},
     {"set_w8_row_max", (PyCFunction)(void (*)(void))py_set_w8_row_max, METH_FASTCALL, NULL},
     {"set_w8_prefetch", (PyCFunction)(void (*)(void))py_set_w8_prefetch, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},

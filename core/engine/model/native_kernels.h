@@ -10,7 +10,8 @@ int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *b
 void rope(const float *qk, int64_t row_stride, const float *cos, const float *sin, float *out, int T, int NH, int D);
 void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M, int N, float eps);
 void silu_mul(const float *gu, float *out, int M, int I);
-void decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
+int row_chunks_ok(const int64_t *row_chunk, const int64_t *lens, int R, int nchunks);
+int decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *slots, const int64_t *first, const int64_t *lens,
                       int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
                       int nchunks, float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg);

@@ -183,11 +183,13 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     tokens, first and lens non-decreasing along the run); with chunk == SEG_CHUNK each run reads a chunk's
     keys once for all its rows.
     row_chunks: None (every row's keys split every `chunk`), or int64 [R] keys per chunk of each row (1 ..
-    MAX_CHUNK; nchunks covering the longest row): then a row's bits depend on its own keys alone, not on the
-    other rows of the batch (`native_layers.decode_launch`)."""
+    MAX_CHUNK, nchunks of them covering the row; the kernel checks the values): then a row's bits depend on its own
+    keys alone, not on the other rows of the batch (`native_layers.decode_launch`)."""
     r, h, d = q.shape
     kvh = k_buf.shape[1]
     _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks, scratch, out, segments, row_chunks)
+    if row_chunks is None:
+        row_chunks = torch.full((r,), chunk, dtype=torch.int64)
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     built().decode_attention(q.data_ptr(), int(q.dtype == torch.bfloat16), q.stride(0), k_buf.data_ptr(),
@@ -226,10 +228,9 @@ def _check_decode_attention(q, k_buf, v_buf, slots, first, lens, chunk, nchunks,
         if not 0 < chunk <= MAX_CHUNK or nchunks <= 0:
             raise ValueError(f"decode_attention: chunk must be 1..{MAX_CHUNK} keys and nchunks > 0")
     elif (row_chunks.dtype is not torch.int64 or row_chunks.shape != (r,) or not row_chunks.is_contiguous()
-            or not row_chunks.is_cpu or nchunks <= 0 or int(row_chunks.min()) < 1 or int(row_chunks.max()) > MAX_CHUNK
-            or bool((row_chunks * nchunks < lens).any())):
+            or not row_chunks.is_cpu or nchunks <= 0):
         raise ValueError(f"decode_attention: row_chunks must be None or {r} contiguous int64 CPU chunk sizes, "
-                         f"1 .. {MAX_CHUNK} keys, with nchunks of them covering each row's keys")
+                         f"and nchunks > 0")
     need = r * kvh * nchunks * (h // kvh) * (d + 2)
     if scratch.dtype is not F32 or not scratch.is_contiguous() or scratch.numel() < need:
         raise ValueError(f"decode_attention: scratch needs {need} contiguous fp32 values (R*KVH*nchunks*G*(D+2))")

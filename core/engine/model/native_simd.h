@@ -1,8 +1,26 @@
-/* What the C kernels of the native path share (native_kernels.c, amx_attention.c): the vector exp and the AMX tile
- * configuration. native_kernels.py hashes this header with the sources, so a change here rebuilds them. */
+/* What the C kernels of the native path share (native_kernels.c, amx_attention.c, decode_layers.c): bf16 <-> fp32,
+ * the vector exp and the AMX tile configuration. native_kernels.py hashes this header with the sources, so a change
+ * here rebuilds them. */
 #ifndef NATIVE_SIMD_H
 #define NATIVE_SIMD_H
 #include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t u = ((uint32_t)h) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* fp32 -> bf16 to nearest, ties to even, as torch rounds; a nan becomes 0x7FC0 (torch's scalar rounding; rounding
+ * its bits instead could carry a nan into inf) */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -29,7 +47,6 @@ typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; u
 
 #if defined(__AMX_TILE__)
 #include <immintrin.h>
-#include <string.h>
 /* this thread's 8 tiles, each 16 rows of 64 bytes (16 fp32 or 32 bf16 a row): every AMX kernel here uses them so */
 static inline void load_full_tiles(void) {
     tile_config cfg;

@@ -131,6 +131,7 @@ def test_decode_attention_refuses_inputs_the_kernel_would_misread():
                        (dict(row_chunks=torch.tensor([32, 0])), "row_chunks must be"),
                        (dict(row_chunks=torch.tensor([32, native_kernels.MAX_CHUNK + 1])), "row_chunks must be"),
                        (dict(row_chunks=torch.tensor([32])), "row_chunks must be"),
+                       (dict(row_chunks=torch.tensor([1, 1])), "row_chunks must be"),   # 1 chunk of 1 < 3 keys
                        (dict(row_chunks=torch.tensor([32, 32], dtype=torch.int32)), "row_chunks must be")):
         with pytest.raises(ValueError, match=match):
             native_kernels.decode_attention(**{**ok, **bad})
