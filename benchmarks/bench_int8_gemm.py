@@ -6,7 +6,8 @@ oneDNN's bf16 matmul on one bf16 per activation, for scale only: it rounds x to 
 not the same arithmetic (the 42/50 cache on == off of benchmarks/README.md). Milliseconds, fastest of --reps; each
 shape's weights as the model holds them. Then the projections of one decode step (30 layers of SmolLM2's shapes
 and its int8 LM head, one row of x, 134 MB of weights that no cache holds) with `w8_gemv` prefetching the weight
-rows 4 KB ahead and without, alternating; then one whole uncached prefill of the default model with the AMX
+rows 4 KB ahead and without, alternating; a step's projections at 1..32 rows on each kernel (`--only step-rows`:
+that section alone); then one whole uncached prefill of the default model with the AMX
 kernel, as a CPU without AMX runs it (`set_amx(False)`: weight panels) and with every row through the FMA kernel
 (AMX_MIN_ROWS raised), the same process.
 
@@ -88,12 +89,40 @@ def decode_batches(g, reps: int) -> None:
         native_int8.set_w8_row_max(default)
 
 
+def step_rows(g, reps: int) -> None:
+    """Where AMX_MIN_ROWS and PANEL_MIN_ROWS come from: a step's layer projections (30 layers of SmolLM2's
+    shapes) for 1..32 rows on the FMA kernel (every row its own pass of int8 -> fp32 work), on the AMX tiles (two
+    bf16 per x: a flat price up to 32 rows) and on weight panels (no AMX), alternating."""
+    import torch
+    from core.engine.model import native_int8
+    layers = [[torch.randint(-127, 128, shape, dtype=torch.int8, generator=g) for shape in SHAPES.values()]
+              for _ in range(30)]
+    mats = [[(native_int8.Int8Matrix(w.contiguous(), torch.rand(w.shape[0], generator=g).contiguous(), None),
+              native_int8.pack_amx(w), native_int8.pack_panels(w)) for w in layer] for layer in layers]
+    print("\nstep rows: 30 layers' projections, ms (fastest): FMA (w8_gemv) vs AMX tiles vs weight panels")
+    for m in (1, 4, 8, 10, 12, 16, 24, 32):
+        xs = {k: torch.randn(m, k, generator=g) for k in (576, 1536)}
+        runs = {
+            "FMA": lambda: [mat.gemv(xs[mat.k]) for layer in mats for mat, _, _ in layer],
+            "AMX": lambda: [native_int8.w8_amx_gemm(xs[mat.k], tiles, mat.scales, None)
+                            for layer in mats for mat, tiles, _ in layer],
+            "panels": lambda: [native_int8.w8_panel_gemm(xs[mat.k], panels, mat.scales, None)
+                               for layer in mats for mat, _, panels in layer]}
+        best = {name: float("inf") for name in runs}
+        for _ in range(3):
+            for name, fn in runs.items():
+                best[name] = min(best[name], best_ms(fn, reps))
+        print(f"  {m:2d} rows: FMA {best['FMA']:6.2f}  AMX {best['AMX']:6.2f}  panels {best['panels']:6.2f}   "
+              f"FMA / AMX {best['FMA'] / best['AMX']:.2f}x  FMA / panels {best['FMA'] / best['panels']:.2f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="32,256,1024,2048")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--prefill", default="1024,2048", help="uncached prompt sizes of the whole-model run")
+    ap.add_argument("--only", choices=["step-rows"], help="run one section alone")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
@@ -105,6 +134,9 @@ def main() -> None:
     if not native_kernels.amx_available():
         sys.exit(f"no AMX here (kernels: {native_kernels.error() or 'built without AMX'}); nothing to compare")
     g = torch.Generator().manual_seed(0)
+    if args.only == "step-rows":
+        step_rows(g, args.reps)
+        return
     print(f"int8 projections, {args.threads} threads, ms (fastest of {args.reps}); ratios against the FMA kernel")
     print(f"{'shape':>8} {'rows':>5} {'FMA w8_gemv':>12} {'AMX x2':>8} {'panels':>7} {'MKL fp32':>9} {'bf16 x1':>8}  "
           f"{'AMX speed-up':>12} {'AMX vs MKL':>10} {'panels vs MKL':>13}")
@@ -124,6 +156,7 @@ def main() -> None:
                   f"{mkl / amx:9.2f}x {mkl / pan:12.2f}x", flush=True)
     decode_step(g, args.reps)
     decode_batches(g, args.reps)
+    step_rows(g, args.reps)
     native = ModelRunner("default", device="cpu", impl="native", numerics="int8").native
     print("\nwhole uncached prefill of the default model (int8), s, fastest of 3, alternating")
     for n in (int(v) for v in args.prefill.split(",")):
@@ -134,14 +167,15 @@ def main() -> None:
         for _ in range(3):
             for mode, rows, amx in (("AMX", native_linear.AMX_MIN_ROWS, True),
                                     ("panels", native_linear.AMX_MIN_ROWS, False), ("FMA", 10 ** 9, True)):
-                saved, native_linear.AMX_MIN_ROWS = native_linear.AMX_MIN_ROWS, rows
+                saved = native_linear.AMX_MIN_ROWS, native_linear.PANEL_MIN_ROWS
+                native_linear.AMX_MIN_ROWS = native_linear.PANEL_MIN_ROWS = rows
                 was = native_kernels.set_amx(amx)
                 try:
                     t = time.perf_counter()
                     native.forward(batch, pool)
                     best[mode] = min(best[mode], time.perf_counter() - t)
                 finally:
-                    native_linear.AMX_MIN_ROWS = saved
+                    native_linear.AMX_MIN_ROWS, native_linear.PANEL_MIN_ROWS = saved
                     native_kernels.set_amx(was)
         print(f"{n:5d} tokens: AMX {best['AMX']:.2f} s, panels (no AMX) {best['panels']:.2f} s, FMA {best['FMA']:.2f} s; "
               f"FMA / AMX {best['FMA'] / best['AMX']:.2f}x, FMA / panels {best['FMA'] / best['panels']:.2f}x")

@@ -5,9 +5,12 @@ allocation (~2 ms of a ~9 ms step for the default model), and holds the GIL in b
 same kernels in the same order on the same inputs, so the logits are the same bits (tests/engine/model/
 test_decode_layers.py); this module checks the step's tensors once and hands C the addresses it reads.
 
-Taken only where the Python loop would run exactly those kernels: int8 weights on fp32 activations with the C
-kernels built, every row a decode (no extend, no decode-kernel extend runs), fewer rows than AMX_MIN_ROWS (from
-there the projections run on tiles), no sliding window, no Qwen3 q/k norm.
+Taken for int8 weights on fp32 activations with the C kernels built, every row a decode (no extend, no
+decode-kernel extend runs), fewer rows than `max_rows()`, no sliding window, no Qwen3 q/k norm: where the Python
+loop would run exactly these kernels, and for 12-15 decode rows on AMX, where the loop's projections would go to
+the tiles (AMX_MIN_ROWS) but one C call on the FMA kernel measured faster (batch 12 at 544 tokens: 306 tok/s as
+one call, 293 on the tiles; from 16 the tiles win, 344 vs 336, and 1.15x at 24: benchmarks/README.md, "Mixed
+steps").
 """
 from __future__ import annotations
 
@@ -18,8 +21,14 @@ import torch
 from core.cache.kv_pool import KVPool
 from core.engine.model import native_kernels
 from core.engine.model.native_layers import AttentionPlan, decode_launch
-from core.engine.model.native_linear import AMX_MIN_ROWS
+from core.engine.model.native_linear import many_rows
 
+DECODE_ROWS_MAX = 16   # a pure decode step of fewer rows runs as one C call even where the loop would use tiles
+
+
+def max_rows() -> int:
+    """The rows from which a pure decode step leaves the one C call for the Python loop."""
+    return max(many_rows(), DECODE_ROWS_MAX)
 
 
 class DecodeModel(Protocol):
@@ -69,7 +78,7 @@ class DecodeLayers:
         dec = plan.decodes
         return (dec is not None and plan.decode_idx is None and dec.segments is None and dec.slots.is_contiguous()
                 and not plan.extends
-                and not plan.tiled and plan.fresh is None and plan.prefixed is None and rows < AMX_MIN_ROWS)
+                and not plan.tiled and plan.fresh is None and plan.prefixed is None and rows < max_rows())
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:
         """The address table with this pool's K/V layers. Read once and replaced whole: another engine stepping on

@@ -10,10 +10,18 @@ import torch.nn.functional as F
 
 from core.engine.model import native_int8, native_kernels
 
-# From this many rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), else on
-# weight panels with AVX-512 (w8_panel_gemm); below it the FMA kernel (w8_gemv): measured on SmolLM2's shapes,
-# benchmarks/README.md "Prefill on AMX tiles" and "Latest run (2026-12-03)" (weight panels).
-AMX_MIN_ROWS = 32
+# From AMX_MIN_ROWS rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), else from
+# PANEL_MIN_ROWS on weight panels with AVX-512 (w8_panel_gemm); below it the FMA kernel (w8_gemv), whose every row
+# costs its own pass of int8 -> fp32 work over the weights (~0.6-1 ms a row for SmolLM2) where the tiles' price is
+# flat up to 32 rows: one step's projections, all 30 layers, 7.3 / 12.1 / 17.0 / 21.5 / 37.0 ms at 1 / 8 / 12 / 16 /
+# 32 rows on the FMA kernel against 14.4-15.5 ms on the tiles (benchmarks/README.md, "Mixed steps").
+AMX_MIN_ROWS = 12
+PANEL_MIN_ROWS = 32
+
+
+def many_rows() -> int:
+    """The rows from which an int8 projection leaves the FMA kernel (for the tiles or the panels)."""
+    return AMX_MIN_ROWS if native_kernels.amx_available() else PANEL_MIN_ROWS
 
 
 class Linear:
@@ -81,11 +89,12 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         if self.dense is None:
             if native_kernels.available():
-                if x.shape[0] >= AMX_MIN_ROWS:
-                    if native_int8.amx_fits(self.weight):
-                        if self.tiles is None:
-                            self.tiles = native_int8.pack_amx(self.weight)
-                        return native_int8.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
+                rows = x.shape[0]
+                if rows >= AMX_MIN_ROWS and native_int8.amx_fits(self.weight):
+                    if self.tiles is None:
+                        self.tiles = native_int8.pack_amx(self.weight)
+                    return native_int8.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
+                if rows >= PANEL_MIN_ROWS:
                     if native_int8.panels_fit(self.weight):
                         if self.panels is None:
                             self.panels = native_int8.pack_panels(self.weight)

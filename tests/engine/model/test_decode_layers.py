@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen3
 
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
+from core.engine.model.native_decode import max_rows
 from core.engine.model.native_layers import AttentionPlan
-from core.engine.model.native_linear import AMX_MIN_ROWS
 from core.engine.model.native_llama import NativeLlama
 from core.engine.model.runner import ModelRunner
 from core.engine.sampling import SamplingParams
@@ -103,9 +103,9 @@ def test_steps_the_loop_runs_on_other_kernels_stay_in_the_loop():
     pool = native.make_pool(512)
     mixed = ForwardBatch.build([(PROMPTS[1], [], torch.arange(1, 38)), ([5], torch.arange(40, 45), torch.tensor([45]))])
     native.forward(mixed, pool)                         # an extend in the batch: prompt attention on other kernels
-    rows = AMX_MIN_ROWS
+    rows = max_rows()
     many = ForwardBatch.build([([3], torch.tensor([100 + i]), torch.tensor([200 + i])) for i in range(rows)])
-    native.forward(many, pool)                          # from AMX_MIN_ROWS rows the projections run on tiles
+    native.forward(many, pool)                          # from max_rows() rows: the loop (tiles or panels)
     assert calls == []
     native.forward(ForwardBatch.build([([3], torch.tensor([100 + i]), torch.tensor([300 + i]))
                                        for i in range(rows - 1)]), pool)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from core.engine.model import native_int8, native_kernels
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_layers import AttentionPlan, attend_prefixed
-from core.engine.model.native_linear import AMX_MIN_ROWS, Linear
+from core.engine.model.native_linear import AMX_MIN_ROWS, PANEL_MIN_ROWS, Linear
 from tests.engine.model.require_kernels import require_kernels
 
 SHAPES = [(960, 576), (3072, 576), (576, 1536)]   # SmolLM2-135M: QKV, gate+up, down
@@ -202,11 +202,11 @@ def test_the_int8_kernels_refuse_what_they_would_misread_and_take_any_layout_of_
 
 
 def test_without_amx_a_prefill_runs_on_weight_panels_and_keeps_its_rows():
-    """set_amx(False): what a CPU without AMX runs. From AMX_MIN_ROWS rows the projection packs its panels (with
+    """set_amx(False): what a CPU without AMX runs. From PANEL_MIN_ROWS rows the projection packs its panels (with
     AVX-512; else the FMA kernel runs them too) and agrees with the same rows one at a time to fp32 rounding."""
     g = torch.Generator().manual_seed(6)
     lin = Linear(torch.randn(960, 576, generator=g) * 0.05, torch.randn(960, generator=g), "int8")
-    x = torch.randn(AMX_MIN_ROWS + 9, 576, generator=g)
+    x = torch.randn(PANEL_MIN_ROWS + 9, 576, generator=g)
     previous = native_kernels.set_amx(False)
     try:
         assert not native_kernels.amx_available()
@@ -214,7 +214,7 @@ def test_without_amx_a_prefill_runs_on_weight_panels_and_keeps_its_rows():
     finally:
         native_kernels.set_amx(previous)
     assert lin.tiles is None and (lin.panels is not None) == native_int8.panels_fit(lin.weight)
-    for i in (0, 20, AMX_MIN_ROWS + 8):
+    for i in (0, 20, PANEL_MIN_ROWS + 8):
         assert rel(lin(x[i:i + 1])[0], many[i]) < 4e-6
 
 
@@ -243,7 +243,7 @@ def test_an_int8_projection_switches_kernels_at_amx_min_rows_without_moving_its_
     lin = Linear(torch.randn(960, 576, generator=g) * 0.05, None, "int8")
     x = torch.randn(AMX_MIN_ROWS, 576, generator=g)
     many = lin(x)
-    for i in (0, 17, AMX_MIN_ROWS - 1):
+    for i in (0, AMX_MIN_ROWS // 2, AMX_MIN_ROWS - 1):
         assert rel(lin(x[i:i + 1])[0], many[i]) < 2e-6
     assert rel(lin(x[:AMX_MIN_ROWS - 1]), many[:AMX_MIN_ROWS - 1]) < 2e-6
 

@@ -314,7 +314,7 @@ def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(famil
 def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx, monkeypatch, request):
     """A 72-token prompt after a 24-token cached prefix: its projections on AMX tiles (where this CPU has them)
     or on weight panels (no AMX, as set_amx(False) runs it) and its attention split into prefix + own keys,
-    against every row through the FMA kernel and one masked call (AMX_MIN_ROWS and the split turned off): the
+    against every row through the FMA kernel and one masked call (AMX_MIN_ROWS, PANEL_MIN_ROWS and the split turned off): the
     same logits to fp32 rounding, and the same K/V written into the pool."""
     from core.engine.model import native_layers, native_linear
     require_kernels()
@@ -348,6 +348,7 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
         return plan
 
     monkeypatch.setattr(native_linear, "AMX_MIN_ROWS", 10 ** 9)
+    monkeypatch.setattr(native_linear, "PANEL_MIN_ROWS", 10 ** 9)
     monkeypatch.setattr(native_layers.AttentionPlan, "build", staticmethod(without_split))
     plain, plain_k = run()
     assert split == [(0, 72, 24)]
