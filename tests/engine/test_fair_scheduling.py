@@ -7,6 +7,7 @@ import pytest
 
 from core.engine.engine import Engine
 from core.engine.sampling import SamplingParams
+from core.engine.scheduler import INSERT_GROWTH
 from core.engine.step_budget import FIRST_MIXED_TOKENS, MIN_PREFILL_TOKENS, StepBudget
 from tests.tiny_models import reference_greedy, tiny_pair
 
@@ -146,3 +147,29 @@ def test_chunked_and_whole_prefill_give_the_same_tokens_with_the_budget_on(pair)
             e.step()
         assert hs[0].result(0).token_ids == reference_greedy(ref, LONG, 4)
         assert hs[1].result(0).token_ids == reference_greedy(ref, SHORT, 12)
+
+
+def test_a_long_prompt_in_tiny_chunks_enters_the_tree_in_few_nodes_and_whole_at_its_end(pair):
+    """Chunks of 2 tokens (what the fairness cap gives a long prompt beside a stream): mid-prompt, new tokens
+    enter the tree once they are 1/INSERT_GROWTH of what it holds of the prompt, so the request's path stays
+    short (a node per chunk was a chain every later chunk walked 4 times), lags by at most that share, and the
+    prefill's end inserts the rest. Outputs stay exact; the slots the tree does not hold yet are the request's."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=2, mixed_step_ratio=0)
+    long = e.submit(LONG, SamplingParams(max_new_tokens=3, ignore_eos=True))
+    req = e._requests[long.rid]
+    while not long.partial_ids():
+        e.step()
+        e.check_invariants()
+        if not long.partial_ids():
+            assert req.computed - req.tree_len <= max(2, req.tree_len // INSERT_GROWTH + 1)
+    path, node = 0, req.last_node
+    while node is not e.cache.root_node:
+        path, node = path + 1, node.parent
+    assert req.tree_len == len(LONG)                     # the whole prompt is in the tree from its last chunk
+    assert path == len(e.snapshot().cache.nodes) - 1     # one chain: the prompt's nodes
+    assert path <= 64 + 64 * 2                           # 200 chunks; 64 + 64 ln(400 / 128) ~ 137 nodes
+    while e.has_work():
+        e.step()
+    assert long.result(0).token_ids == reference_greedy(ref, LONG, 3)
+    e.check_invariants()
