@@ -193,7 +193,11 @@ class Engine:
             self._drain_inbox()
             sched = self.scheduler
             try:
-                items = sched.schedule(self.step_budget.tokens(sched.decoding()))
+                decoding = sched.decoding()
+                budget = self.step_budget.tokens(decoding)
+                if decoding and budget < self.step_budget.max_tokens:   # capped: fill the rows computed anyway
+                    budget = max(budget, self.runner.rows_computed(decoding + budget) - decoding)
+                items = sched.schedule(budget)
             finally:
                 failed = sched.take_failed()
                 for req, exc in failed:

@@ -28,6 +28,7 @@ LPM_FALLBACK_WAITING = 128      # SGLang: above this many waiting requests lpm s
 IN_BATCH_PREFIX_TOKENS = 32     # SGLang's IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD
 MAX_HELD_PER_STEP = LPM_FALLBACK_WAITING  # hold-back checks stop here, so a step costs O(128), not O(queue)
 INSERT_GROWTH = 64              # mid-prompt, new tokens go into the tree once they are 1/64 of what it holds of it
+                                # (0: every chunk, as SGLang; benchmarks/bench_mixed_steps.py compares)
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Scheduler:
         n = req.computed - req.computed % self.page_size
         if self.cache.disable or n <= req.tree_len:
             return
-        if not prefill_done and (n - req.tree_len) * INSERT_GROWTH < req.tree_len:
+        if not prefill_done and INSERT_GROWTH and (n - req.tree_len) * INSERT_GROWTH < req.tree_len:
             return
         key = self._key(req, n)
         cached = self.cache.insert(key, req.kv_slots[:n], req.params.priority)

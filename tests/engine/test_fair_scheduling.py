@@ -173,3 +173,39 @@ def test_a_long_prompt_in_tiny_chunks_enters_the_tree_in_few_nodes_and_whole_at_
         e.step()
     assert long.result(0).token_ids == reference_greedy(ref, LONG, 3)
     e.check_invariants()
+
+
+def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
+    """The int8 FMA kernel runs 3 or more rows in blocks of 4: beside one decode, a prefill held to 2 tokens (3
+    rows) takes 3 (4 rows) for the same projections; 5-8 rows fill to 8, 9-11 to 11 (from 12 the tiles run, flat
+    in price). fp32 computes row by row: nothing to fill."""
+    from core.engine.model.native_linear import many_rows
+    from core.engine.model.runner import ModelRunner
+    from tests.engine.model.require_kernels import require_kernels
+    from tests.tiny_models import CONFIGS
+    from transformers import AutoModelForCausalLM
+    require_kernels()
+    ref, fp32 = tiny_pair("llama")
+    assert [fp32.rows_computed(n) for n in range(1, 12)] == list(range(1, 12))
+    runner = ModelRunner.from_hf(AutoModelForCausalLM.from_config(CONFIGS["llama"]()).eval(), device="cpu",
+                                 numerics="int8")
+    top = many_rows() - 1
+    assert [runner.rows_computed(n) for n in range(1, 12)] == [min(v, top) for v in (1, 2, 4, 4, 8, 8, 8, 8, 11, 11, 11)]
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=64)
+    stream = e.submit(SHORT, SamplingParams(max_new_tokens=200, ignore_eos=True))
+    for _ in range(3):
+        e.step()
+    e.step_budget.decode_s, e.step_budget.mixed_tokens = 1.0, 2.0   # the cap at its floor, and kept there
+    e.step_budget.observe = lambda *a, **k: None
+    long = e.submit(LONG, SamplingParams(max_new_tokens=3, ignore_eos=True))
+    chunks = []
+    while not long.partial_ids():
+        before = e.metrics.prefill_computed
+        e.step()
+        chunks.append(e.metrics.prefill_computed - before)
+    assert set(chunks[:-1]) == {3} and 1 <= chunks[-1] <= 3   # 1 decode + 3 prompt tokens: one block of 4 rows
+    assert len(chunks) == -(-len(LONG) // 3) and not stream.done()
+    while e.has_work():
+        e.step()
+    e.check_invariants()
+    assert len(long.result(0).token_ids) == 3 and len(stream.result(0).token_ids) == 200

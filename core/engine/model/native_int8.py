@@ -24,6 +24,12 @@ def set_w8_prefetch(nbytes: int) -> int:
     return int(native_kernels.built().set_w8_prefetch(nbytes)) if native_kernels.available() else 0
 
 
+# As native_kernels.c's w8_gemv runs rows: one at a time up to GEMV_ROW_MAX rows (w8_row_max's default), from there
+# in blocks of GEMV_BLOCK_ROWS rows (x 4 channels), so 3 rows cost what 4 do.
+GEMV_ROW_MAX = 2
+GEMV_BLOCK_ROWS = 4
+
+
 def set_w8_row_max(rows: int) -> int:
     """Up to how many rows `w8_gemv` runs one output channel at a time before blocks of 4 channels x 4 rows (2 by
     default, measured); returns the previous setting. For benchmarks: bench_int8_gemm.py times decode batches

@@ -10,8 +10,11 @@ from typing import Optional
 import torch
 
 from core.cache.kv_pool import KVPool
+from core.engine.model import native_kernels
 from core.engine.model.hf_attention import ATTN_IMPLEMENTATION, ForwardBatch
 from core.engine.model.loader import resolve_model
+from core.engine.model.native_int8 import GEMV_BLOCK_ROWS, GEMV_ROW_MAX
+from core.engine.model.native_linear import many_rows
 
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
@@ -172,6 +175,18 @@ class ModelRunner:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             ids.add(tokenizer.eos_token_id)
         return ids
+
+    def rows_computed(self, rows: int) -> int:
+        """The rows a step of `rows` rows costs about as much as: the int8 FMA kernel runs 3 or more rows in blocks of
+        GEMV_BLOCK_ROWS, so a mixed step whose prefill the fairness cap holds to 2 tokens beside one decode (3 rows)
+        may take 3 (4 rows) for the same projections (the engine fills the block; benchmarks/README.md "Mixed steps")."""
+        if (self.native is None or self.native.mode != "int8" or self.device.type != "cpu"
+                or not native_kernels.available()):
+            return rows
+        top = many_rows() - 1   # from many_rows() the projections leave the FMA kernel
+        if rows <= GEMV_ROW_MAX or rows >= top:
+            return rows
+        return min(-(-rows // GEMV_BLOCK_ROWS) * GEMV_BLOCK_ROWS, top)
 
     def make_pool(self, num_slots: int, page_size: int = 1) -> KVPool:
         """A KV pool shaped for this model, on its device, in its dtype."""
