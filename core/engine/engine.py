@@ -196,7 +196,8 @@ class Engine:
                 decoding = sched.decoding()
                 budget = self.step_budget.tokens(decoding)
                 if decoding and budget < self.step_budget.max_tokens:   # capped: fill the rows computed anyway
-                    budget = max(budget, self.runner.rows_computed(decoding + budget) - decoding)
+                    budget = min(self.step_budget.max_tokens,
+                                 max(budget, self.runner.rows_computed(decoding + budget) - decoding))
                 items = sched.schedule(budget)
             finally:
                 failed = sched.take_failed()

@@ -209,3 +209,29 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
         e.step()
     e.check_invariants()
     assert len(long.result(0).token_ids) == 3 and len(stream.result(0).token_ids) == 200
+
+
+def test_the_filled_rows_never_pass_max_prefill_tokens():
+    """A fill is a cheaper chunk, not a bigger budget: with max_prefill_tokens 3 beside 3 decodes (rows 5 -> 8 would
+    ask for 5 tokens) a step still carries at most 3 prefill tokens."""
+    from core.engine.model.runner import ModelRunner
+    from tests.engine.model.require_kernels import require_kernels
+    from tests.tiny_models import CONFIGS
+    from transformers import AutoModelForCausalLM
+    require_kernels()
+    runner = ModelRunner.from_hf(AutoModelForCausalLM.from_config(CONFIGS["llama"]()).eval(), device="cpu",
+                                 numerics="int8")
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=3)
+    streams = [e.submit([5 + i, 9, 2], SamplingParams(max_new_tokens=100, ignore_eos=True)) for i in range(3)]
+    while not all(s.partial_ids() for s in streams):
+        e.step()
+    e.step_budget.decode_s, e.step_budget.mixed_tokens = 1.0, 2.0
+    e.step_budget.observe = lambda *a, **k: None
+    long = e.submit(LONG[:60], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    while not long.partial_ids():
+        before = e.metrics.prefill_computed
+        e.step()
+        assert e.metrics.prefill_computed - before <= 3
+    for h in [long] + streams:
+        e.abort(h.rid)
+    e.check_invariants()

@@ -2,8 +2,10 @@
 
 Why: the Python loop of NativeLlama makes ~12 kernel calls a layer, each with its checks and its output
 allocation (~2 ms of a ~9 ms step for the default model), and holds the GIL in between. decode_layers.c runs the
-same kernels in the same order on the same inputs, so the logits are the same bits (tests/engine/model/
-test_decode_layers.py); this module checks the step's tensors once and hands C the addresses it reads.
+same kernels in the same order on the same inputs as the loop does below many_rows(), so the logits are the same
+bits there (tests/engine/model/test_decode_layers.py); from 12 to 15 rows on AMX the loop would run its projections
+on the tiles, so the one call's logits differ from the loop's by fp32 rounding (~1e-5) there. This module checks
+the step's tensors once and hands C the addresses it reads.
 
 Taken for int8 weights on fp32 activations with the C kernels built, every row a decode (no extend, no
 decode-kernel extend runs), fewer rows than `max_rows()`, no sliding window, no Qwen3 q/k norm: where the Python

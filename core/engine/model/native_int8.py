@@ -24,10 +24,16 @@ def set_w8_prefetch(nbytes: int) -> int:
     return int(native_kernels.built().set_w8_prefetch(nbytes)) if native_kernels.available() else 0
 
 
-# As native_kernels.c's w8_gemv runs rows: one at a time up to GEMV_ROW_MAX rows (w8_row_max's default), from there
-# in blocks of GEMV_BLOCK_ROWS rows (x 4 channels), so 3 rows cost what 4 do.
+# As native_kernels.c's w8_gemv runs rows when built with AVX-512 (`gemv_blocks`): one at a time up to GEMV_ROW_MAX
+# rows (w8_row_max's default; set_w8_row_max moves it, for benchmarks), from there in blocks of GEMV_BLOCK_ROWS rows
+# (x 4 channels) where K is a multiple of 16, so 3 rows cost what 4 do. Built for AVX2, every row costs the same.
 GEMV_ROW_MAX = 2
 GEMV_BLOCK_ROWS = 4
+
+
+def gemv_blocks(k: int) -> bool:
+    """Whether w8_gemv runs rows of K inputs in blocks of GEMV_BLOCK_ROWS (the kernels built with AVX-512)."""
+    return k % 16 == 0 and native_kernels.available() and bool(native_kernels.built().panel_gemm_fast())
 
 
 def set_w8_row_max(rows: int) -> int:

@@ -10,10 +10,9 @@ from typing import Optional
 import torch
 
 from core.cache.kv_pool import KVPool
-from core.engine.model import native_kernels
 from core.engine.model.hf_attention import ATTN_IMPLEMENTATION, ForwardBatch
 from core.engine.model.loader import resolve_model
-from core.engine.model.native_int8 import GEMV_BLOCK_ROWS, GEMV_ROW_MAX
+from core.engine.model.native_int8 import GEMV_BLOCK_ROWS, GEMV_ROW_MAX, gemv_blocks
 from core.engine.model.native_linear import many_rows
 
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -180,9 +179,10 @@ class ModelRunner:
         """The rows a step of `rows` rows costs about as much as: the int8 FMA kernel runs 3 or more rows in blocks of
         GEMV_BLOCK_ROWS, so a mixed step whose prefill the fairness cap holds to 2 tokens beside one decode (3 rows)
         may take 3 (4 rows) for the same projections (the engine fills the block; benchmarks/README.md "Mixed steps")."""
-        if (self.native is None or self.native.mode != "int8" or self.device.type != "cpu"
-                or not native_kernels.available()):
-            return rows
+        n = self.native
+        if n is None or n.mode != "int8" or self.device.type != "cpu" or not all(
+                gemv_blocks(k) for k in (n.hidden_size, n.num_heads * n.head_dim, n.intermediate)):
+            return rows   # the projections' inputs: hidden (qkv, gate_up), heads x head_dim (o), intermediate (down)
         top = many_rows() - 1   # from many_rows() the projections leave the FMA kernel
         if rows <= GEMV_ROW_MAX or rows >= top:
             return rows

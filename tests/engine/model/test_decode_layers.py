@@ -1,6 +1,7 @@
 """A pure decode step's layers in one C call (native_decode.DecodeLayers, decode_layers.c): the same logits and the
-same K/V in the pool, bit for bit, as NativeLlama's Python loop over the same kernels; taken only where that
-loop would run exactly those kernels; bad input refused before anything is written."""
+same K/V in the pool, bit for bit, as NativeLlama's Python loop over the same kernels (below many_rows(), where the
+loop runs those kernels); steps from max_rows() rows or with other kernels stay in the loop; bad input refused
+before anything is written."""
 from __future__ import annotations
 
 import pytest
