@@ -13,8 +13,9 @@ from core.engine.model import native_int8, native_kernels
 # From AMX_MIN_ROWS rows an int8 projection runs on AMX tiles where the CPU has them (w8_amx_gemm), else from
 # PANEL_MIN_ROWS on weight panels with AVX-512 (w8_panel_gemm); below it the FMA kernel (w8_gemv), whose every row
 # costs its own pass of int8 -> fp32 work over the weights (~0.6-1 ms a row for SmolLM2) where the tiles' price is
-# flat up to 32 rows: one step's projections, all 30 layers, 7.3 / 12.1 / 17.0 / 21.5 / 37.0 ms at 1 / 8 / 12 / 16 /
-# 32 rows on the FMA kernel against 14.4-15.5 ms on the tiles (benchmarks/README.md, "Mixed steps").
+# flat up to 32 rows: one step's projections, all 30 layers, 5.3 / 12.4 / 16.6 / 21.2 / 30.8 ms at 1 / 8 / 12 / 16 /
+# 24 rows on the FMA kernel against 13.8-14.7 ms on the tiles (bench_int8_gemm.py --only step-rows;
+# benchmarks/README.md, "mixed steps").
 AMX_MIN_ROWS = 12
 PANEL_MIN_ROWS = 32
 
