@@ -22,6 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def run(runner, prompt: list[int], stream_prompt: list[int], stream_tokens: int) -> None:
+    from benchmarks.engine_fairness import percentile
     from core.engine.engine import Engine
     from core.engine.sampling import SamplingParams
     forward = [0.0]
@@ -62,10 +63,8 @@ def run(runner, prompt: list[int], stream_prompt: list[int], stream_tokens: int)
     for depth, (steps, tokens, wall, fwd) in sorted(buckets.items()):
         print(f"  depth {depth * 1000:5d}+: {steps:4d} steps, {tokens / steps:5.1f} tokens a step, step "
               f"{wall / steps * 1e3:5.1f} ms, forward {fwd / steps * 1e3:5.1f} ms, rest {(wall - fwd) / steps * 1e3:4.1f} ms")
-    gaps.sort()
-    p99 = gaps[min(len(gaps) - 1, round(0.99 * (len(gaps) - 1)))]
     first = f"{ttft:.1f} s" if ttft is not None else "not reached before the stream ended"
-    print(f"  stream gaps p50 {statistics.median(gaps) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms ({len(gaps)}); "
+    print(f"  stream gaps p50 {statistics.median(gaps) * 1e3:.1f} ms, p99 {percentile(gaps, 99) * 1e3:.1f} ms ({len(gaps)}); "
           f"the prompt's first token: {first}", flush=True)
 
 

@@ -67,7 +67,8 @@ class Engine:
         self.cache.events.budget_bytes = config.event_budget_bytes
         self.scheduler = Scheduler(self.cache, self.allocator, config.schedule_policy, config.max_running_requests,
                                    config.max_prefill_tokens)
-        self.step_budget = StepBudget(config.max_prefill_tokens, config.mixed_step_ratio)
+        self.step_budget = StepBudget(config.max_prefill_tokens, config.mixed_step_ratio,
+                                      rows_computed=self.runner.rows_computed)
         self.metrics = EngineMetrics()
         self.step_count = 0
         self.last_error: Optional[str] = None
@@ -193,12 +194,7 @@ class Engine:
             self._drain_inbox()
             sched = self.scheduler
             try:
-                decoding = sched.decoding()
-                budget = self.step_budget.tokens(decoding)
-                if decoding and budget < self.step_budget.max_tokens:   # capped: fill the rows computed anyway
-                    budget = min(self.step_budget.max_tokens,
-                                 max(budget, self.runner.rows_computed(decoding + budget) - decoding))
-                items = sched.schedule(budget)
+                items = sched.schedule(self.step_budget.tokens(sched.decoding()))
             finally:
                 failed = sched.take_failed()
                 for req, exc in failed:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 MIN_PREFILL_TOKENS = 2        # a floor: the oldest prefill and a waiting request each advance by a token a step
 FIRST_MIXED_TOKENS = 16       # the cap of the first mixed step, before any has been measured
@@ -34,6 +34,8 @@ class StepBudget:
     ratio: float              # EngineConfig.mixed_step_ratio: a mixed step's target, in decode steps; 0 = off
     decode_s: float = 0.0     # measured: seconds of a decode-only step (per step, at its batch)
     mixed_tokens: Optional[float] = None   # the current cap of a mixed step (None: none measured yet)
+    # rows a step of n rows costs as much as (ModelRunner.rows_computed): a capped step is filled to them
+    rows_computed: Callable[[int], int] = field(default=lambda rows: rows, repr=False)
     _decodes: deque = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW), repr=False)
 
     def tokens(self, decoding: int) -> int:
@@ -41,7 +43,9 @@ class StepBudget:
         if decoding == 0 or self.ratio <= 0 or self.decode_s <= 0:
             return self.max_tokens
         cap = FIRST_MIXED_TOKENS if self.mixed_tokens is None else int(self.mixed_tokens + 1e-9)
-        return max(MIN_PREFILL_TOKENS, min(self.max_tokens, cap))
+        cap = max(MIN_PREFILL_TOKENS, min(self.max_tokens, cap))
+        # the rows the kernels compute anyway (the int8 FMA kernel's blocks of 4): a cheaper chunk, not more budget
+        return min(self.max_tokens, max(cap, self.rows_computed(decoding + cap) - decoding))
 
     def observe(self, seconds: float, prefill_tokens: int, decodes: int) -> None:
         """A finished step: its wall time, the prefill tokens it computed and the decodes it sampled."""

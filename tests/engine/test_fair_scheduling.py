@@ -191,24 +191,25 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
                                  numerics="int8")
     top = many_rows() - 1
     assert [runner.rows_computed(n) for n in range(1, 12)] == [min(v, top) for v in (1, 2, 4, 4, 8, 8, 8, 8, 11, 11, 11)]
-    e = Engine(runner, pool_slots=1024, max_prefill_tokens=64)
-    stream = e.submit(SHORT, SamplingParams(max_new_tokens=200, ignore_eos=True))
+    # ratio 1: a mixed step may take no more than a decode step, so after the first (FIRST_MIXED_TOKENS) the cap
+    # sits at its floor, MIN_PREFILL_TOKENS = 2, for the whole prompt
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=64, mixed_step_ratio=1.0)
+    stream = e.submit(SHORT, SamplingParams(max_new_tokens=300, ignore_eos=True))
     for _ in range(3):
         e.step()
-    e.step_budget.decode_s, e.step_budget.mixed_tokens = 1.0, 2.0   # the cap at its floor, and kept there
-    e.step_budget.observe = lambda *a, **k: None
     long = e.submit(LONG, SamplingParams(max_new_tokens=3, ignore_eos=True))
     chunks = []
     while not long.partial_ids():
         before = e.metrics.prefill_computed
         e.step()
         chunks.append(e.metrics.prefill_computed - before)
-    assert set(chunks[:-1]) == {3} and 1 <= chunks[-1] <= 3   # 1 decode + 3 prompt tokens: one block of 4 rows
-    assert len(chunks) == -(-len(LONG) // 3) and not stream.done()
+    assert chunks[0] == FIRST_MIXED_TOKENS
+    assert set(chunks[1:-1]) == {3} and 1 <= chunks[-1] <= 3   # 1 decode + 3 prompt tokens: one block of 4 rows
+    assert not stream.done()
     while e.has_work():
         e.step()
     e.check_invariants()
-    assert len(long.result(0).token_ids) == 3 and len(stream.result(0).token_ids) == 200
+    assert len(long.result(0).token_ids) == 3 and len(stream.result(0).token_ids) == 300
 
 
 def test_the_filled_rows_never_pass_max_prefill_tokens():
@@ -221,17 +222,19 @@ def test_the_filled_rows_never_pass_max_prefill_tokens():
     require_kernels()
     runner = ModelRunner.from_hf(AutoModelForCausalLM.from_config(CONFIGS["llama"]()).eval(), device="cpu",
                                  numerics="int8")
-    e = Engine(runner, pool_slots=1024, max_prefill_tokens=3)
+    e = Engine(runner, pool_slots=1024, max_prefill_tokens=3, mixed_step_ratio=1.0)   # the cap at its floor, 2
     streams = [e.submit([5 + i, 9, 2], SamplingParams(max_new_tokens=100, ignore_eos=True)) for i in range(3)]
     while not all(s.partial_ids() for s in streams):
         e.step()
-    e.step_budget.decode_s, e.step_budget.mixed_tokens = 1.0, 2.0
-    e.step_budget.observe = lambda *a, **k: None
+    for _ in range(2):
+        e.step()                                         # decode-only steps: measured, so the cap applies
     long = e.submit(LONG[:60], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    chunks = []
     while not long.partial_ids():
         before = e.metrics.prefill_computed
         e.step()
-        assert e.metrics.prefill_computed - before <= 3
+        chunks.append(e.metrics.prefill_computed - before)
+    assert set(chunks[:-1]) == {3} and chunks[-1] <= 3
     for h in [long] + streams:
         e.abort(h.rid)
     e.check_invariants()

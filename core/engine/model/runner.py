@@ -149,6 +149,9 @@ class ModelRunner:
             hf_model = hf_model.to(TORCH_DTYPES[self.numerics])
             self.dtype = next(hf_model.parameters()).dtype
         self.kv_cache_dtype = KV_NAMES[self.dtype]   # the pool's dtype as the setting names it
+        n = self.native   # int8 projections in 4-row blocks: their inputs hidden, heads x head_dim, intermediate
+        self._gemv_blocks = (n is not None and n.mode == "int8" and device.type == "cpu"
+                             and all(gemv_blocks(k) for k in (n.hidden_size, n.num_heads * n.head_dim, n.intermediate)))
         self.model = hf_model.eval()
         cfg = hf_model.config.get_text_config()
         self.num_layers: int = cfg.num_hidden_layers
@@ -178,11 +181,9 @@ class ModelRunner:
     def rows_computed(self, rows: int) -> int:
         """The rows a step of `rows` rows costs about as much as: the int8 FMA kernel runs 3 or more rows in blocks of
         GEMV_BLOCK_ROWS, so a mixed step whose prefill the fairness cap holds to 2 tokens beside one decode (3 rows)
-        may take 3 (4 rows) for the same projections (the engine fills the block; benchmarks/README.md "Mixed steps")."""
-        n = self.native
-        if n is None or n.mode != "int8" or self.device.type != "cpu" or not all(
-                gemv_blocks(k) for k in (n.hidden_size, n.num_heads * n.head_dim, n.intermediate)):
-            return rows   # the projections' inputs: hidden (qkv, gate_up), heads x head_dim (o), intermediate (down)
+        may take 3 (4 rows) for the same projections (StepBudget fills the block; benchmarks/README.md "mixed steps")."""
+        if not self._gemv_blocks:
+            return rows
         top = many_rows() - 1   # from many_rows() the projections leave the FMA kernel
         if rows <= GEMV_ROW_MAX or rows >= top:
             return rows
