@@ -229,6 +229,9 @@ def main() -> None:
     ap.add_argument("--prefill", default="1024,4096", help="uncached prompt sizes of the prefill run")
     ap.add_argument("--fair-tokens", type=int, default=400, help="new tokens of the fairness run's stream")
     ap.add_argument("--long-tokens", type=int, default=6000, help="the fairness run's long uncached prompt")
+    ap.add_argument("--cuda-graph", default="on", choices=("on", "off", "both"),
+                    help="on CUDA: decode steps replay captured CUDA graphs (on), launch every kernel (off), or both "
+                    "side by side in the sweep and prefill")
     ap.add_argument("--server-args", default="", help="extra `python -m core.server` flags for the fairness run")
     args = ap.parse_args()
     if args.quick:
@@ -244,8 +247,13 @@ def main() -> None:
         raise SystemExit(f"unknown sections {sorted(unknown)}; pick from workload, sweep, prefill, fairness")
     t0 = time.perf_counter()
     kvs = [k for k in args.kv_cache_dtype.split(",") if k] or ["auto"]
-    runner = ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=kvs[0])
-    others = [ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=k) for k in kvs[1:]]
+    graph = args.cuda_graph != "off"
+    runner = ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=kvs[0], cuda_graph=graph)
+    others = [ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=k, cuda_graph=graph)
+              for k in kvs[1:]]
+    if args.cuda_graph == "both":
+        others += [ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=k, cuda_graph=False)
+                   for k in kvs]
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
@@ -267,6 +275,8 @@ def main() -> None:
             server_args += ["--dtype", args.dtype]
         if kvs[0] != "auto":
             server_args += ["--kv-cache-dtype", kvs[0]]
+        if args.cuda_graph == "off":
+            server_args += ["--disable-cuda-graph"]
         r = engine_fairness.fairness(ids, server_args, args.fair_tokens, args.long_tokens)
         ok = engine_fairness.report(r, args.long_tokens) and ok
     if not ok:

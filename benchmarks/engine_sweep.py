@@ -155,9 +155,13 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
 
 
 def engine_name(runner: ModelRunner) -> str:
-    """The sweep's column for one engine: its numerics, and its KV pool's dtype where that differs."""
+    """The sweep's column for one engine: its numerics, its KV pool's dtype where that differs, and on CUDA
+    whether its decode steps replay CUDA graphs."""
     same = runner.kv_cache_dtype == {"int8": "fp32"}.get(runner.numerics, runner.numerics)
-    return runner.numerics if same else f"{runner.numerics}, kv {runner.kv_cache_dtype}"
+    name = runner.numerics if same else f"{runner.numerics}, kv {runner.kv_cache_dtype}"
+    if runner.device.type == "cuda" and runner.impl == "native":
+        name += ", graphs" if runner.cuda_graph else ", eager"
+    return name
 
 
 def section_speed(args, engines: list[ModelRunner], hf, ids: list[int], sections: set) -> bool:

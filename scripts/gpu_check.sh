@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The GPU check (issues 10 and 25): the exactness tests, the native model path's included, and
-# benchmarks/bench_engine.py on CUDA: the shared-prefix workload in fp32 (outputs must equal HF generate's),
-# then the context sweep and prefill in the numerics the server picks there (bf16 on CUDA).
+# The GPU check (issues 10 and 25): the exactness tests, the native model path's and its CUDA graphs' included,
+# and benchmarks/bench_engine.py on CUDA: the shared-prefix workload in fp32 (outputs must equal HF generate's),
+# then the context sweep and prefill in the numerics the server picks there (bf16 on CUDA), with decode steps
+# replayed as CUDA graphs and launched eagerly side by side.
 #
 #   bash scripts/gpu_check.sh            # full bench_engine workload
 #   QUICK=1 bash scripts/gpu_check.sh    # bench_engine --quick
 #
 # Without a CUDA device it says so and runs the same on the CPU (only to prove the script works;
-# those figures are not GPU figures). Exits non-zero if a test or the benchmark's checks fail.
-set -euo pipefail
+# those figures are not GPU figures). A GPU is often lent for minutes only, so a failing step does not stop
+# the later ones: each step's result is printed, and the script exits non-zero if any failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
@@ -17,16 +19,29 @@ if [ "$DEV" != cuda ]; then
   echo "gpu_check: no CUDA device on this machine; running on the CPU only to prove the script runs" >&2
 fi
 "$PY" - <<'PYEOF'
-import torch
+import torch, transformers
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-print(f"gpu_check: torch {torch.__version__}, device {name}")
+print(f"gpu_check: torch {torch.__version__}, transformers {transformers.__version__}, device {name}")
 PYEOF
 # tests/tiny_models.py and tests/conftest.py put the engine's model on $RADIX_TEST_DEVICE
 export RADIX_TEST_DEVICE=$DEV
-"$PY" -m pytest -q -x -p no:cacheprovider \
+failed=()
+step() {   # step NAME COMMAND...: run it, note a failure, go on
+  local name=$1; shift
+  echo "gpu_check: == $name"
+  if "$@"; then echo "gpu_check: ok $name"; else echo "gpu_check: FAILED $name"; failed+=("$name"); fi
+}
+step "engine exactness tests" "$PY" -m pytest -q -p no:cacheprovider \
   tests/engine/test_engine.py tests/engine/test_scheduler.py tests/engine/test_engine_smollm2.py \
   -k "greedy or cache_off or paged or fully_cached or retraction or eight or twelve or 118 or walkthrough"
-"$PY" -m pytest -q -x -p no:cacheprovider tests/engine/model/test_native_llama.py -k "engine_native_equals_generate"
-"$PY" benchmarks/bench_engine.py --device "$DEV" --dtype fp32 --sections workload ${QUICK:+--quick}
-"$PY" benchmarks/bench_engine.py --device "$DEV" --sections sweep,prefill ${QUICK:+--rounds 1}
+step "native path and CUDA graph tests" "$PY" -m pytest -q -p no:cacheprovider \
+  tests/engine/model/test_native_cuda.py tests/engine/model/test_native_llama.py -k "cuda or engine_native_equals_generate"
+step "bench_engine workload (fp32)" \
+  "$PY" benchmarks/bench_engine.py --device "$DEV" --dtype fp32 --sections workload ${QUICK:+--quick}
+step "bench_engine sweep and prefill" \
+  "$PY" benchmarks/bench_engine.py --device "$DEV" --sections sweep,prefill --cuda-graph both ${QUICK:+--rounds 1}
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "gpu_check: FAILED on $DEV: ${failed[*]}"
+  exit 1
+fi
 echo "gpu_check: done on $DEV"

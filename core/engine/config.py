@@ -62,6 +62,8 @@ class EngineConfig:
     disable_radix_cache: bool = _setting(False, "turn prefix caching off (the baseline)", form="checkbox",
                                          label="Disable radix cache (baseline)")
     device: str = _setting("auto", "auto (CUDA if available), cpu, cuda, cuda:N")
+    disable_cuda_graph: bool = _setting(False, "on CUDA, launch every kernel of a decode step from Python instead of "
+                                               "replaying captured CUDA graphs (native path; as SGLang's flag)")
     event_capacity: int = _setting(100_000, "cache events kept for viewers (the newest)", minimum=1, cli=False)
     event_budget_bytes: int = _setting(32 * 2**20, "memory the kept cache events may hold", minimum=1024, cli=False)
 

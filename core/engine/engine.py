@@ -53,7 +53,7 @@ class Engine:
             config = config.replace(model=os.fspath(model))
         self.config = config = config.validate()
         self.runner = model if isinstance(model, ModelRunner) else inputs.load_model(
-            model, config.device, config.model_impl, config.dtype, config.kv_cache_dtype)
+            model, config.device, config.model_impl, config.dtype, config.kv_cache_dtype, not config.disable_cuda_graph)
         # what runs, as it runs (a runner built elsewhere brings its own code path and numerics)
         self.config = config = config.replace(model_impl=self.runner.impl, dtype=self.runner.numerics,
                                               kv_cache_dtype=self.runner.kv_cache_dtype)
@@ -61,7 +61,9 @@ class Engine:
         self.device = self.runner.device
         pool_slots, page_size = config.pool_slots, config.page_size
         self.pool = inputs.make_pool(self.runner, pool_slots, page_size)
-        self.allocator = SlotAllocator(pool_slots, device=self.device, page_size=page_size)
+        # the slot bookkeeping (allocator, tree, requests' slots) stays on the CPU whatever the model's device, so
+        # one code path runs everywhere; ForwardBatch.build copies a step's slots to the pool's device
+        self.allocator = SlotAllocator(pool_slots, device="cpu", page_size=page_size)
         self.cache = RadixCache(self.allocator, page_size=page_size, eviction_policy=config.eviction_policy,
                                 disable=config.disable_radix_cache, event_capacity=config.event_capacity)
         self.cache.events.budget_bytes = config.event_budget_bytes

@@ -51,7 +51,8 @@ def check_device(device: Any) -> str:
     return device
 
 
-def load_model(model: object, device: str, impl: str = "auto", numerics: str = "auto", kv_cache_dtype: str = "auto"):
+def load_model(model: object, device: str, impl: str = "auto", numerics: str = "auto", kv_cache_dtype: str = "auto",
+               cuda_graph: bool = True):
     """Load a model by name or path; every way that can fail becomes one ValueError naming the cause."""
     if not isinstance(model, (str, os.PathLike)):
         raise ValueError(f"model must be 'default', a local model path or a ModelRunner, got "
@@ -60,7 +61,8 @@ def load_model(model: object, device: str, impl: str = "auto", numerics: str = "
     try:
         from core.engine.model.runner import ModelRunner
 
-        return ModelRunner(os.fspath(model), device=device, impl=impl, numerics=numerics, kv_cache_dtype=kv_cache_dtype)
+        return ModelRunner(os.fspath(model), device=device, impl=impl, numerics=numerics, kv_cache_dtype=kv_cache_dtype,
+                           cuda_graph=cuda_graph)
     except ValueError:
         raise
     except (torch.OutOfMemoryError, MemoryError) as exc:

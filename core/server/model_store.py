@@ -73,19 +73,19 @@ class RunnerCache:
     def __init__(self, device: str) -> None:
         self.device = device
         self.model: Optional[str] = None       # the model of the runner kept
-        self.key: Optional[tuple] = None       # (model, model_impl, dtype, kv_cache_dtype) of the runner kept
+        self.key: Optional[tuple] = None       # (model, model_impl, dtype, kv_cache_dtype, disable_cuda_graph) kept
         self.runner = None
         self.lock = threading.Lock()
 
     def __call__(self, config: EngineConfig) -> Engine:
         from core.engine import inputs
 
-        key = (config.model, config.model_impl, config.dtype, config.kv_cache_dtype)
+        key = (config.model, config.model_impl, config.dtype, config.kv_cache_dtype, config.disable_cuda_graph)
         with self.lock:
             runner = self.runner if key == self.key else None
         if runner is None:
             runner = inputs.load_model(config.model, self.device, config.model_impl, config.dtype,
-                                       config.kv_cache_dtype)
+                                       config.kv_cache_dtype, not config.disable_cuda_graph)
         engine = Engine(runner, config)      # may fail (pool too big): the cache keeps the old model
         with self.lock:
             self.model, self.key, self.runner = config.model, key, runner

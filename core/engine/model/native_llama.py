@@ -96,7 +96,7 @@ class NativeLlama(torch.nn.Module):
     """See the module docstring. Holds its own copies of the weights (fused, converted)."""
 
     def __init__(self, hf_model: torch.nn.Module, dtype: str = "fp32", kv_dtype: Optional[str] = None,
-                 max_positions: Optional[int] = None, cuda_graphs: bool = False) -> None:
+                 max_positions: Optional[int] = None, cuda_graph: bool = False) -> None:
         super().__init__()
         reason = unsupported_reason(hf_model)
         if reason is not None:
@@ -165,8 +165,8 @@ class NativeLlama(torch.nn.Module):
         self.cos, self.sin = rope_tables(rotary.inv_freq.detach().cpu(), float(rotary.attention_scaling), positions,
                                          self.act_dtype)
         self.cos, self.sin = self.cos.to(self.device), self.sin.to(self.device)
-        # UNTESTED (no GPU where this was written): replay captured decode steps on CUDA, core/native_cuda.py
-        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        # pure decode steps on CUDA replay captured graphs (native_cuda.py): no per-kernel launch from Python
+        self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.full_attention = all(L.window is None for L in self.layers)   # no sliding window in any layer
         self._graph_decoders: dict = {}
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
@@ -249,7 +249,7 @@ class NativeLlama(torch.nn.Module):
             raise ValueError(f"the KV pool holds {pool.dtype}, NativeLlama({self.mode}) writes {self.kv_dtype}; "
                              f"make the pool with NativeLlama.make_pool")
         with torch.inference_mode():
-            if self.cuda_graphs:
+            if self.cuda_graph:
                 decoder = self._graph_decoders.get(id(pool))
                 if decoder is None or decoder.pool is not pool:
                     from core.engine.model.native_cuda import CudaGraphDecoder

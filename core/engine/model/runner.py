@@ -98,10 +98,11 @@ class ModelRunner:
     projections, attention straight over the pool, C kernels on CPU) and the stock transformers model
     with our attention hook (hf_attention.py), for any other architecture. `impl` picks ("auto": native
     where it can), `numerics` the dtype (fp32, bf16, or weight-only int8 on the native path), `kv_cache_dtype`
-    the native path's KV pool dtype (auto, fp32, bf16)."""
+    the native path's KV pool dtype (auto, fp32, bf16), `cuda_graph` whether the native path replays pure decode
+    steps as captured CUDA graphs on a CUDA device (native_cuda.py; off: every kernel launched from Python)."""
 
     def __init__(self, model: str = "default", device: str = "auto", impl: str = "auto",
-                 numerics: str = "auto", kv_cache_dtype: str = "auto") -> None:
+                 numerics: str = "auto", kv_cache_dtype: str = "auto", cuda_graph: bool = True) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -119,21 +120,22 @@ class ModelRunner:
         if impl == "hf":
             hf_dtype = TORCH_DTYPES[pick_numerics(numerics, "hf", dev)]
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=hf_dtype, attn_implementation=ATTN_IMPLEMENTATION)
-        self._setup(hf_model.to(dev), AutoTokenizer.from_pretrained(path), dev, impl, numerics, kv_cache_dtype)
+        self._setup(hf_model.to(dev), AutoTokenizer.from_pretrained(path), dev, impl, numerics, kv_cache_dtype,
+                    cuda_graph)
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, tokenizer=None, device: str = "auto", impl: str = "auto",
-                numerics: str = "auto", kv_cache_dtype: str = "auto") -> "ModelRunner":
+                numerics: str = "auto", kv_cache_dtype: str = "auto", cuda_graph: bool = True) -> "ModelRunner":
         """Wrap an already built model (tests use tiny `from_config` ones). Switches its attention in place."""
         check_supported(type(hf_model))
         runner = cls.__new__(cls)
         hf_model.set_attn_implementation(ATTN_IMPLEMENTATION)
         dev = _pick_device(device)
-        runner._setup(hf_model.to(dev), tokenizer, dev, impl, numerics, kv_cache_dtype)
+        runner._setup(hf_model.to(dev), tokenizer, dev, impl, numerics, kv_cache_dtype, cuda_graph)
         return runner
 
     def _setup(self, hf_model: torch.nn.Module, tokenizer, device: torch.device, impl: str, numerics: str,
-               kv_cache_dtype: str) -> None:
+               kv_cache_dtype: str, cuda_graph: bool = True) -> None:
         self.impl = pick_impl(impl, hf_model)
         self.numerics = pick_numerics(numerics, self.impl, device)
         kv_dtype = pick_kv_cache_dtype(kv_cache_dtype, self.numerics, self.impl)
@@ -142,13 +144,14 @@ class ModelRunner:
         self.native = None
         if self.impl == "native":
             from core.engine.model.native_llama import NativeLlama
-            self.native = NativeLlama.from_hf(hf_model, dtype=self.numerics, kv_dtype=kv_dtype)
+            self.native = NativeLlama.from_hf(hf_model, dtype=self.numerics, kv_dtype=kv_dtype, cuda_graph=cuda_graph)
             self.dtype = self.native.kv_dtype   # the pool holds what the native model writes
             hf_model.to("meta")                 # its weights live on in the native model's own layout only
         else:
             hf_model = hf_model.to(TORCH_DTYPES[self.numerics])
             self.dtype = next(hf_model.parameters()).dtype
         self.kv_cache_dtype = KV_NAMES[self.dtype]   # the pool's dtype as the setting names it
+        self.cuda_graph: bool = self.native is not None and self.native.cuda_graph   # graphs actually replayed
         n = self.native   # int8 projections in 4-row blocks: their inputs hidden, heads x head_dim, intermediate
         self._gemv_blocks = (n is not None and n.mode == "int8" and device.type == "cpu"
                              and all(gemv_blocks(k) for k in (n.hidden_size, n.num_heads * n.head_dim, n.intermediate)))
