@@ -14,6 +14,15 @@ target at that step's cost per token (growing at most 2x a step, so one cheap st
 huge chunk through). A decode-only step's cost is the median of the last few (a single slow step, the
 machine busy for a moment, must not raise every later cap: during a long prefill no decode-only step
 comes to correct it). With nothing decoding, the step takes the whole budget.
+
+Where even the smallest mixed step costs several times `ratio` decode steps (FLOOR_FACTOR), the ratio is lost
+whatever the chunk: a step that carries prefill at all has a fixed cost a decode step has not (on CUDA its kernels
+are launched one by one where a decode step replays a graph). Holding the chunk at the floor there only starved
+the prompt (seen on an H200: a 6,000-token prompt beside a stream took 35 s at 2 tokens a step, each step ~45 ms
+against a 2.5 ms decode step). So there the floor step's cost (the median of the last FLOOR_STEPS) is the base,
+and a chunk may add (ratio - 1) decode steps on top of it: the same extra wait the ratio allows, for a real chunk.
+On a CPU the floor stays within FLOOR_FACTOR (measured 1.4x the target early in a 6,000-token prompt, ~2.5x deep
+into it) and the ratio rules: taking the floor as the base there raised the stream's p99 from 2.5x to 3.4x solo.
 """
 from __future__ import annotations
 
@@ -26,6 +35,8 @@ MIN_PREFILL_TOKENS = 2        # a floor: the oldest prefill and a waiting reques
 FIRST_MIXED_TOKENS = 16       # the cap of the first mixed step, before any has been measured
 MAX_GROWTH = 2.0              # the cap grows at most this much from one mixed step to the next
 DECODE_WINDOW = 16            # decode-only steps whose median is a decode step's cost
+FLOOR_STEPS = 3               # mixed steps at the floor whose median is the cheapest a mixed step is now
+FLOOR_FACTOR = 4.0            # a floor this many times the target: the ratio is given up for real chunks
 
 
 @dataclass
@@ -37,6 +48,7 @@ class StepBudget:
     # rows a step of n rows costs as much as (ModelRunner.rows_computed): a capped step is filled to them
     rows_computed: Callable[[int], int] = field(default=lambda rows: rows, repr=False)
     _decodes: deque = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW), repr=False)
+    _floors: deque = field(default_factory=lambda: deque(maxlen=FLOOR_STEPS), repr=False)
 
     def tokens(self, decoding: int) -> int:
         """The prefill tokens the next step may carry, with `decoding` requests decoding in it."""
@@ -55,11 +67,26 @@ class StepBudget:
             if decodes:
                 self._decodes.append(seconds)
                 self.decode_s = statistics.median(self._decodes)
+                self._floors.clear()   # between prompts: the next long prompt measures its own floor
             return
         if not decodes or self.decode_s <= 0 or self.ratio <= 0:
             return
-        per_token = max(seconds - self.decode_s, 1e-6) / prefill_tokens
+        floor = self.floor_s()
+        if prefill_tokens <= 2 * MIN_PREFILL_TOKENS:   # at the floor (a filled floor step carries a token or two more)
+            self._floors.append(seconds)
+            floor = self.floor_s()
+        elif floor is not None and seconds < floor:    # a bigger chunk cost less: the floor was overestimated
+            self._floors.clear()
+            self._floors.extend([seconds] * FLOOR_STEPS)
+            floor = seconds
+        base = self.decode_s
+        if floor is not None and floor >= FLOOR_FACTOR * self.ratio * self.decode_s:   # see the docstring
+            base = floor
+        per_token = max(seconds - base, 1e-6) / prefill_tokens
         fits = (self.ratio - 1.0) * self.decode_s / per_token
         grown = MAX_GROWTH * max(prefill_tokens, MIN_PREFILL_TOKENS)
         self.mixed_tokens = max(float(MIN_PREFILL_TOKENS), min(fits, grown, float(self.max_tokens)))
 
+    def floor_s(self) -> Optional[float]:
+        """Seconds of a mixed step at the floor (the median of the last FLOOR_STEPS), None until measured."""
+        return statistics.median(self._floors) if len(self._floors) == FLOOR_STEPS else None

@@ -8,7 +8,7 @@ import pytest
 from core.engine.engine import Engine
 from core.engine.sampling import SamplingParams
 from core.engine.scheduler import INSERT_GROWTH
-from core.engine.step_budget import FIRST_MIXED_TOKENS, MIN_PREFILL_TOKENS, StepBudget
+from core.engine.step_budget import FIRST_MIXED_TOKENS, FLOOR_FACTOR, FLOOR_STEPS, MIN_PREFILL_TOKENS, StepBudget
 from tests.tiny_models import reference_greedy, tiny_pair
 
 LONG = [(7 * i) % 120 + 3 for i in range(400)]
@@ -125,6 +125,39 @@ def test_the_step_budget_shrinks_the_chunk_as_the_prompt_grows():
         assert n == max(MIN_PREFILL_TOKENS, min(2 * before, int(0.015 / per_token + 1e-9)))
     assert n == int(0.015 / (0.0004 + 0.0005 * 5.75)) == 4
     b.observe(1.0, prefill_tokens=n, decodes=1)          # a very slow step
+    assert b.tokens(decoding=1) == MIN_PREFILL_TOKENS
+
+
+def test_where_even_the_smallest_mixed_step_breaks_the_ratio_the_chunk_grows_past_the_floor():
+    """As measured on an H200: decode steps replay a CUDA graph (2.5 ms), a step carrying prefill runs eagerly
+    (45 ms whatever its chunk, plus 5 us a token). No chunk keeps 2.5 decode steps; the cap falls to the floor,
+    FLOOR_STEPS floor steps measure that fixed cost, and from then on a chunk may add (ratio - 1) decode steps on
+    top of it: hundreds of tokens a step instead of 2 (a 6,000-token prompt took 35 s at the floor)."""
+    b = StepBudget(max_tokens=2048, ratio=2.5)
+    for _ in range(5):
+        b.observe(0.0025, prefill_tokens=0, decodes=1)
+    cost = lambda n: 0.045 + n * 5e-6   # noqa: E731
+    caps = [b.tokens(decoding=1)]
+    for _ in range(16):
+        b.observe(cost(caps[-1]), prefill_tokens=caps[-1], decodes=1)
+        caps.append(b.tokens(decoding=1))
+    assert caps[:FLOOR_STEPS + 2] == [FIRST_MIXED_TOKENS] + [MIN_PREFILL_TOKENS] * FLOOR_STEPS + [4]
+    assert b.floor_s() == pytest.approx(cost(2))
+    # settled where the chunk adds 1.5 decode steps to the floor step: 5 us x (752 - 2) = 3.75 ms
+    assert caps[-3:] == [752, 752, 752]
+    assert cost(caps[-1]) == pytest.approx(b.floor_s() + 1.5 * 0.0025, rel=0.01)
+    b.observe(0.0025, prefill_tokens=0, decodes=1)   # a decode-only step: between prompts, the floor is re-measured
+    assert b.floor_s() is None
+
+
+def test_a_floor_within_floor_factor_of_the_target_keeps_the_ratio_rule():
+    """Floor steps above the target but within FLOOR_FACTOR of it (a CPU deep into a long prompt: 55 ms against
+    2.5 x 9 ms): the cap stays the plain feedback on decode steps, at the floor."""
+    b = StepBudget(max_tokens=2048, ratio=2.5, decode_s=0.009)
+    for _ in range(FLOOR_STEPS + 3):
+        b.observe(0.055, prefill_tokens=b.tokens(decoding=1), decodes=1)
+    assert b.floor_s() == pytest.approx(0.055)
+    assert 0.055 < FLOOR_FACTOR * 2.5 * 0.009
     assert b.tokens(decoding=1) == MIN_PREFILL_TOKENS
 
 

@@ -38,10 +38,12 @@ whose frequencies depend on the sequence length (dynamic, longrope).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from core.engine.model import native_kernels
 from core.engine.model.forward_batch import ForwardBatch
@@ -210,6 +212,9 @@ class NativeLlama(torch.nn.Module):
             cols = torch.arange(lmax, device=slots.device)[None, :]
             ok = {w: (cols < lens[:, None]) if w is None else (cols < lens[:, None]) & (cols >= lens[:, None] - w)
                   for w in windows}                                              # [R, L] per window
+            if attention == "sdpa":   # additive masks once per step, not per layer (two kernels a layer fewer)
+                masks = {w: torch.zeros((r, 1, 1, lmax), dtype=act, device=x.device).masked_fill_(
+                    ~visible[:, None, None, :], float("-inf")) for w, visible in ok.items()}
             for li, L in enumerate(layers):
                 y = F.rms_norm(x, hidden, L.input_norm, eps)
                 qkv = L.qkv(y)
@@ -224,10 +229,8 @@ class NativeLlama(torch.nn.Module):
                 kk, vv = k_cache[li][slots].to(act), v_cache[li][slots].to(act)   # [R, L, KVH, D]
                 visible = ok[L.window]
                 if attention == "sdpa":
-                    mask = torch.zeros((r, 1, 1, lmax), dtype=act, device=x.device).masked_fill_(
-                        ~visible[:, None, None, :], float("-inf"))
                     o = F.scaled_dot_product_attention(q[:, :, None, :], kk.transpose(1, 2), vv.transpose(1, 2),
-                                                       attn_mask=mask, scale=scale, enable_gqa=g > 1)
+                                                       attn_mask=masks[L.window], scale=scale, enable_gqa=g > 1)
                     o = o.reshape(r, h * d)
                 else:
                     s = (q.view(r, 1, kvh, g, d).float() * kk[:, :, :, None, :].float()).sum(-1) * scale
@@ -248,7 +251,7 @@ class NativeLlama(torch.nn.Module):
         if pool.dtype != self.kv_dtype:
             raise ValueError(f"the KV pool holds {pool.dtype}, NativeLlama({self.mode}) writes {self.kv_dtype}; "
                              f"make the pool with NativeLlama.make_pool")
-        with torch.inference_mode():
+        with torch.inference_mode(), self._sdpa_backends():
             if self.cuda_graph:
                 decoder = self._graph_decoders.get(id(pool))
                 if decoder is None or decoder.pool is not pool:
@@ -258,6 +261,14 @@ class NativeLlama(torch.nn.Module):
                 if logits is not None:
                     return logits
             return self._forward(batch, pool)
+
+    def _sdpa_backends(self):
+        """On CUDA, SDPA without cuDNN's kernel: it builds a plan for every new shape, and a prompt's chunks and a
+        growing context are new shapes every step (on an H200, 2.8 ms of host time per call and ~1 s steps while
+        plans were built; flash / memory-efficient attention need no plan)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         # short extends as decode-kernel rows (fp32 activations: in bf16 the kernel's fp32 softmax would
