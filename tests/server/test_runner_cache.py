@@ -2,8 +2,11 @@
 model itself changes; kv_cache_dtype is one of them (the native model writes its pool's dtype)."""
 from __future__ import annotations
 
+import argparse
+
 import torch
 
+from core.engine import config as engine_config
 from core.engine.config import EngineConfig
 from core.engine.sampling import SamplingParams
 from core.server.model_store import RunnerCache
@@ -24,3 +27,21 @@ def test_a_rebuild_to_another_kv_cache_dtype_reloads_and_a_pool_change_does_not(
     assert (first.config.kv_cache_dtype, half.config.kv_cache_dtype) == ("fp32", "bf16")   # what runs
     out = half.generate([[5, 17, 33, 2]], SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
     assert len(out.token_ids) == 3 and torch.isfinite(half.pool.k_buffer.float()).all()
+
+
+def test_disable_cuda_graph_is_a_model_setting_and_the_cli_flag_sets_it(tmp_path):
+    """CUDA graphs are captured by the loaded runner, so turning them off loads another runner; on a CPU neither
+    runner replays graphs. `--disable-cuda-graph` is SGLang's flag name."""
+    folder = str(make_tiny_checkpoint(tmp_path / "tiny"))
+    cache = RunnerCache("cpu")
+    base = EngineConfig(model=folder, pool_slots=64, device="cpu")
+    first = cache(base)
+    eager = cache(base.replace(disable_cuda_graph=True))
+    assert eager.runner is not first.runner
+    assert (first.runner.cuda_graph, eager.runner.cuda_graph) == (False, False)   # no CUDA here
+    assert cache(base.replace(disable_cuda_graph=True, pool_slots=128)).runner is eager.runner
+    parser = argparse.ArgumentParser()
+    engine_config.add_flags(parser)
+    args = parser.parse_args(["--disable-cuda-graph"])
+    assert engine_config.from_args(args).disable_cuda_graph is True
+    assert EngineConfig(disable_cuda_graph=True).to_args() == ["--disable-cuda-graph"]
