@@ -170,7 +170,9 @@ class NativeLlama(torch.nn.Module):
         # pure decode steps on CUDA replay captured graphs (native_cuda.py): no per-kernel launch from Python
         self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.full_attention = all(L.window is None for L in self.layers)   # no sliding window in any layer
-        self._graph_decoders: dict = {}
+        # the graphs of the pool last run (they bake in its buffers' addresses): a new pool replaces them, so a
+        # server rebuild that keeps this model frees the old pool's graphs and the pool they hold
+        self.graph_decoder = None
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
         self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
 
@@ -253,10 +255,11 @@ class NativeLlama(torch.nn.Module):
                              f"make the pool with NativeLlama.make_pool")
         with torch.inference_mode(), self._sdpa_backends():
             if self.cuda_graph:
-                decoder = self._graph_decoders.get(id(pool))
+                decoder = self.graph_decoder
                 if decoder is None or decoder.pool is not pool:
                     from core.engine.model.native_cuda import CudaGraphDecoder
-                    decoder = self._graph_decoders[id(pool)] = CudaGraphDecoder(self, pool)
+                    self.graph_decoder = decoder = None   # the old graphs go before new ones are captured
+                    decoder = self.graph_decoder = CudaGraphDecoder(self, pool)
                 logits = decoder.try_run(batch)
                 if logits is not None:
                     return logits

@@ -52,14 +52,16 @@ def test_decode_with_cuda_graphs_equals_eager_engine_and_generate(family):
     assert got == _engine_tokens(eager, prompts)
     assert got == [reference_greedy(ref, p, NEW) for p in prompts]
     assert not eager.cuda_graph
-    decoders = list(graphs.native._graph_decoders.values())
+    decoder = graphs.native.graph_decoder
     if torch.device(device).type == "cuda":
         assert graphs.cuda_graph
-        (decoder,) = decoders
         # batch 3 ran in the graph of 4 (one padding row); the long prompt's decode crossed 256 keys
         assert any(b == 4 for b, _ in decoder.graphs) and any(c == 512 for _, c in decoder.graphs)
+        # another engine on the same model (a server rebuild): its pool's graphs replace the old pool's
+        assert _engine_tokens(graphs, prompts[:1]) == got[:1]
+        assert graphs.native.graph_decoder is not decoder and graphs.native.graph_decoder.pool is not decoder.pool
     else:
-        assert not graphs.cuda_graph and decoders == []
+        assert not graphs.cuda_graph and decoder is None
 
 
 def test_cuda_graph_decoder_refuses_a_cpu_pool():
