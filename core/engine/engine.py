@@ -30,7 +30,7 @@ from core.engine.model.runner import ModelRunner
 from core.engine.request import ABORTED, FINISHED, Completion, Request, RequestHandle
 from core.engine.sampling import SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
-from core.engine.step_budget import StepBudget
+from core.engine.step_budget import FLOOR_FACTOR, StepBudget
 from core.observe import snapshot as snap
 from core.observe.invariants import check_cache_invariants
 from core.observe.token_bytes import token_bytes
@@ -70,7 +70,8 @@ class Engine:
         self.scheduler = Scheduler(self.cache, self.allocator, config.schedule_policy, config.max_running_requests,
                                    config.max_prefill_tokens)
         self.step_budget = StepBudget(config.max_prefill_tokens, config.mixed_step_ratio,
-                                      rows_computed=self.runner.rows_computed)
+                                      rows_computed=self.runner.rows_computed,
+                                      floor_factor=1.0 if self.runner.cuda_graph else FLOOR_FACTOR)
         self.metrics = EngineMetrics()
         self.step_count = 0
         self.last_error: Optional[str] = None

@@ -23,6 +23,9 @@ against a 2.5 ms decode step). So there the floor step's cost (the median of the
 and a chunk may add (ratio - 1) decode steps on top of it: the same extra wait the ratio allows, for a real chunk.
 On a CPU the floor stays within FLOOR_FACTOR (measured 1.4x the target early in a 6,000-token prompt, ~2.5x deep
 into it) and the ratio rules: taking the floor as the base there raised the stream's p99 from 2.5x to 3.4x solo.
+Where decode steps replay CUDA graphs the excess is that structural eager-vs-graph cost, and it shrinks relative to
+the target as the batch grows (eager / graph: 5.8x at batch 1, 5.0x at batch 8 on the H200), so the engine passes
+`floor_factor` 1 there: any floor above the target is the base.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ class StepBudget:
     mixed_tokens: Optional[float] = None   # the current cap of a mixed step (None: none measured yet)
     # rows a step of n rows costs as much as (ModelRunner.rows_computed): a capped step is filled to them
     rows_computed: Callable[[int], int] = field(default=lambda rows: rows, repr=False)
+    floor_factor: float = FLOOR_FACTOR   # a floor this many times the target becomes the base (1: any floor above it)
     _decodes: deque = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW), repr=False)
     _floors: deque = field(default_factory=lambda: deque(maxlen=FLOOR_STEPS), repr=False)
 
@@ -80,7 +84,7 @@ class StepBudget:
             self._floors.extend([seconds] * FLOOR_STEPS)
             floor = seconds
         base = self.decode_s
-        if floor is not None and floor >= FLOOR_FACTOR * self.ratio * self.decode_s:   # see the docstring
+        if floor is not None and floor >= self.floor_factor * self.ratio * self.decode_s:   # see the docstring
             base = floor
         per_token = max(seconds - base, 1e-6) / prefill_tokens
         fits = (self.ratio - 1.0) * self.decode_s / per_token

@@ -150,6 +150,22 @@ def test_where_even_the_smallest_mixed_step_breaks_the_ratio_the_chunk_grows_pas
     assert b.floor_s() is None
 
 
+def test_with_floor_factor_one_a_floor_just_above_the_target_is_the_base():
+    """Where decode steps replay CUDA graphs (the engine passes floor_factor 1): at batch 32 a graph decode step of
+    8 ms against eager mixed steps of 70 ms is 3.5x the target, under FLOOR_FACTOR, yet the gap is the eager launch
+    path, not the chunk: the floor is the base and the chunk grows."""
+    caps = {}
+    for factor in (FLOOR_FACTOR, 1.0):
+        b = StepBudget(max_tokens=2048, ratio=2.5, decode_s=0.008, floor_factor=factor)
+        n = MIN_PREFILL_TOKENS
+        for _ in range(FLOOR_STEPS + 8):
+            b.observe(0.070 + n * 2e-6, prefill_tokens=n, decodes=32)
+            n = b.tokens(decoding=32)
+        caps[factor] = n
+    assert caps[FLOOR_FACTOR] == MIN_PREFILL_TOKENS
+    assert caps[1.0] == 2 ** 10   # doubling from the floor, 8 steps after FLOOR_STEPS floor steps, toward 6,002
+
+
 def test_a_floor_within_floor_factor_of_the_target_keeps_the_ratio_rule():
     """Floor steps above the target but within FLOOR_FACTOR of it (a CPU deep into a long prompt: 55 ms against
     2.5 x 9 ms): the cap stays the plain feedback on decode steps, at the floor."""

@@ -18,6 +18,7 @@ from core.engine.engine import Engine
 from core.engine.model.native_cuda import CudaGraphDecoder
 from core.engine.model.runner import ModelRunner
 from core.engine.sampling import SamplingParams
+from core.engine.step_budget import FLOOR_FACTOR
 from tests.tiny_models import CONFIGS, reference_greedy
 from tests.engine.model.test_native_llama import make_ref
 
@@ -53,8 +54,11 @@ def test_decode_with_cuda_graphs_equals_eager_engine_and_generate(family):
     assert got == [reference_greedy(ref, p, NEW) for p in prompts]
     assert not eager.cuda_graph
     decoder = graphs.native.graph_decoder
+    floor_factors = (Engine(graphs, pool_slots=64).step_budget.floor_factor,
+                     Engine(eager, pool_slots=64).step_budget.floor_factor)
     if torch.device(device).type == "cuda":
         assert graphs.cuda_graph
+        assert floor_factors == (1.0, FLOOR_FACTOR)   # mixed steps beside graph decodes: see step_budget.py
         # batch 3 ran in the graph of 4 (one padding row); the long prompt's decode crossed 256 keys
         assert any(b == 4 for b, _ in decoder.graphs) and any(c == 512 for _, c in decoder.graphs)
         # another engine on the same model (a server rebuild): its pool's graphs replace the old pool's
@@ -62,6 +66,7 @@ def test_decode_with_cuda_graphs_equals_eager_engine_and_generate(family):
         assert graphs.native.graph_decoder is not decoder and graphs.native.graph_decoder.pool is not decoder.pool
     else:
         assert not graphs.cuda_graph and decoder is None
+        assert floor_factors == (FLOOR_FACTOR, FLOOR_FACTOR)
 
 
 def test_cuda_graph_decoder_refuses_a_cpu_pool():
