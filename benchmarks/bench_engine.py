@@ -247,13 +247,9 @@ def main() -> None:
         raise SystemExit(f"unknown sections {sorted(unknown)}; pick from workload, sweep, prefill, fairness")
     t0 = time.perf_counter()
     kvs = [k for k in args.kv_cache_dtype.split(",") if k] or ["auto"]
-    graph = args.cuda_graph != "off"
-    runner = ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=kvs[0], cuda_graph=graph)
-    others = [ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=k, cuda_graph=graph)
-              for k in kvs[1:]]
-    if args.cuda_graph == "both":
-        others += [ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=k, cuda_graph=False)
-                   for k in kvs]
+    graphs = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graph]
+    runner, *others = [ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=k, cuda_graph=g)
+                       for g in graphs for k in kvs]
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM

@@ -80,8 +80,7 @@ class StepBudget:
             self._floors.append(seconds)
             floor = self.floor_s()
         elif floor is not None and seconds < floor:    # a bigger chunk cost less: the floor was overestimated
-            self._floors.clear()
-            self._floors.extend([seconds] * FLOOR_STEPS)
+            self._floors.extend([seconds] * FLOOR_STEPS)   # (maxlen FLOOR_STEPS: replaces them all)
             floor = seconds
         base = self.decode_s
         if floor is not None and floor >= self.floor_factor * self.ratio * self.decode_s:   # see the docstring

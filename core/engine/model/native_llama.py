@@ -229,14 +229,13 @@ class NativeLlama(torch.nn.Module):
                 k_cache[li].index_copy_(0, out_slots, k.to(kvd))
                 v_cache[li].index_copy_(0, out_slots, v.to(kvd))
                 kk, vv = k_cache[li][slots].to(act), v_cache[li][slots].to(act)   # [R, L, KVH, D]
-                visible = ok[L.window]
                 if attention == "sdpa":
                     o = F.scaled_dot_product_attention(q[:, :, None, :], kk.transpose(1, 2), vv.transpose(1, 2),
                                                        attn_mask=masks[L.window], scale=scale, enable_gqa=g > 1)
                     o = o.reshape(r, h * d)
                 else:
                     s = (q.view(r, 1, kvh, g, d).float() * kk[:, :, :, None, :].float()).sum(-1) * scale
-                    s = s.masked_fill(~visible[:, :, None, None], float("-inf"))
+                    s = s.masked_fill(~ok[L.window][:, :, None, None], float("-inf"))
                     p = torch.softmax(s, dim=1)                                  # over L
                     o = (p[..., None] * vv[:, :, :, None, :].float()).sum(1).to(act).reshape(r, h * d)
                 x = x + L.o(o)
@@ -258,7 +257,7 @@ class NativeLlama(torch.nn.Module):
                 decoder = self.graph_decoder
                 if decoder is None or decoder.pool is not pool:
                     from core.engine.model.native_cuda import CudaGraphDecoder
-                    self.graph_decoder = decoder = None   # the old graphs go before new ones are captured
+                    # rebinding drops the old pool's graphs; the new decoder captures lazily, in try_run
                     decoder = self.graph_decoder = CudaGraphDecoder(self, pool)
                 logits = decoder.try_run(batch)
                 if logits is not None:

@@ -151,7 +151,6 @@ class ModelRunner:
             hf_model = hf_model.to(TORCH_DTYPES[self.numerics])
             self.dtype = next(hf_model.parameters()).dtype
         self.kv_cache_dtype = KV_NAMES[self.dtype]   # the pool's dtype as the setting names it
-        self.cuda_graph: bool = self.native is not None and self.native.cuda_graph   # graphs actually replayed
         n = self.native   # int8 projections in 4-row blocks: their inputs hidden, heads x head_dim, intermediate
         self._gemv_blocks = (n is not None and n.mode == "int8" and device.type == "cpu"
                              and all(gemv_blocks(k) for k in (n.hidden_size, n.num_heads * n.head_dim, n.intermediate)))
@@ -180,6 +179,11 @@ class ModelRunner:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             ids.add(tokenizer.eos_token_id)
         return ids
+
+    @property
+    def cuda_graph(self) -> bool:
+        """Whether pure decode steps replay CUDA graphs here (asked for, native path, CUDA device)."""
+        return self.native is not None and self.native.cuda_graph
 
     def rows_computed(self, rows: int) -> int:
         """The rows a step of `rows` rows costs about as much as: the int8 FMA kernel runs 3 or more rows in blocks of
