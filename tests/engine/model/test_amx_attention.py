@@ -43,7 +43,8 @@ def amx_here() -> bool:
 
 SHAPES = [  # n, m, heads, kv heads, head_dim: SmolLM2's 9 over 3 at 64, MHA at 128, 32; tails of 16 and 32
     (1, 1, 9, 3, 64), (5, 5, 9, 3, 64), (37, 37, 9, 3, 64), (20, 100, 9, 3, 64), (100, 100, 4, 4, 128),
-    (300, 333, 9, 3, 64), (64, 64, 2, 1, 32), (17, 545, 9, 3, 64)]
+    (300, 333, 9, 3, 64), (64, 64, 2, 1, 32), (17, 545, 9, 3, 64),
+    (3, 1100, 9, 3, 64), (40, 1500, 9, 3, 64), (11, 1025, 4, 4, 128)]   # keys over 2-3 segments of 512
 
 
 @pytest.mark.parametrize("n,m,heads,kv_heads,d", SHAPES)
@@ -155,3 +156,30 @@ def test_few_query_rows_and_many_give_the_same_bits_on_a_bf16_pool_too():
     for cut in (172, 250, 299):                                                      # the rest: 4, 2, 1 blocks
         rest = native_kernels.amx_attention_pool(q[cut:], k_buf, v_buf, slots, 0.125)
         assert torch.equal(rest, whole[cut:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [700, 1300])
+def test_segments_of_keys_merge_to_the_same_bits_in_every_driver_and_chunking(m, dtype):
+    """Keys in segments of 512 (a short chunk's work items: every core busy on 3 KV heads), each row's segments
+    merged in order: 300 queries whole (the packed driver), then the same rows as chunks of 100 (few query blocks),
+    15 (one state per head), 10 and 1 (the heads of a KV head sharing tiles) and alone, with rows on both sides of
+    a segment's start (positions 400..699 cross 512; 1000..1299 cross 1024): the same bits every way."""
+    if not amx_here():
+        return
+    g = torch.Generator().manual_seed(m)
+    k_buf, v_buf = (torch.randn(m + 100, 3, 64, generator=g).to(dtype) for _ in range(2))
+    slots = torch.randperm(m + 99, generator=g)[:m] + 1
+    q = torch.randn(300, 9, 64, generator=g) * 2
+    whole = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
+    for n in (100, 15, 10, 1):
+        got = native_kernels.amx_attention_pool(q[300 - n:], k_buf, v_buf, slots, 0.125)
+        assert torch.equal(got, whole[300 - n:]), n
+        keys = m - 300 + 112 + n                      # the same n rows at positions 112.. of the chunk
+        got = native_kernels.amx_attention_pool(q[112:112 + n], k_buf, v_buf, slots[:keys], 0.125)
+        assert torch.equal(got, whole[112:112 + n]), n
+    for i in (0, 111, 112, 299):                      # a row alone: its keys only
+        alone = native_kernels.amx_attention_pool(q[i:i + 1], k_buf, v_buf, slots[:m - 300 + i + 1], 0.125)
+        assert torch.equal(alone[0], whole[i]), i
+    want = exact(q, k_buf[slots].float(), v_buf[slots].float(), 0.125)
+    assert float((whole.double() - want).abs().max() / v_buf.float().abs().max()) < 2.0 ** -11
