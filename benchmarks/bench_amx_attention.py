@@ -6,6 +6,10 @@ one process, and each one's largest error against float64 attention.
     .venv/bin/python benchmarks/bench_amx_attention.py --threads 2 [--sizes 1024,2048,4096] [--prefix 0]
 
 --prefix P: the queries come after P cached keys (a long prompt's second chunk: P = 2,048), one call over all keys.
+--pool-layers L: the keys read by slot out of an L-layer pool (pages of 16 slots in random order), a different
+layer each call as a model step does, so they come from memory rather than cache (`amx_attention_pool`; torch
+gathers them first, as the model's torch path does): a chunk deep into a long prompt, e.g.
+`--sizes 3 --prefix 5000 --pool-layers 30`.
 """
 from __future__ import annotations
 
@@ -33,28 +37,58 @@ def torch_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return o[0].transpose(0, 1)
 
 
+def pool_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, layers: int,
+            reps: int) -> tuple[float, float]:
+    """ms per call, fastest of `reps` passes over `layers` pool layers holding k, v at slots in pages of 16 in
+    random order (2x the keys' slots each): (amx_attention_pool, torch gathering the keys then attending)."""
+    import time
+    m = k.shape[0]
+    g = torch.Generator().manual_seed(m)
+    pages = torch.randperm(2 * m // 16 + 1, generator=g)
+    slots = ((pages[:, None] * 16 + torch.arange(16)).flatten() + 1)[:m].contiguous()
+    k_pool = torch.zeros(layers, 2 * m + 32, *k.shape[1:])
+    v_pool = torch.zeros_like(k_pool)
+    k_pool[:, slots], v_pool[:, slots] = k, v
+    kernel = lambda layer: native_kernels.amx_attention_pool(q, k_pool[layer], v_pool[layer], slots, scale)  # noqa: E731
+    gathered = lambda layer: torch_causal(q, k_pool[layer][slots], v_pool[layer][slots], scale)  # noqa: E731
+    best = [float("inf"), float("inf")]
+    for _ in range(reps):
+        for i, fn in enumerate((kernel, gathered)):
+            t = time.perf_counter()
+            for layer in range(layers):
+                fn(layer)
+            best[i] = min(best[i], (time.perf_counter() - t) / layers * 1e3)
+    return best[0], best[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sizes", default="1024,2048,4096", help="new tokens (queries) per call")
     ap.add_argument("--prefix", type=int, default=0, help="cached keys before the queries")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--pool-layers", type=int, default=0, help="read the keys by slot from a pool of this many "
+                    "layers, a new layer each call (0: one contiguous K/V, reused)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if not native_kernels.amx_attention_fits(torch.device("cpu"), 9, 3, 64):
         raise SystemExit(f"no AMX attention here (kernels: {native_kernels.error() or 'built'}; AMX tiles: "
                          f"{native_kernels.amx_available()}): nothing to compare")
     heads, kv_heads, d, scale = 9, 3, 64, 0.125
+    where = f"keys by slot from a {args.pool_layers}-layer pool, a new layer a call" if args.pool_layers else "keys reused"
     print(f"causal attention, {heads} heads over {kv_heads} KV heads, head_dim {d}, {args.prefix} cached keys "
-          f"first, {args.threads} threads, fastest of {args.reps}; error: max |out - float64| / max |v|")
+          f"first, {args.threads} threads, fastest of {args.reps}, {where}; error: max |out - float64| / max |v|")
     print(f"{'queries':>8} {'AMX ms':>8} {'torch ms':>9} {'speed-up':>9} {'AMX error':>10} {'torch error':>12}")
     for n in (int(s) for s in args.sizes.split(",")):
         m = args.prefix + n
         g = torch.Generator().manual_seed(n)
         q = torch.randn(n, heads, d, generator=g) * 2
         k, v = torch.randn(m, kv_heads, d, generator=g) * 2, torch.randn(m, kv_heads, d, generator=g)
-        amx = best_ms(lambda: native_kernels.amx_attention(q, k, v, scale), args.reps)
-        ref = best_ms(lambda: torch_causal(q, k, v, scale), args.reps)
+        if args.pool_layers:
+            amx, ref = pool_ms(q, k, v, scale, args.pool_layers, args.reps)
+        else:
+            amx = best_ms(lambda: native_kernels.amx_attention(q, k, v, scale), args.reps)
+            ref = best_ms(lambda: torch_causal(q, k, v, scale), args.reps)
         exact = torch_causal(q.double(), k.double(), v.double(), scale)
         err_amx = float((native_kernels.amx_attention(q, k, v, scale).double() - exact).abs().max() / v.abs().max())
         err_ref = float((torch_causal(q, k, v, scale).double() - exact).abs().max() / v.abs().max())
