@@ -17,6 +17,7 @@ ever arrives; `received` counts live batches (replayed ones are not).
 """
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Optional
@@ -92,7 +93,17 @@ class KVEventSubscriber:
         if self._thread is None:
             self._catch_up_first = catch_up
             self._thread = threading.Thread(target=self._loop, name="kv-events-sub", daemon=True)
-            self._thread.start()
+            # Ctrl-C held back while the thread starts: landing inside Thread.start() it left a thread that runs
+            # but cannot be joined yet ("cannot join thread before it is started" from close()); delivered
+            # right after, it finds the thread started. The thread inherits the mask, so Ctrl-C stays the
+            # main thread's.
+            held = hasattr(signal, "pthread_sigmask")
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if held else None
+            try:
+                self._thread.start()
+            finally:
+                if held:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return self
 
     def close(self, timeout: float = 5.0) -> None:

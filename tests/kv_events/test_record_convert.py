@@ -173,8 +173,35 @@ def test_ctrl_c_stops_record_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0 and "0 batches recorded" in err and "Traceback" not in err
+    assert proc.returncode == 0 and "0 batches recorded" in err and "Traceback" not in err, err
     assert list(read_recording(out)) == []      # a valid, empty recording
+
+
+def test_ctrl_c_during_start_is_delivered_once_the_thread_has_started(monkeypatch):
+    """A Ctrl-C that lands while start() starts the thread (the recorder prints "Ctrl-C stops" just before) waits
+    until the thread runs: close() then joins it, where landing inside Thread.start() left one that could not be
+    joined yet (a CI run once exited 1 there)."""
+    import signal
+    import threading
+
+    from core.kv_events.subscriber import KVEventSubscriber
+    real_start = threading.Thread.start
+    def ctrl_c_then_start(self):
+        signal.raise_signal(signal.SIGINT)        # pending: held back until start() is done
+        real_start(self)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sub = KVEventSubscriber("tcp://127.0.0.1:9")
+        monkeypatch.setattr(threading.Thread, "start", ctrl_c_then_start)
+        with pytest.raises(KeyboardInterrupt):
+            sub.start()
+        monkeypatch.undo()
+        thread = sub._thread
+        assert thread is not None and thread.ident is not None   # it started before the Ctrl-C arrived
+        sub.close()
+        assert not thread.is_alive() and sub._sub.closed and sub._ctx.closed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_before_the_thread_starts_still_closes(monkeypatch):
