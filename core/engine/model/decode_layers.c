@@ -1,16 +1,19 @@
-/* One decode step's decoder layers in one C call: int8 projections, fp32 activations, the KV pool written and
- * read by slot.
+/* One decode step's decoder layers in one C call, or a mixed step's (its decodes and one prompt chunk attending on
+ * AMX tiles): int8 projections, fp32 activations, the KV pool written and read by slot.
  *
  * Why: a decode step of the default model (30 layers) made ~12 kernel calls a layer from Python, each behind a
  * wrapper that checks its tensors and allocates its output: ~2 ms of a ~9 ms step went to the interpreter, and
  * the GIL was held in between, so the server's event loop competed with the step. Here the same kernels run in
  * the same order on the same inputs (w8_gemv, rope, decode_attention, add_rms_norm, silu_mul), so the result is
- * the same bits as NativeLlama's Python loop (tested); the caller checks every tensor once per step.
+ * the same bits as NativeLlama's Python loop (tested); the caller checks every tensor once per step. A mixed step
+ * (chunk_n > 0: a long prompt's small chunk beside decoding streams, ~40 ms deep into the prompt) gathers its
+ * decode rows' queries as the loop's index_select does and attends its chunk with amx_attention, as the loop's
+ * amx_attention_pool call does: the loop's ~3 ms of Python a step, and the GIL held through it, go.
  *
  * Layout of `layer_ptrs`: DL_PTRS pointers per layer (see the enum below); `ws` a workspace of
  * decode_layers_workspace(R, ...) floats. x [R, hidden] (the residual stream, updated in place) and y [R, hidden]
  * (the normed input of layer 0 on entry, written as each layer's input). Returns 0, -1 when out of memory, -2 when
- * row_chunk is refused (decode_attention). */
+ * row_chunk is refused (decode_attention), -3 when amx_attention refuses the chunk. */
 #include <stdint.h>
 #include <string.h>
 #include "native_simd.h"
@@ -33,17 +36,44 @@ static void write_rows(const float *src, int64_t ss, void *buf, int bf16, const 
 }
 
 int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I) {
-    return (int64_t)R * ((H + 2 * KVH) * D + (H + KVH) * D + H * D + hidden + 3 * I);
+    return (int64_t)R * ((H + 2 * KVH) * D + (H + KVH) * D + 3 * H * D + hidden + 3 * I);
+}
+
+/* One layer's attention for every row into att [R][H*D]: the decodes (rows dec_idx[0..Rd-1]; all R rows, queries in
+ * place, when there is no chunk) on the decode kernel, the chunk (rows chunk_at .. +chunk_n, keys at chunk_slots[0 ..
+ * chunk_m-1]) on the tiles. Returns 0 or amx_attention's error. */
+static int layer_attention(const float *qk, int QK, const void *kb, const void *vb, int kv_bf16, const int64_t *slots,
+                           const int64_t *first, const int64_t *lens, int64_t Lmax, const int64_t *row_chunk,
+                           int nchunks, float *scratch, const int64_t *dec_idx, int Rd, int chunk_at, int chunk_n,
+                           const int64_t *chunk_slots, int chunk_m, float *qd, float *attd, float *att, int R, int H,
+                           int KVH, int D, float scale) {
+    const int HD = H * D;
+    if (!chunk_n) {
+        decode_attention(qk, 0, QK, kb, vb, kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale, 0, row_chunk,
+                         nchunks, scratch, att, 0, NULL, 0);   /* row_chunk checked by the caller */
+        return 0;
+    }
+    if (Rd) {   /* gathered, as the loop's q.index_select(0, decode_idx) */
+        for (int i = 0; i < Rd; i++) memcpy(qd + (int64_t)i * HD, qk + dec_idx[i] * QK, sizeof(float) * (size_t)HD);
+        decode_attention(qd, 0, HD, kb, vb, kv_bf16, slots, first, lens, Rd, H, KVH, D, Lmax, scale, 0, row_chunk,
+                         nchunks, scratch, attd, 0, NULL, 0);
+        for (int i = 0; i < Rd; i++) memcpy(att + dec_idx[i] * HD, attd + (int64_t)i * HD, sizeof(float) * (size_t)HD);
+    }
+    return amx_attention(qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16, chunk_slots, att + (int64_t)chunk_at * HD,
+                         chunk_n, chunk_m, H, KVH, D, scale);
 }
 
 int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
-                  int R, int hidden, int H, int KVH, int D, int I, float eps, float scale) {
+                  int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
+                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m) {
     const int QKV = (H + 2 * KVH) * D, QK = (H + KVH) * D;
     float *qkv = ws, *qk = qkv + (int64_t)R * QKV, *att = qk + (int64_t)R * QK, *delta = att + (int64_t)R * H * D;
     float *gu = delta + (int64_t)R * hidden, *act = gu + (int64_t)R * 2 * I;
-    if (!row_chunks_ok(row_chunk, lens, R, nchunks)) return -2;   /* before anything is written */
+    float *qd = act + (int64_t)R * I, *attd = qd + (int64_t)R * H * D;   /* a mixed step's gathered decode rows */
+    if (!chunk_n) Rd = R;   /* a pure decode step */
+    if (Rd && !row_chunks_ok(row_chunk, lens, Rd, nchunks)) return -2;   /* before anything is written */
     for (int l = 0; l < L; l++) {
         const int64_t *p = layer_ptrs + (int64_t)l * DL_PTRS;
 #define P(i) ((void *)(intptr_t)p[i])
@@ -51,8 +81,10 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
         rope(qkv, QKV, cos, sin, qk, R, H + KVH, D);
         write_rows(qk + H * D, QK, P(DL_K), kv_bf16, out_slots, R, KVH * D);
         write_rows(qkv + QK, QKV, P(DL_V), kv_bf16, out_slots, R, KVH * D);
-        decode_attention(qk, 0, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale, 0,
-                         row_chunk, nchunks, scratch, att, 0, NULL, 0);   /* row_chunk checked above */
+        const int rc = layer_attention(qk, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, Lmax, row_chunk, nchunks,
+                                       scratch, dec_idx, Rd, chunk_at, chunk_n, chunk_slots, chunk_m, qd, attd, att,
+                                       R, H, KVH, D, scale);
+        if (rc) return rc == -1 ? -1 : -3;
         if (w8_gemv(att, P(DL_WO), P(DL_SO), P(DL_BO), delta, R, hidden, H * D)) return -1;
         add_rms_norm(x, delta, P(DL_POST_NORM), y, R, hidden, eps);
         if (w8_gemv(y, P(DL_WGU), P(DL_SGU), P(DL_BGU), gu, R, 2 * I, hidden)) return -1;

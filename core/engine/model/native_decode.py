@@ -1,4 +1,6 @@
-"""DecodeLayers: a pure decode step's decoder layers as one C call (decode_layers.c), for the int8 model on a CPU.
+"""DecodeLayers: a decode step's decoder layers as one C call (decode_layers.c), for the int8 model on a CPU; and a
+mixed step's (its decodes beside one short prompt chunk attending on AMX tiles: a long prompt's chunks while
+streams decode).
 
 Why: the Python loop of NativeLlama makes ~12 kernel calls a layer, each with its checks and its output
 allocation (~2 ms of a ~9 ms step for the default model), and holds the GIL in between. decode_layers.c runs the
@@ -7,12 +9,13 @@ bits there (tests/engine/model/test_decode_layers.py); from 12 to 15 rows on AMX
 on the tiles, so the one call's logits differ from the loop's by fp32 rounding (~1e-5) there. This module checks
 the step's tensors once and hands C the addresses it reads.
 
-Taken for int8 weights on fp32 activations with the C kernels built, every row a decode (no extend, no
-decode-kernel extend runs), fewer rows than `max_rows()`, no sliding window, no Qwen3 q/k norm: where the Python
+Taken for int8 weights on fp32 activations with the C kernels built, no sliding window, no Qwen3 q/k norm, and
+either every row a decode (no extend, no decode-kernel extend runs), fewer rows than `max_rows()`: where the Python
 loop would run exactly these kernels, and for 12-15 decode rows on AMX, where the loop's projections would go to
 the tiles (AMX_MIN_ROWS) but one C call on the FMA kernel measured faster (batch 12 at 544 tokens: 306 tok/s as
 one call, 293 on the tiles; from 16 the tiles win, 344 vs 336, and 1.15x at 24: benchmarks/README.md, "Mixed
-steps").
+steps"); or decodes and one prompt chunk on the tiles, fewer rows than `many_rows()` (the loop's own kernels,
+so the same bits: tested).
 """
 from __future__ import annotations
 
@@ -76,11 +79,16 @@ class DecodeLayers:
 
     @staticmethod
     def fits_step(plan: AttentionPlan, rows: int) -> bool:
-        """Whether the Python loop would run this batch on w8_gemv and the decode kernel alone."""
+        """Whether the Python loop would run this batch on w8_gemv, the decode kernel and (a mixed step) one
+        amx_attention call alone."""
         dec = plan.decodes
-        return (dec is not None and plan.decode_idx is None and dec.segments is None and dec.slots.is_contiguous()
-                and not plan.extends
-                and not plan.tiled and plan.fresh is None and plan.prefixed is None and rows < max_rows())
+        if (plan.extends or plan.fresh is not None or plan.prefixed is not None
+                or (dec is not None and (dec.segments is not None or not dec.slots.is_contiguous()))):
+            return False
+        if not plan.tiled:   # a pure decode step
+            return dec is not None and plan.decode_idx is None and rows < max_rows()
+        # a mixed step: below many_rows() the loop's projections stay on w8_gemv, as the one call's do
+        return len(plan.tiled) == 1 and rows < many_rows()
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:
         """The address table with this pool's K/V layers. Read once and replaced whole: another engine stepping on
@@ -112,9 +120,13 @@ class DecodeLayers:
         r, hidden = x.shape
         h, kvh, d, inter = m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
         p = plan.decodes
-        if hidden != m.layers[0].o.out_features or p.rows != r or p.slots.numel() != r * p.kv_len:
+        rd = p.rows if p is not None else 0
+        chunk_at, chunk_n, chunk_slots = plan.tiled[0] if plan.tiled else (0, 0, None)
+        if (hidden != m.layers[0].o.out_features or rd + chunk_n != r or len(plan.tiled) > 1
+                or (p is not None and p.slots.numel() != rd * p.kv_len)):
             raise ValueError(f"decode_layers: {r} rows of {hidden} for a model of hidden size "
-                             f"{m.layers[0].o.out_features} and a plan of {p.rows} decodes; build both from one batch")
+                             f"{m.layers[0].o.out_features} and a plan of {rd} decodes and {len(plan.tiled)} chunks "
+                             f"({chunk_n} rows); build both from one batch")
         for name, t, shape in (("x", x, (r, hidden)), ("y", y, (r, hidden)), ("cos", cos, (r, d)),
                                ("sin", sin, (r, d))):
             if t.dtype is not torch.float32 or t.shape != shape or not t.is_contiguous() or not t.is_cpu:
@@ -126,12 +138,35 @@ class DecodeLayers:
                 or int(out_slots.min()) < 0 or int(out_slots.max()) >= slots_in_pool):
             raise ValueError(f"decode_layers: out_slots must be {r} contiguous int64 slots of the pool "
                              f"(0 .. {slots_in_pool - 1})")
-        _, row_chunks, nchunks, scratch = decode_launch(p, h, kvh, d)
+        mixed = self._mixed_args(plan, r, slots_in_pool) if plan.tiled else (0, 0, 0, 0, 0, 0)
         lib = native_kernels.built()
         # per call (tens of KB): two engines sharing this model may step at once, the GIL let go
         workspace = torch.empty(lib.decode_layers_workspace(r, hidden, h, kvh, d, inter), dtype=torch.float32)
-        first, lens = p.first_key(None), p.seq_lens
+        if p is not None:
+            _, row_chunks, nchunks, scratch = decode_launch(p, h, kvh, d)
+            first, lens = p.first_key(None), p.seq_lens
+            decodes = (p.slots.data_ptr(), first.data_ptr(), lens.data_ptr(), p.kv_len, row_chunks.data_ptr(), nchunks,
+                       scratch.data_ptr())
+        else:   # a prompt chunk alone
+            decodes = (0, 0, 0, 0, 0, 0, 0)
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
-                          out_slots.data_ptr(), p.slots.data_ptr(), first.data_ptr(), lens.data_ptr(), p.kv_len,
-                          row_chunks.data_ptr(), nchunks, scratch.data_ptr(), int(pool.k_buffer.dtype is torch.bfloat16),
-                          workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale)
+                          out_slots.data_ptr(), *decodes, int(pool.k_buffer.dtype is torch.bfloat16),
+                          workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale, *mixed)
+
+    @staticmethod
+    def _mixed_args(plan: AttentionPlan, rows: int, slots_in_pool: int) -> tuple:
+        """(decode rows, their count, chunk start, chunk rows, chunk key slots, chunk keys) of a mixed step, checked:
+        the decodes and the chunk cover the rows once, the chunk's keys are pool slots and include its own."""
+        at, n, keys = plan.tiled[0]
+        idx = plan.decode_idx if plan.decodes is not None else torch.empty(0, dtype=torch.int64)
+        covered = torch.zeros(rows, dtype=torch.int64)
+        if idx.numel():
+            covered.index_add_(0, idx, torch.ones_like(idx))
+        covered[at:at + n] += 1
+        if (idx.dtype is not torch.int64 or not idx.is_contiguous() or keys.dtype is not torch.int64
+                or not keys.is_contiguous() or keys.numel() < n or not bool((covered == 1).all())
+                or int(keys.min()) < 0 or int(keys.max()) >= slots_in_pool):
+            raise ValueError("decode_layers: a mixed step's decode rows and prompt chunk must cover its rows once, "
+                             f"its chunk's keys be int64 slots of the pool (0 .. {slots_in_pool - 1}); build the plan "
+                             "with AttentionPlan.build")
+        return (idx.data_ptr() if idx.numel() else 0, idx.numel(), at, n, keys.data_ptr(), keys.numel())

@@ -989,22 +989,30 @@ static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *arg
     return PyLong_FromLongLong(need);
 }
 
-/* a whole decode step's layers (~8 ms): the GIL is let go, so the server's other threads run meanwhile */
+/* a whole decode step's layers (~8 ms; a mixed step's ~40): the GIL is let go, so the server's other threads run
+ * meanwhile */
 static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 24, "decode_layers")) return NULL;
+    if (!args_ok(n, 30, "decode_layers")) return NULL;
     float *x = PTR(0), *y = PTR(1); const int64_t *lp = PTR(2); int L = INT(3);
     const float *c = PTR(4), *sn = PTR(5);
     const int64_t *os = PTR(6), *sl = PTR(7), *fi = PTR(8), *le = PTR(9); int64_t Lmax = I64(10);
     const int64_t *rch = PTR(11); int nchunks = INT(12); float *scratch = PTR(13); int kvb = INT(14); float *ws = PTR(15);
     int R = INT(16), hid = INT(17), H = INT(18), KVH = INT(19), D = INT(20), I = INT(21);
     float eps = FLT(22), sc = FLT(23);
+    const int64_t *di = PTR(24); int Rd = INT(25), cat = INT(26), cn = INT(27); const int64_t *cs = PTR(28);
+    int cm = INT(29);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, rch, nchunks, scratch, kvb, ws, R, hid, H, KVH,
-                       D, I, eps, sc);
+                       D, I, eps, sc, di, Rd, cat, cn, cs, cm);
     Py_END_ALLOW_THREADS
     if (rc == -2) return row_chunks_error();
+    if (rc == -3) {
+        PyErr_SetString(PyExc_RuntimeError, "decode_layers: amx_attention refused the chunk (built without AMX, or "
+                        "its shapes); DecodeLayers.fits_step keeps such steps in the Python loop");
+        return NULL;
+    }
     if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }

@@ -1,7 +1,7 @@
-"""A pure decode step's layers in one C call (native_decode.DecodeLayers, decode_layers.c): the same logits and the
-same K/V in the pool, bit for bit, as NativeLlama's Python loop over the same kernels (below many_rows(), where the
-loop runs those kernels); steps from max_rows() rows or with other kernels stay in the loop; bad input refused
-before anything is written."""
+"""A decode step's layers in one C call (native_decode.DecodeLayers, decode_layers.c), and a mixed step's (decodes
+beside one prompt chunk on AMX tiles): the same logits and the same K/V in the pool, bit for bit, as NativeLlama's
+Python loop over the same kernels (below many_rows(), where the loop runs those kernels); steps from max_rows()
+rows or with other kernels stay in the loop; bad input refused before anything is written."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen3
 
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
+from core.engine.model import native_kernels
 from core.engine.model.native_decode import max_rows
+from core.engine.model.native_linear import many_rows
 from core.engine.model.native_layers import AttentionPlan
 from core.engine.model.native_llama import NativeLlama
 from core.engine.model.runner import ModelRunner
@@ -184,3 +186,67 @@ def test_a_pool_of_another_shape_is_refused_with_what_to_use():
     with pytest.raises(ValueError, match=r"K/V buffers \[3, slots, 2, 32\] \(NativeLlama.make_pool\)"):
         native.decode_layers.run(x, x.clone(), torch.ones(3, 32), torch.ones(3, 32), torch.tensor([1, 2, 3]), plan,
                                  other)
+
+
+def tiles_here(native: NativeLlama) -> bool:
+    return native_kernels.amx_attention_fits(torch.device("cpu"), native.num_heads, native.num_kv_heads,
+                                             native.head_dim)
+
+
+def mixed_batches(native: NativeLlama, pool) -> list:
+    """Steps a long prompt's chunks take beside decoding streams: 2 decodes around a 3-token chunk after 60 cached
+    tokens of PROMPTS[2] (the chunk's rows between the decodes), and a 2-token chunk alone."""
+    slots = (torch.randperm(400, generator=torch.Generator().manual_seed(1)) + 1).tolist()
+    seqs, at = [], 0
+    for p in PROMPTS[:2]:
+        s = torch.tensor(slots[at:at + len(p)])
+        at += len(p)
+        native.forward(ForwardBatch.build([(p, [], s)]), pool)
+        seqs.append(s)
+    long_slots = torch.tensor(slots[at:at + 70])
+    native.forward(ForwardBatch.build([(PROMPTS[2][:60], [], long_slots[:60])]), pool)
+    nxt = torch.tensor(slots[at + 70:at + 72])
+    return [ForwardBatch.build([([7], seqs[0], nxt[:1]), (PROMPTS[2][60:63], long_slots[:60], long_slots[60:63]),
+                                ([8], seqs[1], nxt[1:])]),
+            ForwardBatch.build([(PROMPTS[2][63:65], long_slots[:63], long_slots[63:65])])]
+
+
+@pytest.mark.parametrize("kv", ["fp32", "bf16"])
+def test_a_mixed_step_in_one_call_gives_the_python_loops_logits_and_kv_bit_for_bit(kv):
+    """Decodes beside a short prompt chunk on the AMX tiles (and a chunk alone): the one C call gathers the decode
+    rows' queries and attends the chunk as the loop does, so the same logits and K/V, bit for bit. Without AMX
+    tiles such steps attend on other kernels and stay in the loop."""
+    native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype=kv)
+    pool_c, pool_py = native.make_pool(512), native.make_pool(512)
+    batches_c, batches_py = mixed_batches(native, pool_c), mixed_batches(native, pool_py)
+    calls = counted(native)
+    fused = [native.forward(b, pool_c) for b in batches_c]
+    assert calls == ([5, 2] if tiles_here(native) else [])
+    layers, native.decode_layers = native.decode_layers, None
+    loop = [native.forward(b, pool_py) for b in batches_py]
+    native.decode_layers = layers
+    assert all(torch.equal(a, b) for a, b in zip(fused, loop))
+    assert torch.equal(pool_c.k_buffer, pool_py.k_buffer) and torch.equal(pool_c.v_buffer, pool_py.v_buffer)
+    assert fused[0].shape == (3, 160) and fused[1].shape == (1, 160)
+
+
+def test_a_mixed_step_from_many_rows_stays_in_the_loop_and_a_bad_plan_is_refused():
+    """From many_rows() rows the loop's projections leave w8_gemv, so such a mixed step stays in the loop; a plan
+    whose chunk and decodes do not cover the rows once is refused before anything is written."""
+    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    if not tiles_here(native):
+        return   # no tiled chunks here: test_a_mixed_step_in_one_call_... checks they stay in the loop
+    pool = native.make_pool(512)
+    calls = counted(native)
+    rows = many_rows()
+    native.forward(ForwardBatch.build([(PROMPTS[1][:rows - 1], [], torch.arange(1, rows)),
+                                       ([5], torch.arange(40, 45), torch.tensor([45]))]), pool)
+    assert calls == []
+    batch = mixed_batches(native, pool)[0]
+    plan = AttentionPlan.build(batch, row_kernel=True, tiles=True)
+    plan.tiled = [(0, 3, plan.tiled[0][2])]          # overlaps the first decode row
+    before = pool.k_buffer.clone()
+    x = torch.zeros(5, 192)
+    with pytest.raises(ValueError, match="must cover its rows once"):
+        native.decode_layers.run(x, x.clone(), torch.ones(5, 32), torch.ones(5, 32), batch.out_slots, plan, pool)
+    assert torch.equal(pool.k_buffer, before)

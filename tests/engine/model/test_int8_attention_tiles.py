@@ -53,14 +53,23 @@ def torch_attention(monkeypatch) -> None:
     monkeypatch.setattr(native_kernels, "amx_attention_fits", lambda *a: False)
 
 
-def tile_calls(monkeypatch) -> list:
-    """Record each amx_attention_pool call's query count (the real kernel still runs): proof the tiles ran."""
+def tile_calls(monkeypatch, native: NativeLlama) -> list:
+    """Record each tile attention's query count (the real kernels still run): proof the tiles ran. The Python loop
+    calls amx_attention_pool once a layer; a short chunk's step in one C call (DecodeLayers.run: its decodes and
+    one chunk) calls amx_attention once a layer from C, counted here as that many entries."""
     calls, real = [], native_kernels.amx_attention_pool
 
     def counted(q, *rest):
         calls.append(q.shape[0])
         return real(q, *rest)
     monkeypatch.setattr(native_kernels, "amx_attention_pool", counted)
+    if native.decode_layers is not None:
+        real_run = native.decode_layers.run
+
+        def run(x, y, cos, sin, out_slots, plan, pool):
+            calls.extend(n for _ in range(native.num_layers) for _, n, _ in plan.tiled)
+            return real_run(x, y, cos, sin, out_slots, plan, pool)
+        monkeypatch.setattr(native.decode_layers, "run", run)
     return calls
 
 
@@ -83,7 +92,7 @@ def test_int8_prefill_attention_on_tiles_stays_near_torch_attention(cut, monkeyp
 
 def test_int8_logits_with_tiled_attention_do_not_depend_on_chunking_or_caching(monkeypatch):
     native = NativeLlama.from_hf(make_ref(), dtype="int8")
-    calls = tile_calls(monkeypatch)
+    calls = tile_calls(monkeypatch, native)
     whole = last_logits(native, 0)
     expect_tiles(calls, [96, 96])                          # both layers
     for cut in (7, 17, 40):
@@ -99,7 +108,7 @@ def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monke
     whole = last_logits(native, 0)
     pool = native.make_pool(128)
     native.forward(ForwardBatch.build([(IDS[:95], [], SLOTS[:95])]), pool)
-    calls = tile_calls(monkeypatch)
+    calls = tile_calls(monkeypatch, native)
     batch = ForwardBatch.build([(IDS[95:], SLOTS[:95], SLOTS[95:])], prompt=[True])
     assert batch.decode_rows == [0] and batch.prompt_rows == {0}
     last = native.forward(batch, pool)[-1]
@@ -115,8 +124,8 @@ def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monke
 
 
 def test_int8_greedy_with_tiled_attention_is_the_same_with_the_cache_on_and_off(monkeypatch):
-    calls = tile_calls(monkeypatch)
     runner = ModelRunner.from_hf(make_ref(1), device="cpu", impl="native", numerics="int8")
+    calls = tile_calls(monkeypatch, runner.native)
     g = torch.Generator().manual_seed(6)
     system = torch.randint(1, 128, (70,), generator=g).tolist()
     prompts = [system + torch.randint(1, 128, (int(n),), generator=g).tolist() for n in (5, 40, 17, 33, 1)]
@@ -147,7 +156,7 @@ def test_a_short_extend_beside_a_decode_attends_on_tiles_like_its_prompt_whole(m
     """Every prompt token's attention runs on the tiles, a 3-token extend sharing a step with another
     request's decode included (before, short extends joined the decode kernel's rows: ~1e-5 apart)."""
     native = NativeLlama.from_hf(make_ref(), dtype="int8")
-    calls = tile_calls(monkeypatch)
+    calls = tile_calls(monkeypatch, native)
     whole = last_logits(native, 0)
     pool = native.make_pool(256)
     other = [5, 9, 2, 7]
