@@ -349,13 +349,13 @@ int amx_attention_ready(void) { return 1; }
 
 static inline int qblock_rows(int qb, int n) { return n - qb * QROWS < QROWS ? n - qb * QROWS : QROWS; }
 
-/* Key block kb of every KV head, packed for the tiles into buf [KVH] of [2 halves x D/32 key tiles][same, lo]
- * [D/16 value tiles][same, lo] (a bf16 pool: the lo parts left unwritten, never read) */
-static void pack_block(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int KVH, int D,
-                       int pf_end, uint16_t *buf) {
+/* Key block kb of KV heads g0 .. g1-1, packed for the tiles into buf [KVH] of [2 halves x D/32 key tiles][same,
+ * lo][D/16 value tiles][same, lo] (a bf16 pool: the lo parts left unwritten, never read) */
+static void pack_block(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int g0, int g1,
+                       int KVH, int D, int pf_end, uint16_t *buf) {
     const int DS = D / 32, DC = D / 16;
     const size_t tiles_n = (size_t)2 * (2 * DS + DC) * 512;
-    for (int g = 0; g < KVH; g++) {
+    for (int g = g0; g < g1; g++) {
         uint16_t *kt = buf + g * tiles_n, *klt = kt + 2 * DS * 512, *vt = klt + 2 * DS * 512, *vlt = vt + DC * 512;
         for (int half = 0; half < 2; half++)
             for (int ds = 0; ds < DS; ds++) {
@@ -367,7 +367,8 @@ static void pack_block(const void *k, const void *v, int bf16, const int64_t *sl
 }
 
 /* Few query blocks: one work item per segment of keys, every KV head (whole pool rows, read once, and as many
- * items as the prefix has segments: both cores busy on 3 KV heads); per key block and KV head, pack it once, then
+ * items as the prefix has segments: both cores busy on 3 KV heads; where cores outnumber segments, one per
+ * segment and KV head, so no core waits); per key block and KV head, pack it once, then
  * every (query block, head) of the group takes its step. `grouped` (G * n <= QROWS, queries packed [H][n][D]): the
  * G heads of a KV head share one state, their rows head after head in the same tiles (row r: head r / n, query
  * r % n), a third of the tile products on SmolLM2's 3 heads a KV head; a row's products and softmax are its own,
@@ -380,7 +381,8 @@ static int attend_few(const uint16_t *qh, const uint16_t *ql, const void *k, con
     const int nkb = (m + KBLK - 1) / KBLK, nseg = (nkb + SEG_BLOCKS - 1) / SEG_BLOCKS;
     const int nst = grouped ? KVH : KVH * nqb * G;
     const int64_t row_bytes = (int64_t)KVH * D * (bf16 ? 2 : 4), PS = PART_PAD + D;
-    const int T = omp_get_max_threads() < nseg ? omp_get_max_threads() : nseg;
+    const int cores = omp_get_max_threads(), split = nseg < cores ? KVH : 1, items = nseg * split;
+    const int T = cores < items ? cores : items;
     const size_t tiles_n = (size_t)2 * (2 * DS + DC) * 512;   /* one block's K and V tiles, hi and lo, one KV head */
     const size_t per_thread = tiles_n * 2 * (size_t)KVH;        /* two blocks' worth: this one and the next */
     rows_state *st_all = (rows_state *)aligned_alloc(64, sizeof(rows_state) * (size_t)nst * (size_t)T);
@@ -394,17 +396,20 @@ static int attend_few(const uint16_t *qh, const uint16_t *ql, const void *k, con
         uint16_t *mine = tiles_all + (size_t)t * per_thread;
         load_full_tiles();
         #pragma omp for schedule(dynamic, 1)
-        for (int seg = 0; seg < nseg; seg++) {
+        for (int item = 0; item < items; item++) {
+            const int seg = item / split, g0 = split > 1 ? item % split : 0, g1 = split > 1 ? g0 + 1 : KVH;
             const int kb0 = seg * SEG_BLOCKS, kb1 = kb0 + SEG_BLOCKS < nkb ? kb0 + SEG_BLOCKS : nkb;
-            for (int i = 0; i < nst; i++) rows_init(&st[i], grouped ? G * n : qblock_rows(i / G % nqb, n), D);
+            const int st0 = grouped ? g0 : g0 * nqb * G, st1 = grouped ? g1 : g1 * nqb * G;   /* its heads' states */
+            for (int i = st0; i < st1; i++) rows_init(&st[i], grouped ? G * n : qblock_rows(i / G % nqb, n), D);
             const int pf_end = kb1 * KBLK < m ? kb1 * KBLK : m;   /* prefetch within the segment */
-            pack_block(k, v, bf16, slots, m, kb0, KVH, D, pf_end, mine);
+            pack_block(k, v, bf16, slots, m, kb0, g0, g1, KVH, D, pf_end, mine);
             for (int kb = kb0; kb < kb1; kb++) {
                 /* the next block packed before this one is multiplied: tile loads of freshly stored tiles
                  * waited for the stores (half of rows_block's time went to its first tile product) */
                 if (kb + 1 < kb1)
-                    pack_block(k, v, bf16, slots, m, kb + 1, KVH, D, pf_end, mine + ((kb + 1) & 1) * KVH * tiles_n);
-                for (int g = 0; g < KVH; g++) {
+                    pack_block(k, v, bf16, slots, m, kb + 1, g0, g1, KVH, D, pf_end,
+                               mine + ((kb + 1) & 1) * KVH * tiles_n);
+                for (int g = g0; g < g1; g++) {
                     const uint16_t *kt = mine + ((kb & 1) * KVH + g) * tiles_n, *klt = kt + 2 * DS * 512;
                     const uint16_t *vt = klt + 2 * DS * 512, *vlt = vt + DC * 512;
                     if (grouped) {   /* the group's G x n rows, head after head */
@@ -426,7 +431,7 @@ static int attend_few(const uint16_t *qh, const uint16_t *ql, const void *k, con
                     }
                 }
             }
-            for (int i = 0; i < nst; i++) {   /* the rows that see this segment: their partials */
+            for (int i = st0; i < st1; i++) {   /* the rows that see this segment: their partials */
                 const int rows = grouped ? G * n : qblock_rows(i / G % nqb, n);
                 for (int r = 0; r < rows; r++) {
                     const int h = grouped ? i * G + r / n : i / (nqb * G) * G + i % G;

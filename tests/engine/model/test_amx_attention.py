@@ -183,3 +183,25 @@ def test_segments_of_keys_merge_to_the_same_bits_in_every_driver_and_chunking(m,
         assert torch.equal(alone[0], whole[i]), i
     want = exact(q, k_buf[slots].float(), v_buf[slots].float(), 0.125)
     assert float((whole.double() - want).abs().max() / v_buf.float().abs().max()) < 2.0 ** -11
+
+
+def test_a_rows_bits_do_not_depend_on_how_many_threads_run_it():
+    """Work items are segments over every KV head, or (segment, KV head) where threads outnumber segments (1, 2 and 8
+    threads over 5 segments take both ways): the items only divide the work, so the same bits every time."""
+    if not amx_here():
+        return
+    g = torch.Generator().manual_seed(11)
+    k_buf, v_buf = (torch.randn(3000, 3, 64, generator=g) for _ in range(2))
+    slots = torch.randperm(2999, generator=g)[:2500] + 1
+    q = torch.randn(300, 9, 64, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        whole = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
+        for t in (1, 2, 8):
+            torch.set_num_threads(t)
+            for n in (1, 10, 100):
+                assert torch.equal(native_kernels.amx_attention_pool(q[300 - n:], k_buf, v_buf, slots, 0.125),
+                                   whole[300 - n:]), (t, n)
+    finally:
+        torch.set_num_threads(threads)
