@@ -159,13 +159,16 @@ class DecodeLayers:
         the decodes and the chunk cover the rows once, the chunk's keys are pool slots and include its own."""
         at, n, keys = plan.tiled[0]
         idx = plan.decode_idx if plan.decodes is not None else torch.empty(0, dtype=torch.int64)
-        covered = torch.zeros(rows, dtype=torch.int64)
-        if idx.numel():
+        ok = (idx.dtype is torch.int64 and idx.is_contiguous() and keys.dtype is torch.int64 and keys.is_contiguous()
+              and 0 <= at and n > 0 and at + n <= rows and keys.numel() >= n
+              and int(keys.min()) >= 0 and int(keys.max()) < slots_in_pool
+              and (not idx.numel() or (int(idx.min()) >= 0 and int(idx.max()) < rows)))
+        if ok:
+            covered = torch.zeros(rows, dtype=torch.int64)
             covered.index_add_(0, idx, torch.ones_like(idx))
-        covered[at:at + n] += 1
-        if (idx.dtype is not torch.int64 or not idx.is_contiguous() or keys.dtype is not torch.int64
-                or not keys.is_contiguous() or keys.numel() < n or not bool((covered == 1).all())
-                or int(keys.min()) < 0 or int(keys.max()) >= slots_in_pool):
+            covered[at:at + n] += 1
+            ok = bool((covered == 1).all())
+        if not ok:
             raise ValueError("decode_layers: a mixed step's decode rows and prompt chunk must cover its rows once, "
                              f"its chunk's keys be int64 slots of the pool (0 .. {slots_in_pool - 1}); build the plan "
                              "with AttentionPlan.build")

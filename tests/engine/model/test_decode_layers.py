@@ -244,9 +244,14 @@ def test_a_mixed_step_from_many_rows_stays_in_the_loop_and_a_bad_plan_is_refused
     assert calls == []
     batch = mixed_batches(native, pool)[0]
     plan = AttentionPlan.build(batch, row_kernel=True, tiles=True)
-    plan.tiled = [(0, 3, plan.tiled[0][2])]          # overlaps the first decode row
+    keys = plan.tiled[0][2]
     before = pool.k_buffer.clone()
     x = torch.zeros(5, 192)
+    for bad in ((0, 3, keys), (1, 3, keys[:2]), (1, 3, keys + 1000), (3, 3, keys)):   # overlap, keys, past the rows
+        plan.tiled = [bad]
+        with pytest.raises(ValueError, match="must cover its rows once"):
+            native.decode_layers.run(x, x.clone(), torch.ones(5, 32), torch.ones(5, 32), batch.out_slots, plan, pool)
+    plan.tiled, plan.decode_idx = [(1, 3, keys)], torch.tensor([0, 9])                 # a decode row past them
     with pytest.raises(ValueError, match="must cover its rows once"):
         native.decode_layers.run(x, x.clone(), torch.ones(5, 32), torch.ones(5, 32), batch.out_slots, plan, pool)
     assert torch.equal(pool.k_buffer, before)
