@@ -49,8 +49,13 @@ def pool_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lay
     k_pool = torch.zeros(layers, 2 * m + 32, *k.shape[1:])
     v_pool = torch.zeros_like(k_pool)
     k_pool[:, slots], v_pool[:, slots] = k, v
-    kernel = lambda layer: native_kernels.amx_attention_pool(q, k_pool[layer], v_pool[layer], slots, scale)  # noqa: E731
-    gathered = lambda layer: torch_causal(q, k_pool[layer][slots], v_pool[layer][slots], scale)  # noqa: E731
+
+    def kernel(layer: int) -> torch.Tensor:
+        return native_kernels.amx_attention_pool(q, k_pool[layer], v_pool[layer], slots, scale)
+
+    def gathered(layer: int) -> torch.Tensor:
+        return torch_causal(q, k_pool[layer][slots], v_pool[layer][slots], scale)
+
     best = [float("inf"), float("inf")]
     for _ in range(reps):
         for i, fn in enumerate((kernel, gathered)):

@@ -75,13 +75,11 @@ class StepBudget:
             return
         if not decodes or self.decode_s <= 0 or self.ratio <= 0:
             return
-        floor = self.floor_s()
         if prefill_tokens <= 2 * MIN_PREFILL_TOKENS:   # at the floor (a filled floor step carries a token or two more)
             self._floors.append(seconds)
-            floor = self.floor_s()
-        elif floor is not None and seconds < floor:    # a bigger chunk cost less: the floor was overestimated
+        elif (self.floor_s() or 0.0) > seconds:        # a bigger chunk cost less: the floor was overestimated
             self._floors.extend([seconds] * FLOOR_STEPS)   # (maxlen FLOOR_STEPS: replaces them all)
-            floor = seconds
+        floor = self.floor_s()
         base = self.decode_s
         if floor is not None and floor >= self.floor_factor * self.ratio * self.decode_s:   # see the docstring
             base = floor
