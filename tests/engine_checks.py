@@ -9,7 +9,7 @@ from tests.tiny_models import reference_greedy
 def no_leak(e: Engine) -> None:
     """Idle engine: every slot is free or owned by the tree, no lock is held, the invariants hold."""
     e.check_invariants()
-    assert not e.scheduler.running and not e.scheduler.waiting and not e._inbox
+    assert not e.scheduler.running and not e.scheduler.waiting and not e.requests.queued()
     assert e.allocator.available() + e.cache.total_size() == e.allocator.num_slots
     assert e.cache.protected_size() == 0
 

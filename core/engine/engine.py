@@ -7,13 +7,10 @@ generation. Everything a viewer needs comes out of `snapshot()` as an immutable 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
-import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -21,13 +18,15 @@ import torch
 
 from core.cache.allocator import SlotAllocator
 from core.cache.radix_cache import RadixCache
-from core.engine import engine_snapshot, inputs, omp_threads
+from core.engine import engine_snapshot, inputs
 from core.engine.config import EngineConfig
+from core.engine.engine_loop import EngineLoop
 from core.engine.engine_metrics import EngineGauges, EngineMetrics
 from core.engine.inputs import Prompt
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
-from core.engine.request import ABORTED, FINISHED, Completion, Request, RequestHandle
+from core.engine.request import ABORTED, Completion, Request, RequestHandle
+from core.engine.request_table import RequestTable
 from core.engine.sampling import SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
 from core.engine.step_budget import FLOOR_FACTOR, StepBudget
@@ -35,11 +34,8 @@ from core.observe import snapshot as snap
 from core.observe.invariants import check_cache_invariants
 from core.observe.token_bytes import token_bytes
 
-_ENGINE_IDS = itertools.count()
-KEEP_FINISHED = 200          # finished requests kept for the dashboard's request table
 SNAPSHOT_WAIT_S = 2.0        # longest a stale reader waits for the running step to publish
 WATCH_S = 5.0                # a viewer that read a snapshot this recently gets one published after every step
-SWITCH_INTERVAL_S = 0.0002
 
 
 class Engine:
@@ -78,19 +74,11 @@ class Engine:
         size = pool_slots + page_size
         self.slot_tokens = np.full(size, -1, dtype=np.int64)   # last token written per slot
         self.k_norms = np.zeros((self.runner.num_layers, size), dtype=np.float32)
-        # Lock discipline: `_lock` serialises engine state (a step, abort, snapshot); `_table_lock`
-        # (the condition `_wake` waits on) guards the request table and the inbox, is held only for
-        # a few dict/list operations, and is always taken after `_lock`, never before it.
-        self._requests: "OrderedDict[str, Request]" = OrderedDict()
-        self._finished: "deque[str]" = deque()
-        self._inbox: list[Request] = []
+        # Lock discipline: `_lock` serialises engine state (a step, abort, snapshot); the request table's own
+        # lock (request_table.py) is held only for a few dict/list operations, always after `_lock`.
+        self.requests = RequestTable()
         self._lock = threading.RLock()
-        self.loop_thread_name = f"radix-engine-{next(_ENGINE_IDS)}"   # one name per engine: tests count its loops
-        self._table_lock = threading.Lock()
-        self._wake = threading.Condition(self._table_lock)
-        self._thread: Optional[threading.Thread] = None
-        self.loop_threads = 0   # torch intra-op threads of the running loop thread (0: never started)
-        self._stop = threading.Event()
+        self.loop = EngineLoop(self.step, self.requests, on_error=self._loop_error)
         self._version = 0
         # Publication: at the end of every step the engine publishes its gauges, and while someone read a
         # snapshot in the last WATCH_S seconds the whole snapshot too; readers take them without the lock.
@@ -131,13 +119,7 @@ class Engine:
                              f"model's context of {self.runner.max_context_len:,} tokens; shorten the prompt")
         req = Request(ids, params, text, rid, extra_key)
         req.generator = params.make_generator(self.device)
-        with self._wake:
-            if req.rid in self._requests:
-                raise ValueError(f"request id {req.rid!r} is already in use; pick another rid")
-            self._requests[req.rid] = req
-            self._inbox.append(req)
-            self._version += 1
-            self._wake.notify()
+        self.requests.submit(req)
         return RequestHandle(req)
 
     def generate(self, prompts: Sequence[Prompt], params: Optional[SamplingParams] = None,
@@ -166,12 +148,9 @@ class Engine:
     def abort(self, rid: str) -> bool:
         """Release everything request `rid` holds, at any stage. False if it is unknown or done."""
         with self._lock:
-            with self._wake:
-                req = self._requests.get(rid)
-                if req is None or req.state in (FINISHED, ABORTED) or req.done.is_set():
-                    return False
-                if req in self._inbox:
-                    self._inbox.remove(req)
+            req = self.requests.withdraw(rid)
+            if req is None:
+                return False
             self.scheduler.abort(req)
             self.metrics.requests_aborted += 1
             self._complete(req, "abort")
@@ -180,13 +159,11 @@ class Engine:
 
     # ----- stepping ----------------------------------------------------------------------------
     def _drain_inbox(self) -> None:
-        with self._wake:
-            new, self._inbox = self._inbox, []
-        for req in new:
+        for req in self.requests.take_inbox():
             self.scheduler.add(req)
 
     def has_work(self) -> bool:
-        return bool(self._inbox or self.scheduler.waiting or self.scheduler.running)
+        return bool(self.requests.queued() or self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> bool:
         """One scheduler step: admit, run one mixed batch, sample, cache. False when idle.
@@ -309,59 +286,22 @@ class Engine:
             req.state = ABORTED
         req.stream_queue.put(None)
         req.done.set()
-        self._version += 1
-        with self._wake:
-            self._finished.append(req.rid)
-            while len(self._finished) > KEEP_FINISHED:
-                old = self._finished.popleft()
-                gone = self._requests.get(old)
-                if gone is not None and gone.done.is_set():
-                    del self._requests[old]
+        self.requests.finished(req.rid)
 
-    # ----- background loop ---------------------------------------------------------------------
+    # ----- background loop (engine_loop.py) ---------------------------------------------------------
     def start(self) -> "Engine":
-        old = self._thread
-        if old is not None and old.is_alive():
-            if not self._stop.is_set():
-                return self
-            old.join()  # a stop() that timed out mid-step: let that loop end, never run two
-        self._stop.clear()
-        # The loop thread needs the GIL back after each of the ~1,000 torch ops of a forward; with
-        # the default 5 ms switch interval a busy caller thread (a dashboard) stalls it for seconds.
-        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self._thread = threading.Thread(target=self._loop, args=(omp_threads.loop_threads(),),
-                                        name=self.loop_thread_name, daemon=True)
-        self._thread.start()
+        self.loop.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if not self._thread.is_alive():
-                self._thread = None  # else keep it: start() waits for it instead of starting a second
+        self.loop.stop(timeout)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+        return self.loop.running
 
-    def _loop(self, threads: Optional[int]) -> None:
-        if threads is not None:              # OpenMP's thread count is per thread: see omp_threads.py
-            torch.set_num_threads(threads)
-        self.loop_threads = torch.get_num_threads()
-        while not self._stop.is_set():
-            try:
-                busy = self.step()
-            except Exception:  # never let the loop die; record and keep serving
-                self.last_error = traceback.format_exc(limit=3)
-                busy = False
-            if not busy:
-                with self._wake:
-                    if not self._inbox and not self._stop.is_set():
-                        self._wake.wait(timeout=0.05)
+    def _loop_error(self, trace: str) -> None:
+        self.last_error = trace
 
     # ----- control -----------------------------------------------------------------------------
     def reset_cache(self) -> None:
@@ -382,16 +322,12 @@ class Engine:
     # ----- views (the snapshot is built in engine_snapshot.py) ---------------------------------
     def version(self) -> int:
         """A number that changes whenever anything a viewer sees changed (requests, steps, the cache)."""
-        return hash((self._version, self.cache.events.last_seq, self.step_count))
+        return hash((self._version, self.requests.changes, self.cache.events.last_seq, self.step_count))
 
     def request_tokens(self, rid: str) -> Optional[dict]:
         """{"prompt_ids", "output_ids"} of a request still in the engine's table (the last finished ones
         stay), or None: a viewer walks the tree with them to show the path the request matched."""
-        with self._table_lock:
-            req = self._requests.get(rid)
-            if req is None:
-                return None
-            return {"prompt_ids": [int(t) for t in req.prompt_ids], "output_ids": [int(t) for t in req.output_ids]}
+        return self.requests.tokens(rid)
 
     def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
         """Each token's raw bytes, so a viewer decodes whole runs (byte-level BPE splits characters)."""
@@ -410,7 +346,7 @@ class Engine:
         """Running, waiting, token usage and the recent hit rate as of the last finished step (never waits;
         `waiting` also counts requests submitted since, not yet drained into the scheduler)."""
         g = self._gauges
-        inbox = len(self._inbox)
+        inbox = self.requests.queued()
         return dataclasses.replace(g, waiting=g.waiting + inbox) if inbox else g
 
     def snapshot(self, wait: bool = True) -> snap.EngineSnapshot:
@@ -438,9 +374,7 @@ class Engine:
         """The snapshot of the engine now (engine lock held): rebuilt only when something changed."""
         version = self.version()
         if self._snap is None or self._snap.version != version:
-            with self._wake:
-                table = list(self._requests.values())
-                inbox = len(self._inbox)
+            table, inbox = self.requests.listing()
             self._snap = engine_snapshot.build(self, table, inbox, version)
             with self._published:
                 self._published.notify_all()

@@ -158,11 +158,11 @@ def test_abort_at_every_stage_releases_everything():
     # waiting: never stepped
     h_wait = e.submit(prompts[1], SamplingParams(max_new_tokens=5))
     assert e.abort(h_wait.rid) is True
-    assert h_wait.result(0).finish_reason == "abort" and e._requests[h_wait.rid].state == ABORTED
+    assert h_wait.result(0).finish_reason == "abort" and e.requests.get(h_wait.rid).state == ABORTED
     # running, mid chunked prefill (8-token budget, 25+ token prompt)
     h_chunk = e.submit(long_prompt, SamplingParams(max_new_tokens=5))
     e.step()
-    req = e._requests[h_chunk.rid]
+    req = e.requests.get(h_chunk.rid)
     assert req.state == RUNNING and 0 < req.computed < len(long_prompt)
     assert e.abort(h_chunk.rid)
     _no_leak(e)
@@ -170,14 +170,14 @@ def test_abort_at_every_stage_releases_everything():
     h_dec = e.submit(prompts[2], SamplingParams(max_new_tokens=50))
     for _ in range(4):
         e.step()
-    assert e._requests[h_dec.rid].state == RUNNING and len(e._requests[h_dec.rid].output_ids) >= 2
+    assert e.requests.get(h_dec.rid).state == RUNNING and len(e.requests.get(h_dec.rid).output_ids) >= 2
     assert e.abort(h_dec.rid)
     assert h_dec.result(0).finish_reason == "abort"
     _no_leak(e)
     # finished: nothing left to abort
     h_done = e.submit(prompts[3], SamplingParams(max_new_tokens=2))
     _drain(e)
-    assert e._requests[h_done.rid].state == FINISHED
+    assert e.requests.get(h_done.rid).state == FINISHED
     assert e.abort(h_done.rid) is False and e.abort("no-such-rid") is False
     _no_leak(e)
     # and the engine still serves exactly

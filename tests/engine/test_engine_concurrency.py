@@ -108,7 +108,7 @@ def test_item5_engine_stream_survives_a_character_split_across_tokens(tokenizer)
     text = "Emoji 😀 then text"
     ids = tokenizer.encode(text, add_special_tokens=False)
     h = e.submit("Say it:", SamplingParams(max_new_tokens=len(ids) + 1))
-    req = e._requests[h.rid]
+    req = e.requests.get(h.rid)
     seen = []
     for tok in ids:
         e._append_token(req, tok)
@@ -201,7 +201,7 @@ def test_random_interleavings_from_several_threads(pair, seed):
     results = [(i, h.result(timeout=120)) for i, h in good]
     e.stop()
     assert not errors, errors[:3]
-    assert len([t for t in threading.enumerate() if t.name == e.loop_thread_name]) == 0
+    assert len([t for t in threading.enumerate() if t.name == e.loop.thread_name]) == 0
     for i, c in results:
         if c.rid in aborted:
             assert c.finish_reason in ("abort", "length")

@@ -57,7 +57,7 @@ def test_item1_a_request_the_model_poisons_fails_alone(pair):
     while e.has_work():
         e.step()
     c = bad.result(0)
-    assert c.finish_reason == "abort" and "non-finite" in c.error and e._requests[bad.rid].state == ABORTED
+    assert c.finish_reason == "abort" and "non-finite" in c.error and e.requests.get(bad.rid).state == ABORTED
     for p, h in zip(PROMPTS, good):
         assert h.result(0).error is None and h.result(0).token_ids == reference_greedy(ref, p, 5)
     still_serves(e, poisoned_ref)
@@ -124,7 +124,7 @@ def test_item6_params_are_copied_and_frozen_at_submit(pair):
     params.max_new_tokens = 10_000          # would need far more than the 40-slot pool
     params.temperature = float("nan")
     params.stop = None
-    req = e._requests[h.rid]
+    req = e.requests.get(h.rid)
     assert req.params is not params and req.params.max_new_tokens == 4
     with pytest.raises(AttributeError, match="frozen"):
         req.params.max_new_tokens = 10_000
@@ -163,7 +163,7 @@ def test_item9_generate_is_all_or_nothing(pair):
     e = Engine(runner, pool_slots=200)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         e.generate([PROMPTS[0], PROMPTS[1], [999]], SamplingParams(max_new_tokens=3))
-    assert not e.has_work() and all(r.state == ABORTED for r in e._requests.values())
+    assert not e.has_work() and all(r.state == ABORTED for r in e.requests.listing()[0])
     still_serves(e, ref)
 
 
@@ -175,7 +175,7 @@ def test_item9_generate_timeout_cancels(pair):
             e.generate([PROMPTS[0], PROMPTS[1]], SamplingParams(max_new_tokens=300, ignore_eos=True), timeout=0.01)
         # nothing is left running without a handle: each request was aborted, or had already finished when
         # the caller's thread got to abort it (the engine's loop can make 300 tiny-model tokens before then)
-        states = [(r.rid, r.state, r.finish_reason) for r in e._requests.values()]
+        states = [(r.rid, r.state, r.finish_reason) for r in e.requests.listing()[0]]
         assert states and all(st == ABORTED or (st == FINISHED and why == "length") for _, st, why in states), states
     finally:
         e.stop()
@@ -196,11 +196,11 @@ def test_item9_short_stop_then_start_never_runs_two_loops(pair):
     h = e.submit(PROMPTS[0], SamplingParams(max_new_tokens=60))
     e.stop(timeout=0)        # shorter than any step
     e.start()
-    loops = [t for t in threading.enumerate() if t.name == e.loop_thread_name]
+    loops = [t for t in threading.enumerate() if t.name == e.loop.thread_name]
     assert len(loops) == 1
     assert h.result(timeout=120).token_ids == reference_greedy(ref, PROMPTS[0], 60)
     e.stop()
-    assert not [t for t in threading.enumerate() if t.name == e.loop_thread_name]
+    assert not [t for t in threading.enumerate() if t.name == e.loop.thread_name]
     still_serves(e, ref)
 
 

@@ -206,7 +206,7 @@ def test_a_long_prompt_in_tiny_chunks_enters_the_tree_in_few_nodes_and_whole_at_
     ref, runner = pair
     e = Engine(runner, pool_slots=1024, max_prefill_tokens=2, mixed_step_ratio=0)
     long = e.submit(LONG, SamplingParams(max_new_tokens=3, ignore_eos=True))
-    req = e._requests[long.rid]
+    req = e.requests.get(long.rid)
     while not long.partial_ids():
         e.step()
         e.check_invariants()

@@ -24,7 +24,7 @@ CODE = textwrap.dedent("""
     out = e.submit([1, 2, 3], SamplingParams(max_new_tokens=3)).result(30).token_ids
     helper = CpuPool(1).executor.submit(torch.get_num_threads).result()
     e.stop()
-    print(before, given, torch.get_num_threads(), e.loop_threads, helper, len(out))
+    print(before, given, torch.get_num_threads(), e.loop.threads, helper, len(out))
 """)
 
 

@@ -102,7 +102,7 @@ def test_lpm_prefers_the_longest_cached_prefix_up_to_128_waiting(pair):
     ref, runner = pair
     e, unique = _lpm_setup(runner, waiting=20)
     e.step()
-    assert e._requests[unique.rid].state == "waiting"
+    assert e.requests.get(unique.rid).state == "waiting"
     assert all(len(r.prompt_ids) == 33 for r in e.scheduler.running)
     while e.has_work():
         e.step()
@@ -113,8 +113,8 @@ def test_lpm_falls_back_to_fcfs_above_128_waiting(pair):
     ref, runner = pair
     e, unique = _lpm_setup(runner, waiting=LPM_FALLBACK_WAITING + 1)
     e.step()    # 130 waiting: served in arrival order, so the unique prompt is not starved
-    assert e._requests[unique.rid].state in ("running", "finished")
-    assert unique.done() or e._requests[unique.rid] in e.scheduler.running
+    assert e.requests.get(unique.rid).state in ("running", "finished")
+    assert unique.done() or e.requests.get(unique.rid) in e.scheduler.running
     while e.has_work():
         e.step()
     assert unique.result(0).finish_reason == "length"
