@@ -38,6 +38,15 @@ class ParamError(ValueError):
         self.field = field
 
 
+def token_id_key(key: Any) -> Any:
+    """A logit_bias key as JSON carries it ("42") turned into the token id 42; anything else is returned as it
+    came, for validate() to refuse. ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and
+    "٣" or "３" (which int() reads as 3), and neither is a token id a client meant."""
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10:
+        return int(key)
+    return key
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -120,7 +129,7 @@ class SamplingParams:
             raise ParamError("logit_bias", f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token id: "
                                            f"bias pairs, got {type(bias).__name__}")
         for k, b in bias.items():
-            tok = int(k) if isinstance(k, str) and k.isdigit() and len(k) < 10 else k
+            tok = token_id_key(k)
             if not _is_int(tok) or tok < 0:
                 raise ParamError("logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
             if not _is_real(b) or not -LOGIT_BIAS_RANGE <= b <= LOGIT_BIAS_RANGE:

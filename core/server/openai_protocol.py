@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, WithJsonSchema
 
-from core.engine.sampling import ParamError, SamplingParams
+from core.engine.sampling import ParamError, SamplingParams, token_id_key
 from core.server.errors import APIError, describe_validation, first_field
 
 MAX_N = 16
@@ -195,7 +195,7 @@ class SamplingFields(BaseModel):
             top_k = 0
         bias = self.logit_bias
         if isinstance(bias, dict):
-            bias = {(int(k) if isinstance(k, str) and k.isdigit() and len(k) < 10 else k): v for k, v in bias.items()}
+            bias = {token_id_key(k): v for k, v in bias.items()}
 
         def pick(value: Any, default: Any) -> Any:
             return default if value is None else value

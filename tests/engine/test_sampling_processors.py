@@ -67,7 +67,10 @@ def test_params_out_of_range_are_refused_naming_the_field():
                                                                             "repetition_penalty"),
                       (dict(min_new_tokens=40, max_new_tokens=8), "min_new_tokens"),
                       (dict(logit_bias={"x": 1}), "logit_bias"), (dict(logit_bias={5: 101}), "logit_bias"),
-                      (dict(logit_bias=[(5, 1.0)]), "logit_bias")):
+                      (dict(logit_bias=[(5, 1.0)]), "logit_bias"),
+                      # digits only ASCII: str.isdigit() takes these, int() refuses the first, reads 3 in the others
+                      (dict(logit_bias={"\u00b2": 1}), "logit_bias"), (dict(logit_bias={"\u0663": 1}), "logit_bias"),
+                      (dict(logit_bias={"\uff13": 1}), "logit_bias")):
         with pytest.raises(ParamError) as exc:
             SamplingParams(**kw).frozen()
         assert exc.value.field == field and str(exc.value).startswith(field)

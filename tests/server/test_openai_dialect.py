@@ -54,6 +54,8 @@ def test_penalties_logit_bias_and_min_tokens_reach_the_sampler_through_the_opena
     ("frequency_penalty", 2.5, "frequency_penalty"), ("presence_penalty", -2.5, "presence_penalty"),
     ("repetition_penalty", 0, "repetition_penalty"), ("min_tokens", 20, "min_tokens"),
     ("logit_bias", {"128": 1}, "logit_bias"), ("logit_bias", {"5": 150}, "logit_bias"),
+    ("logit_bias", {"\u00b2": 1}, "logit_bias"), ("logit_bias", {"\u0663": 1}, "logit_bias"),
+    ("logit_bias", {"\uff13": 1}, "logit_bias"),
     ("temperature", 2.01, "temperature"), ("temperature", 5, "temperature"), ("max_tokens", 0, "max_tokens"),
     ("top_p", 0, "top_p"), ("n", 0, "n"), ("stop", [""], "stop"), ("seed", -1, "seed"),
 ])
