@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                               read_timeout=args.read_timeout,
                               stream_usage_by_default=args.stream_response_default_include_usage)
     try:
-        app = create_app(factory=RunnerCache(args.device), settings=settings, initial_config=args.engine_config)
+        app = create_app(factory=RunnerCache(), settings=settings, initial_config=args.engine_config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

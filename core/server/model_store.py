@@ -68,23 +68,25 @@ def release_memory() -> None:
 
 class RunnerCache:
     """Builds engines for `python -m core.server`, keeping the loaded model of the last engine built,
-    so a rebuild that changes only the pool or a policy reloads nothing."""
+    so a rebuild that changes only the pool or a policy reloads nothing. The device is the config's, like
+    every other setting: a rebuild onto another device loads the model there (and a device this machine
+    lacks is refused by inputs.check_device), never reports one device while running on another."""
 
-    def __init__(self, device: str) -> None:
-        self.device = device
+    def __init__(self) -> None:
         self.model: Optional[str] = None       # the model of the runner kept
-        self.key: Optional[tuple] = None       # (model, model_impl, dtype, kv_cache_dtype, disable_cuda_graph) kept
+        self.key: Optional[tuple] = None       # (model, device, model_impl, dtype, kv_cache_dtype, disable_cuda_graph)
         self.runner = None
         self.lock = threading.Lock()
 
     def __call__(self, config: EngineConfig) -> Engine:
         from core.engine import inputs
 
-        key = (config.model, config.model_impl, config.dtype, config.kv_cache_dtype, config.disable_cuda_graph)
+        key = (config.model, config.device, config.model_impl, config.dtype, config.kv_cache_dtype,
+               config.disable_cuda_graph)
         with self.lock:
             runner = self.runner if key == self.key else None
         if runner is None:
-            runner = inputs.load_model(config.model, self.device, config.model_impl, config.dtype,
+            runner = inputs.load_model(config.model, config.device, config.model_impl, config.dtype,
                                        config.kv_cache_dtype, not config.disable_cuda_graph)
         engine = Engine(runner, config)      # may fail (pool too big): the cache keeps the old model
         with self.lock:

@@ -146,11 +146,24 @@ def test_rebuild_loads_only_models_under_the_roots_and_says_the_same_whether_a_p
         assert httpx.post(s.url + "/state/rebuild", json={"model": "tiny", "pool_slots": 128}).status_code == 200
 
 
+def test_a_rebuild_onto_a_device_this_machine_lacks_is_400_and_the_config_keeps_its_device(tmp_path):
+    folder = str(make_tiny_checkpoint(tmp_path / "tiny"))
+    settings = ServerSettings(model=folder, model_roots=[str(tmp_path)])
+    with serving(factory=RunnerCache(), initial_config={"model": folder, "pool_slots": 64, "device": "cpu"},
+                 settings=settings) as s:
+        for device in ("bogus", "cuda:7", "meta"):
+            r = httpx.post(s.url + "/state/rebuild", json={"device": device}, timeout=60)
+            assert r.status_code == 400 and "device" in r.json()["error"]["message"], (device, r.text)
+            assert httpx.get(s.url + "/state/config").json()["device"] == "cpu"
+        out = s.client().completions.create(model=folder, prompt=PROMPT, max_tokens=2, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 2
+
+
 def test_a_rebuild_onto_another_model_releases_the_old_one(tmp_path):
     """Three rebuilds onto three other ~110 MB models: the first model is collected and the process does not
     grow by the models it no longer serves (it grew ~390 MB when every loaded model was kept)."""
     models = [make_tiny_checkpoint(tmp_path / f"m{i}", seed=i, hidden=512, context=1024) for i in range(4)]
-    cache = RunnerCache("cpu")
+    cache = RunnerCache()
     settings = ServerSettings(model=str(models[0]), model_roots=[str(tmp_path)])
     with serving(factory=cache, initial_config={"model": str(models[0]), "pool_slots": 128}, settings=settings) as s:
         def use(model) -> None:    # a forward pass touches every weight, so the model is really in memory

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 import torch
 
 from core.engine import config as engine_config
@@ -15,7 +16,7 @@ from tests.server.tiny_checkpoint import make_tiny_checkpoint
 
 def test_a_rebuild_to_another_kv_cache_dtype_reloads_and_a_pool_change_does_not(tmp_path):
     folder = str(make_tiny_checkpoint(tmp_path / "tiny"))
-    cache = RunnerCache("cpu")
+    cache = RunnerCache()
     base = EngineConfig(model=folder, dtype="int8", pool_slots=64, device="cpu")
     first = cache(base)
     assert first.pool.k_buffer.dtype == torch.float32 and first.runner.native is not None
@@ -33,7 +34,7 @@ def test_disable_cuda_graph_is_a_model_setting_and_the_cli_flag_sets_it(tmp_path
     """CUDA graphs are captured by the loaded runner, so turning them off loads another runner; on a CPU neither
     runner replays graphs. `--disable-cuda-graph` is SGLang's flag name."""
     folder = str(make_tiny_checkpoint(tmp_path / "tiny"))
-    cache = RunnerCache("cpu")
+    cache = RunnerCache()
     base = EngineConfig(model=folder, pool_slots=64, device="cpu")
     first = cache(base)
     eager = cache(base.replace(disable_cuda_graph=True))
@@ -45,3 +46,18 @@ def test_disable_cuda_graph_is_a_model_setting_and_the_cli_flag_sets_it(tmp_path
     args = parser.parse_args(["--disable-cuda-graph"])
     assert engine_config.from_args(args).disable_cuda_graph is True
     assert EngineConfig(disable_cuda_graph=True).to_args() == ["--disable-cuda-graph"]
+
+
+def test_the_device_is_the_configs_and_one_this_machine_lacks_is_refused_keeping_the_model(tmp_path):
+    """The device was the server's --device whatever a rebuild asked: {"device": "bogus"} answered 200 and the
+    config said "bogus" while the model ran on the CPU. Now the config's device is the one loaded or refused."""
+    folder = str(make_tiny_checkpoint(tmp_path / "tiny"))
+    cache = RunnerCache()
+    base = EngineConfig(model=folder, pool_slots=64, device="cpu")
+    first = cache(base)
+    assert cache.key[1] == "cpu" and first.runner.device.type == "cpu" and first.pool.k_buffer.device.type == "cpu"
+    for device in ("bogus", "cuda:7", "meta"):
+        with pytest.raises(ValueError, match="device"):
+            cache(base.replace(device=device))
+        assert cache.runner is first.runner and cache.key[1] == "cpu"
+    assert cache(base.replace(pool_slots=128)).runner is first.runner
