@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, WithJsonSchema
 
 from core.engine.sampling import ParamError, SamplingParams, token_id_key
 from core.server.errors import APIError, describe_validation, first_field
@@ -222,7 +222,8 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[str], list[int], list[list[int]]] = Field(
+    # StrictInt: pydantic would otherwise read true, 1.0 or "2" as token ids
+    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]] = Field(
         ..., description="text, texts, token ids, or lists of token ids")
     echo: Optional[StrictBool] = None
     suffix: Optional[str] = None
@@ -254,9 +255,12 @@ class TextPart(BaseModel):
     text: str
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")     # name, tool_call_id, ...: the template may use them
-    role: str
+    role: Literal[CHAT_ROLES]
     content: Union[str, list[dict[str, Any]], None] = None
 
     def as_engine(self) -> dict[str, str]:
@@ -266,9 +270,12 @@ class ChatMessage(BaseModel):
         elif isinstance(c, list):
             texts = []
             for part in c:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                if part.get("type") != "text":
                     raise APIError(400, f"only text content parts are supported, got type {part.get('type')!r}",
                                    "messages", "invalid_value")
+                if not isinstance(part.get("text"), str):
+                    raise APIError(400, f"a text content part needs its text as a string, got "
+                                        f"{part.get('text')!r}", "messages", "invalid_value")
                 texts.append(part["text"])
             c = "".join(texts)
         return {"role": self.role, "content": c}

@@ -184,8 +184,17 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
     return r
 
 
+SUBMISSION_FIELDS = {"prompt", "params", "extra_key"}
+
+
 def _submission(data: dict) -> tuple[SamplingParams, Any, Optional[str]]:
-    raw = data.get("params") or {}
+    unknown = sorted(set(data) - SUBMISSION_FIELDS)
+    if unknown:   # a top-level max_new_tokens was quietly ignored (the request ran with the default)
+        raise APIError(400, f"unknown field {unknown[0]!r}: send prompt, params (SamplingParams fields, e.g. "
+                            f"max_new_tokens) and extra_key", unknown[0], "unknown_parameter")
+    raw = data.get("params")
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict) or set(raw) - PARAM_FIELDS:
         raise APIError(400, f"params must be an object with SamplingParams fields "
                             f"({', '.join(sorted(PARAM_FIELDS))})", "params")

@@ -200,3 +200,35 @@ def test_stream_usage_by_default_ends_every_stream_with_usage(tiny_runner):
                           json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "stream": True}) as r:
             chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 8
+
+
+@pytest.mark.parametrize("prompt", [[True, False], [1.0], [[True]], [[1, "2"]], [[1.0, 2]]],
+                         ids=["bools", "float", "nested-bool", "nested-string", "nested-float"])
+def test_token_ids_are_integers_not_bools_floats_or_strings(tiny, prompt):
+    r = post(tiny, {"prompt": prompt, "max_tokens": 2})
+    err = error_of(r)
+    assert r.status_code == 400 and err["param"] == "prompt", err
+    assert tiny.engine.snapshot().requests == ()
+
+
+@pytest.mark.parametrize("message,says", [
+    ({"role": "bogus", "content": "hi"}, "role"), ({"role": "", "content": "hi"}, "role"),
+    ({"role": "user", "content": [{"type": "text"}]}, "text as a string"),
+    ({"role": "user", "content": [{"type": "text", "text": 1}]}, "text as a string"),
+    ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "only text content parts"),
+], ids=["unknown-role", "empty-role", "text-missing", "text-not-a-string", "image"])
+def test_a_bad_chat_message_is_400_saying_what_is_wrong(tiny, message, says):
+    r = post(tiny, {"messages": [message], "max_tokens": 2}, "/v1/chat/completions")
+    err = error_of(r)
+    assert r.status_code == 400 and err["param"] == "messages" and says in err["message"], err
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": PROMPT, "max_new_tokens": 2}, "max_new_tokens"), ({"prompt": PROMPT, "params": []}, "params"),
+    ({"prompt": PROMPT, "params": 0}, "params"),
+], ids=["top-level-sampling-field", "params-a-list", "params-zero"])
+def test_the_dashboards_submit_refuses_what_it_would_have_ignored(tiny, body, param):
+    r = httpx.post(tiny.url + "/state/requests", json=body, timeout=60)
+    err = error_of(r)
+    assert r.status_code == 400 and err["param"] == param, err
+    assert httpx.post(tiny.url + "/state/requests", json={"prompt": PROMPT, "params": None}).status_code == 200
