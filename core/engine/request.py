@@ -57,6 +57,8 @@ class Request:
         self.cached_tokens: Optional[int] = None
         self.admissions: list[int] = []  # cached tokens found at each admission (re-admission after retraction too)
         self.admit_order = 0
+        self.arrival = 0            # order of arrival in the waiting queue (Scheduler.add)
+        self.overtaken = 0          # later arrivals admitted before it while it waited (lpm's starvation bound)
         self.counted = False        # admitted once: counted in the hit-rate metrics
         self.submit_time = time.perf_counter()
         self.first_token_time: Optional[float] = None

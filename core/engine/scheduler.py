@@ -3,7 +3,9 @@
 One `schedule()` call builds a mixed batch: running requests first (a decode is one new
 token; a chunked prefill continues within the token budget), then waiting requests in
 policy order (`lpm` = longest prefix match first, as SGLang, falling back to `fcfs` above
-128 waiting, where sorting costs more than it saves and starves unique prompts). As SGLang's
+128 waiting, where sorting costs more than it saves and starves unique prompts). Unlike SGLang,
+lpm cannot starve: a request that later arrivals overtook 4 times goes first (one client's batch of
+prompts sharing a few cached tokens kept a lone prompt waiting 100 s). As SGLang's
 in-batch prefix caching does, a waiting request that shares 32+ not-yet-cached prefix tokens
 with one admitted this step (or still prefilling) is held back a step, so it hits the cache
 instead of computing the same prefix twice. Slots come from the allocator; when it runs dry,
@@ -12,6 +14,7 @@ running request is retracted (its computed tokens stay cached).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,6 +28,7 @@ from core.engine.config import SCHEDULE_POLICIES
 from core.engine.request import ABORTED, FINISHED, RUNNING, WAITING, Request
 
 LPM_FALLBACK_WAITING = 128      # SGLang: above this many waiting requests lpm schedules as fcfs
+LPM_MAX_OVERTAKEN = 4           # a waiting request that lpm let this many later arrivals overtake goes first
 IN_BATCH_PREFIX_TOKENS = 32     # SGLang's IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD
 MAX_HELD_PER_STEP = LPM_FALLBACK_WAITING  # hold-back checks stop here, so a step costs O(128), not O(queue)
 INSERT_GROWTH = 64              # mid-prompt, new tokens go into the tree once they are 1/64 of what it holds of it
@@ -54,6 +58,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self._admit_counter = 0
+        self._arrivals = 0             # arrival order of waiting requests (Request.arrival)
         self.retractions = 0
         self.held_back = 0             # admissions deferred a step by in-batch prefix sharing
         self.failed: list[tuple[Request, BaseException]] = []  # requests a step could not serve
@@ -140,6 +145,8 @@ class Scheduler:
     # ----- queue -----------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.state = WAITING
+        req.arrival, req.overtaken = self._arrivals, 0
+        self._arrivals += 1
         self.waiting.append(req)
 
     def abort(self, req: Request) -> None:
@@ -271,7 +278,17 @@ class Scheduler:
         if self.policy == "fcfs" or len(self.waiting) < 2 or len(self.waiting) > LPM_FALLBACK_WAITING:
             return list(self.waiting), {}
         lens = {id(r): self.cache.peek_prefix_len(self._key(r, len(r.fill_ids) - 1)) for r in self.waiting}
-        return sorted(self.waiting, key=lambda r: -lens[id(r)]), lens  # stable: FCFS among equals
+        overtaken = [r for r in self.waiting if r.overtaken >= LPM_MAX_OVERTAKEN]   # in queue order
+        rest = [r for r in self.waiting if r.overtaken < LPM_MAX_OVERTAKEN]
+        return overtaken + sorted(rest, key=lambda r: -lens[id(r)]), lens  # stable: FCFS among equals
+
+    def _count_overtakes(self, admitted: list[Request]) -> None:
+        """Each waiting request counts the requests that arrived after it and were admitted before it."""
+        if self.policy != "lpm" or not admitted or len(self.waiting) > LPM_FALLBACK_WAITING:
+            return
+        arrivals = sorted(r.arrival for r in admitted)
+        for r in self.waiting:
+            r.overtaken += len(arrivals) - bisect.bisect_right(arrivals, r.arrival)
 
     def _in_flight(self) -> list[tuple[np.ndarray, Optional[str]]]:
         """Prompts still being prefilled: a waiting request sharing their prefix waits for the cache."""
@@ -315,6 +332,7 @@ class Scheduler:
             budget -= len(item.tokens)
             items.append(item)
             in_flight.append((np.asarray(req.prompt_ids, dtype=np.int64), req.extra_key))
+        self._count_overtakes([it.req for it in items])
         return items
 
     def _admit_one(self, req: Request, budget: int) -> Optional[ScheduledItem]:

@@ -11,7 +11,7 @@ import pytest
 
 from core.engine.engine import Engine
 from core.engine.sampling import SamplingParams
-from core.engine.scheduler import IN_BATCH_PREFIX_TOKENS, LPM_FALLBACK_WAITING
+from core.engine.scheduler import IN_BATCH_PREFIX_TOKENS, LPM_FALLBACK_WAITING, LPM_MAX_OVERTAKEN
 from tests.engine_checks import still_serves
 from tests.tiny_models import reference_greedy, tiny_pair
 
@@ -106,6 +106,29 @@ def test_lpm_prefers_the_longest_cached_prefix_up_to_128_waiting(pair):
     assert all(len(r.prompt_ids) == 33 for r in e.scheduler.running)
     while e.has_work():
         e.step()
+    still_serves(e, ref)
+
+
+def test_lpm_lets_later_arrivals_overtake_a_request_four_times_then_serves_it_first(pair):
+    """A client's batch of prompts that share a cached prefix kept a lone prompt waiting until the whole batch
+    was done (100 s in a probe of the server); now it waits for at most LPM_MAX_OVERTAKEN overtakes."""
+    ref, runner = pair
+    e, unique = _lpm_setup(runner, waiting=20)
+    req = e.requests.get(unique.rid)
+    e.step()                                # 4 later arrivals with the cached prefix go first (4 may run)
+    assert req.state == "waiting" and req.overtaken == LPM_MAX_OVERTAKEN == 4
+    def later(state: str) -> int:
+        return sum(r.arrival > req.arrival and r.state == state for r in e.requests.listing()[0])
+
+    assert later("finished") == 4 and later("waiting") == 16
+    before = max(r.admit_order for r in e.requests.listing()[0])
+    e.step()                                # the unique prompt first, then 3 more of them
+    this_step = sorted((r for r in e.requests.listing()[0] if r.admit_order > before), key=lambda r: r.admit_order)
+    assert this_step[0] is req and len(this_step) == 4 and req.state == "finished"
+    assert later("finished") == 4 + 3 and later("waiting") == 13
+    while e.has_work():
+        e.step()
+    assert unique.result(0).finish_reason == "length"
     still_serves(e, ref)
 
 
