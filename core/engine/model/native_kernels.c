@@ -756,8 +756,11 @@ int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *s
     const int KB = K / 32, NB = N / 32, MB = (M + 31) / 32;
     /* rows per block: a block's hi and lo rows (4 K bytes each) stay in L2 while every column block runs */
     int rows = (int)((1 << 20) / ((int64_t)4 * K)) / 32 * 32;
-    const int BM = rows < 32 ? 1 : rows / 32;          /* 32-row pairs of tiles per block */
-    const int MC = (MB + BM - 1) / BM;
+    const int BM_MAX = rows < 32 ? 1 : rows / 32;      /* 32-row pairs of tiles per block, at most */
+    const int MC = (MB + BM_MAX - 1) / BM_MAX;
+    /* blocks of equal size: (block, column) items are dealt out evenly by count, so with blocks of 14, 14 and 4
+     * pairs (1,024 rows, K 576) one thread got 2,016 pair-items and the other 1,056 (the GEMM 1.16x slower) */
+    const int BM = (MB + MC - 1) / MC;
     split_rows_bf16x2(x, xb, M, MB * 32, K);
     #pragma omp parallel
     {
