@@ -119,6 +119,17 @@ def pack_amx(w: torch.Tensor) -> torch.Tensor:
     return w.to(torch.bfloat16).view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
 
 
+def interleave_gate_up(t: torch.Tensor) -> torch.Tensor:
+    """gate_up's rows (or scales, bias) [2I, ...] as [gate 0-15, up 0-15, gate 16-31, up 16-31, ...] (I a multiple of
+    16): a 32-column block of `w8_amx_gemm_silu` then holds the gate and up channels that its epilogue multiplies."""
+    two_i = t.shape[0]
+    if two_i % 32:
+        raise ValueError(f"gate_up needs its intermediate size a multiple of 16, got {two_i // 2}")
+    i = two_i // 2
+    return torch.stack([t[:i].reshape(i // 16, 16, *t.shape[1:]), t[i:].reshape(i // 16, 16, *t.shape[1:])],
+                       dim=1).reshape(t.shape).contiguous()
+
+
 def panels_fit(w: torch.Tensor) -> bool:
     """Whether prefill rows of the int8 weights `w` [N, K] should run `w8_panel_gemm`: a CPU tensor, N a multiple
     of 16, and kernels built with AVX-512 (built for AVX2 it ran slower than `w8_gemv`, native_kernels.c)."""
@@ -163,22 +174,35 @@ def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, on AMX tiles; `packed` = pack_amx(w). Each
     row's x16 is exactly two bf16 (hi + lo), so the tiles add exactly the products `w8_gemv` adds, in another
     order: fp32 rounding apart, a row's result does not depend on the batch size."""
+    return _amx_gemm("w8_amx_gemm", x, packed, scales, bias, 1)
+
+
+def w8_amx_gemm_silu(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                     bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] fp32 -> silu(gate) * up, [M, I], for gate_up's weights, scales and bias interleaved by
+    `interleave_gate_up` (`packed` = pack_amx of the interleaved weights): the bits of `w8_amx_gemm` on the plain
+    weights followed by `native_kernels.silu_mul`, without writing the [M, 2I] gate_up output."""
+    return _amx_gemm("w8_amx_gemm_silu", x, packed, scales, bias, 2)
+
+
+def _amx_gemm(name: str, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+              bias: Optional[torch.Tensor], per_out: int) -> torch.Tensor:
     if not native_kernels.amx_available():
         raise RuntimeError("AMX tiles are not available here (the CPU, the compiler or Linux lacks them); "
                            "use w8_gemv, which adds the same products")
     if x.dtype is not F32 or x.dim() != 2:
-        raise ValueError(f"w8_amx_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(f"{name} takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
     n = packed.shape[0] * 16
     if (packed.dtype != torch.bfloat16 or packed.dim() != 5 or packed.shape[1] * 32 != k
             or packed.shape[0] % 2 or tuple(packed.shape[2:]) != (16, 16, 2) or not packed.is_contiguous()):
         raise ValueError(f"packed weights {tuple(packed.shape)} {packed.dtype} do not fit rows of {k}; "
                          f"make them with pack_amx")
-    check_rows("w8_amx_gemm", x, k)
-    native_kernels.check_channels("w8_amx_gemm", n, scales, bias)
+    check_rows(name, x, k)
+    native_kernels.check_channels(name, n, scales, bias)
     x = x.contiguous()
     xb = torch.empty((-(-m // 32) * 32, 2, k), dtype=torch.bfloat16)      # hi, lo of each row
-    y = torch.empty((m, n), dtype=torch.float32)
-    native_kernels.built().w8_amx_gemm(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(),
-                                       native_kernels.ptr(bias), y.data_ptr(), m, n, k)
+    y = torch.empty((m, n // per_out), dtype=torch.float32)
+    getattr(native_kernels.built(), name)(x.data_ptr(), xb.data_ptr(), packed.data_ptr(), scales.data_ptr(),
+                                          native_kernels.ptr(bias), y.data_ptr(), m, n, k)
     return y

@@ -7,7 +7,8 @@
  *   into chunks (flash-decoding) so that even one request keeps every thread busy.
  * w8_gemv: y = x16 @ (q * scale)^T (+ bias) for a few rows of x (decode), int8 weights, fp32 maths, where x16 is
  *   x rounded to 16 significant bits: then each product x16[k] * q[n, k] is exact in fp32.
- * w8_amx_gemm: the same products for many rows (prefill) on AMX tiles (where the CPU and compiler have them).
+ * w8_amx_gemm: the same products for many rows (prefill) on AMX tiles (where the CPU and compiler have them);
+ * w8_amx_gemm_silu the same for gate_up, with silu(gate) * up in its epilogue.
  * w8_panel_gemm: the same products for many rows where there are no AMX tiles: FMAs on weight panels.
  * amx_attention (amx_attention.c, compiled into the same module): a prefill's causal attention on AMX tiles.
  *
@@ -751,8 +752,13 @@ static void split_rows_bf16x2(const float *x, uint16_t *xb, int M, int Mp, int K
     }
 }
 
-int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
-                int M, int N, int K) {
+/* silu: the weights are gate_up's with gate and up interleaved by 16 output channels (native_int8.interleave_gate_up),
+ * so a 32-column block holds gate channels j..j+16 in its first tile column and up channels j..j+16 in its second;
+ * the block's epilogue writes silu(gate) * up to y [M, N/2] with silu_mul's operations on the same fp32 values (the
+ * same bits as the GEMM then silu_mul), and the [M, N] gate_up output is never written (half the bytes stored, one
+ * pass over them less). */
+static int amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
+                    int M, int N, int K, int silu) {
     const int KB = K / 32, NB = N / 32, MB = (M + 31) / 32;
     /* rows per block: a block's hi and lo rows (4 K bytes each) stay in L2 while every column block runs */
     int rows = (int)((1 << 20) / ((int64_t)4 * K)) / 32 * 32;
@@ -786,6 +792,24 @@ int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *s
                     }
                     _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
                     _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+                    if (silu) {
+                        const int n0 = nb * 32, I = N / 2;
+                        const __m512 sg = _mm512_loadu_ps(scales + n0), su = _mm512_loadu_ps(scales + n0 + 16);
+                        const __m512 bg = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+                        const __m512 bu = bias ? _mm512_loadu_ps(bias + n0 + 16) : _mm512_setzero_ps();
+                        const __m512 one = _mm512_set1_ps(1.f);
+                        for (int h = 0; h < 2; h++) {
+                            const int r0 = mb * 32 + h * 16;
+                            for (int r = 0; r < 16 && r0 + r < M; r++) {
+                                const __m512 g = _mm512_fmadd_ps(_mm512_load_ps(c[2 * h] + r * 16), sg, bg);
+                                const __m512 u = _mm512_fmadd_ps(_mm512_load_ps(c[2 * h + 1] + r * 16), su, bu);
+                                const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+                                _mm512_storeu_ps(y + (int64_t)(r0 + r) * I + nb * 16,
+                                                 _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u));
+                            }
+                        }
+                        continue;
+                    }
                     for (int t = 0; t < 4; t++) {
                         const int r0 = mb * 32 + (t >> 1) * 16, n0 = nb * 32 + (t & 1) * 16;
                         const __m512 sc = _mm512_loadu_ps(scales + n0);
@@ -801,10 +825,21 @@ int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *s
     }
     return 0;
 }
+int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
+                int M, int N, int K) {
+    return amx_gemm(x, xb, wp, scales, bias, y, M, N, K, 0);
+}
+
+int w8_amx_gemm_silu(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias,
+                     float *y, int M, int N, int K) {
+    return amx_gemm(x, xb, wp, scales, bias, y, M, N, K, 1);
+}
 #else
 int amx_ready(void) { return 0; }
 int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
                 int M, int N, int K) { (void)x; (void)xb; (void)wp; (void)scales; (void)bias; (void)y; (void)M; (void)N; (void)K; return -2; }
+int w8_amx_gemm_silu(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias,
+                     float *y, int M, int N, int K) { return w8_amx_gemm(x, xb, wp, scales, bias, y, M, N, K); }
 #endif
 
 /* Elementwise work of every fp32 forward, one call instead of 6-8 torch ops (~5 us of dispatch each at decode,
@@ -949,18 +984,29 @@ static PyObject *py_w8_panel_gemm(PyObject *self, PyObject *const *args, Py_ssiz
     return call_w8(w8_panel_gemm, "w8_panel_gemm", args, n);
 }
 
-static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 9, "w8_amx_gemm")) return NULL;
+typedef int (*amx_gemm_fn)(const float *, uint16_t *, const uint16_t *, const float *, const float *, float *,
+                           int, int, int);
+
+static PyObject *call_amx_gemm(amx_gemm_fn fn, const char *name, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 9, name)) return NULL;
     const float *x = PTR(0); uint16_t *xb = PTR(1); const uint16_t *w = PTR(2); const float *s = PTR(3), *b = PTR(4);
     float *y = PTR(5);
     int M = INT(6), N = INT(7), K = INT(8);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = w8_amx_gemm(x, xb, w, s, b, y, M, N, K);
+    rc = fn(x, xb, w, s, b, y, M, N, K);
     Py_END_ALLOW_THREADS
-    if (rc) { PyErr_SetString(PyExc_RuntimeError, "w8_amx_gemm: these kernels were built without AMX"); return NULL; }
+    if (rc) { PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without AMX", name); return NULL; }
     Py_RETURN_NONE;
+}
+
+static PyObject *py_w8_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_amx_gemm(w8_amx_gemm, "w8_amx_gemm", args, n);
+}
+
+static PyObject *py_w8_amx_gemm_silu(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_amx_gemm(w8_amx_gemm_silu, "w8_amx_gemm_silu", args, n);
 }
 
 static PyObject *py_amx_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -1077,6 +1123,7 @@ static PyMethodDef METHODS[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
     {"w8_amx_gemm", (PyCFunction)(void (*)(void))py_w8_amx_gemm, METH_FASTCALL, NULL},
+    {"w8_amx_gemm_silu", (PyCFunction)(void (*)(void))py_w8_amx_gemm_silu, METH_FASTCALL, NULL},
     {"w8_panel_gemm", (PyCFunction)(void (*)(void))py_w8_panel_gemm, METH_FASTCALL, NULL},
     {"panel_gemm_fast", (PyCFunction)(void (*)(void))py_panel_gemm_fast, METH_FASTCALL, NULL},
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},

@@ -334,8 +334,11 @@ class NativeLlama(torch.nn.Module):
                     v_buf.index_copy_(0, out_slots, v)
                 o = self._attention(plan, q, k, v, k_buf, v_buf, L.window)  # [T, H, D]
                 x, y = resid_norm(x, L.o(o.reshape(t, q_end)), L.post_norm)
-                gu = L.gate_up(y)
-                act = native_kernels.silu_mul(gu) if fused else F.silu(gu[:, :inter]) * gu[:, inter:]
+                if fused:
+                    act = L.gate_up.silu_mul(y)
+                else:
+                    gu = L.gate_up(y)
+                    act = F.silu(gu[:, :inter]) * gu[:, inter:]
                 delta = L.down(act)
                 if li + 1 < len(layers):
                     x, y = resid_norm(x, delta, layers[li + 1].input_norm)

@@ -236,6 +236,36 @@ def test_amx_tiles_refuse_sizes_that_are_not_whole_tiles_and_rows_that_do_not_fi
                 native_int8.w8_amx_gemm(torch.randn(40, 64), packed, s, b)
 
 
+def test_interleaving_gate_up_puts_16_gate_then_16_up_channels_side_by_side_and_refuses_odd_sizes():
+    t = torch.arange(64)                                   # I = 32: gate 0..31, up 32..63
+    assert native_int8.interleave_gate_up(t).tolist() == [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)]
+    rows = torch.arange(64 * 3).view(64, 3)
+    assert torch.equal(native_int8.interleave_gate_up(rows)[16], rows[32])
+    with pytest.raises(ValueError, match="multiple of 16"):
+        native_int8.interleave_gate_up(torch.arange(48))
+
+
+@pytest.mark.parametrize("m", [AMX_MIN_ROWS, 31, 33, 100])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_silu_in_the_gate_up_epilogue_gives_the_bits_of_the_projection_then_silu_mul(m, with_bias):
+    """Linear.silu_mul on AMX rows (w8_amx_gemm_silu on interleaved tiles) against the unfused path it replaces:
+    the gate_up projection, then native_kernels.silu_mul, bit for bit (rows past a 16-row tile included)."""
+    g = torch.Generator().manual_seed(m)
+    w = torch.randn(2 * 1536, 576, generator=g) * 0.05
+    lin = Linear(w, torch.randn(2 * 1536, generator=g) if with_bias else None, "int8")
+    x = torch.randn(m, 576, generator=g) * 3
+    x[0, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])   # non-finite rows too
+    want = native_kernels.silu_mul(lin(x))
+    got = lin.silu_mul(x)
+    assert got.shape == (m, 1536)
+    assert torch.equal(got[1:], want[1:]) and torch.equal(got[0].isnan(), want[0].isnan())
+    assert torch.equal(got[0].nan_to_num(), want[0].nan_to_num())
+    if native_kernels.amx_available():
+        assert lin.silu_tiles is not None and lin.nbytes() > lin.weight.numel() * 3   # int8 + twice that in bf16
+    few = lin.silu_mul(x[:AMX_MIN_ROWS - 1])                                       # below: the FMA kernel then silu_mul
+    assert torch.equal(few[1:], native_kernels.silu_mul(lin(x[:AMX_MIN_ROWS - 1]))[1:])
+
+
 def test_an_int8_projection_switches_kernels_at_amx_min_rows_without_moving_its_rows():
     """The same row computed alone (FMA kernel) and inside AMX_MIN_ROWS rows (AMX where present) agrees to fp32
     rounding: what lets a token's K/V not depend on the size of the batch it was computed in."""

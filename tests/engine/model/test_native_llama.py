@@ -333,7 +333,9 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
     fast, fast_k = run()
     lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
     tiles = native_kernels.amx_available()
-    assert [lin.tiles is not None for lin in lins] == [tiles] * len(lins)     # the 72 rows ran on tiles, or
+    on_tiles = [(lin.silu_tiles if lin is L.gate_up else lin.tiles) is not None       # gate_up: with silu fused
+                for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
+    assert on_tiles == [tiles] * len(lins)                                     # the 72 rows ran on tiles, or
     panels = not tiles and native_int8.panels_fit(lins[0].weight)
     assert [lin.panels is not None for lin in lins] == [panels] * len(lins)   # on panels
     build = native_layers.AttentionPlan.build
