@@ -103,7 +103,8 @@ def _int(obj: dict, name: str, minimum: int, required: bool = True) -> Optional[
             raise ValueError(f"missing field {name!r}")
         return None
     v = obj[name]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < minimum:
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
+            or int(v) != v or v < minimum):   # Infinity / NaN: json.loads reads them, int() would raise
         raise ValueError(f"field {name!r} must be an integer >= {minimum}, got {v!r}")
     return int(v)
 

@@ -37,6 +37,9 @@ MC = {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2
     ({**MC, "input_length": -4}, "input_length"),
     ({**MC, "hash_ids": [1, "x"]}, "hash_ids"),
     ([1, 2], "JSON object"),
+    ('{"timestamp": 0, "input_length": Infinity, "output_length": 3, "hash_ids": [1, 2]}', "'input_length'"),
+    ('{"timestamp": 0, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}', "'output_length'"),
+    ('{"timestamp": 0, "input_length": NaN, "output_length": 3, "hash_ids": [1, 2]}', "'input_length'"),
 ])
 def test_malformed_mooncake_line_names_the_line(tmp_path, bad, msg):
     p = write(tmp_path, [MC, MC, bad, MC])
@@ -45,9 +48,10 @@ def test_malformed_mooncake_line_names_the_line(tmp_path, bad, msg):
 
 
 def test_skip_mode_counts_malformed_lines(tmp_path):
-    p = write(tmp_path, [MC, "{oops", {**MC, "hash_ids": []}, MC])
+    p = write(tmp_path, [MC, "{oops", {**MC, "hash_ids": []}, MC,
+                         '{"timestamp": 0, "input_length": Infinity, "output_length": 3, "hash_ids": [1, 2]}'])
     w = load_mooncake(p, on_error="skip")
-    assert len(w) == 2 and w.skipped_lines == 2
+    assert len(w) == 2 and w.skipped_lines == 3
 
 
 @pytest.mark.parametrize("content, msg", [("", "no requests"), ("\n\n", "no requests")])
@@ -93,6 +97,7 @@ def test_jsonl_texts_need_a_tokenizer(tmp_path):
 @pytest.mark.parametrize("bad, msg", [
     ([], "non-empty list"), ([1, -2], "non-negative"), ({"output_len": 3}, "no prompt"),
     ({"input_ids": [1], "output_ids": [1, 2], "output_len": 3}, "differs"), ("7", "list of token ids"),
+    ('{"input_ids": [1, 2, 3], "output_len": Infinity}', "'output_len'"),
 ])
 def test_malformed_jsonl_line(tmp_path, bad, msg):
     p = write(tmp_path, [[1, 2], bad])
