@@ -122,9 +122,12 @@ class SweepResult:
 
     def capacity_to_reach(self, fraction: float = 0.9) -> dict[str, Optional[int]]:
         """Per policy (and the optimum): the smallest swept capacity whose hit rate reaches
-        `fraction` of the infinite-capacity rate; None when no swept capacity does."""
+        `fraction` of the infinite-capacity rate; None when no swept capacity does, and for every one when that
+        rate is 0 (no prompt token repeats: a 0 hit rate "reaches" 90 % of 0 at any size, which answers nothing)."""
         target = fraction * self.infinite_hit_rate
         out: dict[str, Optional[int]] = {}
+        if self.infinite_hit_rate <= 0:
+            return {name: None for name in self.policies + ([OPTIMAL] if self.optimal else [])}
         series = [(p.policy, p.capacity_tokens, p.hit_rate) for p in self.points]
         series += [(OPTIMAL, b.capacity_tokens, b.hit_rate) for b in self.optimal]
         for name in self.policies + ([OPTIMAL] if self.optimal else []):
@@ -263,8 +266,9 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         finally:
             sweep_worker.clear()
     else:
-        _run_pool(tasks, workers, mp_context, (workload, page_size, overlap, bounds.trace, level), done,
-                  point_progress)
+        # no more processes than points: the pool forks every worker up front (--workers 100000 forked hundreds)
+        _run_pool(tasks, min(workers, len(tasks)), mp_context, (workload, page_size, overlap, bounds.trace, level),
+                  done, point_progress)
     points = sorted((r for r in results if isinstance(r, ReplayResult)),
                     key=lambda r: (pols.index(r.policy), r.capacity_tokens))
     optimal = sorted((r for r in results if isinstance(r, BoundResult)), key=lambda b: b.capacity_tokens)

@@ -56,6 +56,15 @@ def test_table_has_a_row_per_point_and_the_gap(result):
     assert df["evictions"].dtype == "Int64" and df[df.policy == OPTIMAL]["evictions"].isna().all()
 
 
+def test_with_no_prompt_token_repeated_no_capacity_reaches_the_target():
+    """Unique prompts: the infinite-capacity rate is 0, so "90 % of it" was met by the smallest pool swept."""
+    from core.lab.workloads import TraceRequest, Workload
+    w = Workload("unique", [TraceRequest(prompt=list(range(i * 10, i * 10 + 8)), output_len=2) for i in range(5)])
+    res = run_sweep(w, [16, 32, 64], ["lru", "fifo"], workers=1)
+    assert res.infinite_hit_rate == 0.0 and all(p.hit_rate == 0.0 for p in res.points)
+    assert res.capacity_to_reach(0.9) == {"lru": None, "fifo": None, OPTIMAL: None}
+
+
 def test_capacity_to_reach_is_the_smallest_swept_capacity(result):
     target = 0.9 * result.infinite_hit_rate
     got = result.capacity_to_reach(0.9)
@@ -123,3 +132,15 @@ def test_a_running_point_reports_its_progress(workers):
         fractions = [f for p, c, f in seen if (p, c) == key]
         assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) >= 10
         assert 0.0 <= fractions[0] < 0.1
+
+
+def test_a_pool_has_no_more_processes_than_points(monkeypatch):
+    """--workers 100000 with 50 points forked hundreds of processes (the pool starts every worker up front)."""
+    from core.lab import sweep
+    asked = []
+    real = sweep._run_pool
+    monkeypatch.setattr(sweep, "_run_pool", lambda tasks, workers, *rest: (asked.append((len(tasks), workers)),
+                                                                          real(tasks, workers, *rest))[1])
+    res = run_sweep(few_shot(num_requests=6, examples_len=10, question_len=2), [40, 80], ["lru"], workers=1000,
+                    with_optimal=False)
+    assert asked == [(2, 2)] and len(res.points) == 2
