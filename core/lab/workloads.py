@@ -16,6 +16,7 @@ h*block_size can neither reach the output ids nor wrap.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -199,8 +200,10 @@ class _Tokens:
     """Random token runs; every run drawn from one generator so a seed fixes the whole workload."""
 
     def __init__(self, seed: int, vocab_size: int) -> None:
-        if vocab_size < 2:
-            raise ValueError(f"vocab_size must be at least 2, got {vocab_size}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2^63), got {seed!r}")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or not 2 <= vocab_size <= 2**62:
+            raise ValueError(f"vocab_size must be an integer in [2, 2^62], got {vocab_size!r}")
         self.rng = np.random.default_rng(seed)
         self.vocab_size = vocab_size
 
@@ -218,8 +221,9 @@ def _timestamps(n: int, request_rate: Optional[float], seed: int) -> list[Option
     """Poisson arrivals at `request_rate` requests per second, in ms; None when no rate is given."""
     if request_rate is None:
         return [None] * n
-    if request_rate <= 0:
-        raise ValueError(f"request_rate must be positive (requests per second), got {request_rate}")
+    if (isinstance(request_rate, bool) or not isinstance(request_rate, (int, float, np.integer, np.floating))
+            or not math.isfinite(request_rate) or request_rate <= 0):
+        raise ValueError(f"request_rate must be a positive number (requests per second), got {request_rate!r}")
     gaps = np.random.default_rng(seed + 1).exponential(1000.0 / request_rate, size=n)
     gaps[0] = 0.0
     return np.cumsum(gaps).tolist()

@@ -115,6 +115,13 @@ def test_concat_keeps_phases_in_order():
     (lambda: multi_turn_chat(turns=-1), "turns"),
     (lambda: tree_of_thought(order="zigzag"), "order"),
     (lambda: few_shot(request_rate=0), "request_rate"),
+    (lambda: few_shot(request_rate=float("nan")), "request_rate"),      # NaN timestamps were made silently
+    (lambda: few_shot(request_rate=float("inf")), "request_rate"),
+    (lambda: make_workload("generated-shared-prefix", seed="abc"), "seed"),   # a traceback from numpy before
+    (lambda: make_workload("generated-shared-prefix", seed=1.5), "seed"),
+    (lambda: make_workload("generated-shared-prefix", seed=-1), "seed"),
+    (lambda: make_workload("generated-shared-prefix", vocab_size=10**30), "vocab_size"),
+    (lambda: multi_turn_chat(seed=True), "seed"),
     (lambda: make_workload("nope"), "generated-shared-prefix"),
     (lambda: make_workload("few-shot", bogus=1), "bogus"),
     (lambda: Workload("empty", []), "no requests"),
