@@ -127,6 +127,8 @@ def load_model_config(path_or_name: Union[str, os.PathLike], kv_dtype: Optional[
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read model config {text!r}: {e}") from None
         name = cfg.get("_name_or_path") if isinstance(cfg, dict) else None
+        if not isinstance(name, str):    # a label only: a number or a list there names nothing
+            name = None
         return model_kv(cfg, (name or p.parent.name or p.stem).split("/")[-1], kv_dtype)
     shipped = shipped_models()
     want = text.split("/")[-1].lower()
@@ -147,8 +149,19 @@ def _byte_unit(unit: str) -> Optional[int]:
     return None
 
 
+MAX_CAPACITY_TOKENS = 2**40   # ~1.1e12 tokens (~140 PB of Llama-3.1-8B's K/V): past it bytes overflow int64
+
+
 def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[ModelKV] = None) -> int:
     """Tokens from '80GiB' / '40GB' (needs `kv`), '3M' (3,000,000 tokens), '512k', '6000p' (pages) or 3072000."""
+    tokens = _parse_capacity(text, page_size, kv)
+    if tokens > MAX_CAPACITY_TOKENS:
+        raise ValueError(f"capacity {text!r} is {tokens:.3g} tokens, more than any pool holds (at most "
+                         f"{MAX_CAPACITY_TOKENS:,}); give a smaller one")
+    return tokens
+
+
+def _parse_capacity(text: Union[str, int], page_size: int, kv: Optional[ModelKV]) -> int:
     if isinstance(text, str):
         m = _CAP.fullmatch(text)
         scale = _byte_unit(m.group(2)) if m else None
@@ -157,7 +170,7 @@ def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[Model
                 raise ValueError(f"capacity {text!r} is in bytes: give a model (--model-config, e.g. llama-3.1-8b) "
                                  f"so bytes can become tokens, or write tokens (3M) or pages (6000p)")
             num = float(m.group(1))
-            if not math.isfinite(num):
+            if not math.isfinite(num * scale):
                 raise ValueError(f"cannot read capacity {text!r}")
             whole = kv.tokens(num * scale)
             tokens = whole - whole % page_size

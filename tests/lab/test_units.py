@@ -12,7 +12,7 @@ from core.cache.eviction.registry import POLICIES
 from core.lab.optimal import Bounds
 from core.lab.replay import pool_pages_needed, replay
 from core.lab.sweep import parse_capacities
-from core.lab.units import (
+from core.lab.units import (MAX_CAPACITY_TOKENS, 
     GIB,
     add_bytes_columns,
     fmt_capacity,
@@ -104,6 +104,17 @@ def test_capacities_in_bytes_become_whole_tokens_and_pages():
         parse_capacity("80 bananas", 1, kv)
 
 
+@pytest.mark.parametrize("text", ["100000G", "1e200GiB", "99999999999999999999999999999", 2**41])
+def test_capacities_past_any_pool_are_refused_before_bytes_overflow(text):
+    """100000G tokens of Llama-3.1-8B printed capacity_gib -4972837934 (int64 bytes wrapped)."""
+    kv = load_model_config("llama-3.1-8b")
+    with pytest.raises(ValueError, match="more than any pool holds"):
+        parse_capacity(text, 16, kv)
+    assert parse_capacity(MAX_CAPACITY_TOKENS, 16, kv) == MAX_CAPACITY_TOKENS
+    with pytest.raises(ValueError, match="cannot read capacity"):
+        parse_capacity("1e300GiB", 16, kv)
+
+
 def test_token_counts_are_spelled_out():
     assert fmt_tokens(3_072_000) == "3.07M tokens (3,072,000)"
     assert fmt_tokens(2048) == "2,048 tokens"
@@ -143,3 +154,12 @@ def test_tables_gain_bytes_columns():
     assert list(out.columns) == ["policy", "capacity_tokens", "capacity_bytes", "capacity_gib", "hit_rate"]
     assert out.capacity_bytes[0] == 8192 * 131_072 and out.capacity_gib[0] == 1.0
     assert add_bytes_columns(df, None) is df
+
+
+def test_a_config_whose_name_is_not_a_string_is_named_after_its_folder(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"_name_or_path": 5, "num_hidden_layers": 1,
+                                                    "num_attention_heads": 1, "hidden_size": 64}))
+    kv = load_model_config(str(folder))
+    assert kv.name == "my-model" and kv.num_layers == 1
