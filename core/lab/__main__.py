@@ -148,12 +148,15 @@ def cmd_sweep(args) -> int:
     from core.lab import plan_cli
     from core.lab.page_trace import Overlap
     from core.lab.sweep import parse_capacities, parse_policies, run_sweep
+    from core.lab.units import parse_capacity
     if args.address and args.backend != "ray":
         raise ValueError("--address names a Ray cluster; add --backend ray")
     kv = _check_args(args)                              # fail fast, before reading a trace
     workload = _load(args)
     page_size = _page_size(args, workload)
     caps = parse_capacities(args.capacities, page_size, kv)
+    if args.host_capacity:      # again at the trace's page size, before the sweep (not after it, as it was)
+        parse_capacity(args.host_capacity, page_size, kv)
     pols = parse_policies(args.policies)
     overlap = Overlap(args.ms_per_output_token, args.ms_per_prompt_token) if args.overlap else None
     s = workload.summary()
@@ -202,7 +205,7 @@ def cmd_sweep(args) -> int:
     hosts = plan_cli.host_rows(args, workload, res, kv, overlap)
     if args.out:
         paths = res.save(args.out, args.target)
-        plan_cli.save_extras(paths, kv, hosts)
+        plan_cli.save_extras(res, paths, kv, hosts)
         try:   # the chart builder draws with plotly, so it lives with the dashboard (core never imports plotly)
             from core.lab.chart import hit_rate_figure
             chart = paths["csv"].parent / "chart.html"

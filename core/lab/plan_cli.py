@@ -86,8 +86,9 @@ def print_sweep(args, res, kv: Optional[ModelKV]) -> None:
             print(f"note: {note}")
     print(f"smallest swept capacity reaching {args.target:.0%} of it (python -m core.lab size searches between "
           f"the swept points):")
+    why = " (no prompt token repeats: no pool hits anything)" if res.infinite_hit_rate <= 0 else ""
     for name, cap in res.capacity_to_reach(args.target).items():
-        print(f"  {name:>9}: {'not reached' if cap is None else fmt_capacity(cap, res.page_size, kv)}")
+        print(f"  {name:>9}: {'not reached' + why if cap is None else fmt_capacity(cap, res.page_size, kv)}")
 
 
 def host_rows(args, workload, res, kv: Optional[ModelKV], overlap) -> Optional[list[dict]]:
@@ -118,11 +119,12 @@ def host_rows(args, workload, res, kv: Optional[ModelKV], overlap) -> Optional[l
     return rows
 
 
-def save_extras(paths: dict, kv: Optional[ModelKV], hosts: Optional[list[dict]]) -> None:
-    """results.csv gains the bytes columns, results.json the model and the host-tier rows."""
-    import pandas as pd
+def save_extras(res, paths: dict, kv: Optional[ModelKV], hosts: Optional[list[dict]]) -> None:
+    """results.csv gains the bytes columns, results.json the model and the host-tier rows. The CSV is written
+    again from the sweep's table, not reread (rereading it turned the integer columns with gaps, such as the
+    optimum's empty evictions, into floats: 48.0)."""
     if kv is not None:
-        add_bytes_columns(pd.read_csv(paths["csv"]), kv).to_csv(paths["csv"], index=False)
+        add_bytes_columns(res.table(), kv).to_csv(paths["csv"], index=False)
     data = json.loads(Path(paths["json"]).read_text())
     data["model"] = None if kv is None else kv.to_dict()
     data["host_tier"] = hosts

@@ -103,7 +103,13 @@ def cmd_route(args, load_workload, page_size_of) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)   # an unwritable --out fails before the work
     workload = load_workload(args)
     page_size = page_size_of(args, workload)
-    cap = parse_capacity(args.capacity, page_size)
+    try:
+        cap = parse_capacity(args.capacity, page_size)
+    except ValueError as exc:
+        if "is in bytes" not in str(exc):
+            raise
+        raise ValueError(f"--capacity {args.capacity!r} is in bytes; route takes tokens (200000, 200k) or pages "
+                         f"(400p): python -m core.lab size or sweep --model-config turn bytes into tokens") from None
     overlap = Overlap(args.ms_per_output_token) if args.overlap else None
     bounds = Bounds(workload, page_size, overlap)
     inf = bounds.infinite().hit_rate

@@ -186,6 +186,15 @@ def test_host_tier_flags_fail_fast(capsys):
                "--host-capacity", "1k", "--prefill-rate", "0")
 
 
+def test_a_host_capacity_below_the_traces_page_fails_before_the_sweep(mooncake_path, tmp_path, capsys):
+    """The early check knows no page size yet (a block trace sets 512); the sweep ran and printed its table first."""
+    assert main(["sweep", "--trace", str(mooncake_path), "--limit", "20", "--capacities", "4p,8p", "--policies", "lru",
+                 "--host-capacity", "0.4k", "--workers", "1", "--quiet", "--out", str(tmp_path / "o")]) == 2
+    cap = capsys.readouterr()
+    assert "below one page of 512 tokens" in cap.err and "Traceback" not in cap.err
+    assert "hit_rate" not in cap.out and not any((tmp_path / "o").iterdir())
+
+
 def test_capacities_in_the_same_page_give_one_row(tmp_path, capsys):
     assert main(["sweep", *GSP, "--capacities", "64,65,79,80", "--page-size", "16", "--policies", "lru",
                  "--workers", "1", "--quiet", "--out", str(tmp_path)]) == 0
@@ -246,3 +255,17 @@ def test_ctrl_c_with_two_workers_stops_at_once_without_a_traceback(mooncake_path
     assert err.rstrip().endswith("interrupted: the workers were stopped and nothing was written")
     assert took < 5.0, took
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_with_a_model_the_csv_keeps_its_integer_columns_whole(tmp_path, capsys):
+    """The bytes columns were added by rereading results.csv, which turned evictions 48 into 48.0."""
+    assert main(["sweep", *GSP, "--capacities", "64,128", "--policies", "lru", "--workers", "1", "--quiet",
+                 "--model-config", "llama-3.1-8b", "--out", str(tmp_path)]) == 0
+    lines = (tmp_path / "results.csv").read_text().splitlines()
+    head = lines[0].split(",")
+    assert "capacity_gib" in head
+    for line in lines[1:]:
+        row = dict(zip(head, line.split(",")))
+        assert row["capacity_tokens"].isdigit() and row["capacity_pages"].isdigit(), row
+        if row["policy"] == "lru":
+            assert all(row[c].isdigit() for c in ("evictions", "evicted_tokens", "rejected", "requests")), row

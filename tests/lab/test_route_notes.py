@@ -45,3 +45,11 @@ def test_a_mild_imbalance_or_a_single_replica_is_not_called_one_sided():
     rows = [dict(base, replicas=2, load_imbalance=1.5), dict(base, replicas=1, load_imbalance=1.0)]
     assert one_sided_notes(rows, RouterConfig()) == []
     assert len(one_sided_notes(rows + [dict(base, replicas=2, load_imbalance=1.51)], RouterConfig())) == 1
+
+
+def test_a_capacity_in_bytes_says_route_takes_tokens_or_pages(capsys):
+    """It said "give a model (--model-config ...)", a flag route does not have."""
+    args = [a if a != "2000" else "5GiB" for a in ARGS]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --capacity '5GiB' is in bytes; route takes tokens") and "Traceback" not in err
