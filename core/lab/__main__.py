@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -244,8 +245,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
+def _first_ctrl_c_only(signum, frame) -> None:
+    """SIGINT in the CLI: the first stops the run (KeyboardInterrupt); a second one while it unwinds (a key held,
+    or `timeout` forwarding the signal again) is ignored instead of raising inside the cleanup (a traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def run() -> None:
     """`python -m core.lab` and the `radix-lab` command: main(), then exit with its code."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # not where SIGINT was left ignored
+        signal.signal(signal.SIGINT, _first_ctrl_c_only)
     code = main()
     if code == 130:   # Ctrl-C: stop now, without seconds of interpreter teardown
         sys.stdout.flush()
