@@ -142,6 +142,13 @@ def check_common_args(args) -> None:
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be a positive number of requests to read, got {args.limit} "
                          f"(leave it out to read the whole trace)")
+    for flag in ("ms_per_output_token", "ms_per_prompt_token"):   # else Overlap named its own field, late
+        v = getattr(args, flag, None)
+        if v is not None and (not math.isfinite(v) or v < 0):
+            raise ValueError(f"--{flag.replace('_', '-')} must be a non-negative number of milliseconds, got {v}")
+    concurrency = getattr(args, "concurrency", None)
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"--concurrency must be at least 1 (requests in flight), got {concurrency}")
 
 
 # ----- size ----------------------------------------------------------------------------------------

@@ -194,6 +194,9 @@ def _parse_tokens(text: Union[str, int], page_size: int) -> int:
         num, unit = float(m.group(1)), (m.group(2) or "")
         scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}.get(unit.lower(), page_size)
         tokens = int(round(num * scale))
+    if tokens < 1:   # before the page is known (a block trace sets it) "below one page of 1 tokens" misled
+        raise ValueError(f"capacity {text!r} holds no tokens: give a positive number of tokens (3072000, 3M) or "
+                         f"pages (6000p)")
     if tokens < page_size:
         raise ValueError(f"capacity of {tokens} tokens is below one page of {page_size} tokens; "
                          f"give at least {page_size}")

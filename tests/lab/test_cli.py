@@ -289,3 +289,12 @@ def test_a_second_ctrl_c_while_the_first_unwinds_is_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_flags_the_trace_does_not_decide_fail_fast_naming_the_flag(capsys):
+    fails_fast(capsys, "capacity '0' holds no tokens", *GSP, "--capacities", "0")
+    fails_fast(capsys, "--ms-per-output-token must be a non-negative number of milliseconds, got -1.0", *GSP,
+               "--capacities", "64", "--overlap", "--ms-per-output-token", "-1")
+    assert main(["route", *GSP, "--capacity", "4k", "--concurrency", "0"]) == 2
+    cap = capsys.readouterr()
+    assert cap.err == "error: --concurrency must be at least 1 (requests in flight), got 0\n" and cap.out == ""
