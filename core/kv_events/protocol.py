@@ -34,7 +34,9 @@ class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
 class BlockStored(KVCacheEvent):
     block_hashes: list[BlockHash]
     parent_block_hash: Optional[BlockHash]
-    token_ids: list[Any]          # ints; SGLang's bigram pages send pairs
+    # ints, or SGLang's bigram pages' pairs of ints; typed, so a None, float or string token is an undecodable
+    # batch (a gap) like any other malformed payload, not an exception where the tree is rebuilt
+    token_ids: list[Union[int, list[int]]]
     block_size: int
     lora_id: Optional[int]
     medium: Optional[str] = None

@@ -38,6 +38,10 @@ def check_endpoint(endpoint: str, what: str = "endpoint", bind: bool = False) ->
     if scheme == "tcp" and "*" in endpoint and not bind:
         raise ValueError(f"{what} {endpoint!r} is a bind address; a subscriber connects to the "
                          f"engine's host, e.g. tcp://127.0.0.1:5557")
+    if scheme == "tcp":   # ZMQ itself takes port 99999 and raises a bare ZMQError for "tcp://"
+        host, _, port = endpoint.split("://", 1)[1].rpartition(":")
+        if not host or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
+            raise ValueError(f"{what} {endpoint!r} needs a host and a port in 1-65535, e.g. tcp://127.0.0.1:5557")
     return endpoint
 
 
@@ -199,9 +203,15 @@ class KVEventSubscriber:
         except DecodeError as e:
             self.errors.append(str(e))
             return
-        gap = self.follower.offer(seq, payload, topic)
-        if gap is not None:
-            self.follower.resolve(gap, self._replay(gap.start) if self.replay_endpoint else [])
+        if seq < 0:   # -1 marks a gap in a recording and the end of a replay: never a batch
+            self.errors.append(f"ignored a batch with sequence number {seq} (a publisher counts from 0)")
+            return
+        try:
+            gap = self.follower.offer(seq, payload, topic)
+            if gap is not None:
+                self.follower.resolve(gap, self._replay(gap.start) if self.replay_endpoint else [])
+        except Exception as e:   # whatever one batch holds, the thread keeps following (it died, silently)
+            self.errors.append(f"seq {seq}: {type(e).__name__}: {e}")
 
     def _replay(self, start: int) -> list[tuple[int, bytes, bytes]]:
         """Everything the publisher's replay buffer holds from `start` on (empty on timeout)."""
@@ -223,9 +233,16 @@ class KVEventSubscriber:
                 if len(msg) != 4:
                     continue
                 _, topic, raw_seq, payload = msg
-                seq = seq_from_bytes(raw_seq)
+                try:
+                    seq = seq_from_bytes(raw_seq)
+                except DecodeError as e:
+                    self.errors.append(f"replay from seq {start}: {e}")
+                    continue
                 if seq == END_SEQ:
                     break
+                if seq < 0:
+                    self.errors.append(f"replay from seq {start}: ignored a batch with sequence number {seq}")
+                    continue
                 out.append((seq, payload, topic))
         finally:
             sock.close(linger=0)
