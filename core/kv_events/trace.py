@@ -19,6 +19,7 @@ here as requests too).
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Optional
 
@@ -48,9 +49,16 @@ def convert_recording(path, out, output_len: int = 0, errors: Optional[list] = N
     counts = {"requests": 0, "blocks_requested": 0, "blocks_stored": 0,
               "tier_copies": 0, "other_groups": 0, "orphans": 0}
     plural = {"tier_copy": "tier_copies", "other_group": "other_groups", "orphan": "orphans"}
+    if isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0:
+        raise ValueError(f"output_len must be an integer >= 0 (the lab's loader refuses others), got {output_len!r}")
+    if os.path.exists(out) and os.path.exists(path) and os.path.samefile(path, out):
+        raise ValueError(f"--out {os.fspath(out)!r} is the recording itself: write the trace to another file")
     t0: list = []
+    # the trace goes to a temporary file beside `out`, renamed over it only once the recording was read: a failed
+    # read left an empty `out` (an existing trace, or the recording itself when they were one file, destroyed)
+    tmp = f"{os.fspath(out)}.{os.getpid()}.part"     # open(), not mkstemp: the umask's permissions, as before
     try:
-        fh = open(out, "w", encoding="utf-8")
+        fh = open(tmp, "x", encoding="utf-8")
     except OSError as e:
         raise ValueError(f"cannot write trace {os.fspath(out)!r}: {e.strerror or e}") from None
 
@@ -70,12 +78,18 @@ def convert_recording(path, out, output_len: int = 0, errors: Optional[list] = N
         counts["blocks_requested"] += len(tokens) // max(1, ev.block_size)
         counts["blocks_stored"] += len(ev.block_hashes)
         counts["requests"] += 1
-        fh.write(json.dumps({"input_ids": tokens, "output_len": output_len,
-                             "timestamp": round((ts - t0[0]) * 1000.0, 3)}) + "\n")
+        at = (ts - t0[0]) * 1000.0
+        fh.write(json.dumps({"input_ids": tokens, "output_len": output_len,      # NaN / inf: no timestamp, not
+                             "timestamp": round(at, 3) if math.isfinite(at) else None}) + "\n")   # a NaN the lab refuses
 
     tree.before_event = before
-    with fh:
-        follower = replay_recording(path, StreamFollower(tree), errors)
+    try:
+        with fh:
+            follower = replay_recording(path, StreamFollower(tree), errors)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     st = follower.status()
     return dict(counts, batches=st["batches"], unrecovered_gaps=st["unrecovered_gaps"],
                 missing_batches=st["missing_batches"])

@@ -110,6 +110,16 @@ def test_trace_holds_the_stored_prompts_and_answers_what_if_bigger(tmp_path):
     assert all(p in PROMPTS for p in prompts), prompts
     small, big = replay(wl, 16, page_size=PS), replay(wl, 64, page_size=PS)
     assert big.hit_tokens > small.hit_tokens   # twice... four times the cache keeps what was evicted
+    # a failed convert loses nothing: the trace was opened (emptied) before the recording was read
+    recording = (tmp_path / "ev.bin").read_bytes()
+    with pytest.raises(ValueError, match="is the recording itself"):
+        convert_recording(tmp_path / "ev.bin", tmp_path / "ev.bin")
+    with pytest.raises(ValueError, match="cannot read recording"):
+        convert_recording(tmp_path / "typo.bin", tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match="output_len must be an integer >= 0"):
+        convert_recording(tmp_path / "ev.bin", tmp_path / "t.jsonl", output_len=-5)
+    assert (tmp_path / "ev.bin").read_bytes() == recording and len(load_trace(tmp_path / "t.jsonl")) == len(wl)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["ev.bin", "t.jsonl"]     # no .part left behind
 
 
 def test_config_errors_say_what_to_change():
