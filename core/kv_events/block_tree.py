@@ -103,6 +103,8 @@ class BlockTree:
                 self.blocks[key] = b
                 self._link(b)
                 for child in self._waiting.pop(key, ()):  # a late parent adopts its children
+                    if child in self._ancestors(key):   # A under B, then B under A: no chain reaches a root
+                        continue                         # (a publisher's bug): the child stays an orphan
                     self.orphans.discard(child)
                     b.children.add(child)
                 new += 1
@@ -117,8 +119,18 @@ class BlockTree:
                                                   "parent": ev.parent_block_hash, "tokens": len(ev.token_ids)}))
         return new
 
+    def _ancestors(self, key: Key) -> set:
+        """The blocks above `key`, itself included, up to a root, a missing block or a repeat (a cycle)."""
+        seen: set = set()
+        while key is not None and key in self.blocks and key not in seen:
+            seen.add(key)
+            key = self.blocks[key].parent
+        return seen
+
     def _link(self, b: Block) -> None:
-        if b.parent is None:
+        if b.parent == b.key:       # stored under itself (a publisher's bug): an orphan, not a loop
+            self.orphans.add(b.key)
+        elif b.parent is None:
             self.roots.add(b.key)
         elif b.parent in self.blocks:
             self.blocks[b.parent].children.add(b.key)
@@ -174,8 +186,9 @@ class BlockTree:
 
     def path_tokens(self, key: Key) -> tuple:
         """Every token from the top of the block's chain down to and including the block."""
-        out = []
-        while key is not None and key in self.blocks:
+        out, seen = [], set()
+        while key is not None and key in self.blocks and key not in seen:   # a cycle ends the walk
+            seen.add(key)
             b = self.blocks[key]
             out.append(b.tokens)
             key = b.parent
@@ -184,10 +197,12 @@ class BlockTree:
     def chain_known(self, key: Optional[Key]) -> bool:
         """Whether every block from `key` up to a root is held (None: under the root), so the
         tokens before a block stored under `key` are all known."""
+        seen = set()
         while key is not None:
             b = self.blocks.get(key)
-            if b is None:
+            if b is None or key in seen:   # missing, or a cycle (a publisher's bug): never reaches a root
                 return False
+            seen.add(key)
             key = b.parent
         return True
 

@@ -59,3 +59,18 @@ def test_odd_but_legal_events_do_not_break_the_tree():
     assert (0, 9) in t.blocks and (1, 9) in t.blocks
     t.apply(_b(3.0, BlockRemoved([9], "GPU", group_idx=1)), 2)
     assert (0, 9) in t.blocks and (1, 9) not in t.blocks
+
+
+def test_a_block_under_itself_or_a_two_block_cycle_stays_an_orphan_and_every_walk_ends():
+    """Stored under itself, or A under B then B under A: `convert` walked the chain for ever (path_tokens,
+    chain_known) and the blocks were counted but reachable from nowhere. Now such blocks are orphans."""
+    t = BlockTree()
+    t.apply(_b(1.0, stored([42], 42, [1, 1]), stored([43], 42, [2, 2])), 0)
+    assert t.orphans == {(0, 42)} and t.blocks[(0, 42)].children == {(0, 43)}
+    assert t.path_tokens((0, 43)) == (1, 1, 2, 2) and t.chain_known((0, 43)) is False
+    c = BlockTree()
+    c.apply(_b(1.0, stored([7], 8, [7, 7]), stored([8], 7, [8, 8]), stored([9], 7, [9, 9])), 0)
+    assert c.orphans == {(0, 7)} and c.blocks[(0, 8)].children == set()          # 8 does not adopt its parent
+    assert set(c.top_level()) == {(0, 7)} and c.blocks[(0, 7)].children == {(0, 8), (0, 9)}
+    assert c.path_tokens((0, 9)) == (8, 8, 7, 7, 9, 9) and c.chain_known((0, 9)) is False
+    assert sum(c.prefixes().values()) == 3                                      # all three reachable, once
