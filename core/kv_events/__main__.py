@@ -27,6 +27,7 @@ def _record(args) -> int:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     start = time.monotonic()
+    held = None
     try:   # the line below says Ctrl-C works: print it inside the try that catches Ctrl-C
         print(f"recording {args.endpoint} (topic {args.topic!r}, replay {args.replay or 'none'}) to {args.out}; "
               f"Ctrl-C stops", file=sys.stderr)
@@ -44,11 +45,13 @@ def _record(args) -> int:
             if el - last >= 5:
                 last = el
                 _status(sub, rec)
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:   # a second Ctrl-C must not break the close below (it raised while close()
+        held = signal.signal(signal.SIGINT, signal.SIG_IGN)   # waited on a replay: traceback, exit -2)
     finally:
         sub.close()
         rec.close()
+    if held is not None:
+        signal.signal(signal.SIGINT, held)
     _status(sub, rec)
     return 0
 

@@ -187,6 +187,29 @@ def test_ctrl_c_stops_record_cleanly(tmp_path):
     assert list(read_recording(out)) == []      # a valid, empty recording
 
 
+def test_a_second_ctrl_c_while_record_closes_is_ignored(tmp_path):
+    """With a replay endpoint where nothing answers, close() waits for the catch-up's 2 s replay; a second Ctrl-C
+    then raised inside it (a traceback, exit -2)."""
+    import signal
+    out = tmp_path / "ev.bin"
+    proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
+                             "--replay", "tcp://127.0.0.1:9", "--out", str(out)], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
+    try:
+        assert proc.stderr.readline().startswith("recording tcp://127.0.0.1:9")
+        time.sleep(0.5)                   # the catch-up is waiting on the replay socket
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)                   # close() is joining the thread
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert list(read_recording(out)) == []
+
+
 def test_ctrl_c_during_start_is_delivered_once_the_thread_has_started(monkeypatch):
     """A Ctrl-C that lands while start() starts the thread (the recorder prints "Ctrl-C stops" just before) waits
     until the thread runs: close() then joins it, where landing inside Thread.start() left one that could not be
