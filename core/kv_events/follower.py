@@ -71,10 +71,10 @@ Replayed = tuple  # (seq, payload, topic): a frame from the replay socket
 
 class StreamFollower:
     def __init__(self, tree: Optional[BlockTree] = None,
-                 on_frame: Optional[Callable[[int, bytes, bytes, float], None]] = None,
+                 on_frame: Optional[Callable[[int, bytes, bytes, Optional[float]], None]] = None,
                  on_gap: Optional[Callable[[Gap], None]] = None) -> None:
         self.tree = tree if tree is not None else BlockTree()
-        self.on_frame = on_frame            # called with (seq, topic, payload, ts) for each applied frame
+        self.on_frame = on_frame            # (seq, topic, payload, ts) for each frame applied, or undecodable (ts None)
         self.on_gap = on_gap                # called with each gap once its outcome is known
         self.last_seq: Optional[int] = None
         self.gaps: list[Gap] = []
@@ -235,6 +235,8 @@ class StreamFollower:
             batch = decode_batch(payload)
         except DecodeError as e:
             self._settled(self._gap(seq, seq, f"undecodable batch: {e}", recovered=False))
+            if self.on_frame is not None:   # the recorder keeps its bytes too: replayed, the same one gap (it
+                self.on_frame(seq, topic, payload, None)   # counted twice: the gap and a hole in the seqs)
             self.changed.notify_all()
             return
         self.tree.apply(batch, seq)

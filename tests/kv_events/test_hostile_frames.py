@@ -99,3 +99,19 @@ def test_a_tcp_endpoint_needs_a_host_and_a_port_in_range(endpoint):
     with pytest.raises(ValueError, match="needs a host and a port in 1-65535"):
         check_endpoint(endpoint, "replay endpoint")
     assert check_endpoint("tcp://127.0.0.1:5557") == "tcp://127.0.0.1:5557"
+
+
+def test_a_recording_keeps_an_undecodable_batch_so_show_counts_its_gap_once(tmp_path):
+    """The recorder wrote the gap but not the frame, so `show` found the gap and then a hole in the seqs:
+    two gaps and twice the missing batches for one bad batch."""
+    from core.kv_events.follower import StreamFollower
+    from core.kv_events.recorder import Recorder, replay_recording
+    with Recorder(tmp_path / "ev.bin") as rec:
+        live = StreamFollower(on_frame=rec, on_gap=rec.gap)
+        for seq, payload in enumerate([batch(100), b"\xc1not msgpack", batch(102, (None, 1, 2, 3)), batch(103)]):
+            assert live.offer(seq, payload, TOPIC) is None
+    want = live.status()
+    got = replay_recording(tmp_path / "ev.bin").status()
+    assert (want["gaps"], want["missing_batches"], want["last_seq"]) == (2, 2, 3)
+    assert {k: got[k] for k in ("gaps", "unrecovered_gaps", "missing_batches", "batches", "last_seq")} == \
+        {k: want[k] for k in ("gaps", "unrecovered_gaps", "missing_batches", "batches", "last_seq")}
