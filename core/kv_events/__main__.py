@@ -61,9 +61,12 @@ def _status(sub, rec, shown: list = [0]) -> None:
     with sub.follower.lock:
         t = sub.follower.tree.stats()
     new, shown[0] = sub.errors[shown[0]:], len(sub.errors)   # each problem once
+    # nothing listening at the endpoint looked like a quiet engine: "0 batches recorded" and nothing else
+    link = f" · {sub.endpoint}: refused {sub.connect_retries} time(s), is the engine up?" \
+        if sub.link == "refused" and not rec.frames else ""
     print(f"{rec.frames} batches recorded · {t['blocks']} blocks held · gaps {st['gaps']} "
           f"({st['unrecovered_gaps']} unrecovered, {st['missing_batches']} batches missing)"
-          + "".join(f" · {e}" for e in new), file=sys.stderr)
+          + link + "".join(f" · {e}" for e in new), file=sys.stderr)
 
 
 def _show(args) -> int:

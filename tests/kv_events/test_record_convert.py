@@ -187,6 +187,16 @@ def test_ctrl_c_stops_record_cleanly(tmp_path):
     assert list(read_recording(out)) == []      # a valid, empty recording
 
 
+def test_record_says_when_nothing_listens_at_the_endpoint(tmp_path):
+    """It printed "0 batches recorded" and nothing else, as for an engine that is up but quiet."""
+    done = subprocess.run([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
+                           "--out", str(tmp_path / "ev.bin"), "--duration", "1.5"], capture_output=True, text=True,
+                          timeout=30)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 0 and last.startswith("0 batches recorded"), done.stderr
+    assert "tcp://127.0.0.1:9: refused" in last and "is the engine up?" in last, last
+
+
 def test_a_second_ctrl_c_while_record_closes_is_ignored(tmp_path):
     """With a replay endpoint where nothing answers, close() waits for the catch-up's 2 s replay; a second Ctrl-C
     then raised inside it (a traceback, exit -2)."""
