@@ -169,22 +169,30 @@ def test_torn_recording_is_reported(tmp_path):
     assert [f.seq for f in read_recording(path, errors)] == [0] and "cut short" in errors[0]
 
 
-def test_ctrl_c_stops_record_cleanly(tmp_path):
+def _record_then_ctrl_c(out, *extra: str, presses: tuple = (0.0,)) -> tuple[int, str]:
+    """`record` from a dead endpoint, stopped by SIGINT once per entry of `presses` (seconds to wait before it),
+    the first sent after its "recording ..." line; returns the exit code and stderr."""
     import signal
-    out = tmp_path / "ev.bin"
     proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
-                             "--out", str(out)], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+                             *extra, "--out", str(out)], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         line = proc.stderr.readline()     # printed inside the try that turns Ctrl-C into a clean stop
         assert line.startswith("recording tcp://127.0.0.1:9") and out.exists(), line
-        proc.send_signal(signal.SIGINT)
+        for wait in presses:
+            time.sleep(wait)
+            proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0 and "0 batches recorded" in err and "Traceback" not in err, err
-    assert list(read_recording(out)) == []      # a valid, empty recording
+    return proc.returncode, err
+
+
+def test_ctrl_c_stops_record_cleanly(tmp_path):
+    code, err = _record_then_ctrl_c(tmp_path / "ev.bin")
+    assert code == 0 and "0 batches recorded" in err and "Traceback" not in err, err
+    assert list(read_recording(tmp_path / "ev.bin")) == []      # a valid, empty recording
 
 
 def test_record_says_when_nothing_listens_at_the_endpoint(tmp_path):
@@ -199,25 +207,11 @@ def test_record_says_when_nothing_listens_at_the_endpoint(tmp_path):
 
 def test_a_second_ctrl_c_while_record_closes_is_ignored(tmp_path):
     """With a replay endpoint where nothing answers, close() waits for the catch-up's 2 s replay; a second Ctrl-C
-    then raised inside it (a traceback, exit -2)."""
-    import signal
-    out = tmp_path / "ev.bin"
-    proc = subprocess.Popen([sys.executable, "-m", "core.kv_events", "record", "--endpoint", "tcp://127.0.0.1:9",
-                             "--replay", "tcp://127.0.0.1:9", "--out", str(out)], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
-    try:
-        assert proc.stderr.readline().startswith("recording tcp://127.0.0.1:9")
-        time.sleep(0.5)                   # the catch-up is waiting on the replay socket
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)                   # close() is joining the thread
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert list(read_recording(out)) == []
+    then raised inside it (a traceback, exit -2). The first press once the catch-up waits on the replay socket,
+    the second while close() joins the thread."""
+    code, err = _record_then_ctrl_c(tmp_path / "ev.bin", "--replay", "tcp://127.0.0.1:9", presses=(0.5, 0.3))
+    assert code == 0 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert list(read_recording(tmp_path / "ev.bin")) == []
 
 
 def test_ctrl_c_during_start_is_delivered_once_the_thread_has_started(monkeypatch):
