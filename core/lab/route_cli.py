@@ -90,7 +90,7 @@ def cmd_route(args, load_workload, page_size_of) -> int:
     from core.lab.plan_cli import check_common_args
     from core.lab.replay import replay
     from core.lab.routing import ROUTING_POLICIES, RouterConfig, check_routing, replay_routed, route
-    from core.lab.units import parse_capacity
+    from core.lab.units import in_bytes, parse_capacity
     check_common_args(args)
     counts = _ints(args.replicas, "--replicas")
     routings = list(ROUTING_POLICIES) if args.routing.strip() == "all" else \
@@ -103,13 +103,10 @@ def cmd_route(args, load_workload, page_size_of) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)   # an unwritable --out fails before the work
     workload = load_workload(args)
     page_size = page_size_of(args, workload)
-    try:
-        cap = parse_capacity(args.capacity, page_size)
-    except ValueError as exc:
-        if "is in bytes" not in str(exc):
-            raise
+    if in_bytes(args.capacity):   # parse_capacity would say "give a model (--model-config)": route has none
         raise ValueError(f"--capacity {args.capacity!r} is in bytes; route takes tokens (200000, 200k) or pages "
-                         f"(400p): python -m core.lab size or sweep --model-config turn bytes into tokens") from None
+                         f"(400p): python -m core.lab size or sweep --model-config turn bytes into tokens")
+    cap = parse_capacity(args.capacity, page_size)
     overlap = Overlap(args.ms_per_output_token) if args.overlap else None
     bounds = Bounds(workload, page_size, overlap)
     inf = bounds.infinite().hit_rate

@@ -149,6 +149,12 @@ def _byte_unit(unit: str) -> Optional[int]:
     return None
 
 
+def in_bytes(text: Union[str, int]) -> bool:
+    """Whether a capacity is written in bytes ('80GiB', '40GB'), which only a model's KV size turns into tokens."""
+    m = _CAP.fullmatch(text) if isinstance(text, str) else None
+    return m is not None and _byte_unit(m.group(2)) is not None
+
+
 MAX_CAPACITY_TOKENS = 2**40   # ~1.1e12 tokens (~140 PB of Llama-3.1-8B's K/V): past it bytes overflow int64
 
 
@@ -162,23 +168,21 @@ def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[Model
 
 
 def _parse_capacity(text: Union[str, int], page_size: int, kv: Optional[ModelKV]) -> int:
-    if isinstance(text, str):
-        m = _CAP.fullmatch(text)
-        scale = _byte_unit(m.group(2)) if m else None
-        if scale is not None:
-            if kv is None:
-                raise ValueError(f"capacity {text!r} is in bytes: give a model (--model-config, e.g. llama-3.1-8b) "
-                                 f"so bytes can become tokens, or write tokens (3M) or pages (6000p)")
-            num = float(m.group(1))
-            if not math.isfinite(num * scale):
-                raise ValueError(f"cannot read capacity {text!r}")
-            whole = kv.tokens(num * scale)
-            tokens = whole - whole % page_size
-            if tokens < page_size:
-                raise ValueError(f"capacity {text!r} holds {whole:,} tokens of "
-                                 f"{kv.name}, below one page of {page_size} tokens; give more")
-            return tokens
-    return _parse_tokens(text, page_size)
+    if not in_bytes(text):
+        return _parse_tokens(text, page_size)
+    if kv is None:
+        raise ValueError(f"capacity {text!r} is in bytes: give a model (--model-config, e.g. llama-3.1-8b) "
+                         f"so bytes can become tokens, or write tokens (3M) or pages (6000p)")
+    m = _CAP.fullmatch(text)
+    num, scale = float(m.group(1)), _byte_unit(m.group(2))
+    if not math.isfinite(num * scale):
+        raise ValueError(f"cannot read capacity {text!r}")
+    whole = kv.tokens(num * scale)
+    tokens = whole - whole % page_size
+    if tokens < page_size:
+        raise ValueError(f"capacity {text!r} holds {whole:,} tokens of "
+                         f"{kv.name}, below one page of {page_size} tokens; give more")
+    return tokens
 
 
 def _parse_tokens(text: Union[str, int], page_size: int) -> int:
