@@ -92,7 +92,7 @@ class Linear:
         if self.dense is None:
             if native_kernels.available():
                 rows = x.shape[0]
-                if rows >= AMX_MIN_ROWS and native_int8.amx_fits(self.weight):
+                if self._on_tiles(x):
                     if self.tiles is None:
                         self.tiles = native_int8.pack_amx(self.weight)
                     return native_int8.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
@@ -107,13 +107,16 @@ class Linear:
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x.to(torch.bfloat16), self.dense, self.dense_bias).float()
 
+    def _on_tiles(self, x: torch.Tensor) -> bool:
+        """Whether these rows of an int8 projection run on AMX tiles (prefill-sized, whole tiles, AMX here)."""
+        return x.shape[0] >= AMX_MIN_ROWS and native_int8.amx_fits(self.weight)
+
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for a fused gate_up projection (fp32 rows on a CPU with the C kernels). Prefill-sized
         int8 batches on AMX tiles do it in the GEMM's epilogue (`w8_amx_gemm_silu`: the same bits, without
         writing and rereading the [M, 2I] gate_up output, ~1 ms a layer at 1,024 rows); the rest is this
         projection, then `native_kernels.silu_mul`."""
-        if (self.kind == "int8" and self.dense is None and x.shape[0] >= AMX_MIN_ROWS and self.out_features % 32 == 0
-                and native_kernels.available() and native_int8.amx_fits(self.weight)):
+        if self.kind == "int8" and self.dense is None and native_kernels.available() and self._on_tiles(x):
             if self.silu_tiles is None:
                 il = native_int8.interleave_gate_up
                 self.silu_tiles = (native_int8.pack_amx(il(self.weight)), il(self.scales),
