@@ -145,7 +145,7 @@ def prefill_times(runners: dict[str, ModelRunner], hf, llm, ids: list[int], size
         best = fastest(rounds, runs)
         for name, (pre, _dec) in best.items():
             out[(name, n)] = pre
-        print(f"{n:5d} tokens:  " + "   ".join(f"{k} {v[0]:.2f} s ({n / v[0]:,.0f})" for k, v in best.items()),
+        print(f"{n:5d} tokens:  " + "   ".join(f"{k} {v[0]:.3f} s ({n / v[0]:,.0f})" for k, v in best.items()),
               flush=True)
     return out
 
