@@ -270,7 +270,8 @@ def attend_prefixed(p: Padded, prefix: int, q: torch.Tensor, k: torch.Tensor, v:
     (p: its padded plan, one row), no sliding window: the prefix's keys, gathered from the pool, unmasked, and
     the new tokens' own keys, causal (a square: `is_causal` is exact), in two CPU flash-attention calls merged
     by their log-sum-exp. One masked call over [n, prefix + n] computed every masked score too (a long
-    prompt's second chunk: half its keys). Returns [n, H, D]."""
+    prompt's second chunk: half its keys). Returns [n, H, D] in q's dtype (the merge runs in fp32: the
+    log-sum-exps are fp32 whatever the inputs, and a bf16 model's next projection needs bf16 back)."""
     kvh, d = k_buf.shape[1], k_buf.shape[2]
     slots = p.slots[:prefix]
     kp = torch.index_select(k_buf, 0, slots, out=p.buffer("k", (prefix, kvh, d), k_buf.dtype))
@@ -283,7 +284,7 @@ def attend_prefixed(p: Padded, prefix: int, q: torch.Tensor, k: torch.Tensor, v:
     top = torch.maximum(l1, l2)
     w1, w2 = (l1 - top).exp_(), (l2 - top).exp_()                         # [1, H, n]
     o = (o1 * w1[..., None]).add_(o2 * w2[..., None]).div_((w1 + w2)[..., None])
-    return o[0].transpose(0, 1)
+    return o[0].transpose(0, 1).to(q.dtype)
 
 
 FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu   # (out, logsumexp); GQA by head count

@@ -299,3 +299,26 @@ def test_a_long_extend_after_a_prefix_attends_like_one_masked_call(prefix, n):
                                          scale=1 / math.sqrt(d)).transpose(0, 1)
     assert out.shape == (n, h, d)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=0)
+
+
+def test_a_bf16_extend_after_a_prefix_comes_back_in_bf16():
+    """A bf16 model's long extend after a cached prefix: the log-sum-exp merge runs in fp32, and its result must
+    come back in bf16 (an fp32 result made the next projection fail, and every bf16 request after a prefix hit on
+    a CPU aborted)."""
+    h, kvh, d, prefix, n = 9, 3, 64, 40, 24
+    g = torch.Generator().manual_seed(7)
+    k_buf = torch.randn(prefix + n + 1, kvh, d, generator=g).bfloat16()
+    v_buf = torch.randn(prefix + n + 1, kvh, d, generator=g).bfloat16()
+    seq = torch.arange(1, prefix + n + 1)
+    batch = ForwardBatch.build([(list(range(n)), seq[:prefix], seq[prefix:])])
+    plan = AttentionPlan.build(batch)
+    q = torch.randn(n, h, d, generator=g).bfloat16()
+    out = attend_prefixed(plan.extends[0], prefix, q, k_buf[seq[prefix:]], v_buf[seq[prefix:]], k_buf, v_buf,
+                          1 / math.sqrt(d))
+    assert out.dtype == torch.bfloat16 and out.shape == (n, h, d)
+    kk = k_buf[seq].double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)
+    vv = v_buf[seq].double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)
+    visible = torch.arange(prefix + n)[None, :] <= prefix + torch.arange(n)[:, None]
+    ref = F.scaled_dot_product_attention(q.double().transpose(0, 1), kk, vv, attn_mask=visible,
+                                         scale=1 / math.sqrt(d)).transpose(0, 1)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=0)   # bf16 outputs: 8 significant bits

@@ -244,6 +244,21 @@ def test_reduced_numerics_close_and_cache_consistent(mode):
     assert outs[0] == outs[1]
 
 
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "int8"])
+def test_a_request_alone_after_a_cached_prefix_completes_in_every_mode(mode):
+    """One request at a time, so the second runs alone after its cached prefix (the lone-extend path that attends
+    the prefix and its own keys in two calls): it must finish with all its tokens in every mode (in bf16 it used to
+    abort on a dtype mismatch after every prefix hit)."""
+    ref = make_ref("llama")
+    runner = ModelRunner.from_hf(copy.deepcopy(ref), device="cpu", impl="native", numerics=mode)
+    e = Engine(runner, pool_slots=400, max_prefill_tokens=64)
+    first, second = _prompts(2, shared=24, seed=4)
+    done = [e.generate([p], SamplingParams(max_new_tokens=8))[0] for p in (first, second)]
+    e.check_invariants()
+    assert [(c.error, c.finish_reason, len(c.token_ids)) for c in done] == [(None, "length", 8)] * 2
+    assert done[1].cached_tokens >= 24
+
 def test_refuses_what_it_cannot_run():
     torch.manual_seed(0)
     dyn = AutoModelForCausalLM.from_config(LlamaConfig(**TINY, rope_parameters={
