@@ -41,12 +41,13 @@ int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I)
 
 /* One layer's attention for every row into att [R][H*D]: the decodes (rows dec_idx[0..Rd-1]; all R rows, queries in
  * place, when there is no chunk) on the decode kernel, the chunk (rows chunk_at .. +chunk_n, keys at chunk_slots[0 ..
- * chunk_m-1]) on the tiles. Returns 0 or amx_attention's error. */
+ * chunk_m-1]) on the tiles (amx) or on AVX-512 FMAs (fma_attention.c), as the loop's prefill_attention_pool picks.
+ * Returns 0 or that kernel's error. */
 static int layer_attention(const float *qk, int QK, const void *kb, const void *vb, int kv_bf16, const int64_t *slots,
                            const int64_t *first, const int64_t *lens, int64_t Lmax, const int64_t *row_chunk,
                            int nchunks, float *scratch, const int64_t *dec_idx, int Rd, int chunk_at, int chunk_n,
                            const int64_t *chunk_slots, int chunk_m, float *qd, float *attd, float *att, int R, int H,
-                           int KVH, int D, float scale) {
+                           int KVH, int D, float scale, int amx) {
     const int HD = H * D;
     if (!chunk_n) {
         decode_attention(qk, 0, QK, kb, vb, kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale, 0, row_chunk,
@@ -59,15 +60,15 @@ static int layer_attention(const float *qk, int QK, const void *kb, const void *
                          nchunks, scratch, attd, 0, NULL, 0);
         for (int i = 0; i < Rd; i++) memcpy(att + dec_idx[i] * HD, attd + (int64_t)i * HD, sizeof(float) * (size_t)HD);
     }
-    return amx_attention(qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16, chunk_slots, att + (int64_t)chunk_at * HD,
-                         chunk_n, chunk_m, H, KVH, D, scale);
+    return (amx ? amx_attention : fma_attention)(qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16, chunk_slots,
+                                                 att + (int64_t)chunk_at * HD, chunk_n, chunk_m, H, KVH, D, scale);
 }
 
 int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
-                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m) {
+                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx) {
     const int QKV = (H + 2 * KVH) * D, QK = (H + KVH) * D;
     float *qkv = ws, *qk = qkv + (int64_t)R * QKV, *att = qk + (int64_t)R * QK, *delta = att + (int64_t)R * H * D;
     float *gu = delta + (int64_t)R * hidden, *act = gu + (int64_t)R * 2 * I;
@@ -83,7 +84,7 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
         write_rows(qkv + QK, QKV, P(DL_V), kv_bf16, out_slots, R, KVH * D);
         const int rc = layer_attention(qk, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, Lmax, row_chunk, nchunks,
                                        scratch, dec_idx, Rd, chunk_at, chunk_n, chunk_slots, chunk_m, qd, attd, att,
-                                       R, H, KVH, D, scale);
+                                       R, H, KVH, D, scale, amx);
         if (rc) return rc == -1 ? -1 : -3;
         if (w8_gemv(att, P(DL_WO), P(DL_SO), P(DL_BO), delta, R, hidden, H * D)) return -1;
         add_rms_norm(x, delta, P(DL_POST_NORM), y, R, hidden, eps);

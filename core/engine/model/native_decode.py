@@ -80,14 +80,15 @@ class DecodeLayers:
     @staticmethod
     def fits_step(plan: AttentionPlan, rows: int) -> bool:
         """Whether the Python loop would run this batch on w8_gemv, the decode kernel and (a mixed step) one
-        amx_attention call alone."""
+        prefill attention call alone (AMX tiles or AVX-512 FMAs)."""
         dec = plan.decodes
         if (plan.extends or plan.fresh is not None or plan.prefixed is not None
                 or (dec is not None and (dec.segments is not None or not dec.slots.is_contiguous()))):
             return False
         if not plan.tiled:   # a pure decode step
             return dec is not None and plan.decode_idx is None and rows < max_rows()
-        # a mixed step: below many_rows() the loop's projections stay on w8_gemv, as the one call's do
+        # a mixed step: below many_rows() the loop's projections stay on w8_gemv, as the one call's do; its chunk
+        # on the kernel the loop's prefill_attention_pool picks (AMX tiles, or AVX-512 FMAs without AMX)
         return len(plan.tiled) == 1 and rows < many_rows()
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:
@@ -151,7 +152,8 @@ class DecodeLayers:
             decodes = (0, 0, 0, 0, 0, 0, 0)
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
                           out_slots.data_ptr(), *decodes, int(pool.k_buffer.dtype is torch.bfloat16),
-                          workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale, *mixed)
+                          workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale, *mixed,
+                          int(native_kernels.prefill_kernel(pool.device, h, kvh, d) == "amx"))
 
     @staticmethod
     def _mixed_args(plan: AttentionPlan, rows: int, slots_in_pool: int) -> tuple:

@@ -11,6 +11,7 @@
  * w8_amx_gemm_silu the same for gate_up, with silu(gate) * up in its epilogue.
  * w8_panel_gemm: the same products for many rows where there are no AMX tiles: FMAs on weight panels.
  * amx_attention (amx_attention.c, compiled into the same module): a prefill's causal attention on AMX tiles.
+ * fma_attention (fma_attention.c, likewise): the same attention in AVX-512 FMAs, for CPUs without AMX.
  *
  * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
  * native_kernels.py says why): this file never relies on inf or nan (empty chunks are flagged, not -inf), so
@@ -1031,6 +1032,28 @@ static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+static PyObject *py_fma_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "fma_attention_ready")) return NULL;
+    return PyBool_FromLong(fma_attention_ready());
+}
+
+static PyObject *py_fma_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 13, "fma_attention")) return NULL;
+    const float *q = PTR(0); int64_t qs = I64(1); const void *k = PTR(2), *v = PTR(3); int kvb = INT(4);
+    const int64_t *sl = PTR(5); float *out = PTR(6);
+    int N = INT(7), M = INT(8), H = INT(9), KVH = INT(10), D = INT(11); float sc = FLT(12);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fma_attention(q, qs, k, v, kvb, sl, out, N, M, H, KVH, D, sc);
+    Py_END_ALLOW_THREADS
+    if (rc == -1) return PyErr_NoMemory();
+    if (rc == -3) { PyErr_SetString(PyExc_ValueError, "fma_attention: head_dim must be a multiple of 16 up to 256, "
+                                    "heads a multiple of kv_heads, keys >= queries"); return NULL; }
+    if (rc) { PyErr_SetString(PyExc_RuntimeError, "fma_attention: these kernels were built without AVX-512"); return NULL; }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 6, "decode_layers_workspace")) return NULL;
     const int64_t need = decode_layers_workspace(INT(0), INT(1), INT(2), INT(3), INT(4), INT(5));
@@ -1041,7 +1064,7 @@ static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *arg
 /* a whole decode step's layers (~8 ms; a mixed step's ~40): the GIL is let go, so the server's other threads run
  * meanwhile */
 static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 30, "decode_layers")) return NULL;
+    if (!args_ok(n, 31, "decode_layers")) return NULL;
     float *x = PTR(0), *y = PTR(1); const int64_t *lp = PTR(2); int L = INT(3);
     const float *c = PTR(4), *sn = PTR(5);
     const int64_t *os = PTR(6), *sl = PTR(7), *fi = PTR(8), *le = PTR(9); int64_t Lmax = I64(10);
@@ -1049,17 +1072,17 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     int R = INT(16), hid = INT(17), H = INT(18), KVH = INT(19), D = INT(20), I = INT(21);
     float eps = FLT(22), sc = FLT(23);
     const int64_t *di = PTR(24); int Rd = INT(25), cat = INT(26), cn = INT(27); const int64_t *cs = PTR(28);
-    int cm = INT(29);
+    int cm = INT(29), amx = INT(30);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, rch, nchunks, scratch, kvb, ws, R, hid, H, KVH,
-                       D, I, eps, sc, di, Rd, cat, cn, cs, cm);
+                       D, I, eps, sc, di, Rd, cat, cn, cs, cm, amx);
     Py_END_ALLOW_THREADS
     if (rc == -2) return row_chunks_error();
     if (rc == -3) {
-        PyErr_SetString(PyExc_RuntimeError, "decode_layers: amx_attention refused the chunk (built without AMX, or "
-                        "its shapes); DecodeLayers.fits_step keeps such steps in the Python loop");
+        PyErr_SetString(PyExc_RuntimeError, "decode_layers: the chunk's attention kernel refused it (built without "
+                        "AMX or AVX-512, or its shapes); DecodeLayers.fits_step keeps such steps in the Python loop");
         return NULL;
     }
     if (rc) return PyErr_NoMemory();
@@ -1129,6 +1152,8 @@ static PyMethodDef METHODS[] = {
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"amx_attention", (PyCFunction)(void (*)(void))py_amx_attention, METH_FASTCALL, NULL},
     {"amx_attention_ready", (PyCFunction)(void (*)(void))py_amx_attention_ready, METH_FASTCALL, NULL},
+    {"fma_attention", (PyCFunction)(void (*)(void))py_fma_attention, METH_FASTCALL, NULL},
+    {"fma_attention_ready", (PyCFunction)(void (*)(void))py_fma_attention_ready, METH_FASTCALL, NULL},
     {"decode_layers", (PyCFunction)(void (*)(void))py_decode_layers, METH_FASTCALL, NULL},
     {"decode_layers_workspace", (PyCFunction)(void (*)(void))py_decode_layers_workspace, METH_FASTCALL, NULL},
     {"add_rms_norm", (PyCFunction)(void (*)(void))py_add_rms_norm, METH_FASTCALL, NULL},

@@ -11,7 +11,7 @@ torch itself loads (same soname), so its parallel regions run on torch's threads
 torch.set_num_threads.
 
 Here: the build, decode attention, the fused elementwise kernels, AMX's availability and prefill attention on
-tiles; the int8 projections' wrappers are in native_int8.py.
+tiles (or in AVX-512 FMAs without AMX: prefill_kernel picks); the int8 projections' wrappers are in native_int8.py.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from core import env
 
 SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
 # compiled together into one module (SOURCE holds its Python bindings); the header is hashed, not compiled
-SOURCES = [SOURCE, SOURCE.with_name("amx_attention.c"), SOURCE.with_name("decode_layers.c")]
+SOURCES = [SOURCE, SOURCE.with_name("amx_attention.c"), SOURCE.with_name("fma_attention.c"),
+           SOURCE.with_name("decode_layers.c")]
 HEADERS = [SOURCE.with_name("native_simd.h"), SOURCE.with_name("native_kernels.h")]
 # Not -ffast-math: linking with it pulls in crtfastmath.o, which turns on flush-to-zero for the whole
 # process at load time (numpy, hypothesis and every float in Python then lose subnormals). These flags
@@ -324,37 +325,80 @@ def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     return amx_attention_pool(q, k.contiguous(), v.contiguous(), torch.arange(k.shape[0]), scale)
 
 
+def fma_attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether `fma_attention` (fma_attention.c: the same attention in AVX-512 FMAs, for CPUs without AMX) runs
+    this attention here: built with AVX-512, a CPU tensor, head_dim a multiple of 16 up to MAX_D, whole groups."""
+    return (device.type == "cpu" and head_dim % 16 == 0 and head_dim <= MAX_D and kv_heads > 0
+            and heads % kv_heads == 0 and available() and bool(_lib.fma_attention_ready()))
+
+
+def prefill_kernel(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> Optional[str]:
+    """The C kernel a prompt chunk's attention over the pool runs on here: "amx" (tiles), else "fma" (AVX-512),
+    else None (torch's attention). Both give a row the same bits however its prompt was chunked or cached."""
+    if amx_attention_fits(device, heads, kv_heads, head_dim):
+        return "amx"
+    if fma_attention_fits(device, heads, kv_heads, head_dim):
+        return "fma"
+    return None
+
+
 def amx_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
                        scale: float) -> torch.Tensor:
     """amx_attention over keys read straight out of one pool layer: k_buf, v_buf [S, KVH, D] fp32 or bf16
     (contiguous), key j at slot slots[j] (int64 [m]: the request's cached prefix, then its new tokens, whose K/V
     are already written). No gathered copy of the prefix: a short chunk after a long one costs one pass over
     its keys (the packing for the tiles)."""
+    return _pool_attention("amx", q, k_buf, v_buf, slots, scale)
+
+
+def fma_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """amx_attention_pool's attention in AVX-512 FMAs (fma_attention.c), for CPUs without AMX."""
+    return _pool_attention("fma", q, k_buf, v_buf, slots, scale)
+
+
+def prefill_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """A prompt chunk's attention over the pool on the kernel `prefill_kernel` picks here."""
+    kernel = prefill_kernel(q.device, q.shape[1], k_buf.shape[1], q.shape[2]) if q.dim() == 3 and k_buf.dim() == 3 \
+        else None
+    if kernel is None:
+        raise ValueError("prefill_attention_pool: no C kernel runs this attention here (prefill_kernel is None); "
+                         "use torch's attention")
+    return _pool_attention(kernel, q, k_buf, v_buf, slots, scale)
+
+
+def _pool_attention(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    name = f"{kernel}_attention"
     if q.dim() != 3 or k_buf.dim() != 3 or v_buf.shape != k_buf.shape or slots.dim() != 1:
-        raise ValueError(f"amx_attention takes q [n, H, D], k, v [slots, KVH, D] and slots [m], got "
+        raise ValueError(f"{name} takes q [n, H, D], k, v [slots, KVH, D] and slots [m], got "
                          f"{tuple(q.shape)}, {tuple(k_buf.shape)}, {tuple(v_buf.shape)}, {tuple(slots.shape)}")
     n, h, d = q.shape
     m, kvh = slots.shape[0], k_buf.shape[1]
-    if not amx_attention_fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
-        raise ValueError(f"amx_attention does not fit {h} heads over {kvh} KV heads of size {d} here (needs AMX, "
-                         f"head_dim a multiple of 32 up to {MAX_D}, whole head groups); use torch's attention")
+    fits = amx_attention_fits if kernel == "amx" else fma_attention_fits
+    if not fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
+        need = "AMX, head_dim a multiple of 32" if kernel == "amx" else "AVX-512, head_dim a multiple of 16"
+        raise ValueError(f"{name} does not fit {h} heads over {kvh} KV heads of size {d} here (needs {need} up to "
+                         f"{MAX_D}, whole head groups); use torch's attention")
     if m < n:
-        raise ValueError(f"amx_attention needs at least as many keys as queries (their own), got {m} < {n}")
+        raise ValueError(f"{name} needs at least as many keys as queries (their own), got {m} < {n}")
     kv_bf16 = k_buf.dtype is torch.bfloat16
     if (q.dtype is not F32 or not q.is_cpu or not (k_buf.dtype is F32 or kv_bf16) or v_buf.dtype is not k_buf.dtype
             or not (k_buf.is_cpu and v_buf.is_cpu and k_buf.is_contiguous() and v_buf.is_contiguous())):
-        raise ValueError(f"amx_attention takes fp32 CPU q, k, v (a pool layer may be bf16, contiguous), got "
+        raise ValueError(f"{name} takes fp32 CPU q, k, v (a pool layer may be bf16, contiguous), got "
                          f"{q.dtype}, {k_buf.dtype}, {v_buf.dtype} on {q.device}, {k_buf.device}, {v_buf.device}")
     if slots.dtype is not torch.int64 or not slots.is_cpu:
-        raise ValueError(f"amx_attention takes int64 CPU slots, got {slots.dtype} on {slots.device}")
+        raise ValueError(f"{name} takes int64 CPU slots, got {slots.dtype} on {slots.device}")
     if m and (int(slots.min()) < 0 or int(slots.max()) >= k_buf.shape[0]):
-        raise ValueError(f"amx_attention: slots must lie in 0 .. {k_buf.shape[0] - 1} (the pool layer's rows)")
+        raise ValueError(f"{name}: slots must lie in 0 .. {k_buf.shape[0] - 1} (the pool layer's rows)")
     if not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"amx_attention takes a positive finite scale (1/sqrt(head_dim) as a rule), got {scale!r}")
+        raise ValueError(f"{name} takes a positive finite scale (1/sqrt(head_dim) as a rule), got {scale!r}")
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     slots = slots.contiguous()
     out = torch.empty((n, h, d), dtype=torch.float32)
-    built().amx_attention(q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), int(kv_bf16),
-                          slots.data_ptr(), out.data_ptr(), n, m, h, kvh, d, float(scale))
+    call = built().amx_attention if kernel == "amx" else built().fma_attention
+    call(q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), int(kv_bf16), slots.data_ptr(),
+         out.data_ptr(), n, m, h, kvh, d, float(scale))
     return out

@@ -29,7 +29,8 @@ Numerics ("dtype"):
         KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes). Where the CPU has AMX (and the model has
         no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,
         one-token chunks included (native_kernels.amx_attention: ~2^-15 of fp32 attention; given the same
-        K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled), decodes on the C
+        K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled; without AMX, on AVX-512,
+        fma_attention.c keeps that promise in fp32 FMAs), decodes on the C
         decode kernel; a step of decodes alone runs all its layers in one C call (native_decode.DecodeLayers:
         the same kernels, the same bits, no Python between them).
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
@@ -277,9 +278,10 @@ class NativeLlama(torch.nn.Module):
         # differ from SDPA's at bf16 rounding, and cache on / off would drift apart)
         row_kernel = self.act_dtype == torch.float32 and native_kernels.attention_fits(
             batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
-        # int8 on a CPU with AMX: every extend's attention on tiles (AttentionPlan.tiled says why all of them)
-        tiles = self.mode == "int8" and self.full_attention and native_kernels.amx_attention_fits(
-            batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
+        # int8 on a CPU: every extend's attention on AMX tiles, or on AVX-512 FMAs without AMX (the same promise;
+        # AttentionPlan.tiled says why all of them)
+        tiles = self.mode == "int8" and self.full_attention and native_kernels.prefill_kernel(
+            batch.device, self.num_heads, self.num_kv_heads, self.head_dim) is not None
         plan = AttentionPlan.build(batch, row_kernel=row_kernel, tiles=tiles)
         if int(batch.positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
@@ -359,7 +361,7 @@ class NativeLlama(torch.nn.Module):
             o = attend_decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, self.scale)
             out.index_copy_(0, plan.decode_idx, o)
         for s, n, seq_slots in plan.tiled:   # K/V read from the pool (this step's were written above)
-            o = native_kernels.amx_attention_pool(q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
+            o = native_kernels.prefill_attention_pool(q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
             if s == 0 and n == t:
                 return o
             out[s:s + n] = o

@@ -40,6 +40,30 @@ static inline __m512 exp512(__m512 x) {
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
     return _mm512_scalef_ps(y, n);
 }
+/* r[j][i] -> r[i][j] for a 16 x 16 block of dwords (unpacks then 128-bit lane shuffles: ~64 shuffles, where
+ * 16 scatters of 16 dwords each cost ~4x that) */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16], v[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            v[8 * h + i] = _mm512_shuffle_i32x4(u[8 * h + i], u[8 * h + i + 4], 0x88);
+            v[8 * h + i + 4] = _mm512_shuffle_i32x4(u[8 * h + i], u[8 * h + i + 4], 0xDD);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0xDD);
+    }
+}
 #endif
 
 /* the 64-byte block LDTILECFG reads (palette 1: 8 tiles, each up to 16 rows of 64 bytes) */

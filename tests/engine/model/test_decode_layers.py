@@ -189,8 +189,9 @@ def test_a_pool_of_another_shape_is_refused_with_what_to_use():
 
 
 def tiles_here(native: NativeLlama) -> bool:
-    return native_kernels.amx_attention_fits(torch.device("cpu"), native.num_heads, native.num_kv_heads,
-                                             native.head_dim)
+    """Whether prompt chunks attend on a C kernel here (AMX tiles, or AVX-512 FMAs without AMX)."""
+    return native_kernels.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
+                                         native.head_dim) is not None
 
 
 def mixed_batches(native: NativeLlama, pool) -> list:
@@ -213,9 +214,9 @@ def mixed_batches(native: NativeLlama, pool) -> list:
 
 @pytest.mark.parametrize("kv", ["fp32", "bf16"])
 def test_a_mixed_step_in_one_call_gives_the_python_loops_logits_and_kv_bit_for_bit(kv):
-    """Decodes beside a short prompt chunk on the AMX tiles (and a chunk alone): the one C call gathers the decode
-    rows' queries and attends the chunk as the loop does, so the same logits and K/V, bit for bit. Without AMX
-    tiles such steps attend on other kernels and stay in the loop."""
+    """Decodes beside a short prompt chunk on the C prefill kernel (AMX tiles, or AVX-512 FMAs without AMX), and a
+    chunk alone: the one C call gathers the decode rows' queries and attends the chunk as the loop does, so the
+    same logits and K/V, bit for bit. Where neither kernel runs such steps attend in torch and stay in the loop."""
     native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype=kv)
     pool_c, pool_py = native.make_pool(512), native.make_pool(512)
     batches_c, batches_py = mixed_batches(native, pool_c), mixed_batches(native, pool_py)

@@ -1,5 +1,5 @@
-"""The int8 model's prefill attention on AMX tiles (native_kernels.amx_attention) inside NativeLlama: near torch's
-fp32 attention, the same logits however the prompt is chunked or cached, greedy cache on == cache off through the
+"""The int8 model's prefill attention on its C kernel (AMX tiles, native_kernels.amx_attention; AVX-512 FMAs
+without AMX, fma_attention) inside NativeLlama ("tiles" below, for both): near torch's fp32 attention, the same logits however the prompt is chunked or cached, greedy cache on == cache off through the
 Engine, and fp32 mode untouched (still HF's logits). A model with head_dim 64, as SmolLM2's: the tiny models of
 the other tests (head_dim 16) do not fit the tiles."""
 from __future__ import annotations
@@ -50,19 +50,24 @@ def last_logits(native: NativeLlama, cut: int) -> torch.Tensor:
 
 
 def torch_attention(monkeypatch) -> None:
-    monkeypatch.setattr(native_kernels, "amx_attention_fits", lambda *a: False)
+    monkeypatch.setattr(native_kernels, "prefill_kernel", lambda *a: None)
+
+
+def tiles_here() -> bool:
+    """Whether a C kernel attends the test model's prompt chunks here (its 3 heads over 1 KV head of 64)."""
+    return native_kernels.prefill_kernel(torch.device("cpu"), 3, 1, 64) is not None
 
 
 def tile_calls(monkeypatch, native: NativeLlama) -> list:
     """Record each tile attention's query count (the real kernels still run): proof the tiles ran. The Python loop
-    calls amx_attention_pool once a layer; a short chunk's step in one C call (DecodeLayers.run: its decodes and
-    one chunk) calls amx_attention once a layer from C, counted here as that many entries."""
-    calls, real = [], native_kernels.amx_attention_pool
+    calls prefill_attention_pool once a layer; a short chunk's step in one C call (DecodeLayers.run: its decodes
+    and one chunk) calls the kernel once a layer from C, counted here as that many entries."""
+    calls, real = [], native_kernels.prefill_attention_pool
 
     def counted(q, *rest):
         calls.append(q.shape[0])
         return real(q, *rest)
-    monkeypatch.setattr(native_kernels, "amx_attention_pool", counted)
+    monkeypatch.setattr(native_kernels, "prefill_attention_pool", counted)
     if native.decode_layers is not None:
         real_run = native.decode_layers.run
 
@@ -74,18 +79,19 @@ def tile_calls(monkeypatch, native: NativeLlama) -> list:
 
 
 def expect_tiles(calls: list, want: list) -> None:
-    assert calls == (want if native_kernels.amx_available() else [])
+    assert calls == (want if tiles_here() else [])
 
 
 @pytest.mark.parametrize("cut", [0, 24])   # a fresh prompt, and 72 tokens after a 24-token cached prefix
 def test_int8_prefill_attention_on_tiles_stays_near_torch_attention(cut, monkeypatch):
     native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    here = tiles_here()
     tiles = last_logits(native, cut)
     torch_attention(monkeypatch)
     plain = last_logits(native, cut)
     diff = float((tiles - plain).abs().max() / plain.abs().max())
-    if native_kernels.amx_available():
-        assert 0 < diff < 1e-3        # another kernel ran (~2^-15 per score), and moved nothing that matters
+    if here:
+        assert 0 < diff < 1e-3        # another kernel ran (~2^-15 per score on AMX), and moved nothing that matters
     else:
         assert diff == 0              # no tiles here: torch's attention both times
 
@@ -117,7 +123,7 @@ def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monke
     calls.clear()
     as_decode = native.forward(ForwardBatch.build([(IDS[95:], SLOTS[:95], SLOTS[95:])]), pool)[-1]
     assert calls == [] and ForwardBatch.build([([1], [2], [3])]).prompt_rows == frozenset()
-    if native_kernels.amx_available():
+    if tiles_here():
         assert not torch.equal(as_decode, last)             # the other kernel: ~1e-5 apart
     with pytest.raises(ValueError, match="one per request"):
         ForwardBatch.build([([1], [2], [3])], prompt=[True, False])
@@ -135,7 +141,7 @@ def test_int8_greedy_with_tiled_attention_is_the_same_with_the_cache_on_and_off(
         outs.append([c.token_ids for c in engine.generate(prompts, SamplingParams(max_new_tokens=12))])
         assert (engine.metrics.cached_tokens == 0) == disable
     assert outs[0] == outs[1]
-    assert (len(calls) > 0) == native_kernels.amx_available()
+    assert (len(calls) > 0) == tiles_here()
     again = Engine(runner, pool_slots=1024, max_prefill_tokens=48)       # a full radix hit: only the last token
     first = again.generate([prompts[0]], SamplingParams(max_new_tokens=12))[0].token_ids
     calls.clear()

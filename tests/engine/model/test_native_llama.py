@@ -328,8 +328,8 @@ def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(famil
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx, monkeypatch, request):
     """A 72-token prompt after a 24-token cached prefix: its projections on AMX tiles (where this CPU has them)
-    or on weight panels (no AMX, as set_amx(False) runs it) and its attention split into prefix + own keys,
-    against every row through the FMA kernel and one masked call (AMX_MIN_ROWS, PANEL_MIN_ROWS and the split turned off): the
+    or on weight panels (no AMX, as set_amx(False) runs it) and its attention on the C kernel (AMX tiles, or
+    AVX-512 FMAs without AMX), against every row through the FMA kernel and one masked torch call (AMX_MIN_ROWS, PANEL_MIN_ROWS and the split turned off): the
     same logits to fp32 rounding, and the same K/V written into the pool."""
     from core.engine.model import native_layers, native_linear
     require_kernels()
@@ -345,7 +345,20 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
         logits = native.forward(ForwardBatch.build([(ids[24:], slots[:24], slots[24:])]), pool)
         return logits[0], pool.k_buffer[:, slots].clone()
 
+    build = native_layers.AttentionPlan.build
+    fast_tiled = []
+
+    def spy(batch, row_kernel=False, tiles=False):
+        plan = build(batch, row_kernel, tiles)
+        fast_tiled.append([(s, n) for s, n, _slots in plan.tiled])
+        return plan
+
+    monkeypatch.setattr(native_layers.AttentionPlan, "build", staticmethod(spy))
     fast, fast_k = run()
+    # every chunk's attention on the C kernel (AMX tiles, or AVX-512 FMAs without AMX), the second after its prefix
+    assert fast_tiled == [[(0, 24)], [(0, 72)]]
+    assert native_kernels.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
+                                         native.head_dim) == ("amx" if native_kernels.amx_available() else "fma")
     lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
     tiles = native_kernels.amx_available()
     on_tiles = [(lin.silu_tiles if lin is L.gate_up else lin.tiles) is not None       # gate_up: with silu fused
@@ -353,12 +366,10 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
     assert on_tiles == [tiles] * len(lins)                                     # the 72 rows ran on tiles, or
     panels = not tiles and native_int8.panels_fit(lins[0].weight)
     assert [lin.panels is not None for lin in lins] == [panels] * len(lins)   # on panels
-    build = native_layers.AttentionPlan.build
-
     split = []
 
     def without_split(batch, row_kernel=False, tiles=False):
-        plan = build(batch, row_kernel, tiles)
+        plan = build(batch, row_kernel, False)    # the plain reference: torch's attention, no C kernel
         if plan.prefixed is not None:
             split.append(plan.prefixed)
             plan.prefixed = None                  # the extend goes through one masked call instead

@@ -1,0 +1,274 @@
+/* Prefill attention with AVX-512 FMAs, for CPUs without AMX: amx_attention's interface and its promise (a query
+ * row's result is the same bits however its prompt was chunked or cached, and whatever rows share its work item),
+ * in plain fp32.
+ *
+ * Why: without AMX the int8 model's prompt chunks ran torch's CPU flash attention, 110-155 GFLOP/s on an AMD EPYC
+ * (its blocks are MKL's sgemm), and its results moved with the chunking (its blocks start where a call's keys
+ * start): cache on == cache off held for 49 of 50 prompts there.
+ *
+ * How: a work item is one KV head's query heads at FQ consecutive positions. Keys run in blocks of FK aligned to
+ * absolute positions 0, FK, 2 FK, ...; each row visits the blocks up to its own position in order, keeping its
+ * running max, sum and output (online softmax); a key past the row's position gets weight exactly 0 (a V row it
+ * multiplies must be finite, as amx_attention's must). Scores: 4 rows x FK keys per step over D (the keys packed
+ * transposed once per block and item); outputs: 4 rows x 64 of D per step over the block's keys, in key order.
+ *
+ * Layouts as amx_attention's: q rows [n][H][D] fp32 (row stride qs floats); k/v [slots][KVH][D] fp32 or bf16
+ * (kv_bf16), key j at slot slots[j]; out [n][H][D] fp32. Query i sits at position m - n + i. D % 16 == 0,
+ * D <= 256, H % KVH == 0, m >= n. Returns -1 when out of memory, -2 where built without AVX-512, -3 for shapes
+ * it cannot run. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "native_simd.h"
+#include "native_kernels.h"
+
+#if defined(__AVX512F__)
+
+#define FQ 32   /* query positions per work item */
+#define FK 32   /* keys per block */
+#define RB 4    /* rows per register block */
+#define SEG_BLOCKS 16   /* key blocks per segment: the work items of a short chunk */
+#define SEG (SEG_BLOCKS * FK)
+
+int fma_attention_ready(void) { return 1; }
+
+/* 16 values of a pool row as fp32 (a bf16 pool's values widen exactly) */
+static inline __m512 pool16(const void *base, int bf16, int64_t at) {
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at))), 16));
+    return _mm512_loadu_ps((const float *)base + at);
+}
+
+/* block kb's keys of KV head g: kt [D][FK] (transposed, 16 keys x 16 d at a time) and vb [FK][D], zeros past the
+ * last key */
+static void pack_block(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int g, int KVH,
+                       int D, float *kt, float *vb) {
+    const int j0 = kb * FK, kn = m - j0 < FK ? m - j0 : FK;
+    for (int jg = 0; jg < FK; jg += 16) {
+        int64_t at[16];
+        for (int i = 0; i < 16; i++) at[i] = jg + i < kn ? (slots[j0 + jg + i] * KVH + g) * (int64_t)D : -1;
+        for (int d0 = 0; d0 < D; d0 += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const __m512 x = at[i] < 0 ? _mm512_setzero_ps() : pool16(k, bf16, at[i] + d0);
+                r[i] = _mm512_castps_si512(x);
+                _mm512_storeu_ps(vb + (int64_t)(jg + i) * D + d0, at[i] < 0 ? _mm512_setzero_ps()
+                                                                            : pool16(v, bf16, at[i] + d0));
+            }
+            transpose16(r);
+            for (int dd = 0; dd < 16; dd++)
+                _mm512_store_ps(kt + (int64_t)(d0 + dd) * FK + jg, _mm512_castsi512_ps(r[dd]));
+        }
+    }
+}
+
+/* scores of RB rows against the block's FK keys: s[r][FK], each a sum over d in order */
+static inline void block_scores(const float *const *qr, const float *kt, int D, float *s) {
+    __m512 a[RB][2];
+    for (int r = 0; r < RB; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        const __m512 k0 = _mm512_load_ps(kt + (int64_t)d * FK), k1 = _mm512_load_ps(kt + (int64_t)d * FK + 16);
+        for (int r = 0; r < RB; r++) {
+            const __m512 x = _mm512_set1_ps(qr[r][d]);
+            a[r][0] = _mm512_fmadd_ps(x, k0, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(x, k1, a[r][1]);
+        }
+    }
+    for (int r = 0; r < RB; r++) {
+        _mm512_store_ps(s + r * FK, a[r][0]);
+        _mm512_store_ps(s + r * FK + 16, a[r][1]);
+    }
+}
+
+/* o[r] = o[r] * corr[r] + sum over the block's keys in order of p[r][j] * v[j], RB rows, 64 (or fewer) of D at a
+ * time */
+static inline void block_values(float *const *o, const float *p, const float *corr, const float *vb, int D) {
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        const int nv = (D - d0) / 16 < 4 ? (D - d0) / 16 : 4;
+        __m512 a[RB][4];
+        for (int r = 0; r < RB; r++)
+            for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
+        for (int j = 0; j < FK; j++) {
+            const float *vr = vb + (int64_t)j * D + d0;
+            for (int c = 0; c < nv; c++) {
+                const __m512 vv = _mm512_loadu_ps(vr + 16 * c);
+                for (int r = 0; r < RB; r++) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * FK + j]), vv, a[r][c]);
+            }
+        }
+        for (int r = 0; r < RB; r++)
+            for (int c = 0; c < nv; c++) {
+                float *dst = o[r] + d0 + 16 * c;
+                _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_loadu_ps(dst), _mm512_set1_ps(corr[r]), a[r][c]));
+            }
+    }
+}
+
+/* one row's softmax step over a block: scores s[FK] (unscaled), keys past `seen` masked; updates mx, sum, writes
+ * p[FK] and the factor the row's output is scaled by first */
+static inline void softmax_step(const float *s, int seen, float scale, float *mx, float *sum, float *p, float *corr) {
+    const __mmask16 m0 = seen >= 16 ? 0xFFFF : (__mmask16)((1u << seen) - 1u);
+    const __mmask16 m1 = seen >= 32 ? 0xFFFF : seen <= 16 ? 0 : (__mmask16)((1u << (seen - 16)) - 1u);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(scale);
+    const __m512 s0 = _mm512_mask_mul_ps(ninf, m0, _mm512_loadu_ps(s), sc);
+    const __m512 s1 = _mm512_mask_mul_ps(ninf, m1, _mm512_loadu_ps(s + 16), sc);
+    const float bm = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+    const float mnew = bm > *mx ? bm : *mx;
+    const __m512 mv = _mm512_set1_ps(mnew);
+    const __m512 p0 = _mm512_maskz_mov_ps(m0, exp512(_mm512_sub_ps(s0, mv)));
+    const __m512 p1 = _mm512_maskz_mov_ps(m1, exp512(_mm512_sub_ps(s1, mv)));
+    _mm512_storeu_ps(p, p0);
+    _mm512_storeu_ps(p + 16, p1);
+    const float c = *mx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*mx - mnew)));
+    *sum = *sum * c + (_mm512_reduce_add_ps(p0) + _mm512_reduce_add_ps(p1));
+    *mx = mnew;
+    *corr = c;
+}
+
+/* the rows (g's query heads at positions pos0 .. pos0 + qn - 1, queries i0 ..) over key blocks kb0 .. kb1 - 1 (one
+ * segment): fresh running max, sum and output per row in mx, sum, o; a row the segment shows nothing keeps mx -inf.
+ * segment and merge are compiled once each (noinline): the module's flags let the compiler reassociate sums, and
+ * two inlined copies (a short chunk's path and a long one's) could then give a row different bits. */
+__attribute__((noinline)) static void segment(const float *q, int64_t qs, const void *k, const void *v, int bf16, const int64_t *slots, int m,
+                    int g, int G, int KVH, int D, int64_t pos0, int i0, int qn, int kb0, int kb1, float scale,
+                    float *kt, float *vb, float *s, float *p, float *mx, float *sum, float *o) {
+    const int rows = G * qn;
+    for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
+    memset(o, 0, (size_t)rows * D * sizeof(float));
+    for (int kb = kb0; kb < kb1; kb++) {
+        const int64_t j0 = (int64_t)kb * FK;
+        if (j0 > pos0 + qn - 1) break;                            /* no row sees this block or any later */
+        pack_block(k, v, bf16, slots, m, kb, g, KVH, D, kt, vb);
+        for (int r0 = 0; r0 < rows; r0 += RB) {
+            const float *qr[RB];
+            float *dst[RB], corr[RB], spare[256] __attribute__((aligned(64)));
+            int seen[RB], any = 0;
+            for (int r = 0; r < RB; r++) {
+                const int rr = r0 + r < rows ? r0 + r : r0;       /* past the last row: the first again, unused */
+                const int64_t vis = pos0 + rr % qn - j0 + 1;      /* keys of this block the row sees */
+                seen[r] = r0 + r < rows ? (vis > FK ? FK : vis < 0 ? 0 : (int)vis) : 0;
+                qr[r] = q + (int64_t)(i0 + rr % qn) * qs + (int64_t)(g * G + rr / qn) * D;
+                dst[r] = r0 + r < rows ? o + (int64_t)rr * D : spare;
+                any |= seen[r] > 0;
+            }
+            if (!any) continue;
+            block_scores(qr, kt, D, s);
+            for (int r = 0; r < RB; r++) {
+                if (seen[r] > 0) {
+                    softmax_step(s + r * FK, seen[r], scale, &mx[r0 + r], &sum[r0 + r], p + r * FK, &corr[r]);
+                } else {   /* nothing to add: weight 0, the output written back unchanged (o * 1 + 0) */
+                    memset(p + r * FK, 0, FK * sizeof(float));
+                    corr[r] = 1.f;
+                }
+            }
+            if (r0 + RB > rows) memset(spare, 0, (size_t)D * sizeof(float));
+            block_values(dst, p, corr, vb, D);
+        }
+    }
+}
+
+/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
+__attribute__((noinline)) static void merge(float *amx, float *asum, float *ao, float mx, float sum,
+                                            const float *o, int D) {
+    if (mx == -INFINITY) return;                                  /* the segment showed the row nothing */
+    const float top = mx > *amx ? mx : *amx;
+    const float a = *amx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*amx - top)));
+    const float b = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - top)));
+    const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
+    for (int d = 0; d < D; d += 16)
+        _mm512_storeu_ps(ao + d, _mm512_fmadd_ps(_mm512_loadu_ps(ao + d), av,
+                                                 _mm512_mul_ps(_mm512_loadu_ps(o + d), bv)));
+    *asum = *asum * a + sum * b;
+    *amx = top;
+}
+
+static inline void finish(const float *ao, float asum, float *dst, int D) {
+    const __m512 inv = _mm512_set1_ps(1.f / asum);
+    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ao + d), inv));
+}
+
+int fma_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+                  float *out, int n, int m, int H, int KVH, int D, float scale) {
+    if (D % 16 || D > 256 || D <= 0 || KVH <= 0 || H % KVH || m < n) return -3;   /* the wrapper checks these */
+    if (n <= 0) return 0;
+    const int G = H / KVH, nqb = (n + FQ - 1) / FQ, rows_max = G * FQ, nseg = (m + SEG - 1) / SEG;
+    const int64_t pos0 = (int64_t)m - n;                          /* the first query's position */
+    /* one query block (a short chunk, a few decoding rows' worth): its work items are (KV head, segment), each
+     * segment's rows kept, then merged in order; else (KV head, query block), segments merged as they end */
+    const int few = nqb == 1;
+    const size_t pstride = (size_t)rows_max * (D + 2);
+    float *parts = few ? (float *)malloc(sizeof(float) * (size_t)KVH * nseg * pstride) : NULL;
+    if (few && !parts) return -1;
+    int failed = 0;
+    #pragma omp parallel
+    {
+        const size_t floats = (size_t)2 * FK * D + (size_t)2 * rows_max * (D + 2) + 2 * RB * FK + 64;
+        float *buf = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        if (!buf) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        float *kt = buf, *vb = kt + FK * D, *o = vb + FK * D, *mx = o + (size_t)rows_max * D, *sum = mx + rows_max;
+        float *ao = sum + rows_max, *amx = ao + (size_t)rows_max * D, *asum = amx + rows_max;
+        float *s = (float *)(((uintptr_t)(asum + rows_max) + 63) & ~(uintptr_t)63), *p = s + RB * FK;
+        if (few) {
+            #pragma omp for schedule(dynamic, 1)
+            for (int it = 0; it < KVH * nseg; it++) {
+                if (!buf) continue;
+                const int g = it / nseg, sg = it % nseg;
+                float *part = parts + (size_t)it * pstride;       /* [rows][D] outputs, then maxes, then sums */
+                const int rows = G * n;
+                segment(q, qs, k, v, kv_bf16, slots, m, g, G, KVH, D, pos0, 0, n, sg * SEG_BLOCKS,
+                        (sg + 1) * SEG_BLOCKS, scale, kt, vb, s, p, part + (size_t)rows * D,
+                        part + (size_t)rows * D + rows, part);
+            }
+            #pragma omp for schedule(static)
+            for (int it = 0; it < KVH * G * n; it++) {
+                if (!buf) continue;
+                const int g = it / (G * n), rr = it % (G * n), rows = G * n;
+                float top = -INFINITY, total = 0.f;
+                memset(ao, 0, (size_t)D * sizeof(float));
+                for (int sg = 0; sg < nseg; sg++) {
+                    const float *part = parts + ((size_t)g * nseg + sg) * pstride;
+                    merge(&top, &total, ao, part[(size_t)rows * D + rr], part[(size_t)rows * D + rows + rr],
+                          part + (size_t)rr * D, D);
+                }
+                finish(ao, total, out + ((int64_t)(rr % n) * H + g * G + rr / n) * D, D);
+            }
+        } else {
+            /* one KV head's items together, and within it the last query blocks (the most keys) first */
+            #pragma omp for schedule(dynamic, 1)
+            for (int it = 0; it < nqb * KVH; it++) {
+                if (!buf) continue;
+                const int g = it / nqb, qb = nqb - 1 - it % nqb, i0 = qb * FQ;
+                const int qn = n - i0 < FQ ? n - i0 : FQ, rows = G * qn;
+                const int64_t p0 = pos0 + i0;
+                for (int r = 0; r < rows; r++) { amx[r] = -INFINITY; asum[r] = 0.f; }
+                memset(ao, 0, (size_t)rows * D * sizeof(float));
+                const int segs = (int)((p0 + qn - 1) / SEG) + 1;
+                for (int sg = 0; sg < segs; sg++) {
+                    segment(q, qs, k, v, kv_bf16, slots, m, g, G, KVH, D, p0, i0, qn, sg * SEG_BLOCKS,
+                            (sg + 1) * SEG_BLOCKS, scale, kt, vb, s, p, mx, sum, o);
+                    for (int rr = 0; rr < rows; rr++)
+                        merge(&amx[rr], &asum[rr], ao + (size_t)rr * D, mx[rr], sum[rr], o + (size_t)rr * D, D);
+                }
+                for (int rr = 0; rr < rows; rr++)
+                    finish(ao + (size_t)rr * D, asum[rr], out + ((int64_t)(i0 + rr % qn) * H + g * G + rr / qn) * D, D);
+            }
+        }
+        free(buf);
+    }
+    free(parts);
+    return failed ? -1 : 0;
+}
+#else
+int fma_attention_ready(void) { return 0; }
+
+int fma_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+                  float *out, int n, int m, int H, int KVH, int D, float scale) {
+    (void)q; (void)qs; (void)k; (void)v; (void)kv_bf16; (void)slots; (void)out; (void)n; (void)m; (void)H; (void)KVH; (void)D; (void)scale;
+    return -2;
+}
+#endif
