@@ -131,9 +131,10 @@ static inline void softmax_step(const float *s, int seen, float scale, float *mx
  * segment): fresh running max, sum and output per row in mx, sum, o; a row the segment shows nothing keeps mx -inf.
  * segment and merge are compiled once each (noinline): the module's flags let the compiler reassociate sums, and
  * two inlined copies (a short chunk's path and a long one's) could then give a row different bits. */
-__attribute__((noinline)) static void segment(const float *q, int64_t qs, const void *k, const void *v, int bf16, const int64_t *slots, int m,
-                    int g, int G, int KVH, int D, int64_t pos0, int i0, int qn, int kb0, int kb1, float scale,
-                    float *kt, float *vb, float *s, float *p, float *mx, float *sum, float *o) {
+__attribute__((noinline)) static void segment(const float *q, int64_t qs, const void *k, const void *v, int bf16,
+                                              const int64_t *slots, int m, int g, int G, int KVH, int D, int64_t pos0,
+                                              int i0, int qn, int kb0, int kb1, float scale, float *kt, float *vb,
+                                              float *s, float *p, float *mx, float *sum, float *o) {
     const int rows = G * qn;
     for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
     memset(o, 0, (size_t)rows * D * sizeof(float));
