@@ -640,7 +640,8 @@ int panel_gemm_fast(void) {
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int8_t v16b __attribute__((vector_size(16)));
-#define PANEL_ROWS 6
+#define PANEL_ROWS 12   /* 12 accumulators + the weights: one int8 -> fp32 conversion per 12 FMAs (with 6
+                         * the conversions took a quarter of the FP work: 1,024-token prefill ~10 % slower, AMD) */
 #define PANEL_BLOCK 96   /* rows of x16 (a multiple of PANEL_ROWS) kept in L2 while every panel passes over them */
 
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -657,14 +658,13 @@ static inline v16f panel_weights(const int8_t *panel, int k) {
 
 /* acc[r] = sum over k of x16[r][k] * panel[k][0..16) for PANEL_ROWS rows (the accumulators stay in registers) */
 static void panel_block(const float *x, const int8_t *panel, int K, v16f *acc) {
-    const float *x0 = x, *x1 = x + K, *x2 = x + 2 * (int64_t)K, *x3 = x + 3 * (int64_t)K, *x4 = x + 4 * (int64_t)K,
-                *x5 = x + 5 * (int64_t)K;
-    v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0};
+    v16f a[PANEL_ROWS];
+    for (int r = 0; r < PANEL_ROWS; r++) a[r] = (v16f){0};
     for (int k = 0; k < K; k++) {
         const v16f w = panel_weights(panel, k);
-        a0 += x0[k] * w; a1 += x1[k] * w; a2 += x2[k] * w; a3 += x3[k] * w; a4 += x4[k] * w; a5 += x5[k] * w;
+        for (int r = 0; r < PANEL_ROWS; r++) a[r] += x[(int64_t)r * K + k] * w;
     }
-    acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3; acc[4] = a4; acc[5] = a5;
+    for (int r = 0; r < PANEL_ROWS; r++) acc[r] = a[r];
 }
 
 /* the same for the last rows < PANEL_ROWS of a block, one row at a time */
