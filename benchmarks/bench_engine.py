@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.engine.engine import Engine  # noqa: E402
 from core.engine.model.loader import resolve_model
-from core.engine.model.runner import ModelRunner  # noqa: E402
+from core.engine.model.runner import NUMERICS, ModelRunner  # noqa: E402
 from core.engine.sampling import SamplingParams  # noqa: E402
 
 TEXT_MODULES = ("argparse", "collections", "json", "logging", "subprocess", "threading", "unittest", "asyncio",
@@ -218,7 +218,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the engine and HF run")
     ap.add_argument("--model", default="default")
     ap.add_argument("--dtype", default="auto", help="the engine's numerics: auto (what the server picks), fp32, "
-                    "bf16, int8; outputs must equal HF generate's only in fp32")
+                    "bf16, int8; outputs must equal HF generate's only in fp32. A comma list (e.g. auto,fp32) runs "
+                    "the sweep and prefill with one engine per value, side by side; the workload and fairness "
+                    "sections take the first")
     ap.add_argument("--sections", default="workload,sweep,prefill,fairness",
                     help="comma-separated: workload (the shared-prefix run), sweep (decode tokens/s by context, "
                     "with llama.cpp when installed), prefill (uncached 1,024 / 4,096 tokens), fairness (server)")
@@ -247,9 +249,13 @@ def main() -> None:
         raise SystemExit(f"unknown sections {sorted(unknown)}; pick from workload, sweep, prefill, fairness")
     t0 = time.perf_counter()
     kvs = [k for k in args.kv_cache_dtype.split(",") if k] or ["auto"]
+    dtypes = [d for d in args.dtype.split(",") if d] or ["auto"]
+    bad = [d for d in dtypes if d not in NUMERICS]
+    if bad:
+        raise SystemExit(f"--dtype {','.join(bad)}: choose from {', '.join(NUMERICS)} (a comma list for several)")
     graphs = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graph]
-    runner, *others = [ModelRunner(args.model, device=args.device, numerics=args.dtype, kv_cache_dtype=k, cuda_graph=g)
-                       for g in graphs for k in kvs]
+    runner, *others = [ModelRunner(args.model, device=args.device, numerics=n, kv_cache_dtype=k, cuda_graph=g)
+                       for n in dtypes for g in graphs for k in kvs]
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
@@ -267,8 +273,8 @@ def main() -> None:
     if "fairness" in sections:
         from benchmarks import engine_fairness
         server_args = args.server_args.split() + ["--torch-threads", str(torch.get_num_threads())]
-        if args.dtype != "auto":
-            server_args += ["--dtype", args.dtype]
+        if dtypes[0] != "auto":
+            server_args += ["--dtype", dtypes[0]]
         if kvs[0] != "auto":
             server_args += ["--kv-cache-dtype", kvs[0]]
         if args.cuda_graph == "off":
