@@ -9,7 +9,7 @@ one process, and each one's largest error against float64 attention.
 
 --prefix P: the queries come after P cached keys (a long prompt's second chunk: P = 2,048), one call over all keys.
 --pool-layers L: the keys read by slot out of an L-layer pool (pages of 16 slots in random order), a different
-layer each call as a model step does, so they come from memory rather than cache (`amx_attention_pool`; torch
+layer each call as a model step does, so they come from memory rather than cache (`attention_pool`; torch
 gathers them first, as the model's torch path does): a chunk deep into a long prompt, e.g.
 `--sizes 3 --prefix 5000 --pool-layers 30`.
 """
@@ -53,10 +53,8 @@ def pool_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lay
     v_pool = torch.zeros_like(k_pool)
     k_pool[:, slots], v_pool[:, slots] = k, v
 
-    attend = native_kernels.amx_attention_pool if kernel == "amx" else native_kernels.fma_attention_pool
-
     def ours(layer: int) -> torch.Tensor:
-        return attend(q, k_pool[layer], v_pool[layer], slots, scale)
+        return native_kernels.attention_pool(kernel, q, k_pool[layer], v_pool[layer], slots, scale)
 
     def gathered(layer: int) -> torch.Tensor:
         return torch_causal(q, k_pool[layer][slots], v_pool[layer][slots], scale)
@@ -94,7 +92,7 @@ def main() -> None:
     def contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if kernel == "amx":
             return native_kernels.amx_attention(q, k, v, scale)
-        return native_kernels.fma_attention_pool(q, k, v, torch.arange(k.shape[0]), scale)
+        return native_kernels.attention_pool("fma", q, k, v, torch.arange(k.shape[0]), scale)
 
     where = f"keys by slot from a {args.pool_layers}-layer pool, a new layer a call" if args.pool_layers else "keys reused"
     print(f"causal attention, {heads} heads over {kv_heads} KV heads, head_dim {d}, {args.prefix} cached keys "

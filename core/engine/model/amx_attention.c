@@ -51,14 +51,6 @@ static inline void split_bf16x2(__m512 x, __m512i *hi, __m512i *lo) {
     *lo = _mm512_srli_epi32(_mm512_add_epi32(r, rnd), 16);
 }
 
-/* 16 values of a K or V row from the pool, as fp32 (a bf16 pool's values widen exactly: lo then splits to 0) */
-static inline __m512 load16(const void *base, int bf16, int64_t at) {
-    if (bf16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at))), 16));
-    return _mm512_loadu_ps((const float *)base + at);
-}
-
 /* queries as A tiles: qh/ql [H][np][D], row-major (np = n rounded up to QROWS, extra rows zero) */
 static void pack_queries(const float *q, int64_t qs, int n, int np, int H, int D, uint16_t *qh, uint16_t *ql) {
     #pragma omp parallel for schedule(static)

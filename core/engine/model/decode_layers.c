@@ -8,7 +8,7 @@
  * the same bits as NativeLlama's Python loop (tested); the caller checks every tensor once per step. A mixed step
  * (chunk_n > 0: a long prompt's small chunk beside decoding streams, ~40 ms deep into the prompt) gathers its
  * decode rows' queries as the loop's index_select does and attends its chunk with amx_attention, as the loop's
- * amx_attention_pool call does: the loop's ~3 ms of Python a step, and the GIL held through it, go.
+ * attention_pool call does: the loop's ~3 ms of Python a step, and the GIL held through it, go.
  *
  * Layout of `layer_ptrs`: DL_PTRS pointers per layer (see the enum below); `ws` a workspace of
  * decode_layers_workspace(R, ...) floats. x [R, hidden] (the residual stream, updated in place) and y [R, hidden]
@@ -41,7 +41,7 @@ int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I)
 
 /* One layer's attention for every row into att [R][H*D]: the decodes (rows dec_idx[0..Rd-1]; all R rows, queries in
  * place, when there is no chunk) on the decode kernel, the chunk (rows chunk_at .. +chunk_n, keys at chunk_slots[0 ..
- * chunk_m-1]) on the tiles (amx) or on AVX-512 FMAs (fma_attention.c), as the loop's prefill_attention_pool picks.
+ * chunk_m-1]) on the tiles (amx) or on AVX-512 FMAs (fma_attention.c), as the loop's prefill_kernel picks.
  * Returns 0 or that kernel's error. */
 static int layer_attention(const float *qk, int QK, const void *kb, const void *vb, int kv_bf16, const int64_t *slots,
                            const int64_t *first, const int64_t *lens, int64_t Lmax, const int64_t *row_chunk,

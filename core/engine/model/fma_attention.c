@@ -34,14 +34,6 @@
 
 int fma_attention_ready(void) { return 1; }
 
-/* 16 values of a pool row as fp32 (a bf16 pool's values widen exactly) */
-static inline __m512 pool16(const void *base, int bf16, int64_t at) {
-    if (bf16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at))), 16));
-    return _mm512_loadu_ps((const float *)base + at);
-}
-
 /* block kb's keys of KV head g: kt [D][FK] (transposed, 16 keys x 16 d at a time) and vb [FK][D], zeros past the
  * last key */
 static void pack_block(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int g, int KVH,
@@ -53,10 +45,10 @@ static void pack_block(const void *k, const void *v, int bf16, const int64_t *sl
         for (int d0 = 0; d0 < D; d0 += 16) {
             __m512i r[16];
             for (int i = 0; i < 16; i++) {
-                const __m512 x = at[i] < 0 ? _mm512_setzero_ps() : pool16(k, bf16, at[i] + d0);
+                const __m512 x = at[i] < 0 ? _mm512_setzero_ps() : load16(k, bf16, at[i] + d0);
                 r[i] = _mm512_castps_si512(x);
                 _mm512_storeu_ps(vb + (int64_t)(jg + i) * D + d0, at[i] < 0 ? _mm512_setzero_ps()
-                                                                            : pool16(v, bf16, at[i] + d0));
+                                                                            : load16(v, bf16, at[i] + d0));
             }
             transpose16(r);
             for (int dd = 0; dd < 16; dd++)

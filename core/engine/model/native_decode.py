@@ -88,7 +88,7 @@ class DecodeLayers:
         if not plan.tiled:   # a pure decode step
             return dec is not None and plan.decode_idx is None and rows < max_rows()
         # a mixed step: below many_rows() the loop's projections stay on w8_gemv, as the one call's do; its chunk
-        # on the kernel the loop's prefill_attention_pool picks (AMX tiles, or AVX-512 FMAs without AMX)
+        # on the kernel the loop's prefill_kernel picks (AMX tiles, or AVX-512 FMAs without AMX)
         return len(plan.tiled) == 1 and rows < many_rows()
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:

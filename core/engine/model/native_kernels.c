@@ -118,14 +118,6 @@ static void chunk_generic(const float *qf, const void *kbuf, const void *vbuf, i
 }
 
 #if defined(__AVX512F__)
-static inline __m512 load16(const void *base, int bf16, int64_t off) {
-    if (bf16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    return _mm512_loadu_ps((const float *)base + off);
-}
-
 /* r[i] = sum of the 16 lanes of a[i], for 16 vectors at once (45 shuffles and adds instead of 16 reductions). */
 static inline __m512 reduce16(__m512 a[16]) {
     __m512 b[8], c[4];
@@ -1015,21 +1007,30 @@ static PyObject *py_amx_attention_ready(PyObject *self, PyObject *const *args, P
     return PyBool_FromLong(amx_attention_ready());
 }
 
-static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 13, "amx_attention")) return NULL;
+typedef int (*prefill_attention_fn)(const float *, int64_t, const void *, const void *, int, const int64_t *, float *,
+                                    int, int, int, int, int, float);
+
+/* amx_attention and fma_attention: the same arguments and return codes; `dims` and `isa` name what each needs */
+static PyObject *call_prefill_attention(prefill_attention_fn fn, const char *name, const char *dims, const char *isa,
+                                        PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 13, name)) return NULL;
     const float *q = PTR(0); int64_t qs = I64(1); const void *k = PTR(2), *v = PTR(3); int kvb = INT(4);
     const int64_t *sl = PTR(5); float *out = PTR(6);
     int N = INT(7), M = INT(8), H = INT(9), KVH = INT(10), D = INT(11); float sc = FLT(12);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = amx_attention(q, qs, k, v, kvb, sl, out, N, M, H, KVH, D, sc);
+    rc = fn(q, qs, k, v, kvb, sl, out, N, M, H, KVH, D, sc);
     Py_END_ALLOW_THREADS
     if (rc == -1) return PyErr_NoMemory();
-    if (rc == -3) { PyErr_SetString(PyExc_ValueError, "amx_attention: head_dim must be a multiple of 32 up to 256, "
-                                    "heads a multiple of kv_heads, keys >= queries"); return NULL; }
-    if (rc) { PyErr_SetString(PyExc_RuntimeError, "amx_attention: these kernels were built without AMX"); return NULL; }
+    if (rc == -3) { PyErr_Format(PyExc_ValueError, "%s: head_dim must be a multiple of %s up to 256, heads a multiple "
+                                 "of kv_heads, keys >= queries", name, dims); return NULL; }
+    if (rc) { PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without %s", name, isa); return NULL; }
     Py_RETURN_NONE;
+}
+
+static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_prefill_attention(amx_attention, "amx_attention", "32", "AMX", args, n);
 }
 
 static PyObject *py_fma_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -1038,20 +1039,7 @@ static PyObject *py_fma_attention_ready(PyObject *self, PyObject *const *args, P
 }
 
 static PyObject *py_fma_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 13, "fma_attention")) return NULL;
-    const float *q = PTR(0); int64_t qs = I64(1); const void *k = PTR(2), *v = PTR(3); int kvb = INT(4);
-    const int64_t *sl = PTR(5); float *out = PTR(6);
-    int N = INT(7), M = INT(8), H = INT(9), KVH = INT(10), D = INT(11); float sc = FLT(12);
-    if (PyErr_Occurred()) return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fma_attention(q, qs, k, v, kvb, sl, out, N, M, H, KVH, D, sc);
-    Py_END_ALLOW_THREADS
-    if (rc == -1) return PyErr_NoMemory();
-    if (rc == -3) { PyErr_SetString(PyExc_ValueError, "fma_attention: head_dim must be a multiple of 16 up to 256, "
-                                    "heads a multiple of kv_heads, keys >= queries"); return NULL; }
-    if (rc) { PyErr_SetString(PyExc_RuntimeError, "fma_attention: these kernels were built without AVX-512"); return NULL; }
-    Py_RETURN_NONE;
+    return call_prefill_attention(fma_attention, "fma_attention", "16", "AVX-512", args, n);
 }
 
 static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *args, Py_ssize_t n) {

@@ -344,39 +344,25 @@ def prefill_kernel(device: torch.device, heads: int, kv_heads: int, head_dim: in
 
 def amx_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
                        scale: float) -> torch.Tensor:
-    """amx_attention over keys read straight out of one pool layer: k_buf, v_buf [S, KVH, D] fp32 or bf16
-    (contiguous), key j at slot slots[j] (int64 [m]: the request's cached prefix, then its new tokens, whose K/V
-    are already written). No gathered copy of the prefix: a short chunk after a long one costs one pass over
-    its keys (the packing for the tiles)."""
-    return _pool_attention("amx", q, k_buf, v_buf, slots, scale)
+    """attention_pool on the AMX tiles."""
+    return attention_pool("amx", q, k_buf, v_buf, slots, scale)
 
 
-def fma_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
-                       scale: float) -> torch.Tensor:
-    """amx_attention_pool's attention in AVX-512 FMAs (fma_attention.c), for CPUs without AMX."""
-    return _pool_attention("fma", q, k_buf, v_buf, slots, scale)
-
-
-def prefill_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """A prompt chunk's attention over the pool on the kernel `prefill_kernel` picks here."""
-    kernel = prefill_kernel(q.device, q.shape[1], k_buf.shape[1], q.shape[2]) if q.dim() == 3 and k_buf.dim() == 3 \
-        else None
-    if kernel is None:
-        raise ValueError("prefill_attention_pool: no C kernel runs this attention here (prefill_kernel is None); "
-                         "use torch's attention")
-    return _pool_attention(kernel, q, k_buf, v_buf, slots, scale)
-
-
-def _pool_attention(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
-                    scale: float) -> torch.Tensor:
+def attention_pool(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """A prompt chunk's causal attention on `kernel` ("amx": amx_attention.c, "fma": fma_attention.c) over keys
+    read straight out of one pool layer: k_buf, v_buf [S, KVH, D] fp32 or bf16 (contiguous), key j at slot
+    slots[j] (int64 [m]: the request's cached prefix, then its new tokens, whose K/V are already written). No
+    gathered copy of the prefix: a short chunk after a long one costs one pass over its keys."""
     name = f"{kernel}_attention"
     if q.dim() != 3 or k_buf.dim() != 3 or v_buf.shape != k_buf.shape or slots.dim() != 1:
         raise ValueError(f"{name} takes q [n, H, D], k, v [slots, KVH, D] and slots [m], got "
                          f"{tuple(q.shape)}, {tuple(k_buf.shape)}, {tuple(v_buf.shape)}, {tuple(slots.shape)}")
     n, h, d = q.shape
     m, kvh = slots.shape[0], k_buf.shape[1]
-    fits = amx_attention_fits if kernel == "amx" else fma_attention_fits
+    fits = {"amx": amx_attention_fits, "fma": fma_attention_fits}.get(kernel)
+    if fits is None:
+        raise ValueError(f"attention_pool: kernel {kernel!r}; choose amx or fma (prefill_kernel picks for this CPU)")
     if not fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
         need = "AMX, head_dim a multiple of 32" if kernel == "amx" else "AVX-512, head_dim a multiple of 16"
         raise ValueError(f"{name} does not fit {h} heads over {kvh} KV heads of size {d} here (needs {need} up to "

@@ -280,9 +280,9 @@ class NativeLlama(torch.nn.Module):
             batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
         # int8 on a CPU: every extend's attention on AMX tiles, or on AVX-512 FMAs without AMX (the same promise;
         # AttentionPlan.tiled says why all of them)
-        tiles = self.mode == "int8" and self.full_attention and native_kernels.prefill_kernel(
-            batch.device, self.num_heads, self.num_kv_heads, self.head_dim) is not None
-        plan = AttentionPlan.build(batch, row_kernel=row_kernel, tiles=tiles)
+        kernel = native_kernels.prefill_kernel(batch.device, self.num_heads, self.num_kv_heads, self.head_dim) \
+            if self.mode == "int8" and self.full_attention else None
+        plan = AttentionPlan.build(batch, row_kernel=row_kernel, tiles=kernel is not None)
         if int(batch.positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
                              f"({self.max_positions} positions)")
@@ -334,7 +334,7 @@ class NativeLlama(torch.nn.Module):
                 else:
                     k_buf.index_copy_(0, out_slots, k)
                     v_buf.index_copy_(0, out_slots, v)
-                o = self._attention(plan, q, k, v, k_buf, v_buf, L.window)  # [T, H, D]
+                o = self._attention(plan, q, k, v, k_buf, v_buf, L.window, kernel)  # [T, H, D]
                 x, y = resid_norm(x, L.o(o.reshape(t, q_end)), L.post_norm)
                 if fused:
                     act = L.gate_up.silu_mul(y)
@@ -350,7 +350,10 @@ class NativeLlama(torch.nn.Module):
         return self.lm_head(F.rms_norm(last, hidden, self.final_norm, eps)).float()
 
     def _attention(self, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+                   k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int],
+                   kernel: Optional[str]) -> torch.Tensor:
+        """One layer's attention for the plan's rows; `kernel` (native_kernels.prefill_kernel, picked once a
+        forward) attends plan.tiled's chunks."""
         t, h, d = q.shape
         gqa = h != k.shape[1]
         dec = plan.decodes
@@ -361,7 +364,7 @@ class NativeLlama(torch.nn.Module):
             o = attend_decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, self.scale)
             out.index_copy_(0, plan.decode_idx, o)
         for s, n, seq_slots in plan.tiled:   # K/V read from the pool (this step's were written above)
-            o = native_kernels.prefill_attention_pool(q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
+            o = native_kernels.attention_pool(kernel, q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
             if s == 0 and n == t:
                 return o
             out[s:s + n] = o

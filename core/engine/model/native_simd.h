@@ -40,6 +40,14 @@ static inline __m512 exp512(__m512 x) {
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
     return _mm512_scalef_ps(y, n);
 }
+/* 16 values of a pool row (K or V, fp32 or bf16) at element `at`, as fp32: a bf16 value widens exactly */
+static inline __m512 load16(const void *base, int bf16, int64_t at) {
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at))), 16));
+    return _mm512_loadu_ps((const float *)base + at);
+}
+
 /* r[j][i] -> r[i][j] for a 16 x 16 block of dwords (unpacks then 128-bit lane shuffles: ~64 shuffles, where
  * 16 scatters of 16 dwords each cost ~4x that) */
 static inline void transpose16(__m512i r[16]) {

@@ -1,4 +1,4 @@
-"""Prefill attention in AVX-512 FMAs (native_kernels.fma_attention_pool, fma_attention.c), what the int8 model's
+"""Prefill attention in AVX-512 FMAs (native_kernels.attention_pool("fma", ...), fma_attention.c), what the int8 model's
 prompt chunks attend on where the CPU has no AMX: within fp32 rounding of exact attention, and a query row's
 result the same bits however its prompt was chunked or cached (a short chunk's work items are key segments, a long
 one's query blocks: both give a row the same bits). It runs on any CPU whose kernels built with AVX-512, AMX ones
@@ -18,7 +18,7 @@ def kernels():
     require_kernels()
     if not native_kernels.fma_attention_fits(torch.device("cpu"), 9, 3, 64):
         with pytest.raises(ValueError, match="use torch's attention"):
-            native_kernels.fma_attention_pool(torch.zeros(1, 9, 64), torch.zeros(2, 3, 64), torch.zeros(2, 3, 64),
+            native_kernels.attention_pool("fma", torch.zeros(1, 9, 64), torch.zeros(2, 3, 64), torch.zeros(2, 3, 64),
                                               torch.tensor([1]), 0.125)
         pytest.skip("these kernels were built without AVX-512: fma_attention refuses, as checked")
 
@@ -54,7 +54,7 @@ def exact(q, k_buf, v_buf, slots) -> torch.Tensor:
 ])
 def test_fma_attention_is_exact_attention_to_fp32_rounding(n, m, heads, kv_heads, d, bf16):
     q, k_buf, v_buf, slots = pool_case(n, m, heads, kv_heads, d, seed=n * 7 + m, bf16=bf16)
-    out = native_kernels.fma_attention_pool(q, k_buf, v_buf, slots, d ** -0.5)
+    out = native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, d ** -0.5)
     assert out.shape == (n, heads, d) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), exact(q, k_buf.float(), v_buf.float(), slots), atol=3e-6, rtol=0)
 
@@ -64,11 +64,11 @@ def test_a_rows_result_is_the_same_bits_however_its_prompt_is_chunked(m, n):
     """The last n queries whole, then in chunks of 1, 2, 3, 31, 32, 33 ... tokens, each after the keys before it:
     short chunks run as key segments, long ones as query blocks, and every row comes out the same bits."""
     q, k_buf, v_buf, slots = pool_case(n, m, 9, 3, 64, seed=m + n)
-    whole = native_kernels.fma_attention_pool(q, k_buf, v_buf, slots, 0.125)
+    whole = native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, 0.125)
     pieces, at, sizes = [], 0, [1, 2, 3, 31, 32, 33, 5, 100, 7]
     while at < n:
         c = min(sizes[len(pieces) % len(sizes)], n - at)
-        pieces.append(native_kernels.fma_attention_pool(q[at:at + c], k_buf, v_buf, slots[:m - n + at + c], 0.125))
+        pieces.append(native_kernels.attention_pool("fma", q[at:at + c], k_buf, v_buf, slots[:m - n + at + c], 0.125))
         at += c
     assert torch.equal(torch.cat(pieces), whole)
 
@@ -76,13 +76,13 @@ def test_a_rows_result_is_the_same_bits_however_its_prompt_is_chunked(m, n):
 def test_bad_inputs_are_refused_with_what_to_change():
     q, k_buf, v_buf, slots = pool_case(4, 8, 9, 3, 64, seed=1)
     with pytest.raises(ValueError, match="at least as many keys as queries"):
-        native_kernels.fma_attention_pool(q, k_buf, v_buf, slots[:3], 0.125)
+        native_kernels.attention_pool("fma", q, k_buf, v_buf, slots[:3], 0.125)
     with pytest.raises(ValueError, match="slots must lie in 0 .. 16"):
-        native_kernels.fma_attention_pool(q, k_buf, v_buf, slots + 100, 0.125)
+        native_kernels.attention_pool("fma", q, k_buf, v_buf, slots + 100, 0.125)
     with pytest.raises(ValueError, match="positive finite scale"):
-        native_kernels.fma_attention_pool(q, k_buf, v_buf, slots, float("nan"))
+        native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, float("nan"))
     with pytest.raises(ValueError, match="head_dim a multiple of 16"):
-        native_kernels.fma_attention_pool(torch.zeros(1, 9, 24), torch.zeros(2, 3, 24), torch.zeros(2, 3, 24),
+        native_kernels.attention_pool("fma", torch.zeros(1, 9, 24), torch.zeros(2, 3, 24), torch.zeros(2, 3, 24),
                                           torch.tensor([1]), 0.2)
     with pytest.raises(ValueError, match="fp32 CPU q"):
-        native_kernels.fma_attention_pool(q.double(), k_buf, v_buf, slots, 0.125)
+        native_kernels.attention_pool("fma", q.double(), k_buf, v_buf, slots, 0.125)

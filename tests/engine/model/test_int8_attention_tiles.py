@@ -60,14 +60,14 @@ def tiles_here() -> bool:
 
 def tile_calls(monkeypatch, native: NativeLlama) -> list:
     """Record each tile attention's query count (the real kernels still run): proof the tiles ran. The Python loop
-    calls prefill_attention_pool once a layer; a short chunk's step in one C call (DecodeLayers.run: its decodes
-    and one chunk) calls the kernel once a layer from C, counted here as that many entries."""
-    calls, real = [], native_kernels.prefill_attention_pool
+    calls attention_pool once a layer; a short chunk's step in one C call (DecodeLayers.run: its decodes and one
+    chunk) calls the kernel once a layer from C, counted here as that many entries."""
+    calls, real = [], native_kernels.attention_pool
 
-    def counted(q, *rest):
+    def counted(kernel, q, *rest):
         calls.append(q.shape[0])
-        return real(q, *rest)
-    monkeypatch.setattr(native_kernels, "prefill_attention_pool", counted)
+        return real(kernel, q, *rest)
+    monkeypatch.setattr(native_kernels, "attention_pool", counted)
     if native.decode_layers is not None:
         real_run = native.decode_layers.run
 
