@@ -19,6 +19,9 @@
 #include "native_simd.h"
 #include "native_kernels.h"
 
+/* the prefill kernel (native_kernels.prefill_kernel); inside, KERNEL_FMA_CHUNK: the chunk on fma_attention, the
+ * decode rows on the decode kernel (KERNEL_FMA: both on fma_attention's arithmetic, one order) */
+enum { KERNEL_NONE, KERNEL_AMX, KERNEL_FMA, KERNEL_FMA_CHUNK };
 enum { DL_WQKV, DL_SQKV, DL_BQKV, DL_WO, DL_SO, DL_BO, DL_WGU, DL_SGU, DL_BGU, DL_WD, DL_SD, DL_BD,
        DL_POST_NORM, DL_NEXT_NORM, DL_K, DL_V, DL_PTRS };
 
@@ -47,28 +50,41 @@ static int layer_attention(const float *qk, int QK, const void *kb, const void *
                            const int64_t *first, const int64_t *lens, int64_t Lmax, const int64_t *row_chunk,
                            int nchunks, float *scratch, const int64_t *dec_idx, int Rd, int chunk_at, int chunk_n,
                            const int64_t *chunk_slots, int chunk_m, float *qd, float *attd, float *att, int R, int H,
-                           int KVH, int D, float scale, int amx) {
+                           int KVH, int D, float scale, int kernel) {
     const int HD = H * D;
     if (!chunk_n) {
+        if (kernel == KERNEL_FMA)
+            return fma_decode(qk, QK, kb, vb, kv_bf16, slots, Lmax, lens, att, HD, R, H, KVH, D, scale);
         decode_attention(qk, 0, QK, kb, vb, kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale, 0, row_chunk,
                          nchunks, scratch, att, 0, NULL, 0);   /* row_chunk checked by the caller */
         return 0;
     }
     if (Rd) {   /* gathered, as the loop's q.index_select(0, decode_idx) */
         for (int i = 0; i < Rd; i++) memcpy(qd + (int64_t)i * HD, qk + dec_idx[i] * QK, sizeof(float) * (size_t)HD);
-        decode_attention(qd, 0, HD, kb, vb, kv_bf16, slots, first, lens, Rd, H, KVH, D, Lmax, scale, 0, row_chunk,
-                         nchunks, scratch, attd, 0, NULL, 0);
+        if (kernel == KERNEL_FMA) {
+            const int rc = fma_decode(qd, HD, kb, vb, kv_bf16, slots, Lmax, lens, attd, HD, Rd, H, KVH, D, scale);
+            if (rc) return rc;
+        } else {
+            decode_attention(qd, 0, HD, kb, vb, kv_bf16, slots, first, lens, Rd, H, KVH, D, Lmax, scale, 0, row_chunk,
+                             nchunks, scratch, attd, 0, NULL, 0);
+        }
         for (int i = 0; i < Rd; i++) memcpy(att + dec_idx[i] * HD, attd + (int64_t)i * HD, sizeof(float) * (size_t)HD);
     }
-    return (amx ? amx_attention : fma_attention)(qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16, chunk_slots,
-                                                 att + (int64_t)chunk_at * HD, chunk_n, chunk_m, H, KVH, D, scale);
+    return (kernel == KERNEL_AMX ? amx_attention : fma_attention)(qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16,
+                                                                  chunk_slots, att + (int64_t)chunk_at * HD, chunk_n,
+                                                                  chunk_m, H, KVH, D, scale);
 }
 
 int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
-                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx) {
+                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int kernel,
+                  int one_order) {
+    /* one order of sums: the projections on their panels, the decode rows on fma_attention's arithmetic */
+    int (*const w8)(const float *, const int8_t *, const float *, const float *, float *, int, int, int) =
+        one_order ? w8_panel_gemm : w8_gemv;
+    const int att_kernel = kernel == KERNEL_FMA && !one_order ? KERNEL_FMA_CHUNK : kernel;
     const int QKV = (H + 2 * KVH) * D, QK = (H + KVH) * D;
     float *qkv = ws, *qk = qkv + (int64_t)R * QKV, *att = qk + (int64_t)R * QK, *delta = att + (int64_t)R * H * D;
     float *gu = delta + (int64_t)R * hidden, *act = gu + (int64_t)R * 2 * I;
@@ -78,19 +94,19 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
     for (int l = 0; l < L; l++) {
         const int64_t *p = layer_ptrs + (int64_t)l * DL_PTRS;
 #define P(i) ((void *)(intptr_t)p[i])
-        if (w8_gemv(y, P(DL_WQKV), P(DL_SQKV), P(DL_BQKV), qkv, R, QKV, hidden)) return -1;
+        if (w8(y, P(DL_WQKV), P(DL_SQKV), P(DL_BQKV), qkv, R, QKV, hidden)) return -1;
         rope(qkv, QKV, cos, sin, qk, R, H + KVH, D);
         write_rows(qk + H * D, QK, P(DL_K), kv_bf16, out_slots, R, KVH * D);
         write_rows(qkv + QK, QKV, P(DL_V), kv_bf16, out_slots, R, KVH * D);
         const int rc = layer_attention(qk, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, Lmax, row_chunk, nchunks,
                                        scratch, dec_idx, Rd, chunk_at, chunk_n, chunk_slots, chunk_m, qd, attd, att,
-                                       R, H, KVH, D, scale, amx);
+                                       R, H, KVH, D, scale, att_kernel);
         if (rc) return rc == -1 ? -1 : -3;
-        if (w8_gemv(att, P(DL_WO), P(DL_SO), P(DL_BO), delta, R, hidden, H * D)) return -1;
+        if (w8(att, P(DL_WO), P(DL_SO), P(DL_BO), delta, R, hidden, H * D)) return -1;
         add_rms_norm(x, delta, P(DL_POST_NORM), y, R, hidden, eps);
-        if (w8_gemv(y, P(DL_WGU), P(DL_SGU), P(DL_BGU), gu, R, 2 * I, hidden)) return -1;
+        if (w8(y, P(DL_WGU), P(DL_SGU), P(DL_BGU), gu, R, 2 * I, hidden)) return -1;
         silu_mul(gu, act, R, I);
-        if (w8_gemv(act, P(DL_WD), P(DL_SD), P(DL_BD), delta, R, hidden, I)) return -1;
+        if (w8(act, P(DL_WD), P(DL_SD), P(DL_BD), delta, R, hidden, I)) return -1;
         if (p[DL_NEXT_NORM]) {
             add_rms_norm(x, delta, P(DL_NEXT_NORM), y, R, hidden, eps);
         } else {   /* the last layer: the residual only (the final norm runs with the head) */

@@ -51,6 +51,7 @@ class DecodeModel(Protocol):
     scale: float
 
 LAYER_POINTERS = 16   # decode_layers.c's DL_PTRS: 4 projections x (weight, scales, bias), 2 norms, K, V
+KERNEL_CODES = {None: 0, "amx": 1, "fma": 2}   # decode_layers.c's KERNEL_NONE, KERNEL_AMX, KERNEL_FMA
 
 
 class DecodeLayers:
@@ -59,10 +60,13 @@ class DecodeLayers:
     def __init__(self, model: DecodeModel) -> None:
         self.model = model
         self.weights = torch.zeros((model.num_layers, LAYER_POINTERS), dtype=torch.int64)
+        # one order of sums (NativeLlama.one_order): every projection on its panels (w8_panel_gemm) and the decode
+        # rows on fma_attention.c's arithmetic, as the loop's; else w8_gemv and the decode kernel
+        self.one_order = model.layers[0].qkv.matrix is None
         for li, L in enumerate(model.layers):
             row = []
             for lin in (L.qkv, L.o, L.gate_up, L.down):
-                row.extend(lin.matrix.pointers)
+                row.extend(lin.decode_pointers())
             nxt = model.layers[li + 1].input_norm.data_ptr() if li + 1 < model.num_layers else 0
             row.extend([L.post_norm.data_ptr(), nxt])
             self.weights[li, :14] = torch.tensor(row, dtype=torch.int64)
@@ -74,8 +78,13 @@ class DecodeLayers:
         return (model.mode == "int8" and model.device.type == "cpu" and model.full_attention
                 and native_kernels.available()
                 and native_kernels.attention_fits(model.device, model.num_heads, model.num_kv_heads, model.head_dim)
-                and all(L.qk_norm is None and L.qkv.matrix is not None and L.o.matrix is not None
-                        and L.gate_up.matrix is not None and L.down.matrix is not None for L in model.layers))
+                and all(L.qk_norm is None for L in model.layers)
+                and (all(lin.matrix is None and lin.panels is not None for lin in DecodeLayers._projections(model))
+                     or all(lin.matrix is not None for lin in DecodeLayers._projections(model))))
+
+    @staticmethod
+    def _projections(model: DecodeModel) -> list:
+        return [lin for L in model.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
 
     @staticmethod
     def fits_step(plan: AttentionPlan, rows: int) -> bool:
@@ -153,7 +162,7 @@ class DecodeLayers:
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
                           out_slots.data_ptr(), *decodes, int(pool.k_buffer.dtype is torch.bfloat16),
                           workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale, *mixed,
-                          int(native_kernels.prefill_kernel(pool.device, h, kvh, d) == "amx"))
+                          KERNEL_CODES[native_kernels.prefill_kernel(pool.device, h, kvh, d)], int(self.one_order))
 
     @staticmethod
     def _mixed_args(plan: AttentionPlan, rows: int, slots_in_pool: int) -> tuple:

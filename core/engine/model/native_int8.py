@@ -137,14 +137,20 @@ def panels_fit(w: torch.Tensor) -> bool:
             and bool(native_kernels.built().panel_gemm_fast()))
 
 
+PANEL_GROUP = 8   # panels side by side (panel_gemm.c's GROUP)
+
+
 def pack_panels(w: torch.Tensor) -> torch.Tensor:
-    """int8 weights [N, K] (N a multiple of 16) as the panels `w8_panel_gemm` reads: [N/16, K, 16], the 16 output
-    channels of a panel side by side for each k. The same bytes as `w`: made on a model's first prefill where
-    there are no AMX tiles."""
+    """int8 weights [N, K] (N a multiple of 16) as the panels `w8_panel_gemm` reads: panels of 16 output channels,
+    PANEL_GROUP of them side by side for each k (a group's bytes [K, 128], the last group as wide as the channels
+    left), so a decode row streams a group in one pass. The same bytes as `w`, reordered; shaped [N/16, K, 16] so
+    that the wrapper can tell them from `w` itself."""
     n, k = w.shape
     if n % 16:
         raise ValueError(f"w8_panel_gemm needs the output size a multiple of 16, got {n}")
-    return w.view(n // 16, 16, k).transpose(1, 2).contiguous()
+    width = PANEL_GROUP * 16
+    groups = [w[g:g + width].t().contiguous().view(-1) for g in range(0, n, width)]
+    return torch.cat(groups).view(n // 16, k, 16)
 
 
 def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,

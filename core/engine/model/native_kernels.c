@@ -9,7 +9,7 @@
  *   x rounded to 16 significant bits: then each product x16[k] * q[n, k] is exact in fp32.
  * w8_amx_gemm: the same products for many rows (prefill) on AMX tiles (where the CPU and compiler have them);
  * w8_amx_gemm_silu the same for gate_up, with silu(gate) * up in its epilogue.
- * w8_panel_gemm: the same products for many rows where there are no AMX tiles: FMAs on weight panels.
+ * w8_panel_gemm (panel_gemm.c): the same products for any number of rows without AMX, one sum order for all.
  * amx_attention (amx_attention.c, compiled into the same module): a prefill's causal attention on AMX tiles.
  * fma_attention (fma_attention.c, likewise): the same attention in AVX-512 FMAs, for CPUs without AMX.
  *
@@ -458,7 +458,7 @@ static inline __m512i round16_epi32(__m512i u) {
 #endif
 
 /* dst[0..n) = x16 of src[0..n) */
-static void round16(const float *src, float *dst, int64_t n) {
+void round16(const float *src, float *dst, int64_t n) {
     const uint32_t *s = (const uint32_t *)src;
     uint32_t *d = (uint32_t *)dst;
     #pragma omp parallel for schedule(static) if (n >= 65536)
@@ -612,91 +612,6 @@ int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *b
     round16(x, x16, n);
     w8_gemv_x16(x16, w, scales, bias, y, M, N, K);
     if (x16 != stack) free(x16);
-    return 0;
-}
-
-/* Many rows (prefill) without AMX, with the same products: GCC vector code, a register block of PANEL_ROWS rows x 16
- * output channels, K steps of one broadcast x16 value times one
- * converted vector of 16 int8 weights. The weights in panels: [N/16][K][16] int8 (native_int8.pack_panels), so
- * a step reads 16 contiguous bytes. The GEMV kernel instead reduces each (row, channel) dot product across
- * lanes: right for a few rows (each weight read once), 2.7x slower than MKL's fp32 GEMM at 1,024 rows. It pays
- * with AVX-512 (32 vector registers hold the block): panel_gemm_fast. Built for AVX2 it is correct but was 1.3-1.5x
- * slower than the GEMV kernel (the block does not fit 16 registers), so Linear keeps the GEMV kernel there. */
-int panel_gemm_fast(void) {
-#if defined(__AVX512F__)
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-typedef float v16f __attribute__((vector_size(64)));
-typedef int8_t v16b __attribute__((vector_size(16)));
-#define PANEL_ROWS 12   /* 12 accumulators + the weights: one int8 -> fp32 conversion per 12 FMAs (with 6
-                         * the conversions took a quarter of the FP work: 1,024-token prefill ~10 % slower, AMD) */
-#define PANEL_BLOCK 96   /* rows of x16 (a multiple of PANEL_ROWS) kept in L2 while every panel passes over them */
-
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline v16f panel_weights(const int8_t *panel, int k) {
-#if defined(__AVX512F__)
-    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(panel + (int64_t)k * 16))));
-#else   /* int8 -> int32 -> float: GCC 12 turns a direct int8 -> float conversion into scalar code */
-    v16b b;
-    memcpy(&b, panel + (int64_t)k * 16, 16);
-    return __builtin_convertvector(__builtin_convertvector(b, v16i), v16f);
-#endif
-}
-
-/* acc[r] = sum over k of x16[r][k] * panel[k][0..16) for PANEL_ROWS rows (the accumulators stay in registers) */
-static void panel_block(const float *x, const int8_t *panel, int K, v16f *acc) {
-    v16f a[PANEL_ROWS];
-    for (int r = 0; r < PANEL_ROWS; r++) a[r] = (v16f){0};
-    for (int k = 0; k < K; k++) {
-        const v16f w = panel_weights(panel, k);
-        for (int r = 0; r < PANEL_ROWS; r++) a[r] += x[(int64_t)r * K + k] * w;
-    }
-    for (int r = 0; r < PANEL_ROWS; r++) acc[r] = a[r];
-}
-
-/* the same for the last rows < PANEL_ROWS of a block, one row at a time */
-static v16f panel_row(const float *x, const int8_t *panel, int K) {
-    v16f a = {0};
-    for (int k = 0; k < K; k++) a += x[k] * panel_weights(panel, k);
-    return a;
-}
-
-/* Returns -1 when out of memory (the x16 copy of x). N % 16 == 0. */
-int w8_panel_gemm(const float *x, const int8_t *panels, const float *scales, const float *bias, float *y,
-                  int M, int N, int K) {
-    if (M <= 0) return 0;
-    float *x16 = (float *)malloc((size_t)M * K * sizeof(float));
-    if (!x16) return -1;
-    round16(x, x16, (int64_t)M * K);
-    const int NP = N / 16, MBLK = (M + PANEL_BLOCK - 1) / PANEL_BLOCK;
-    /* (row block, panel) pairs dealt out one by one: the threads share a row block (in each one's L2) while they
-     * take its panels in turn, and a short last block does not leave one thread with all the work */
-    #pragma omp parallel for collapse(2) schedule(static, 1)
-    for (int mb = 0; mb < MBLK; mb++) {
-        for (int np = 0; np < NP; np++) {
-            const int8_t *panel = panels + (int64_t)np * K * 16;
-            v16f sc, bi = (v16f){0};
-            memcpy(&sc, scales + np * 16, sizeof sc);
-            if (bias) memcpy(&bi, bias + np * 16, sizeof bi);
-            const int m_end = (mb + 1) * PANEL_BLOCK < M ? (mb + 1) * PANEL_BLOCK : M;
-            for (int m0 = mb * PANEL_BLOCK; m0 < m_end; m0 += PANEL_ROWS) {
-                const int rows = m_end - m0 < PANEL_ROWS ? m_end - m0 : PANEL_ROWS;
-                v16f acc[PANEL_ROWS];
-                if (rows == PANEL_ROWS) panel_block(x16 + (int64_t)m0 * K, panel, K, acc);
-                else for (int r = 0; r < rows; r++) acc[r] = panel_row(x16 + (int64_t)(m0 + r) * K, panel, K);
-                for (int r = 0; r < rows; r++) {
-                    const v16f out = acc[r] * sc + bi;
-                    memcpy(y + (int64_t)(m0 + r) * N + np * 16, &out, sizeof out);
-                }
-            }
-        }
-    }
-    free(x16);
     return 0;
 }
 
@@ -1042,6 +957,23 @@ static PyObject *py_fma_attention(PyObject *self, PyObject *const *args, Py_ssiz
     return call_prefill_attention(fma_attention, "fma_attention", "16", "AVX-512", args, n);
 }
 
+static PyObject *py_fma_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 15, "fma_decode")) return NULL;
+    const float *q = PTR(0); int64_t qs = I64(1); const void *k = PTR(2), *v = PTR(3); int kvb = INT(4);
+    const int64_t *sl = PTR(5); int64_t lmax = I64(6); const int64_t *lens = PTR(7); float *out = PTR(8);
+    int64_t os = I64(9); int R = INT(10), H = INT(11), KVH = INT(12), D = INT(13); float sc = FLT(14);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fma_decode(q, qs, k, v, kvb, sl, lmax, lens, out, os, R, H, KVH, D, sc);
+    Py_END_ALLOW_THREADS
+    if (rc == -1) return PyErr_NoMemory();
+    if (rc == -3) { PyErr_SetString(PyExc_ValueError, "fma_decode: head_dim must be a multiple of 16 up to 256, "
+                                    "heads a multiple of kv_heads, each row's keys 1 .. Lmax"); return NULL; }
+    if (rc) { PyErr_SetString(PyExc_RuntimeError, "fma_decode: these kernels were built without AVX-512"); return NULL; }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 6, "decode_layers_workspace")) return NULL;
     const int64_t need = decode_layers_workspace(INT(0), INT(1), INT(2), INT(3), INT(4), INT(5));
@@ -1052,7 +984,7 @@ static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *arg
 /* a whole decode step's layers (~8 ms; a mixed step's ~40): the GIL is let go, so the server's other threads run
  * meanwhile */
 static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 31, "decode_layers")) return NULL;
+    if (!args_ok(n, 32, "decode_layers")) return NULL;
     float *x = PTR(0), *y = PTR(1); const int64_t *lp = PTR(2); int L = INT(3);
     const float *c = PTR(4), *sn = PTR(5);
     const int64_t *os = PTR(6), *sl = PTR(7), *fi = PTR(8), *le = PTR(9); int64_t Lmax = I64(10);
@@ -1060,12 +992,12 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     int R = INT(16), hid = INT(17), H = INT(18), KVH = INT(19), D = INT(20), I = INT(21);
     float eps = FLT(22), sc = FLT(23);
     const int64_t *di = PTR(24); int Rd = INT(25), cat = INT(26), cn = INT(27); const int64_t *cs = PTR(28);
-    int cm = INT(29), amx = INT(30);
+    int cm = INT(29), kernel = INT(30), one_order = INT(31);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, rch, nchunks, scratch, kvb, ws, R, hid, H, KVH,
-                       D, I, eps, sc, di, Rd, cat, cn, cs, cm, amx);
+                       D, I, eps, sc, di, Rd, cat, cn, cs, cm, kernel, one_order);
     Py_END_ALLOW_THREADS
     if (rc == -2) return row_chunks_error();
     if (rc == -3) {
@@ -1133,6 +1065,7 @@ static PyObject *py_set_w8_prefetch(PyObject *self, PyObject *const *args, Py_ss
 static PyMethodDef METHODS[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
+    {"fma_decode", (PyCFunction)(void (*)(void))py_fma_decode, METH_FASTCALL, NULL},
     {"w8_amx_gemm", (PyCFunction)(void (*)(void))py_w8_amx_gemm, METH_FASTCALL, NULL},
     {"w8_amx_gemm_silu", (PyCFunction)(void (*)(void))py_w8_amx_gemm_silu, METH_FASTCALL, NULL},
     {"w8_panel_gemm", (PyCFunction)(void (*)(void))py_w8_panel_gemm, METH_FASTCALL, NULL},

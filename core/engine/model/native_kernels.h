@@ -1,11 +1,12 @@
-/* The functions one C file of the native kernels calls in another (native_kernels.c, amx_attention.c,
- * fma_attention.c, decode_layers.c; compiled into one module by native_kernels.py): declared once here, and included by the file
- * that defines each, so that the compiler checks every caller against the definition. */
+/* The functions one C file of the native kernels calls in another (native_kernels.c, panel_gemm.c,
+ * amx_attention.c, fma_attention.c, decode_layers.c; compiled into one module by native_kernels.py): declared
+ * once here, and included by the file that defines each, so that the compiler checks every caller against the definition. */
 #ifndef NATIVE_KERNELS_H
 #define NATIVE_KERNELS_H
 #include <stdint.h>
 
 /* native_kernels.c */
+void round16(const float *src, float *dst, int64_t n);
 int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *bias, float *y, int M, int N, int K);
 void rope(const float *qk, int64_t row_stride, const float *cos, const float *sin, float *out, int T, int NH, int D);
 void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M, int N, float eps);
@@ -16,6 +17,11 @@ int decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kb
                       int R, int H, int KVH, int D, int64_t Lmax, float scale, int chunk, const int64_t *row_chunk,
                       int nchunks, float *scratch, void *out, int out_bf16, const int64_t *seg, int nseg);
 
+/* panel_gemm.c */
+int panel_gemm_fast(void);
+int w8_panel_gemm(const float *x, const int8_t *panels, const float *scales, const float *bias, float *y,
+                  int M, int N, int K);
+
 /* amx_attention.c */
 int amx_attention_ready(void);
 int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
@@ -25,6 +31,8 @@ int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int 
 int fma_attention_ready(void);
 int fma_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                   float *out, int n, int m, int H, int KVH, int D, float scale);
+int fma_decode(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+               int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH, int D, float scale);
 
 /* decode_layers.c */
 int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I);
@@ -32,5 +40,6 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
-                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx);
+                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int kernel,
+                  int one_order);
 #endif

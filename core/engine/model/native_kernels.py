@@ -35,8 +35,8 @@ from core import env
 
 SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
 # compiled together into one module (SOURCE holds its Python bindings); the header is hashed, not compiled
-SOURCES = [SOURCE, SOURCE.with_name("amx_attention.c"), SOURCE.with_name("fma_attention.c"),
-           SOURCE.with_name("decode_layers.c")]
+SOURCES = [SOURCE, *(SOURCE.with_name(f) for f in ("panel_gemm.c", "amx_attention.c", "fma_attention.c",
+                                                    "decode_layers.c"))]
 HEADERS = [SOURCE.with_name("native_simd.h"), SOURCE.with_name("native_kernels.h")]
 # Not -ffast-math: linking with it pulls in crtfastmath.o, which turns on flush-to-zero for the whole
 # process at load time (numpy, hypothesis and every float in Python then lose subnormals). These flags
@@ -387,4 +387,36 @@ def attention_pool(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
     call = built().amx_attention if kernel == "amx" else built().fma_attention
     call(q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), int(kv_bf16), slots.data_ptr(),
          out.data_ptr(), n, m, h, kvh, d, float(scale))
+    return out
+
+
+def fma_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """Decode rows on fma_attention.c's arithmetic: q [R, H, D] fp32 (one query per request, at position
+    lens[r] - 1) over keys slots[r, :lens[r]] of one pool layer -> [R, H, D]. Each row is the bits
+    attention_pool("fma", ...) gives that query as a chunk of one, so a token's attention does not depend on
+    whether it was decoded or prefilled (the one-order numerics: native_linear.one_order)."""
+    r, h, d = q.shape
+    kvh = k_buf.shape[1] if k_buf.dim() == 3 else 0
+    if not fma_attention_fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
+        raise ValueError(f"fma_decode does not fit {h} heads over KV heads {tuple(k_buf.shape[1:])} here "
+                         f"(needs AVX-512, head_dim a multiple of 16 up to {MAX_D}, whole head groups)")
+    if (q.dtype is not F32 or not q.is_cpu or v_buf.shape != k_buf.shape or v_buf.dtype is not k_buf.dtype
+            or k_buf.dtype not in (F32, torch.bfloat16) or not (k_buf.is_contiguous() and v_buf.is_contiguous())):
+        raise ValueError(f"fma_decode takes fp32 CPU q and one contiguous fp32 or bf16 pool layer, got {q.dtype}, "
+                         f"{k_buf.dtype} {tuple(k_buf.shape)}, {v_buf.dtype} {tuple(v_buf.shape)}")
+    if (slots.dtype is not torch.int64 or slots.dim() != 2 or slots.shape[0] != r or not slots.is_contiguous()
+            or lens.dtype is not torch.int64 or lens.shape != (r,) or not lens.is_contiguous()):
+        raise ValueError(f"fma_decode takes contiguous int64 slots [{r}, Lmax] and lens [{r}], got {slots.dtype} "
+                         f"{tuple(slots.shape)}, {lens.dtype} {tuple(lens.shape)}")
+    if r and (int(lens.min()) < 1 or int(lens.max()) > slots.shape[1]
+              or int(slots.min()) < 0 or int(slots.max()) >= k_buf.shape[0]):
+        raise ValueError(f"fma_decode: each row's keys must number 1 .. {slots.shape[1]} and its slots lie in "
+                         f"0 .. {k_buf.shape[0] - 1}")
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    out = torch.empty((r, h, d), dtype=F32)
+    built().fma_decode(q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(),
+                       int(k_buf.dtype is torch.bfloat16), slots.data_ptr(), slots.shape[1], lens.data_ptr(),
+                       out.data_ptr(), h * d, r, h, kvh, d, float(scale))
     return out

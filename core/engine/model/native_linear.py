@@ -25,6 +25,13 @@ def many_rows() -> int:
     return AMX_MIN_ROWS if native_kernels.amx_available() else PANEL_MIN_ROWS
 
 
+def one_order_fits(weight: torch.Tensor) -> bool:
+    """Whether this int8 weight [N, K] can run every row count on `w8_panel_gemm` here (a CPU with AVX-512 and
+    without AMX): one order of sums, so a row's output is the same bits in a decode step, a mixed step and a
+    prefill chunk (panel_gemm.c). With AMX the prefill rows go to the tiles, whose order FMAs cannot reproduce."""
+    return not native_kernels.amx_available() and native_int8.panels_fit(weight)
+
+
 class Linear:
     """y = x @ W^T (+ b) for one (possibly fused) projection, in the model's numerics.
 
@@ -50,7 +57,7 @@ class Linear:
     __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles", "panels",
                  "matrix", "silu_tiles")
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str) -> None:
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str, one_order: bool = False) -> None:
         weight = weight.detach()
         self.kind = kind
         self.out_features = weight.shape[0]
@@ -65,7 +72,9 @@ class Linear:
             self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
             self.scales = scales.contiguous()
             self.bias = None if bias is None else bias.detach().float().contiguous()
-            if weight.device.type == "cpu":
+            if weight.device.type == "cpu" and one_order and one_order_fits(self.weight):
+                self.panels = native_int8.pack_panels(self.weight)   # every row count reads these
+            elif weight.device.type == "cpu":
                 self.matrix = native_int8.Int8Matrix(self.weight, self.scales, self.bias)
             else:
                 self.dense = (self.weight.float() * scales[:, None]).to(torch.bfloat16).contiguous()
@@ -96,16 +105,24 @@ class Linear:
                     if self.tiles is None:
                         self.tiles = native_int8.pack_amx(self.weight)
                     return native_int8.w8_amx_gemm(x, self.tiles, self.scales, self.bias)
-                if rows >= PANEL_MIN_ROWS:
-                    if native_int8.panels_fit(self.weight):
-                        if self.panels is None:
-                            self.panels = native_int8.pack_panels(self.weight)
-                        return native_int8.w8_panel_gemm(x, self.panels, self.scales, self.bias)
+                if self.matrix is None or (rows >= PANEL_MIN_ROWS and native_int8.panels_fit(self.weight)):
+                    if self.panels is None:
+                        self.panels = native_int8.pack_panels(self.weight)
+                    return native_int8.w8_panel_gemm(x, self.panels, self.scales, self.bias)
                 return self.matrix.gemv(x)
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight,
                                                    self.scales.to(torch.bfloat16)).float()
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x.to(torch.bfloat16), self.dense, self.dense_bias).float()
+
+    def decode_pointers(self) -> tuple[int, int, int]:
+        """(weights, scales, bias or 0) addresses for decode_layers.c: the panels where every row runs on them
+        (one order), else w8_gemv's matrix; valid while this projection lives."""
+        if self.matrix is None and self.panels is not None:
+            return (self.panels.data_ptr(), self.scales.data_ptr(), native_kernels.ptr(self.bias))
+        if self.matrix is None:
+            raise ValueError("decode_pointers: only an int8 projection on a CPU with the C kernels has them")
+        return self.matrix.pointers
 
     def _on_tiles(self, x: torch.Tensor) -> bool:
         """Whether these rows of an int8 projection run on AMX tiles (prefill-sized, whole tiles, AMX here)."""

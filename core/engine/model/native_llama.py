@@ -137,6 +137,14 @@ class NativeLlama(torch.nn.Module):
 
         self.layers: list[_Layer] = []
         windows = layer_windows(cfg)
+        # one order of sums for every batch shape (int8 with a bf16 pool, AVX-512 without AMX): every projection
+        # on its panels and decode rows on fma_attention.c's arithmetic, so a token's K/V are the same bits
+        # decoded, prefilled in any chunk or batched with anyone, and rounding them to bf16 cannot part cache on
+        # from cache off. An fp32 pool keeps the faster decode kernels (cache on == off there by measurement).
+        want_one_order = (dtype == "int8" and self.kv_dtype is torch.bfloat16 and self.device.type == "cpu"
+                          and all(w is None for w in windows)
+                          and native_kernels.prefill_kernel(self.device, self.num_heads, self.num_kv_heads,
+                                                            self.head_dim) == "fma")
         for i, hl in enumerate(base.layers):
             a, m = hl.self_attn, hl.mlp
             L = _Layer()
@@ -148,11 +156,11 @@ class NativeLlama(torch.nn.Module):
             else:
                 L.qk_norm = None
             L.qkv = Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                           cat_bias(a.q_proj, a.k_proj, a.v_proj), wkind)
-            L.o = Linear(a.o_proj.weight, a.o_proj.bias, wkind)
+                           cat_bias(a.q_proj, a.k_proj, a.v_proj), wkind, want_one_order)
+            L.o = Linear(a.o_proj.weight, a.o_proj.bias, wkind, want_one_order)
             L.gate_up = Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                               cat_bias(m.gate_proj, m.up_proj), wkind)
-            L.down = Linear(m.down_proj.weight, m.down_proj.bias, wkind)
+                               cat_bias(m.gate_proj, m.up_proj), wkind, want_one_order)
+            L.down = Linear(m.down_proj.weight, m.down_proj.bias, wkind, want_one_order)
             L.window = windows[i]
             self.layers.append(L)
         self.intermediate = self.layers[0].gate_up.out_features // 2
@@ -176,6 +184,8 @@ class NativeLlama(torch.nn.Module):
         self.graph_decoder = None
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
         self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
+        self.one_order = want_one_order and all(lin.matrix is None and lin.panels is not None for L in self.layers
+                                                for lin in (L.qkv, L.o, L.gate_up, L.down))
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, dtype: str = "fp32", **kw) -> "NativeLlama":
@@ -349,6 +359,16 @@ class NativeLlama(torch.nn.Module):
         last = x.index_select(0, batch.logits_indices)
         return self.lm_head(F.rms_norm(last, hidden, self.final_norm, eps)).float()
 
+    def _decodes(self, dec, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int],
+                 kernel: Optional[str]) -> torch.Tensor:
+        """Decode rows' attention: with one order of sums on fma_attention.c's arithmetic (a token's attention the
+        same bits decoded or prefilled), else on the decode kernel."""
+        if self.one_order and kernel == "fma" and dec.segments is None:
+            rd = q.shape[0]
+            return native_kernels.fma_decode(q, k_buf, v_buf, dec.slots.view(rd, dec.kv_len), dec.seq_lens,
+                                             self.scale)
+        return attend_decodes(dec, q, k_buf, v_buf, window, self.scale)
+
     def _attention(self, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int],
                    kernel: Optional[str]) -> torch.Tensor:
@@ -358,10 +378,10 @@ class NativeLlama(torch.nn.Module):
         gqa = h != k.shape[1]
         dec = plan.decodes
         if dec is not None and plan.decode_idx is None:   # a pure decode batch: the common step
-            return attend_decodes(dec, q, k_buf, v_buf, window, self.scale)
+            return self._decodes(dec, q, k_buf, v_buf, window, kernel)
         out = q.new_empty((t, h, d))
         if dec is not None:
-            o = attend_decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, self.scale)
+            o = self._decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, kernel)
             out.index_copy_(0, plan.decode_idx, o)
         for s, n, seq_slots in plan.tiled:   # K/V read from the pool (this step's were written above)
             o = native_kernels.attention_pool(kernel, q[s:s + n], k_buf, v_buf, seq_slots, self.scale)

@@ -163,11 +163,28 @@ def test_weight_panels_add_the_same_products_as_the_fma_kernel(n, k, m):
     w, s, b = weights(n, k, m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(300 + m))
     panels = native_int8.pack_panels(w)
-    assert panels.shape == (n // 16, k, 16) and torch.equal(panels[1, 5], w[16:32, 5])
+    width = 16 * native_int8.PANEL_GROUP      # a group of panels: [K, 128] bytes, the last one narrower
+    last = (n - 1) // width * width
+    assert panels.shape == (n // 16, k, 16)
+    assert torch.equal(panels.view(-1)[:k * width].view(k, width), w[:width].t())
+    assert torch.equal(panels.view(-1)[last * k:].view(k, n - last), w[last:].t())
     y = native_int8.w8_panel_gemm(x, panels, s, b)
     assert y.shape == (m, n)
     assert rel(y, exact(x, w, s, b)) < 3e-6
     assert rel(y, native_int8.w8_gemv(x, w, s, b)) < 4e-6
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_weight_panels_give_a_row_the_same_bits_whatever_the_rows_beside_it(n, k):
+    """One order of sums for every row count (decode blocks of 1-2 rows x 8 panels, prefill blocks of 12 rows):
+    a row alone, among 1-40 rows, or at any place of a block is the same bits."""
+    w, s, b = weights(n, k, 7)
+    x = torch.randn(41, k, generator=torch.Generator().manual_seed(301))
+    panels = native_int8.pack_panels(w)
+    alone = torch.cat([native_int8.w8_panel_gemm(x[i:i + 1], panels, s, b) for i in range(41)])
+    for m in (2, 3, 5, 12, 13, 31, 32, 33, 41):
+        assert torch.equal(native_int8.w8_panel_gemm(x[:m], panels, s, b), alone[:m]), m
+    assert torch.equal(native_int8.w8_panel_gemm(x[7:40], panels, s, b), alone[7:40])
 
 
 def test_weight_panels_refuse_sizes_and_rows_that_do_not_fit():
