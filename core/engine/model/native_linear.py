@@ -73,7 +73,8 @@ class Linear:
             self.scales = scales.contiguous()
             self.bias = None if bias is None else bias.detach().float().contiguous()
             if weight.device.type == "cpu" and one_order and one_order_fits(self.weight):
-                self.panels = native_int8.pack_panels(self.weight)   # every row count reads these
+                self.panels = native_int8.pack_panels(self.weight)   # every row count reads these, and only
+                self.weight = None   # these: the [N, K] copies, never read, were 134 MB of the default model's
             elif weight.device.type == "cpu":
                 self.matrix = native_int8.Int8Matrix(self.weight, self.scales, self.bias)
             else:
@@ -125,8 +126,9 @@ class Linear:
         return self.matrix.pointers
 
     def _on_tiles(self, x: torch.Tensor) -> bool:
-        """Whether these rows of an int8 projection run on AMX tiles (prefill-sized, whole tiles, AMX here)."""
-        return x.shape[0] >= AMX_MIN_ROWS and native_int8.amx_fits(self.weight)
+        """Whether these rows of an int8 projection run on AMX tiles (prefill-sized, whole tiles, AMX here; never
+        with one order, whose panels are all it keeps)."""
+        return x.shape[0] >= AMX_MIN_ROWS and self.weight is not None and native_int8.amx_fits(self.weight)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for a fused gate_up projection (fp32 rows on a CPU with the C kernels). Prefill-sized

@@ -169,7 +169,8 @@ class NativeLlama(torch.nn.Module):
         self.embed = emb.to(self.act_dtype).contiguous()
         head_w = hf_model.lm_head.weight
         tied = head_w.data_ptr() == emb.data_ptr() and wkind != "int8"
-        self.lm_head = Linear(self.embed if tied else head_w, getattr(hf_model.lm_head, "bias", None), wkind)
+        self.lm_head = Linear(self.embed if tied else head_w, getattr(hf_model.lm_head, "bias", None), wkind,
+                              want_one_order)   # a row's logits the same bits however many rows the head runs
         rotary = base.rotary_emb
         positions = int(max_positions or getattr(cfg, "max_position_embeddings", 2048))
         self.max_positions = positions
@@ -184,8 +185,9 @@ class NativeLlama(torch.nn.Module):
         self.graph_decoder = None
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
         self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
-        self.one_order = want_one_order and all(lin.matrix is None and lin.panels is not None for L in self.layers
-                                                for lin in (L.qkv, L.o, L.gate_up, L.down))
+        self.one_order = want_one_order and all(lin.matrix is None and lin.panels is not None for lin in
+                                                [self.lm_head] + [p for L in self.layers
+                                                                  for p in (L.qkv, L.o, L.gate_up, L.down)])
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, dtype: str = "fp32", **kw) -> "NativeLlama":

@@ -86,3 +86,42 @@ def test_bad_inputs_are_refused_with_what_to_change():
                                           torch.tensor([1]), 0.2)
     with pytest.raises(ValueError, match="fp32 CPU q"):
         native_kernels.attention_pool("fma", q.double(), k_buf, v_buf, slots, 0.125)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32-pool", "bf16-pool"])
+def test_decode_rows_get_the_bits_a_chunk_of_one_query_gets(bf16):
+    """fma_decode (one order's decode rows): each row of a batch of rows of different lengths (within a key block,
+    on block and segment edges, several segments) is the bits attention_pool("fma", ...) gives that query as a
+    chunk of one and as the last row of a longer chunk, and within fp32 rounding of exact attention."""
+    lens = [1, 5, 31, 32, 33, 511, 512, 513, 1500]
+    q, k_buf, v_buf, _ = pool_case(len(lens), 1500, 9, 3, 64, 11, bf16)
+    g = torch.Generator().manual_seed(12)
+    slots = torch.zeros(len(lens), 1500, dtype=torch.int64)
+    for i, n in enumerate(lens):
+        slots[i, :n] = torch.randperm(1508, generator=g)[:n] + 1
+    out = native_kernels.fma_decode(q, k_buf, v_buf, slots, torch.tensor(lens), 0.125)
+    for i, n in enumerate(lens):
+        alone = native_kernels.attention_pool("fma", q[i:i + 1], k_buf, v_buf, slots[i, :n], 0.125)
+        chunk = torch.cat([torch.randn(min(n, 40) - 1, 9, 64, generator=g), q[i:i + 1]])
+        last = native_kernels.attention_pool("fma", chunk, k_buf, v_buf, slots[i, :n], 0.125)[-1:]
+        assert torch.equal(out[i:i + 1], alone) and torch.equal(alone, last), n
+        torch.testing.assert_close(out[i:i + 1].double(), exact(q[i:i + 1], k_buf, v_buf, slots[i, :n]),
+                                   atol=2e-6, rtol=2e-5)
+
+
+def test_decode_rows_refuse_what_the_kernel_would_misread():
+    q, k_buf, v_buf, _ = pool_case(2, 40, 9, 3, 64, 13)
+    slots, lens = (torch.arange(80) % 48 + 1).view(2, 40), torch.tensor([40, 7])
+    cases = [
+        ((q.double(), k_buf, v_buf, slots, lens), "fp32 CPU q"),
+        ((q, k_buf, v_buf.bfloat16(), slots, lens), "fp32 CPU q"),
+        ((q, k_buf, v_buf, slots.int(), lens), "int64 slots"),
+        ((q, k_buf, v_buf, slots, lens[:1]), "int64 slots"),
+        ((q, k_buf, v_buf, slots, torch.tensor([41, 7])), "must number 1 .. 40"),
+        ((q, k_buf, v_buf, slots, torch.tensor([0, 7])), "must number 1 .. 40"),
+        ((q, k_buf, v_buf, slots + 100, lens), "lie in 0 .. 48"),
+        ((torch.zeros(2, 8, 64), k_buf, v_buf, slots, lens), "does not fit 8 heads"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            native_kernels.fma_decode(*args, 0.125)
