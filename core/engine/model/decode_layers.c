@@ -20,7 +20,8 @@
 #include "native_kernels.h"
 
 /* the prefill kernel (native_kernels.prefill_kernel); inside, KERNEL_FMA_CHUNK: the chunk on fma_attention, the
- * decode rows on the decode kernel (KERNEL_FMA: both on fma_attention's arithmetic, one order) */
+ * decode rows on the decode kernel; KERNEL_FMA with one order: the chunk on fma_attention_lanes, the decode rows on
+ * fma_decode (the same arithmetic) */
 enum { KERNEL_NONE, KERNEL_AMX, KERNEL_FMA, KERNEL_FMA_CHUNK };
 enum { DL_WQKV, DL_SQKV, DL_BQKV, DL_WO, DL_SO, DL_BO, DL_WGU, DL_SGU, DL_BGU, DL_WD, DL_SD, DL_BD,
        DL_POST_NORM, DL_NEXT_NORM, DL_K, DL_V, DL_PTRS };
@@ -70,9 +71,9 @@ static int layer_attention(const float *qk, int QK, const void *kb, const void *
         }
         for (int i = 0; i < Rd; i++) memcpy(att + dec_idx[i] * HD, attd + (int64_t)i * HD, sizeof(float) * (size_t)HD);
     }
-    return (kernel == KERNEL_AMX ? amx_attention : fma_attention)(qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16,
-                                                                  chunk_slots, att + (int64_t)chunk_at * HD, chunk_n,
-                                                                  chunk_m, H, KVH, D, scale);
+    return (kernel == KERNEL_AMX ? amx_attention : kernel == KERNEL_FMA ? fma_attention_lanes : fma_attention)(
+        qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16, chunk_slots, att + (int64_t)chunk_at * HD, chunk_n, chunk_m,
+        H, KVH, D, scale);
 }
 
 int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,

@@ -118,18 +118,6 @@ static void chunk_generic(const float *qf, const void *kbuf, const void *vbuf, i
 }
 
 #if defined(__AVX512F__)
-/* r[i] = sum of the 16 lanes of a[i], for 16 vectors at once (45 shuffles and adds instead of 16 reductions). */
-static inline __m512 reduce16(__m512 a[16]) {
-    __m512 b[8], c[4];
-    for (int k = 0; k < 8; k++)   /* per 128-bit quarter: [a2k 0+2, a2k+1 0+2, a2k 1+3, a2k+1 1+3] */
-        b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
-    for (int k = 0; k < 4; k++)   /* per quarter: the quarter's sum of a4k .. a4k+3 */
-        c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0x44), _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0xEE));
-    const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x44), _mm512_shuffle_f32x4(c[0], c[1], 0xEE));
-    const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x44), _mm512_shuffle_f32x4(c[2], c[3], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
-}
-
 /* G query heads, D = 16 * ND. Scores 16 keys at a time per head: 16 partial vectors reduced together
  * (reduce16) and stored as one vector; then p x V with the G x ND accumulators in registers. */
 #define CHUNK_KERNEL(GG, ND)                                                                             \
@@ -957,6 +945,10 @@ static PyObject *py_fma_attention(PyObject *self, PyObject *const *args, Py_ssiz
     return call_prefill_attention(fma_attention, "fma_attention", "16", "AVX-512", args, n);
 }
 
+static PyObject *py_fma_attention_lanes(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_prefill_attention(fma_attention_lanes, "fma_attention_lanes", "16", "AVX-512", args, n);
+}
+
 static PyObject *py_fma_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 15, "fma_decode")) return NULL;
     const float *q = PTR(0); int64_t qs = I64(1); const void *k = PTR(2), *v = PTR(3); int kvb = INT(4);
@@ -1066,6 +1058,7 @@ static PyMethodDef METHODS[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
     {"fma_decode", (PyCFunction)(void (*)(void))py_fma_decode, METH_FASTCALL, NULL},
+    {"fma_attention_lanes", (PyCFunction)(void (*)(void))py_fma_attention_lanes, METH_FASTCALL, NULL},
     {"w8_amx_gemm", (PyCFunction)(void (*)(void))py_w8_amx_gemm, METH_FASTCALL, NULL},
     {"w8_amx_gemm_silu", (PyCFunction)(void (*)(void))py_w8_amx_gemm_silu, METH_FASTCALL, NULL},
     {"w8_panel_gemm", (PyCFunction)(void (*)(void))py_w8_panel_gemm, METH_FASTCALL, NULL},

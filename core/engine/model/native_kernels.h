@@ -31,6 +31,8 @@ int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int 
 int fma_attention_ready(void);
 int fma_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                   float *out, int n, int m, int H, int KVH, int D, float scale);
+int fma_attention_lanes(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
+                        float *out, int n, int m, int H, int KVH, int D, float scale);
 int fma_decode(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH, int D, float scale);
 

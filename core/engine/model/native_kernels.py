@@ -350,7 +350,8 @@ def amx_attention_pool(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor
 
 def attention_pool(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
                    scale: float) -> torch.Tensor:
-    """A prompt chunk's causal attention on `kernel` ("amx": amx_attention.c, "fma": fma_attention.c) over keys
+    """A prompt chunk's causal attention on `kernel` ("amx": amx_attention.c, "fma": fma_attention.c, "one_order":
+    fma_attention.c with fma_decode's scores, d across lanes) over keys
     read straight out of one pool layer: k_buf, v_buf [S, KVH, D] fp32 or bf16 (contiguous), key j at slot
     slots[j] (int64 [m]: the request's cached prefix, then its new tokens, whose K/V are already written). No
     gathered copy of the prefix: a short chunk after a long one costs one pass over its keys."""
@@ -360,9 +361,10 @@ def attention_pool(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
                          f"{tuple(q.shape)}, {tuple(k_buf.shape)}, {tuple(v_buf.shape)}, {tuple(slots.shape)}")
     n, h, d = q.shape
     m, kvh = slots.shape[0], k_buf.shape[1]
-    fits = {"amx": amx_attention_fits, "fma": fma_attention_fits}.get(kernel)
+    fits = {"amx": amx_attention_fits, "fma": fma_attention_fits, "one_order": fma_attention_fits}.get(kernel)
     if fits is None:
-        raise ValueError(f"attention_pool: kernel {kernel!r}; choose amx or fma (prefill_kernel picks for this CPU)")
+        raise ValueError(f"attention_pool: kernel {kernel!r}; choose amx, fma or one_order (prefill_kernel picks "
+                         f"amx or fma for this CPU; one_order is fma with fma_decode's arithmetic)")
     if not fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
         need = "AMX, head_dim a multiple of 32" if kernel == "amx" else "AVX-512, head_dim a multiple of 16"
         raise ValueError(f"{name} does not fit {h} heads over {kvh} KV heads of size {d} here (needs {need} up to "
@@ -384,7 +386,7 @@ def attention_pool(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
         q = q.contiguous()
     slots = slots.contiguous()
     out = torch.empty((n, h, d), dtype=torch.float32)
-    call = built().amx_attention if kernel == "amx" else built().fma_attention
+    call = {"amx": built().amx_attention, "fma": built().fma_attention, "one_order": built().fma_attention_lanes}[kernel]
     call(q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), int(kv_bf16), slots.data_ptr(),
          out.data_ptr(), n, m, h, kvh, d, float(scale))
     return out
@@ -394,8 +396,8 @@ def fma_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots:
                scale: float) -> torch.Tensor:
     """Decode rows on fma_attention.c's arithmetic: q [R, H, D] fp32 (one query per request, at position
     lens[r] - 1) over keys slots[r, :lens[r]] of one pool layer -> [R, H, D]. Each row is the bits
-    attention_pool("fma", ...) gives that query as a chunk of one, so a token's attention does not depend on
-    whether it was decoded or prefilled (the one-order numerics: native_linear.one_order)."""
+    attention_pool("one_order", ...) gives that query as a chunk of one, so a token's attention does not depend on
+    whether it was decoded or prefilled (NativeLlama.one_order)."""
     r, h, d = q.shape
     kvh = k_buf.shape[1] if k_buf.dim() == 3 else 0
     if not fma_attention_fits(q.device, h, kvh, d) or k_buf.shape[2] != d:

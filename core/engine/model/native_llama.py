@@ -294,6 +294,8 @@ class NativeLlama(torch.nn.Module):
         # AttentionPlan.tiled says why all of them)
         kernel = native_kernels.prefill_kernel(batch.device, self.num_heads, self.num_kv_heads, self.head_dim) \
             if self.mode == "int8" and self.full_attention else None
+        if self.one_order:   # the chunks on fma_decode's arithmetic
+            kernel = "one_order"
         plan = AttentionPlan.build(batch, row_kernel=row_kernel, tiles=kernel is not None)
         if int(batch.positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
@@ -365,7 +367,7 @@ class NativeLlama(torch.nn.Module):
                  kernel: Optional[str]) -> torch.Tensor:
         """Decode rows' attention: with one order of sums on fma_attention.c's arithmetic (a token's attention the
         same bits decoded or prefilled), else on the decode kernel."""
-        if self.one_order and kernel == "fma" and dec.segments is None:
+        if kernel == "one_order" and dec.segments is None:
             rd = q.shape[0]
             return native_kernels.fma_decode(q, k_buf, v_buf, dec.slots.view(rd, dec.kv_len), dec.seq_lens,
                                              self.scale)

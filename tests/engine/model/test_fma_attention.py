@@ -52,25 +52,31 @@ def exact(q, k_buf, v_buf, slots) -> torch.Tensor:
     (1, 1, 9, 3, 64, False),         # one key
     (40, 90, 6, 3, 80, False),       # head_dim 80 (a multiple of 16, not of 32)
 ])
-def test_fma_attention_is_exact_attention_to_fp32_rounding(n, m, heads, kv_heads, d, bf16):
+@pytest.mark.parametrize("kernel", ["fma", "one_order"])
+def test_fma_attention_is_exact_attention_to_fp32_rounding(n, m, heads, kv_heads, d, bf16, kernel):
     q, k_buf, v_buf, slots = pool_case(n, m, heads, kv_heads, d, seed=n * 7 + m, bf16=bf16)
-    out = native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, d ** -0.5)
+    out = native_kernels.attention_pool(kernel, q, k_buf, v_buf, slots, d ** -0.5)
     assert out.shape == (n, heads, d) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), exact(q, k_buf.float(), v_buf.float(), slots), atol=3e-6, rtol=0)
 
 
+@pytest.mark.parametrize("kernel", ["fma", "one_order"])
 @pytest.mark.parametrize("m,n", [(1500, 100), (1300, 1300), (600, 64)])
-def test_a_rows_result_is_the_same_bits_however_its_prompt_is_chunked(m, n):
+def test_a_rows_result_is_the_same_bits_however_its_prompt_is_chunked(m, n, kernel):
     """The last n queries whole, then in chunks of 1, 2, 3, 31, 32, 33 ... tokens, each after the keys before it:
-    short chunks run as key segments, long ones as query blocks, and every row comes out the same bits."""
+    short chunks run as key segments, long ones as query blocks (one order: a one-query chunk reads its keys in
+    place, more are packed), and every row comes out the same bits."""
     q, k_buf, v_buf, slots = pool_case(n, m, 9, 3, 64, seed=m + n)
-    whole = native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, 0.125)
+    whole = native_kernels.attention_pool(kernel, q, k_buf, v_buf, slots, 0.125)
     pieces, at, sizes = [], 0, [1, 2, 3, 31, 32, 33, 5, 100, 7]
     while at < n:
         c = min(sizes[len(pieces) % len(sizes)], n - at)
-        pieces.append(native_kernels.attention_pool("fma", q[at:at + c], k_buf, v_buf, slots[:m - n + at + c], 0.125))
+        pieces.append(native_kernels.attention_pool(kernel, q[at:at + c], k_buf, v_buf, slots[:m - n + at + c], 0.125))
         at += c
     assert torch.equal(torch.cat(pieces), whole)
+    if kernel == "one_order":   # the two orders differ in the last bits only
+        other = native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, 0.125)
+        assert not torch.equal(other, whole) and float((other - whole).abs().max()) < 1e-5
 
 
 def test_bad_inputs_are_refused_with_what_to_change():
@@ -91,8 +97,8 @@ def test_bad_inputs_are_refused_with_what_to_change():
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32-pool", "bf16-pool"])
 def test_decode_rows_get_the_bits_a_chunk_of_one_query_gets(bf16):
     """fma_decode (one order's decode rows): each row of a batch of rows of different lengths (within a key block,
-    on block and segment edges, several segments) is the bits attention_pool("fma", ...) gives that query as a
-    chunk of one and as the last row of a longer chunk, and within fp32 rounding of exact attention."""
+    on block and segment edges, several segments) is the bits attention_pool("one_order", ...) gives that query as
+    a chunk of one and as the last row of a longer chunk, and within fp32 rounding of exact attention."""
     lens = [1, 5, 31, 32, 33, 511, 512, 513, 1500]
     q, k_buf, v_buf, _ = pool_case(len(lens), 1500, 9, 3, 64, 11, bf16)
     g = torch.Generator().manual_seed(12)
@@ -101,9 +107,9 @@ def test_decode_rows_get_the_bits_a_chunk_of_one_query_gets(bf16):
         slots[i, :n] = torch.randperm(1508, generator=g)[:n] + 1
     out = native_kernels.fma_decode(q, k_buf, v_buf, slots, torch.tensor(lens), 0.125)
     for i, n in enumerate(lens):
-        alone = native_kernels.attention_pool("fma", q[i:i + 1], k_buf, v_buf, slots[i, :n], 0.125)
+        alone = native_kernels.attention_pool("one_order", q[i:i + 1], k_buf, v_buf, slots[i, :n], 0.125)
         chunk = torch.cat([torch.randn(min(n, 40) - 1, 9, 64, generator=g), q[i:i + 1]])
-        last = native_kernels.attention_pool("fma", chunk, k_buf, v_buf, slots[i, :n], 0.125)[-1:]
+        last = native_kernels.attention_pool("one_order", chunk, k_buf, v_buf, slots[i, :n], 0.125)[-1:]
         assert torch.equal(out[i:i + 1], alone) and torch.equal(alone, last), n
         torch.testing.assert_close(out[i:i + 1].double(), exact(q[i:i + 1], k_buf, v_buf, slots[i, :n]),
                                    atol=2e-6, rtol=2e-5)
