@@ -11,7 +11,8 @@
  * w8_amx_gemm_silu the same for gate_up, with silu(gate) * up in its epilogue.
  * w8_panel_gemm (panel_gemm.c): the same products for any number of rows without AMX, one sum order for all.
  * amx_attention (amx_attention.c, compiled into the same module): a prefill's causal attention on AMX tiles.
- * fma_attention (fma_attention.c, likewise): the same attention in AVX-512 FMAs, for CPUs without AMX.
+ * fma_attention (fma_attention.c, likewise): the same attention in AVX-512 FMAs, for CPUs without AMX; with
+ *   fma_attention_lanes and fma_decode, one order's prompt chunks and decode rows (NativeLlama.one_order).
  *
  * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
  * native_kernels.py says why): this file never relies on inf or nan (empty chunks are flagged, not -inf), so
