@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from core.server.app import ServerSettings, create_app
     from core.server.browser_guard import HostPolicy
     from core.server.drain import make_server
-    from core.server.model_store import RunnerCache
+    from core.server.model_store import RunnerCache, settle_heap
 
     from core.engine import omp_threads
     omp_threads.reserve(args.torch_threads or torch.get_num_threads())   # before loading: one OpenMP pool
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in warnings_for(args, HostPolicy(args.host, args.allowed_hosts).describe()):
         print(line, file=sys.stderr)
+    settle_heap()   # the model loaded: its objects frozen, so no full collection walks them mid-stream
     server = make_server(app, host=args.host, port=args.port, log_level=args.log_level,
                          header_timeout=args.read_timeout, drain_seconds=args.drain_seconds)
     try:
