@@ -38,8 +38,8 @@
 
 int fma_attention_ready(void) { return 1; }
 
-/* (one order) block kb's keys of KV head g, K and V rows copied as fp32 [FK][D] (rows past the last key left as they are:
- * their offsets below are -1), for many rows to read from L1/L2 */
+/* (one order) block kb's keys of KV head g, K and V rows copied as fp32 [FK][D] (rows past the last key left as
+ * they are: their offsets are -1), for many rows to read from L1/L2 */
 static void pack_rows(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int g, int KVH,
                       int D, float *kb_out, float *vb) {
     const int j0 = kb * FK, kn = m - j0 < FK ? m - j0 : FK;
@@ -112,8 +112,9 @@ static void prefetch_block(const void *k, const void *v, int bf16, const int64_t
  * tree. Each key's row is loaded (and widened) once for all the rows, 4 keys at a time. Compiled once (noinline)
  * and the same code for a packed block and the pool read in place, so a row's scores do not depend on which the
  * caller took, nor on the other rows; lanes over d, not keys, so no transpose. */
-__attribute__((noinline, noclone)) static void scores16(const float *const *qr, const int *seen, const void *src, int bf16,
-                                               const int64_t *at, int D, float *s) {
+__attribute__((noinline, noclone))
+static void scores16(const float *const *qr, const int *seen, const void *src, int bf16, const int64_t *at, int D,
+                     float *s) {
     __m512 part[RB][16];
     for (int i0 = 0; i0 < 16; i0 += 4) {
         __m512 a[4][RB];
@@ -187,11 +188,10 @@ static inline void softmax_step(const float *s, int seen, float scale, float *mx
  * segment): fresh running max, sum and output per row in mx, sum, o; a row the segment shows nothing keeps mx -inf.
  * segment and merge are compiled once each (noinline): the module's flags let the compiler reassociate sums, and
  * two inlined copies (a short chunk's path and a long one's) could then give a row different bits. */
-__attribute__((noinline, noclone)) static void segment(const float *q, int64_t qs, const void *k, const void *v, int bf16,
-                                              const int64_t *slots, int m, int g, int G, int KVH, int D, int64_t pos0,
-                                              int i0, int qn, int kb0, int kb1, float scale, int lanes,
-                                              float *kp, float *vb, float *s, float *p, float *mx, float *sum,
-                                              float *o) {
+__attribute__((noinline, noclone))
+static void segment(const float *q, int64_t qs, const void *k, const void *v, int bf16, const int64_t *slots, int m,
+                    int g, int G, int KVH, int D, int64_t pos0, int i0, int qn, int kb0, int kb1, float scale,
+                    int lanes, float *kp, float *vb, float *s, float *p, float *mx, float *sum, float *o) {
     const int rows = G * qn;
     for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
     memset(o, 0, (size_t)rows * D * sizeof(float));
@@ -430,7 +430,8 @@ int fma_attention_lanes(const float *q, int64_t qs, const void *k, const void *v
 
 int fma_decode(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH, int D, float scale) {
-    (void)q; (void)qs; (void)k; (void)v; (void)kv_bf16; (void)slots; (void)Lmax; (void)lens; (void)out; (void)os; (void)R; (void)H; (void)KVH; (void)D; (void)scale;
+    (void)q; (void)qs; (void)k; (void)v; (void)kv_bf16; (void)slots; (void)Lmax; (void)lens; (void)out; (void)os;
+    (void)R; (void)H; (void)KVH; (void)D; (void)scale;
     return -2;
 }
 #endif

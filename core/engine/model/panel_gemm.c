@@ -9,8 +9,9 @@
  * independent sums to hide the FMA latency while the weights stream from memory once).
  *
  * Weights in panels of 16 output channels, GROUP panels side by side (native_int8.pack_panels): a k step of a
- * group is 128 contiguous bytes, so a decode row streams the weights in one pass. It pays with AVX-512 (32 vector registers hold a block): panel_gemm_fast. Built for AVX2 it is correct
- * but 1.3-1.5x slower than w8_gemv (the block does not fit 16 registers), so Linear keeps w8_gemv there. */
+ * group is 128 contiguous bytes, so a decode row streams the weights in one pass. It pays with AVX-512 (32 vector
+ * registers hold a block): panel_gemm_fast. Built for AVX2 it is correct but 1.3-1.5x slower than w8_gemv (the
+ * block does not fit 16 registers), so Linear keeps w8_gemv there. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,8 +139,8 @@ static const few_fn FEW[2][4] = {   /* [rows 1, 2][panels 8, 4, 2, 1] */
 };
 
 /* few rows (decode): each thread takes a group of panels at a time and runs every row over it in blocks of 2
- * and 1 rows x 8, 4, 2 and 1 panels (4 rows x 4 panels measured 1.4x slower than two blocks of 2 x 8); a group's weights come from memory once a step, one stream, and from cache
- * for the next rows */
+ * and 1 rows x 8, 4, 2 and 1 panels (4 rows x 4 panels measured 1.4x slower than two blocks of 2 x 8); a group's
+ * weights come from memory once a step, one stream, and from cache for the next rows */
 static void few_rows(const float *x16, const int8_t *panels, const float *scales, const float *bias, float *y,
                      int M, int N, int K) {
     const int NP = N / 16, groups = (NP + GROUP - 1) / GROUP;
