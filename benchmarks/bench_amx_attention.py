@@ -1,5 +1,5 @@
 """A prefill's causal attention, one layer of SmolLM2's shape (9 query heads over 3 KV heads, head_dim 64): the
-engine's kernel (native_kernels.amx_attention on AMX tiles, or fma_attention in AVX-512 FMAs where the CPU has no
+engine's kernel (pool_attention.amx_attention on AMX tiles, or fma_attention in AVX-512 FMAs where the CPU has no
 AMX: what the int8 model runs; --kernel picks, auto as the model does) against torch's CPU flash kernel
 (`F.scaled_dot_product_attention(..., is_causal=True)`, what HF generate and the fp32 model run), side by side in
 one process, and each one's largest error against float64 attention.
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_int8_gemm import best_ms  # noqa: E402
-from core.engine.model import native_kernels  # noqa: E402
+from core.engine.model import native_kernels, pool_attention  # noqa: E402
 
 
 def torch_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -54,7 +54,7 @@ def pool_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lay
     k_pool[:, slots], v_pool[:, slots] = k, v
 
     def ours(layer: int) -> torch.Tensor:
-        return native_kernels.attention_pool(kernel, q, k_pool[layer], v_pool[layer], slots, scale)
+        return pool_attention.attention_pool(kernel, q, k_pool[layer], v_pool[layer], slots, scale)
 
     def gathered(layer: int) -> torch.Tensor:
         return torch_causal(q, k_pool[layer][slots], v_pool[layer][slots], scale)
@@ -82,8 +82,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
-    kernel = native_kernels.prefill_kernel(cpu, 9, 3, 64) if args.kernel == "auto" else args.kernel
-    fits = {"amx": native_kernels.amx_attention_fits, "fma": native_kernels.fma_attention_fits}
+    kernel = pool_attention.prefill_kernel(cpu, 9, 3, 64) if args.kernel == "auto" else args.kernel
+    fits = {"amx": pool_attention.amx_attention_fits, "fma": pool_attention.fma_attention_fits}
     if kernel is None or not fits[kernel](cpu, 9, 3, 64):
         raise SystemExit(f"no {kernel or 'C'} attention kernel here (kernels: {native_kernels.error() or 'built'}; "
                          f"AMX tiles: {native_kernels.amx_available()}): nothing to compare")
@@ -91,8 +91,8 @@ def main() -> None:
 
     def contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if kernel == "amx":
-            return native_kernels.amx_attention(q, k, v, scale)
-        return native_kernels.attention_pool("fma", q, k, v, torch.arange(k.shape[0]), scale)
+            return pool_attention.amx_attention(q, k, v, scale)
+        return pool_attention.attention_pool("fma", q, k, v, torch.arange(k.shape[0]), scale)
 
     where = f"keys by slot from a {args.pool_layers}-layer pool, a new layer a call" if args.pool_layers else "keys reused"
     print(f"causal attention, {heads} heads over {kv_heads} KV heads, head_dim {d}, {args.prefix} cached keys "

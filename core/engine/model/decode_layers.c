@@ -19,10 +19,6 @@
 #include "native_simd.h"
 #include "native_kernels.h"
 
-/* the prefill kernel (native_kernels.prefill_kernel); inside, KERNEL_FMA_CHUNK: the chunk on fma_attention, the
- * decode rows on the decode kernel; KERNEL_FMA with one order: the chunk on fma_attention_lanes, the decode rows on
- * fma_decode (the same arithmetic) */
-enum { KERNEL_NONE, KERNEL_AMX, KERNEL_FMA, KERNEL_FMA_CHUNK };
 enum { DL_WQKV, DL_SQKV, DL_BQKV, DL_WO, DL_SO, DL_BO, DL_WGU, DL_SGU, DL_BGU, DL_WD, DL_SD, DL_BD,
        DL_POST_NORM, DL_NEXT_NORM, DL_K, DL_V, DL_PTRS };
 
@@ -43,35 +39,40 @@ int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I)
     return (int64_t)R * ((H + 2 * KVH) * D + (H + KVH) * D + 3 * H * D + hidden + 3 * I);
 }
 
+/* R decode rows' attention (queries at q, row stride qs) into out [R][H*D]: one order's on fma_attention's
+ * arithmetic (fma_decode), else on the decode kernel. Returns 0 or fma_decode's error. */
+static int decode_rows(const float *q, int64_t qs, const void *kb, const void *vb, int kv_bf16, const int64_t *slots,
+                       const int64_t *first, const int64_t *lens, int64_t Lmax, const int64_t *row_chunk,
+                       int nchunks, float *scratch, float *out, int R, int H, int KVH, int D, float scale,
+                       int one_order) {
+    if (one_order)
+        return fma_decode(q, qs, kb, vb, kv_bf16, slots, Lmax, lens, out, (int64_t)H * D, R, H, KVH, D, scale);
+    decode_attention(q, 0, qs, kb, vb, kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale, 0, row_chunk,
+                     nchunks, scratch, out, 0, NULL, 0);   /* row_chunk checked by the caller */
+    return 0;
+}
+
 /* One layer's attention for every row into att [R][H*D]: the decodes (rows dec_idx[0..Rd-1]; all R rows, queries in
- * place, when there is no chunk) on the decode kernel, the chunk (rows chunk_at .. +chunk_n, keys at chunk_slots[0 ..
- * chunk_m-1]) on the tiles (amx) or on AVX-512 FMAs (fma_attention.c), as the loop's prefill_kernel picks.
- * Returns 0 or that kernel's error. */
+ * place, when there is no chunk) by decode_rows, the chunk (rows chunk_at .. +chunk_n, keys at chunk_slots[0 ..
+ * chunk_m-1]) on the tiles (amx), else on AVX-512 FMAs (fma_attention.c; one order: its lanes order), as the
+ * loop's prefill kernel. Returns 0 or that kernel's error. */
 static int layer_attention(const float *qk, int QK, const void *kb, const void *vb, int kv_bf16, const int64_t *slots,
                            const int64_t *first, const int64_t *lens, int64_t Lmax, const int64_t *row_chunk,
                            int nchunks, float *scratch, const int64_t *dec_idx, int Rd, int chunk_at, int chunk_n,
                            const int64_t *chunk_slots, int chunk_m, float *qd, float *attd, float *att, int R, int H,
-                           int KVH, int D, float scale, int kernel) {
+                           int KVH, int D, float scale, int amx, int one_order) {
     const int HD = H * D;
-    if (!chunk_n) {
-        if (kernel == KERNEL_FMA)
-            return fma_decode(qk, QK, kb, vb, kv_bf16, slots, Lmax, lens, att, HD, R, H, KVH, D, scale);
-        decode_attention(qk, 0, QK, kb, vb, kv_bf16, slots, first, lens, R, H, KVH, D, Lmax, scale, 0, row_chunk,
-                         nchunks, scratch, att, 0, NULL, 0);   /* row_chunk checked by the caller */
-        return 0;
-    }
+    if (!chunk_n)
+        return decode_rows(qk, QK, kb, vb, kv_bf16, slots, first, lens, Lmax, row_chunk, nchunks, scratch, att, R, H,
+                           KVH, D, scale, one_order);
     if (Rd) {   /* gathered, as the loop's q.index_select(0, decode_idx) */
         for (int i = 0; i < Rd; i++) memcpy(qd + (int64_t)i * HD, qk + dec_idx[i] * QK, sizeof(float) * (size_t)HD);
-        if (kernel == KERNEL_FMA) {
-            const int rc = fma_decode(qd, HD, kb, vb, kv_bf16, slots, Lmax, lens, attd, HD, Rd, H, KVH, D, scale);
-            if (rc) return rc;
-        } else {
-            decode_attention(qd, 0, HD, kb, vb, kv_bf16, slots, first, lens, Rd, H, KVH, D, Lmax, scale, 0, row_chunk,
-                             nchunks, scratch, attd, 0, NULL, 0);
-        }
+        const int rc = decode_rows(qd, HD, kb, vb, kv_bf16, slots, first, lens, Lmax, row_chunk, nchunks, scratch,
+                                   attd, Rd, H, KVH, D, scale, one_order);
+        if (rc) return rc;
         for (int i = 0; i < Rd; i++) memcpy(att + dec_idx[i] * HD, attd + (int64_t)i * HD, sizeof(float) * (size_t)HD);
     }
-    return (kernel == KERNEL_AMX ? amx_attention : kernel == KERNEL_FMA ? fma_attention_lanes : fma_attention)(
+    return (amx ? amx_attention : one_order ? fma_attention_lanes : fma_attention)(
         qk + (int64_t)chunk_at * QK, QK, kb, vb, kv_bf16, chunk_slots, att + (int64_t)chunk_at * HD, chunk_n, chunk_m,
         H, KVH, D, scale);
 }
@@ -80,12 +81,11 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
-                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int kernel,
+                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx,
                   int one_order) {
     /* one order of sums: the projections on their panels, the decode rows on fma_attention's arithmetic */
     int (*const w8)(const float *, const int8_t *, const float *, const float *, float *, int, int, int) =
         one_order ? w8_panel_gemm : w8_gemv;
-    const int att_kernel = kernel == KERNEL_FMA && !one_order ? KERNEL_FMA_CHUNK : kernel;
     const int QKV = (H + 2 * KVH) * D, QK = (H + KVH) * D;
     float *qkv = ws, *qk = qkv + (int64_t)R * QKV, *att = qk + (int64_t)R * QK, *delta = att + (int64_t)R * H * D;
     float *gu = delta + (int64_t)R * hidden, *act = gu + (int64_t)R * 2 * I;
@@ -101,7 +101,7 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
         write_rows(qkv + QK, QKV, P(DL_V), kv_bf16, out_slots, R, KVH * D);
         const int rc = layer_attention(qk, QK, P(DL_K), P(DL_V), kv_bf16, slots, first, lens, Lmax, row_chunk, nchunks,
                                        scratch, dec_idx, Rd, chunk_at, chunk_n, chunk_slots, chunk_m, qd, attd, att,
-                                       R, H, KVH, D, scale, att_kernel);
+                                       R, H, KVH, D, scale, amx, one_order);
         if (rc) return rc == -1 ? -1 : -3;
         if (w8(att, P(DL_WO), P(DL_SO), P(DL_BO), delta, R, hidden, H * D)) return -1;
         add_rms_norm(x, delta, P(DL_POST_NORM), y, R, hidden, eps);

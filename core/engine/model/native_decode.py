@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 
 from core.cache.kv_pool import KVPool
-from core.engine.model import native_kernels
+from core.engine.model import native_kernels, pool_attention
 from core.engine.model.native_layers import AttentionPlan, decode_launch
 from core.engine.model.native_linear import many_rows
 
@@ -49,9 +49,9 @@ class DecodeModel(Protocol):
     intermediate: int
     eps: float
     scale: float
+    one_order: bool   # every projection on its panels and decode rows on fma_decode (NativeLlama.one_order)
 
 LAYER_POINTERS = 16   # decode_layers.c's DL_PTRS: 4 projections x (weight, scales, bias), 2 norms, K, V
-KERNEL_CODES = {None: 0, "amx": 1, "fma": 2}   # decode_layers.c's KERNEL_NONE, KERNEL_AMX, KERNEL_FMA
 
 
 class DecodeLayers:
@@ -60,9 +60,6 @@ class DecodeLayers:
     def __init__(self, model: DecodeModel) -> None:
         self.model = model
         self.weights = torch.zeros((model.num_layers, LAYER_POINTERS), dtype=torch.int64)
-        # one order of sums (NativeLlama.one_order): every projection on its panels (w8_panel_gemm) and the decode
-        # rows on fma_attention.c's arithmetic, as the loop's; else w8_gemv and the decode kernel
-        self.one_order = model.layers[0].qkv.matrix is None
         for li, L in enumerate(model.layers):
             row = []
             for lin in (L.qkv, L.o, L.gate_up, L.down):
@@ -79,12 +76,8 @@ class DecodeLayers:
                 and native_kernels.available()
                 and native_kernels.attention_fits(model.device, model.num_heads, model.num_kv_heads, model.head_dim)
                 and all(L.qk_norm is None for L in model.layers)
-                and (all(lin.matrix is None and lin.panels is not None for lin in DecodeLayers._projections(model))
-                     or all(lin.matrix is not None for lin in DecodeLayers._projections(model))))
-
-    @staticmethod
-    def _projections(model: DecodeModel) -> list:
-        return [lin for L in model.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
+                and (model.one_order or all(lin.matrix is not None for L in model.layers
+                                            for lin in (L.qkv, L.o, L.gate_up, L.down))))
 
     @staticmethod
     def fits_step(plan: AttentionPlan, rows: int) -> bool:
@@ -162,7 +155,7 @@ class DecodeLayers:
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
                           out_slots.data_ptr(), *decodes, int(pool.k_buffer.dtype is torch.bfloat16),
                           workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale, *mixed,
-                          KERNEL_CODES[native_kernels.prefill_kernel(pool.device, h, kvh, d)], int(self.one_order))
+                          int(pool_attention.prefill_kernel(pool.device, h, kvh, d) == "amx"), int(m.one_order))
 
     @staticmethod
     def _mixed_args(plan: AttentionPlan, rows: int, slots_in_pool: int) -> tuple:

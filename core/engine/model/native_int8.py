@@ -1,6 +1,6 @@
 """The int8 projections' kernels (native_kernels.c), their checked wrappers and the weight layouts they read:
 `w8_gemv` for a decode step's few rows, `w8_amx_gemm` on AMX tiles and `w8_panel_gemm` on weight panels for a
-prefill's many. All three round the activations to 16 significant bits first (`x16`), so every product
+prefill's many (with one order, NativeLlama.one_order, for every row count). All three round the activations to 16 significant bits first (`x16`), so every product
 x16[k] * q[n, k] is exact in fp32 and the kernels differ only in the order of their sums. native_linear.Linear
 picks one per call by its row count."""
 from __future__ import annotations

@@ -985,12 +985,12 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     int R = INT(16), hid = INT(17), H = INT(18), KVH = INT(19), D = INT(20), I = INT(21);
     float eps = FLT(22), sc = FLT(23);
     const int64_t *di = PTR(24); int Rd = INT(25), cat = INT(26), cn = INT(27); const int64_t *cs = PTR(28);
-    int cm = INT(29), kernel = INT(30), one_order = INT(31);
+    int cm = INT(29), amx = INT(30), one_order = INT(31);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, rch, nchunks, scratch, kvb, ws, R, hid, H, KVH,
-                       D, I, eps, sc, di, Rd, cat, cn, cs, cm, kernel, one_order);
+                       D, I, eps, sc, di, Rd, cat, cn, cs, cm, amx, one_order);
     Py_END_ALLOW_THREADS
     if (rc == -2) return row_chunks_error();
     if (rc == -3) {

@@ -42,6 +42,6 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
-                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int kernel,
+                  int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx,
                   int one_order);
 #endif

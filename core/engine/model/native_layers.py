@@ -136,7 +136,7 @@ class AttentionPlan:
       `attend_prefixed` (prefix keys and own keys in two flash calls) instead of its padded call.
     * tiled (build's `tiles`: the int8 model with AMX attention, no sliding window): every prompt chunk
       (the batch's extends and its `prompt_rows`, one-token chunks included), long or short, cached prefix or
-      not, in its own native_kernels.amx_attention call, the decodes as above. One kernel for every prompt
+      not, in its own pool_attention.amx_attention call, the decodes as above. One kernel for every prompt
       token, so a token's attention does not depend on how its prompt was chunked or cached (the decode
       kernel and the tiles differ by ~1e-5; mixing them flipped greedy tokens).
     """

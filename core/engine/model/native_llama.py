@@ -28,7 +28,7 @@ Numerics ("dtype"):
         summed in another order (native_linear.Linear). Activations and the
         KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes). Where the CPU has AMX (and the model has
         no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,
-        one-token chunks included (native_kernels.amx_attention: ~2^-15 of fp32 attention; given the same
+        one-token chunks included (pool_attention.amx_attention: ~2^-15 of fp32 attention; given the same
         K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled; without AMX, on AVX-512,
         fma_attention.c keeps that promise in fp32 FMAs), decodes on the C
         decode kernel; a step of decodes alone runs all its layers in one C call (native_decode.DecodeLayers:
@@ -46,49 +46,17 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from core.engine.model import native_kernels
+from core.engine.model import native_kernels, pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
 from core.engine.model.native_decode import DecodeLayers
 from core.engine.model.native_linear import Linear
+from core.engine.model.native_support import layer_windows, unsupported_reason
 from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_decodes, attend_padded,
                                              attend_prefixed, fresh_causal_mask, rope_tables)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
 KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inv_freq does not depend on the sequence length
-
-
-def unsupported_reason(hf_model: torch.nn.Module) -> Optional[str]:
-    """Why NativeLlama cannot run this model (route it to the Hugging Face path), or None."""
-    cfg = hf_model.config.get_text_config()
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {cfg.model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r} (only silu)"
-    rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
-    rope_type = getattr(rotary, "rope_type", None)
-    if rotary is None or not isinstance(rope_type, str) or rope_type not in _STATIC_ROPE:
-        return f"rope type {rope_type!r} (supported: {', '.join(_STATIC_ROPE)})"
-    if getattr(cfg, "head_dim", None) not in (None, hf_model.model.layers[0].self_attn.head_dim):
-        return "head_dim mismatch"
-    return None
-
-
-def layer_windows(cfg) -> list[Optional[int]]:
-    """Sliding window of each layer (None: full attention), as the Hugging Face attention modules
-    get it: Mistral passes config.sliding_window to every layer; Qwen2/Qwen3 only to layers whose
-    layer_types entry is "sliding_attention"; Llama has none."""
-    n = cfg.num_hidden_layers
-    types = getattr(cfg, "layer_types", None)
-    window = getattr(cfg, "sliding_window", None)
-    if cfg.model_type == "llama" or window is None:
-        return [None] * n
-    if cfg.model_type == "mistral" and types is None:
-        return [window] * n
-    types = types or ["full_attention"] * n
-    return [window if t == "sliding_attention" else None for t in types]
 
 
 class _Layer:
@@ -143,7 +111,7 @@ class NativeLlama(torch.nn.Module):
         # from cache off. An fp32 pool keeps the faster decode kernels (cache on == off there by measurement).
         want_one_order = (dtype == "int8" and self.kv_dtype is torch.bfloat16 and self.device.type == "cpu"
                           and all(w is None for w in windows)
-                          and native_kernels.prefill_kernel(self.device, self.num_heads, self.num_kv_heads,
+                          and pool_attention.prefill_kernel(self.device, self.num_heads, self.num_kv_heads,
                                                             self.head_dim) == "fma")
         for i, hl in enumerate(base.layers):
             a, m = hl.self_attn, hl.mlp
@@ -183,11 +151,11 @@ class NativeLlama(torch.nn.Module):
         # the graphs of the pool last run (they bake in its buffers' addresses): a new pool replaces them, so a
         # server rebuild that keeps this model frees the old pool's graphs and the pool they hold
         self.graph_decoder = None
+        # every layer's projections on panels (the LM head's too where they fit: it moves logits, not K/V)
+        self.one_order = want_one_order and all(lin.matrix is None for L in self.layers
+                                                for lin in (L.qkv, L.o, L.gate_up, L.down))
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
         self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
-        self.one_order = want_one_order and all(lin.matrix is None and lin.panels is not None for lin in
-                                                [self.lm_head] + [p for L in self.layers
-                                                                  for p in (L.qkv, L.o, L.gate_up, L.down)])
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, dtype: str = "fp32", **kw) -> "NativeLlama":
@@ -292,7 +260,7 @@ class NativeLlama(torch.nn.Module):
             batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
         # int8 on a CPU: every extend's attention on AMX tiles, or on AVX-512 FMAs without AMX (the same promise;
         # AttentionPlan.tiled says why all of them)
-        kernel = native_kernels.prefill_kernel(batch.device, self.num_heads, self.num_kv_heads, self.head_dim) \
+        kernel = pool_attention.prefill_kernel(batch.device, self.num_heads, self.num_kv_heads, self.head_dim) \
             if self.mode == "int8" and self.full_attention else None
         if self.one_order:   # the chunks on fma_decode's arithmetic
             kernel = "one_order"
@@ -369,14 +337,14 @@ class NativeLlama(torch.nn.Module):
         same bits decoded or prefilled), else on the decode kernel."""
         if kernel == "one_order" and dec.segments is None:
             rd = q.shape[0]
-            return native_kernels.fma_decode(q, k_buf, v_buf, dec.slots.view(rd, dec.kv_len), dec.seq_lens,
+            return pool_attention.fma_decode(q, k_buf, v_buf, dec.slots.view(rd, dec.kv_len), dec.seq_lens,
                                              self.scale)
         return attend_decodes(dec, q, k_buf, v_buf, window, self.scale)
 
     def _attention(self, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int],
                    kernel: Optional[str]) -> torch.Tensor:
-        """One layer's attention for the plan's rows; `kernel` (native_kernels.prefill_kernel, picked once a
+        """One layer's attention for the plan's rows; `kernel` (pool_attention.prefill_kernel, picked once a
         forward) attends plan.tiled's chunks."""
         t, h, d = q.shape
         gqa = h != k.shape[1]
@@ -388,7 +356,7 @@ class NativeLlama(torch.nn.Module):
             o = self._decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, kernel)
             out.index_copy_(0, plan.decode_idx, o)
         for s, n, seq_slots in plan.tiled:   # K/V read from the pool (this step's were written above)
-            o = native_kernels.attention_pool(kernel, q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
+            o = pool_attention.attention_pool(kernel, q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
             if s == 0 and n == t:
                 return o
             out[s:s + n] = o

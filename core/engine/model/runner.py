@@ -66,7 +66,7 @@ def pick_kv_cache_dtype(kv_cache_dtype: str, numerics: str, impl: str) -> Option
 
 def pick_impl(impl: str, hf_model: torch.nn.Module) -> str:
     """"auto": the native Llama path where it supports the model, else the stock transformers one."""
-    from core.engine.model.native_llama import unsupported_reason
+    from core.engine.model.native_support import unsupported_reason
 
     if impl not in IMPLS:
         raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(IMPLS)}")

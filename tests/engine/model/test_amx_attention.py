@@ -1,4 +1,4 @@
-"""Prefill attention on AMX tiles (native_kernels.amx_attention, amx_attention.c): within ~2^-15 of exact attention
+"""Prefill attention on AMX tiles (pool_attention.amx_attention, amx_attention.c): within ~2^-15 of exact attention
 (each operand as two bf16), and a query row's result the same bits however its prompt was chunked or cached and
 whatever rows share its tile. On a CPU without AMX the kernel refuses and the model keeps torch's attention."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.engine.model import native_kernels
+from core.engine.model import native_kernels, pool_attention
 from tests.engine.model.require_kernels import require_kernels
 
 
@@ -34,10 +34,10 @@ def exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> to
 
 def amx_here() -> bool:
     """Whether this CPU runs the kernel; where not, it must refuse (what the model then checks to keep torch's)."""
-    if native_kernels.amx_attention_fits(torch.device("cpu"), 9, 3, 64):
+    if pool_attention.amx_attention_fits(torch.device("cpu"), 9, 3, 64):
         return True
     with pytest.raises(ValueError, match="use torch's attention"):
-        native_kernels.amx_attention(*qkv(4, 4, 9, 3, 64, 0), 0.125)
+        pool_attention.amx_attention(*qkv(4, 4, 9, 3, 64, 0), 0.125)
     return False
 
 
@@ -52,7 +52,7 @@ def test_amx_attention_is_within_2_to_the_minus_15_of_exact_causal_attention(n, 
     q, k, v = qkv(n, m, heads, kv_heads, d, n + m)
     if not amx_here():
         return
-    got = native_kernels.amx_attention(q, k, v, d ** -0.5)
+    got = pool_attention.amx_attention(q, k, v, d ** -0.5)
     want = exact(q, k, v, d ** -0.5)
     assert got.shape == (n, heads, d) and got.dtype == torch.float32
     err = float((got.double() - want).abs().max() / v.abs().max())
@@ -67,13 +67,13 @@ def test_a_rows_result_is_the_same_bits_whole_in_chunks_or_after_a_cached_prefix
     if not amx_here():
         return
     q, k, v = qkv(300, 300, 9, 3, 64, 1)
-    whole = native_kernels.amx_attention(q, k, v, 0.125)
+    whole = pool_attention.amx_attention(q, k, v, 0.125)
     for cut in (1, 13, 47, 100, 299):
-        rest = native_kernels.amx_attention(q[cut:], k, v, 0.125)
-        head = native_kernels.amx_attention(q[:cut], k[:cut], v[:cut], 0.125)
+        rest = pool_attention.amx_attention(q[cut:], k, v, 0.125)
+        head = pool_attention.amx_attention(q[:cut], k[:cut], v[:cut], 0.125)
         assert torch.equal(torch.cat([head, rest]), whole)
     for i in (0, 31, 150, 299):
-        alone = native_kernels.amx_attention(q[i:i + 1], k[:i + 1], v[:i + 1], 0.125)
+        alone = pool_attention.amx_attention(q[i:i + 1], k[:i + 1], v[:i + 1], 0.125)
         assert torch.equal(alone[0], whole[i])
 
 
@@ -84,27 +84,27 @@ def test_strided_query_rows_are_read_in_place_like_contiguous_ones():
     fused = torch.cat([q.reshape(40, -1), torch.randn(40, 3 * 64 * 2)], dim=1)     # a QKV row's q columns
     strided = fused[:, :9 * 64].view(40, 9, 64)
     assert not strided.is_contiguous()
-    assert torch.equal(native_kernels.amx_attention(strided, k, v, 0.125), native_kernels.amx_attention(q, k, v, 0.125))
+    assert torch.equal(pool_attention.amx_attention(strided, k, v, 0.125), pool_attention.amx_attention(q, k, v, 0.125))
 
 
 def test_amx_attention_refuses_shapes_it_cannot_run_with_what_to_change():
     q, k, v = qkv(8, 8, 4, 2, 48, 3)
     with pytest.raises(ValueError, match="head_dim a multiple of 32"):
-        native_kernels.amx_attention(q, k, v, 0.1)
+        pool_attention.amx_attention(q, k, v, 0.1)
     q, k, v = qkv(8, 4, 4, 2, 64, 3)
     error = "at least as many keys" if amx_here() else "use torch's attention"
     with pytest.raises(ValueError, match=error):
-        native_kernels.amx_attention(q, k, v, 0.1)
+        pool_attention.amx_attention(q, k, v, 0.1)
     q, k, v = qkv(8, 8, 4, 2, 64, 3)
     with pytest.raises(ValueError, match="fp32 CPU q, k, v" if amx_here() else "use torch's attention"):
-        native_kernels.amx_attention(q.double(), k, v, 0.1)
+        pool_attention.amx_attention(q.double(), k, v, 0.1)
     with pytest.raises(ValueError, match=r"k, v \[m, KVH, D\]"):
-        native_kernels.amx_attention(q, k, v[:, :1], 0.1)
+        pool_attention.amx_attention(q, k, v[:, :1], 0.1)
     previous = native_kernels.set_amx(False)
     try:
-        assert not native_kernels.amx_attention_fits(torch.device("cpu"), 4, 2, 64)
+        assert not pool_attention.amx_attention_fits(torch.device("cpu"), 4, 2, 64)
         with pytest.raises(ValueError, match="use torch's attention"):
-            native_kernels.amx_attention(q, k, v, 0.1)
+            pool_attention.amx_attention(q, k, v, 0.1)
     finally:
         native_kernels.set_amx(previous)
 
@@ -117,11 +117,11 @@ def test_a_nan_query_or_key_stays_where_it_belongs():
         return
     q, k, v = qkv(40, 40, 9, 3, 64, 4)
     q[10, 4, 7] = float("nan")
-    out = native_kernels.amx_attention(q, k, v, 0.125)
+    out = pool_attention.amx_attention(q, k, v, 0.125)
     assert out.isnan().any(-1).nonzero().tolist() == [[10, 4]]
     q, k, v = qkv(40, 40, 9, 3, 64, 4)
     k[20, 1, 3] = float("nan")
-    bad = native_kernels.amx_attention(q, k, v, 0.125).isnan().any(-1)
+    bad = pool_attention.amx_attention(q, k, v, 0.125).isnan().any(-1)
     assert bad.nonzero().tolist() == [[r, h] for r in range(20, 40) for h in (3, 4, 5)]   # KV head 1's group
 
 
@@ -135,12 +135,12 @@ def test_keys_read_from_the_pool_by_slot_equal_the_same_keys_gathered(dtype):
     k_buf, v_buf = (torch.randn(300, 3, 64, generator=g).to(dtype) for _ in range(2))
     slots = torch.randperm(299, generator=g)[:150] + 1
     q = torch.randn(40, 9, 64, generator=g)
-    got = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
-    assert torch.equal(got, native_kernels.amx_attention(q, k_buf[slots].float(), v_buf[slots].float(), 0.125))
+    got = pool_attention.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
+    assert torch.equal(got, pool_attention.amx_attention(q, k_buf[slots].float(), v_buf[slots].float(), 0.125))
     with pytest.raises(ValueError, match="slots must lie in 0 .. 299"):
-        native_kernels.amx_attention_pool(q, k_buf, v_buf, torch.cat([slots, torch.tensor([300])]), 0.125)
+        pool_attention.amx_attention_pool(q, k_buf, v_buf, torch.cat([slots, torch.tensor([300])]), 0.125)
     with pytest.raises(ValueError, match="int64 CPU slots"):
-        native_kernels.amx_attention_pool(q, k_buf, v_buf, slots.int(), 0.125)
+        pool_attention.amx_attention_pool(q, k_buf, v_buf, slots.int(), 0.125)
 
 
 def test_few_query_rows_and_many_give_the_same_bits_on_a_bf16_pool_too():
@@ -152,9 +152,9 @@ def test_few_query_rows_and_many_give_the_same_bits_on_a_bf16_pool_too():
     k_buf, v_buf = (torch.randn(400, 3, 64, generator=g).bfloat16() for _ in range(2))
     slots = torch.randperm(399, generator=g)[:300] + 1
     q = torch.randn(300, 9, 64, generator=g)
-    whole = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)       # 10 query blocks
+    whole = pool_attention.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)       # 10 query blocks
     for cut in (172, 250, 299):                                                      # the rest: 4, 2, 1 blocks
-        rest = native_kernels.amx_attention_pool(q[cut:], k_buf, v_buf, slots, 0.125)
+        rest = pool_attention.amx_attention_pool(q[cut:], k_buf, v_buf, slots, 0.125)
         assert torch.equal(rest, whole[cut:])
 
 
@@ -171,15 +171,15 @@ def test_segments_of_keys_merge_to_the_same_bits_in_every_driver_and_chunking(m,
     k_buf, v_buf = (torch.randn(m + 100, 3, 64, generator=g).to(dtype) for _ in range(2))
     slots = torch.randperm(m + 99, generator=g)[:m] + 1
     q = torch.randn(300, 9, 64, generator=g) * 2
-    whole = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
+    whole = pool_attention.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
     for n in (100, 15, 10, 1):
-        got = native_kernels.amx_attention_pool(q[300 - n:], k_buf, v_buf, slots, 0.125)
+        got = pool_attention.amx_attention_pool(q[300 - n:], k_buf, v_buf, slots, 0.125)
         assert torch.equal(got, whole[300 - n:]), n
         keys = m - 300 + 112 + n                      # the same n rows at positions 112.. of the chunk
-        got = native_kernels.amx_attention_pool(q[112:112 + n], k_buf, v_buf, slots[:keys], 0.125)
+        got = pool_attention.amx_attention_pool(q[112:112 + n], k_buf, v_buf, slots[:keys], 0.125)
         assert torch.equal(got, whole[112:112 + n]), n
     for i in (0, 111, 112, 299):                      # a row alone: its keys only
-        alone = native_kernels.amx_attention_pool(q[i:i + 1], k_buf, v_buf, slots[:m - 300 + i + 1], 0.125)
+        alone = pool_attention.amx_attention_pool(q[i:i + 1], k_buf, v_buf, slots[:m - 300 + i + 1], 0.125)
         assert torch.equal(alone[0], whole[i]), i
     want = exact(q, k_buf[slots].float(), v_buf[slots].float(), 0.125)
     assert float((whole.double() - want).abs().max() / v_buf.float().abs().max()) < 2.0 ** -11
@@ -197,11 +197,11 @@ def test_a_rows_bits_do_not_depend_on_how_many_threads_run_it():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        whole = native_kernels.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
+        whole = pool_attention.amx_attention_pool(q, k_buf, v_buf, slots, 0.125)
         for t in (1, 2, 8):
             torch.set_num_threads(t)
             for n in (1, 10, 100):
-                assert torch.equal(native_kernels.amx_attention_pool(q[300 - n:], k_buf, v_buf, slots, 0.125),
+                assert torch.equal(pool_attention.amx_attention_pool(q[300 - n:], k_buf, v_buf, slots, 0.125),
                                    whole[300 - n:]), (t, n)
     finally:
         torch.set_num_threads(threads)

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen3
 
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
-from core.engine.model import native_kernels
+from core.engine.model import pool_attention
 from core.engine.model.native_decode import max_rows
 from core.engine.model.native_linear import many_rows
 from core.engine.model.native_layers import AttentionPlan
@@ -190,7 +190,7 @@ def test_a_pool_of_another_shape_is_refused_with_what_to_use():
 
 def tiles_here(native: NativeLlama) -> bool:
     """Whether prompt chunks attend on a C kernel here (AMX tiles, or AVX-512 FMAs without AMX)."""
-    return native_kernels.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
+    return pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
                                          native.head_dim) is not None
 
 

@@ -1,4 +1,4 @@
-"""Prefill attention in AVX-512 FMAs (native_kernels.attention_pool("fma", ...), fma_attention.c), what the int8 model's
+"""Prefill attention in AVX-512 FMAs (pool_attention.attention_pool("fma", ...), fma_attention.c), what the int8 model's
 prompt chunks attend on where the CPU has no AMX: within fp32 rounding of exact attention, and a query row's
 result the same bits however its prompt was chunked or cached (a short chunk's work items are key segments, a long
 one's query blocks: both give a row the same bits). It runs on any CPU whose kernels built with AVX-512, AMX ones
@@ -9,16 +9,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.engine.model import native_kernels
+from core.engine.model import pool_attention
 from tests.engine.model.require_kernels import require_kernels
 
 
 @pytest.fixture(autouse=True)
 def kernels():
     require_kernels()
-    if not native_kernels.fma_attention_fits(torch.device("cpu"), 9, 3, 64):
+    if not pool_attention.fma_attention_fits(torch.device("cpu"), 9, 3, 64):
         with pytest.raises(ValueError, match="use torch's attention"):
-            native_kernels.attention_pool("fma", torch.zeros(1, 9, 64), torch.zeros(2, 3, 64), torch.zeros(2, 3, 64),
+            pool_attention.attention_pool("fma", torch.zeros(1, 9, 64), torch.zeros(2, 3, 64), torch.zeros(2, 3, 64),
                                               torch.tensor([1]), 0.125)
         pytest.skip("these kernels were built without AVX-512: fma_attention refuses, as checked")
 
@@ -55,7 +55,7 @@ def exact(q, k_buf, v_buf, slots) -> torch.Tensor:
 @pytest.mark.parametrize("kernel", ["fma", "one_order"])
 def test_fma_attention_is_exact_attention_to_fp32_rounding(n, m, heads, kv_heads, d, bf16, kernel):
     q, k_buf, v_buf, slots = pool_case(n, m, heads, kv_heads, d, seed=n * 7 + m, bf16=bf16)
-    out = native_kernels.attention_pool(kernel, q, k_buf, v_buf, slots, d ** -0.5)
+    out = pool_attention.attention_pool(kernel, q, k_buf, v_buf, slots, d ** -0.5)
     assert out.shape == (n, heads, d) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), exact(q, k_buf.float(), v_buf.float(), slots), atol=3e-6, rtol=0)
 
@@ -67,31 +67,31 @@ def test_a_rows_result_is_the_same_bits_however_its_prompt_is_chunked(m, n, kern
     short chunks run as key segments, long ones as query blocks (one order: a one-query chunk reads its keys in
     place, more are packed), and every row comes out the same bits."""
     q, k_buf, v_buf, slots = pool_case(n, m, 9, 3, 64, seed=m + n)
-    whole = native_kernels.attention_pool(kernel, q, k_buf, v_buf, slots, 0.125)
+    whole = pool_attention.attention_pool(kernel, q, k_buf, v_buf, slots, 0.125)
     pieces, at, sizes = [], 0, [1, 2, 3, 31, 32, 33, 5, 100, 7]
     while at < n:
         c = min(sizes[len(pieces) % len(sizes)], n - at)
-        pieces.append(native_kernels.attention_pool(kernel, q[at:at + c], k_buf, v_buf, slots[:m - n + at + c], 0.125))
+        pieces.append(pool_attention.attention_pool(kernel, q[at:at + c], k_buf, v_buf, slots[:m - n + at + c], 0.125))
         at += c
     assert torch.equal(torch.cat(pieces), whole)
     if kernel == "one_order":   # the two orders differ in the last bits only
-        other = native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, 0.125)
+        other = pool_attention.attention_pool("fma", q, k_buf, v_buf, slots, 0.125)
         assert not torch.equal(other, whole) and float((other - whole).abs().max()) < 1e-5
 
 
 def test_bad_inputs_are_refused_with_what_to_change():
     q, k_buf, v_buf, slots = pool_case(4, 8, 9, 3, 64, seed=1)
     with pytest.raises(ValueError, match="at least as many keys as queries"):
-        native_kernels.attention_pool("fma", q, k_buf, v_buf, slots[:3], 0.125)
+        pool_attention.attention_pool("fma", q, k_buf, v_buf, slots[:3], 0.125)
     with pytest.raises(ValueError, match="slots must lie in 0 .. 16"):
-        native_kernels.attention_pool("fma", q, k_buf, v_buf, slots + 100, 0.125)
+        pool_attention.attention_pool("fma", q, k_buf, v_buf, slots + 100, 0.125)
     with pytest.raises(ValueError, match="positive finite scale"):
-        native_kernels.attention_pool("fma", q, k_buf, v_buf, slots, float("nan"))
+        pool_attention.attention_pool("fma", q, k_buf, v_buf, slots, float("nan"))
     with pytest.raises(ValueError, match="head_dim a multiple of 16"):
-        native_kernels.attention_pool("fma", torch.zeros(1, 9, 24), torch.zeros(2, 3, 24), torch.zeros(2, 3, 24),
+        pool_attention.attention_pool("fma", torch.zeros(1, 9, 24), torch.zeros(2, 3, 24), torch.zeros(2, 3, 24),
                                           torch.tensor([1]), 0.2)
     with pytest.raises(ValueError, match="fp32 CPU q"):
-        native_kernels.attention_pool("fma", q.double(), k_buf, v_buf, slots, 0.125)
+        pool_attention.attention_pool("fma", q.double(), k_buf, v_buf, slots, 0.125)
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32-pool", "bf16-pool"])
@@ -105,11 +105,11 @@ def test_decode_rows_get_the_bits_a_chunk_of_one_query_gets(bf16):
     slots = torch.zeros(len(lens), 1500, dtype=torch.int64)
     for i, n in enumerate(lens):
         slots[i, :n] = torch.randperm(1508, generator=g)[:n] + 1
-    out = native_kernels.fma_decode(q, k_buf, v_buf, slots, torch.tensor(lens), 0.125)
+    out = pool_attention.fma_decode(q, k_buf, v_buf, slots, torch.tensor(lens), 0.125)
     for i, n in enumerate(lens):
-        alone = native_kernels.attention_pool("one_order", q[i:i + 1], k_buf, v_buf, slots[i, :n], 0.125)
+        alone = pool_attention.attention_pool("one_order", q[i:i + 1], k_buf, v_buf, slots[i, :n], 0.125)
         chunk = torch.cat([torch.randn(min(n, 40) - 1, 9, 64, generator=g), q[i:i + 1]])
-        last = native_kernels.attention_pool("one_order", chunk, k_buf, v_buf, slots[i, :n], 0.125)[-1:]
+        last = pool_attention.attention_pool("one_order", chunk, k_buf, v_buf, slots[i, :n], 0.125)[-1:]
         assert torch.equal(out[i:i + 1], alone) and torch.equal(alone, last), n
         torch.testing.assert_close(out[i:i + 1].double(), exact(q[i:i + 1], k_buf, v_buf, slots[i, :n]),
                                    atol=2e-6, rtol=2e-5)
@@ -130,4 +130,4 @@ def test_decode_rows_refuse_what_the_kernel_would_misread():
     ]
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
-            native_kernels.fma_decode(*args, 0.125)
+            pool_attention.fma_decode(*args, 0.125)

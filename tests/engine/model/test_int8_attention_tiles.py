@@ -1,4 +1,4 @@
-"""The int8 model's prefill attention on its C kernel (AMX tiles, native_kernels.amx_attention; AVX-512 FMAs
+"""The int8 model's prefill attention on its C kernel (AMX tiles, pool_attention.amx_attention; AVX-512 FMAs
 without AMX, fma_attention) inside NativeLlama ("tiles" below, for both): near torch's fp32 attention, the same logits however the prompt is chunked or cached, greedy cache on == cache off through the
 Engine, and fp32 mode untouched (still HF's logits). A model with head_dim 64, as SmolLM2's: the tiny models of
 the other tests (head_dim 16) do not fit the tiles."""
@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from core.engine.engine import Engine
-from core.engine.model import native_kernels
+from core.engine.model import pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_llama import NativeLlama
 from core.engine.model.runner import ModelRunner
@@ -50,24 +50,24 @@ def last_logits(native: NativeLlama, cut: int) -> torch.Tensor:
 
 
 def torch_attention(monkeypatch) -> None:
-    monkeypatch.setattr(native_kernels, "prefill_kernel", lambda *a: None)
+    monkeypatch.setattr(pool_attention, "prefill_kernel", lambda *a: None)
 
 
 def tiles_here() -> bool:
     """Whether a C kernel attends the test model's prompt chunks here (its 3 heads over 1 KV head of 64)."""
-    return native_kernels.prefill_kernel(torch.device("cpu"), 3, 1, 64) is not None
+    return pool_attention.prefill_kernel(torch.device("cpu"), 3, 1, 64) is not None
 
 
 def tile_calls(monkeypatch, native: NativeLlama) -> list:
     """Record each tile attention's query count (the real kernels still run): proof the tiles ran. The Python loop
     calls attention_pool once a layer; a short chunk's step in one C call (DecodeLayers.run: its decodes and one
     chunk) calls the kernel once a layer from C, counted here as that many entries."""
-    calls, real = [], native_kernels.attention_pool
+    calls, real = [], pool_attention.attention_pool
 
     def counted(kernel, q, *rest):
         calls.append(q.shape[0])
         return real(kernel, q, *rest)
-    monkeypatch.setattr(native_kernels, "attention_pool", counted)
+    monkeypatch.setattr(pool_attention, "attention_pool", counted)
     if native.decode_layers is not None:
         real_run = native.decode_layers.run
 

@@ -20,7 +20,8 @@ from core.engine.model import native_kernels
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
-from core.engine.model.native_llama import NativeLlama, unsupported_reason
+from core.engine.model.native_llama import NativeLlama
+from core.engine.model.native_support import unsupported_reason
 from core.engine.sampling import SamplingParams
 from tests.engine.model.require_kernels import require_kernels
 from tests.tiny_models import CONFIGS, TINY, reference_greedy

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from core.engine.model import native_int8, native_kernels
+from core.engine.model import native_int8, native_kernels, pool_attention
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
@@ -107,7 +107,7 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
     fast, fast_k = run()
     # every chunk's attention on the C kernel (AMX tiles, or AVX-512 FMAs without AMX), the second after its prefix
     assert fast_tiled == [[(0, 24)], [(0, 72)]]
-    assert native_kernels.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
+    assert pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
                                          native.head_dim) == ("amx" if native_kernels.amx_available() else "fma")
     lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
     tiles = native_kernels.amx_available()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core.engine.engine import Engine
-from core.engine.model import native_kernels
+from core.engine.model import native_kernels, pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_llama import NativeLlama
 from core.engine.model.runner import ModelRunner
@@ -32,7 +32,7 @@ def make_ref(seed: int = 0) -> torch.nn.Module:
 def one_order_here(native: NativeLlama) -> bool:
     """Whether this CPU runs one order (AVX-512): the model with a bf16 pool says so, and runs every projection on
     its panels; without AVX-512 it says it does not (and runs w8_gemv)."""
-    fits = native_kernels.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
+    fits = pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
                                          native.head_dim) == "fma"
     assert native.kv_dtype is torch.bfloat16 and native.one_order == fits
     assert [lin.matrix is None for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)] == \
