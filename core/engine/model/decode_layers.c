@@ -13,7 +13,8 @@
  * Layout of `layer_ptrs`: DL_PTRS pointers per layer (see the enum below); `ws` a workspace of
  * decode_layers_workspace(R, ...) floats. x [R, hidden] (the residual stream, updated in place) and y [R, hidden]
  * (the normed input of layer 0 on entry, written as each layer's input). Returns 0, -1 when out of memory, -2 when
- * row_chunk is refused (decode_attention), -3 when amx_attention refuses the chunk. */
+ * row_chunk is refused (decode_attention), -3 when amx_attention refuses the chunk, -4 when a16 (the projections on
+ * w8a16_gemm) is asked of a build without AVX512-VNNI. */
 #include <stdint.h>
 #include <string.h>
 #include "native_simd.h"
@@ -82,10 +83,12 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
                   int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx,
-                  int one_order) {
-    /* one order of sums: the projections on their panels, the decode rows on fma_attention's arithmetic */
+                  int one_order, int a16) {
+    /* a16: the projections on w8a16_gemm (exact integer sums, any order); one order of sums: on their panels, the
+     * decode rows on fma_attention's arithmetic */
     int (*const w8)(const float *, const int8_t *, const float *, const float *, float *, int, int, int) =
-        one_order ? w8_panel_gemm : w8_gemv;
+        a16 ? w8a16_gemm : one_order ? w8_panel_gemm : w8_gemv;
+    if (a16 && !w8a16_ready()) return -4;
     const int QKV = (H + 2 * KVH) * D, QK = (H + KVH) * D;
     float *qkv = ws, *qk = qkv + (int64_t)R * QKV, *att = qk + (int64_t)R * QK, *delta = att + (int64_t)R * H * D;
     float *gu = delta + (int64_t)R * hidden, *act = gu + (int64_t)R * 2 * I;

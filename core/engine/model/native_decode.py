@@ -50,6 +50,7 @@ class DecodeModel(Protocol):
     eps: float
     scale: float
     one_order: bool   # every projection on its panels and decode rows on fma_decode (NativeLlama.one_order)
+    a16: bool   # every projection on w8a16_gemm (NativeLlama.a16)
 
 LAYER_POINTERS = 16   # decode_layers.c's DL_PTRS: 4 projections x (weight, scales, bias), 2 norms, K, V
 
@@ -76,7 +77,7 @@ class DecodeLayers:
                 and native_kernels.available()
                 and native_kernels.attention_fits(model.device, model.num_heads, model.num_kv_heads, model.head_dim)
                 and all(L.qk_norm is None for L in model.layers)
-                and (model.one_order or all(lin.matrix is not None for L in model.layers
+                and (model.one_order or model.a16 or all(lin.matrix is not None for L in model.layers
                                             for lin in (L.qkv, L.o, L.gate_up, L.down))))
 
     @staticmethod
@@ -155,7 +156,8 @@ class DecodeLayers:
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
                           out_slots.data_ptr(), *decodes, int(pool.k_buffer.dtype is torch.bfloat16),
                           workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale, *mixed,
-                          int(pool_attention.prefill_kernel(pool.device, h, kvh, d) == "amx"), int(m.one_order))
+                          int(pool_attention.prefill_kernel(pool.device, h, kvh, d) == "amx"), int(m.one_order),
+                          int(m.a16))
 
     @staticmethod
     def _mixed_args(plan: AttentionPlan, rows: int, slots_in_pool: int) -> tuple:

@@ -153,6 +153,19 @@ def pack_panels(w: torch.Tensor) -> torch.Tensor:
     return torch.cat(groups).view(n // 16, k, 16)
 
 
+def pack_pairs(w: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] (N a multiple of 16, K even) as the panels `w8a16_gemm` reads: pack_panels' groups with k
+    in pairs, a k pair of a panel 32 bytes (w[k][j], w[k + 1][j]) for its 16 channels j (what VPDPWSSD multiplies
+    with a pair of activations). The same bytes as `w`, reordered; shaped [N/16, K/2, 32]."""
+    n, k = w.shape
+    if n % 16 or k % 2:
+        raise ValueError(f"w8a16_gemm needs the output size a multiple of 16 and the input size even, got [{n}, {k}]")
+    width = PANEL_GROUP * 16
+    groups = [w[g:g + width].t().reshape(k // 2, 2, -1).transpose(1, 2).contiguous().view(-1)
+              for g in range(0, n, width)]
+    return torch.cat(groups).view(n // 16, k // 2, 32)
+
+
 def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
                   bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, with FMAs on weight panels (`panels` =
@@ -172,6 +185,55 @@ def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
     y = torch.empty((m, n), dtype=torch.float32)
     native_kernels.built().w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias),
                                          y.data_ptr(), m, n, k)
+    return y
+
+
+A16_MAX = 16383   # w8a16_gemm.c's int16 range: |xq| <= 2^14 - 1
+
+
+def w8a16_available() -> bool:
+    """Whether `w8a16_gemm` runs here: the kernels built with AVX512-VNNI (VPDPWSSD) and AVX-512 panels."""
+    return native_kernels.available() and bool(native_kernels.built().w8a16_ready())
+
+
+_a16_enabled = True
+
+
+def set_w8a16(flag: bool) -> bool:
+    """Let models built from now on use `w8a16_gemm` where it runs (True, the default) or keep the x16 kernels
+    (False); returns the previous setting. Tests and benchmarks compare the two arithmetics with it."""
+    global _a16_enabled
+    previous, _a16_enabled = _a16_enabled, bool(flag)
+    return previous
+
+
+def w8a16_enabled() -> bool:
+    """w8a16_available() and not turned off by set_w8a16."""
+    return _a16_enabled and w8a16_available()
+
+
+def w8a16_gemm(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor,
+               bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] fp32 -> [M, N] fp32 with int16 activations (w8a16_gemm.c): each row rounded once to int16 with one
+    scale (xq = round(x * A16_MAX / max|x|)), the integer sums of xq * q exact, then times (max|x| / A16_MAX) *
+    scales (+ bias). A row's output is the same bits in any batch; `panels` = pack_panels(w)."""
+    if not w8a16_available():
+        raise RuntimeError("w8a16_gemm needs the kernels built with AVX512-VNNI (this CPU or compiler lacks it); "
+                           "use w8_panel_gemm or w8_gemv")
+    if x.dtype is not F32 or x.dim() != 2:
+        raise ValueError(f"w8a16_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    if (pairs.dtype is not torch.int8 or pairs.dim() != 3 or pairs.shape[1] * 2 != k or pairs.shape[2] != 32
+            or not pairs.is_contiguous()):
+        raise ValueError(f"weights {tuple(pairs.shape)} {pairs.dtype} do not fit rows of {k}; make them with "
+                         f"pack_pairs")
+    check_rows("w8a16_gemm", x, k)
+    n = pairs.shape[0] * 16
+    native_kernels.check_channels("w8a16_gemm", n, scales, bias)
+    x = x.contiguous()
+    y = torch.empty((m, n), dtype=torch.float32)
+    native_kernels.built().w8a16_gemm(x.data_ptr(), pairs.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias),
+                                      y.data_ptr(), m, n, k)
     return y
 
 

@@ -852,7 +852,7 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *const *args, Py_s
     Py_RETURN_NONE;
 }
 
-/* w8_gemv and w8_panel_gemm: the same arguments, -1 when out of memory */
+/* w8_gemv, w8_panel_gemm and w8a16_gemm: the same arguments, -1 when out of memory, -2 when not built here */
 typedef int (*w8_fn)(const float *, const int8_t *, const float *, const float *, float *, int, int, int);
 
 static PyObject *call_w8(w8_fn fn, const char *name, PyObject *const *args, Py_ssize_t n) {
@@ -864,6 +864,10 @@ static PyObject *call_w8(w8_fn fn, const char *name, PyObject *const *args, Py_s
     Py_BEGIN_ALLOW_THREADS
     rc = fn(x, w, s, b, y, M, N, K);
     Py_END_ALLOW_THREADS
+    if (rc == -2) {
+        PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without AVX512-VNNI", name);
+        return NULL;
+    }
     if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
@@ -879,6 +883,15 @@ static PyObject *py_panel_gemm_fast(PyObject *self, PyObject *const *args, Py_ss
 
 static PyObject *py_w8_panel_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return call_w8(w8_panel_gemm, "w8_panel_gemm", args, n);
+}
+
+static PyObject *py_w8a16_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "w8a16_ready")) return NULL;
+    return PyBool_FromLong(w8a16_ready());
+}
+
+static PyObject *py_w8a16_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_w8(w8a16_gemm, "w8a16_gemm", args, n);
 }
 
 typedef int (*amx_gemm_fn)(const float *, uint16_t *, const uint16_t *, const float *, const float *, float *,
@@ -977,7 +990,7 @@ static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *arg
 /* a whole decode step's layers (~8 ms; a mixed step's ~40): the GIL is let go, so the server's other threads run
  * meanwhile */
 static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 32, "decode_layers")) return NULL;
+    if (!args_ok(n, 33, "decode_layers")) return NULL;
     float *x = PTR(0), *y = PTR(1); const int64_t *lp = PTR(2); int L = INT(3);
     const float *c = PTR(4), *sn = PTR(5);
     const int64_t *os = PTR(6), *sl = PTR(7), *fi = PTR(8), *le = PTR(9); int64_t Lmax = I64(10);
@@ -985,17 +998,22 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     int R = INT(16), hid = INT(17), H = INT(18), KVH = INT(19), D = INT(20), I = INT(21);
     float eps = FLT(22), sc = FLT(23);
     const int64_t *di = PTR(24); int Rd = INT(25), cat = INT(26), cn = INT(27); const int64_t *cs = PTR(28);
-    int cm = INT(29), amx = INT(30), one_order = INT(31);
+    int cm = INT(29), amx = INT(30), one_order = INT(31), a16 = INT(32);
     if (PyErr_Occurred()) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = decode_layers(x, y, lp, L, c, sn, os, sl, fi, le, Lmax, rch, nchunks, scratch, kvb, ws, R, hid, H, KVH,
-                       D, I, eps, sc, di, Rd, cat, cn, cs, cm, amx, one_order);
+                       D, I, eps, sc, di, Rd, cat, cn, cs, cm, amx, one_order, a16);
     Py_END_ALLOW_THREADS
     if (rc == -2) return row_chunks_error();
     if (rc == -3) {
         PyErr_SetString(PyExc_RuntimeError, "decode_layers: the chunk's attention kernel refused it (built without "
                         "AMX or AVX-512, or its shapes); DecodeLayers.fits_step keeps such steps in the Python loop");
+        return NULL;
+    }
+    if (rc == -4) {
+        PyErr_SetString(PyExc_RuntimeError, "decode_layers: a16 asked of kernels built without AVX512-VNNI; "
+                        "NativeLlama.a16 is set only where w8a16_gemm runs");
         return NULL;
     }
     if (rc) return PyErr_NoMemory();
@@ -1064,6 +1082,8 @@ static PyMethodDef METHODS[] = {
     {"w8_amx_gemm_silu", (PyCFunction)(void (*)(void))py_w8_amx_gemm_silu, METH_FASTCALL, NULL},
     {"w8_panel_gemm", (PyCFunction)(void (*)(void))py_w8_panel_gemm, METH_FASTCALL, NULL},
     {"panel_gemm_fast", (PyCFunction)(void (*)(void))py_panel_gemm_fast, METH_FASTCALL, NULL},
+    {"w8a16_gemm", (PyCFunction)(void (*)(void))py_w8a16_gemm, METH_FASTCALL, NULL},
+    {"w8a16_ready", (PyCFunction)(void (*)(void))py_w8a16_ready, METH_FASTCALL, NULL},
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"amx_attention", (PyCFunction)(void (*)(void))py_amx_attention, METH_FASTCALL, NULL},
     {"amx_attention_ready", (PyCFunction)(void (*)(void))py_amx_attention_ready, METH_FASTCALL, NULL},

@@ -22,6 +22,11 @@ int panel_gemm_fast(void);
 int w8_panel_gemm(const float *x, const int8_t *panels, const float *scales, const float *bias, float *y,
                   int M, int N, int K);
 
+/* w8a16_gemm.c */
+int w8a16_ready(void);
+int w8a16_gemm(const float *x, const int8_t *panels, const float *scales, const float *bias, float *y,
+               int M, int N, int K);
+
 /* amx_attention.c */
 int amx_attention_ready(void);
 int amx_attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
@@ -43,5 +48,5 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
                   int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
                   int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx,
-                  int one_order);
+                  int one_order, int a16);
 #endif

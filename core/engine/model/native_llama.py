@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from core.engine.model import native_kernels, pool_attention
+from core.engine.model import native_int8, native_kernels, pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
 from core.engine.model.native_decode import DecodeLayers
@@ -113,6 +113,14 @@ class NativeLlama(torch.nn.Module):
                           and all(w is None for w in windows)
                           and pool_attention.prefill_kernel(self.device, self.num_heads, self.num_kv_heads,
                                                             self.head_dim) == "fma")
+        # int8 on AVX512-VNNI without AMX: every projection's rows on w8a16_gemm (int16 activations, exact integer
+        # sums): twice the products a cycle of the FMA kernels, and the same bits in any batch or chunk
+        want_a16 = dtype == "int8" and self.device.type == "cpu" and native_int8.w8a16_enabled() \
+            and not native_kernels.amx_available()
+
+        def proj(w: torch.Tensor, b: Optional[torch.Tensor]) -> Linear:
+            return Linear(w, b, wkind, want_one_order, want_a16)
+
         for i, hl in enumerate(base.layers):
             a, m = hl.self_attn, hl.mlp
             L = _Layer()
@@ -123,12 +131,11 @@ class NativeLlama(torch.nn.Module):
                                        a.k_norm.weight.detach()[None].expand(self.num_kv_heads, -1)]).to(self.act_dtype)
             else:
                 L.qk_norm = None
-            L.qkv = Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                           cat_bias(a.q_proj, a.k_proj, a.v_proj), wkind, want_one_order)
-            L.o = Linear(a.o_proj.weight, a.o_proj.bias, wkind, want_one_order)
-            L.gate_up = Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                               cat_bias(m.gate_proj, m.up_proj), wkind, want_one_order)
-            L.down = Linear(m.down_proj.weight, m.down_proj.bias, wkind, want_one_order)
+            L.qkv = proj(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                         cat_bias(a.q_proj, a.k_proj, a.v_proj))
+            L.o = proj(a.o_proj.weight, a.o_proj.bias)
+            L.gate_up = proj(torch.cat([m.gate_proj.weight, m.up_proj.weight]), cat_bias(m.gate_proj, m.up_proj))
+            L.down = proj(m.down_proj.weight, m.down_proj.bias)
             L.window = windows[i]
             self.layers.append(L)
         self.intermediate = self.layers[0].gate_up.out_features // 2
@@ -137,8 +144,8 @@ class NativeLlama(torch.nn.Module):
         self.embed = emb.to(self.act_dtype).contiguous()
         head_w = hf_model.lm_head.weight
         tied = head_w.data_ptr() == emb.data_ptr() and wkind != "int8"
-        self.lm_head = Linear(self.embed if tied else head_w, getattr(hf_model.lm_head, "bias", None), wkind,
-                              want_one_order)   # a row's logits the same bits however many rows the head runs
+        # a row's logits the same bits however many rows the head runs
+        self.lm_head = proj(self.embed if tied else head_w, getattr(hf_model.lm_head, "bias", None))
         rotary = base.rotary_emb
         positions = int(max_positions or getattr(cfg, "max_position_embeddings", 2048))
         self.max_positions = positions
@@ -154,6 +161,8 @@ class NativeLlama(torch.nn.Module):
         # every layer's projections on panels (the LM head's too where they fit: it moves logits, not K/V)
         self.one_order = want_one_order and all(lin.matrix is None for L in self.layers
                                                 for lin in (L.qkv, L.o, L.gate_up, L.down))
+        # every layer's projections on w8a16_gemm (decode_layers.c then runs it too)
+        self.a16 = want_a16 and all(L.qkv.a16 and L.o.a16 and L.gate_up.a16 and L.down.a16 for L in self.layers)
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
         self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
 

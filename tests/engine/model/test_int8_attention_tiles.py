@@ -126,8 +126,9 @@ def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monke
     assert calls == [] and ForwardBatch.build([([1], [2], [3])]).prompt_rows == frozenset()
     if native.one_order:
         assert torch.equal(as_decode, last)                 # one order of sums: decoded or prefilled, the same bits
-    elif tiles_here():
-        assert not torch.equal(as_decode, last)             # the other kernel: ~1e-5 apart
+    elif tiles_here() and not native.a16:
+        assert not torch.equal(as_decode, last)             # the other kernels: ~1e-5 apart (with a16 only the
+                                                            # attention's order differs, which may round alike)
     with pytest.raises(ValueError, match="one per request"):
         ForwardBatch.build([([1], [2], [3])], prompt=[True, False])
 

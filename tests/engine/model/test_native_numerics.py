@@ -80,11 +80,14 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
     """A 72-token prompt after a 24-token cached prefix: its projections on AMX tiles (where this CPU has them)
     or on weight panels (no AMX, as set_amx(False) runs it) and its attention on the C kernel (AMX tiles, or
     AVX-512 FMAs without AMX), against every row through the FMA kernel and one masked torch call (AMX_MIN_ROWS, PANEL_MIN_ROWS and the split turned off): the
-    same logits to fp32 rounding, and the same K/V written into the pool."""
+    same logits to fp32 rounding, and the same K/V written into the pool. (The x16 arithmetic: w8a16_gemm, which a
+    CPU with AVX512-VNNI and without AMX runs instead, is test_w8a16.py's.)"""
     from core.engine.model import native_layers, native_linear
     require_kernels()
     previous = native_kernels.set_amx(amx)
     request.addfinalizer(lambda: native_kernels.set_amx(previous))
+    previous_a16 = native_int8.set_w8a16(False)
+    request.addfinalizer(lambda: native_int8.set_w8a16(previous_a16))
     native = NativeLlama.from_hf(make_ref(family), dtype="int8")
     ids = torch.randint(1, 128, (96,), generator=torch.Generator().manual_seed(4)).tolist()
     slots = torch.randperm(120, generator=torch.Generator().manual_seed(5))[:96] + 1

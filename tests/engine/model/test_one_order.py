@@ -1,14 +1,15 @@
 """One order of sums (int8 on AVX-512 without AMX, native_llama.one_order): a token's K/V and logits are the same
 bits whether it was decoded (alone, beside other decodes, beside a prompt chunk, in one C call or the Python loop)
 or prefilled (whole, in chunks, after a cached prefix). That is what keeps cache on == cache off exact with a bf16
-pool, whose rounding would otherwise turn last-bit differences into whole bf16 steps. On a CPU with AMX, set_amx(False) runs what a CPU without it runs."""
+pool, whose rounding would otherwise turn last-bit differences into whole bf16 steps. On a CPU with AMX, set_amx(False) runs what a CPU without it runs; each test runs with the x16 arithmetic and with w8a16_gemm's (int16 activations,
+exact integer sums, where the CPU has AVX512-VNNI)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from core.engine.engine import Engine
-from core.engine.model import native_kernels, pool_attention
+from core.engine.model import native_int8, native_kernels, pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_llama import NativeLlama
 from core.engine.model.runner import ModelRunner
@@ -17,12 +18,15 @@ from tests.engine.model.require_kernels import require_kernels
 from tests.engine.model.test_decode_layers import make_ref as decode_layers_ref
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, params=[False, True], ids=["x16", "a16-where-vnni"])
 def no_amx(request):
-    """Kernels built, AMX off (a CPU without it): the panels and fma_attention run every row."""
+    """Kernels built, AMX off (a CPU without it), either arithmetic: x16 on the panels, or w8a16_gemm's exact
+    integer sums (where the CPU has AVX512-VNNI; elsewhere x16 again); fma_attention runs every row."""
     require_kernels()
     previous = native_kernels.set_amx(False)
     request.addfinalizer(lambda: native_kernels.set_amx(previous))
+    previous_a16 = native_int8.set_w8a16(request.param)
+    request.addfinalizer(lambda: native_int8.set_w8a16(previous_a16))
 
 
 def make_ref(seed: int = 0) -> torch.nn.Module:
@@ -105,11 +109,13 @@ def test_decoded_tokens_have_the_bits_a_prefill_of_the_same_tokens_gives(company
 
 def test_an_fp32_pool_keeps_the_decode_kernels():
     """One order costs decode speed (fma_attention's arithmetic for decode rows): only a bf16 pool, where it
-    matters, takes it."""
+    matters, takes it. The projections stay on w8_gemv, or on w8a16_gemm where it runs (any order is its order)."""
     for kv in (None, "fp32"):
         native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype=kv)
         assert not native.one_order and native.kv_dtype is torch.float32
-        assert all(lin.matrix is not None for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down))
+        lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
+        assert native.a16 == native_int8.w8a16_enabled()
+        assert all((lin.a16, lin.matrix is None) == (native.a16, native.a16) for lin in lins)
 
 
 def test_cache_on_and_off_give_the_same_tokens_over_two_turns_with_a_bf16_pool():

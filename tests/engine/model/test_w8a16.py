@@ -1,0 +1,123 @@
+"""w8a16_gemm (w8a16_gemm.c): int8 weights times int16 activations on AVX512-VNNI, what int8 runs on a CPU with VNNI
+and without AMX. Each row of x is rounded once to int16 with one scale, the integer sums are exact, and one epilogue
+scales them: so the result is a formula, checked here bit for bit against torch's int64 arithmetic, and a row's
+output cannot depend on the batch, the chunk or the kernel path it ran in."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.engine.model import native_int8, native_kernels
+from core.engine.model.native_llama import NativeLlama
+from tests.engine.model.require_kernels import require_kernels
+from tests.engine.model.test_decode_layers import make_ref
+
+
+def require_a16() -> None:
+    """The kernels built with AVX512-VNNI, or (elsewhere) w8a16_gemm refuses with what to use instead."""
+    require_kernels()
+    if native_int8.w8a16_available():
+        return
+    q = torch.zeros(16, 32, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="AVX512-VNNI"):
+        native_int8.w8a16_gemm(torch.zeros(1, 32), native_int8.pack_pairs(q), torch.ones(16), None)
+    assert not NativeLlama.from_hf(make_ref(0), dtype="int8").a16
+    pytest.skip("this CPU has no AVX512-VNNI: w8a16_gemm refuses, and int8 keeps the x16 kernels")
+
+
+def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias) -> torch.Tensor:
+    """The formula in torch: xq = round(x * A16_MAX / max|x|) (fp32, half to even), integer sums in int64, then
+    (double)sum * ((double)max|x| / A16_MAX * scale) rounded once to fp32, plus bias."""
+    amax = x.abs().amax(dim=1)
+    inv = torch.tensor(float(native_int8.A16_MAX)) / amax
+    xq = torch.round(x * inv[:, None]).clamp(-native_int8.A16_MAX, native_int8.A16_MAX).to(torch.int64)
+    sums = xq @ q.to(torch.int64).t()
+    sx = amax.double() / native_int8.A16_MAX
+    y = (sums.double() * (sx[:, None] * scales.double()[None, :])).float()
+    return y if bias is None else y + bias
+
+
+def weights(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    scales = w.abs().amax(dim=1) / 127
+    return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+
+@pytest.mark.parametrize("m,k,n,with_bias", [(1, 576, 832, False), (2, 576, 832, True), (3, 1536, 576, True),
+                                             (31, 576, 144, False), (32, 64, 48, True), (100, 1536, 576, False),
+                                             (13, 2050, 48, True), (1, 3000, 16, False)])
+def test_w8a16_gemm_is_the_exact_integer_sum_of_int16_rows_and_int8_weights(m, k, n, with_bias):
+    """Decode rows (< 32: rows x 8 panels) and prefill rows (12-row blocks), K past the 1,024 products a 32-bit
+    lane holds (summed in 64 bits), an outlier channel 50x the rest: the formula's bits exactly."""
+    require_a16()
+    q, scales = weights(n, k, seed=m + k)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 10
+    x[:, 3] *= 50
+    bias = torch.randn(n, generator=g) if with_bias else None
+    y = native_int8.w8a16_gemm(x, native_int8.pack_pairs(q), scales, bias)
+    assert torch.equal(y, reference(x, q, scales, bias))
+    dense = x @ (q.float() * scales[:, None]).t() + (0 if bias is None else bias)
+    assert (y - dense).abs().max() <= 2e-3 * dense.abs().max()   # int16 rows: ~2^-14 of a row's largest value
+
+
+def test_a_rows_output_is_the_same_bits_in_any_batch_and_order():
+    require_a16()
+    q, scales = weights(96, 576, seed=1)
+    pairs = native_int8.pack_pairs(q)
+    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(2))
+    whole = native_int8.w8a16_gemm(x, pairs, scales, None)
+    alone = torch.cat([native_int8.w8a16_gemm(x[i:i + 1], pairs, scales, None) for i in range(70)])
+    perm = torch.randperm(70, generator=torch.Generator().manual_seed(3))
+    shuffled = native_int8.w8a16_gemm(x[perm], pairs, scales, None)
+    assert torch.equal(whole, alone) and torch.equal(shuffled, whole[perm])
+    assert torch.equal(native_int8.w8a16_gemm(x[:33], pairs, scales, None), whole[:33])   # 33 rows: a block of 12
+
+
+def test_a_row_with_nan_or_infinity_gives_nan_and_a_zero_row_gives_the_bias():
+    """fp32 arithmetic would make NaN of such a row; int16 rounding must not turn it into finite garbage, nor touch
+    the other rows."""
+    require_a16()
+    q, scales = weights(32, 64, seed=4)
+    bias = torch.randn(32, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(6))
+    x[1, 7], x[2, 0], x[3] = float("nan"), float("-inf"), 0.0
+    y = native_int8.w8a16_gemm(x, native_int8.pack_pairs(q), scales, bias)
+    assert torch.isnan(y[1]).all() and torch.isnan(y[2]).all()
+    assert torch.equal(y[3], bias)
+    assert torch.equal(y[[0, 4]], reference(x[[0, 4]], q, scales, bias))
+
+
+def test_w8a16_refuses_what_it_cannot_read_with_what_to_change():
+    require_a16()
+    q, scales = weights(32, 64, seed=7)
+    pairs = native_int8.pack_pairs(q)
+    with pytest.raises(ValueError, match="fp32 rows"):
+        native_int8.w8a16_gemm(torch.zeros(2, 64, dtype=torch.float64), pairs, scales, None)
+    with pytest.raises(ValueError, match="pack_pairs"):   # pack_panels' layout is another order of the same bytes
+        native_int8.w8a16_gemm(torch.zeros(2, 64), native_int8.pack_panels(q), scales, None)
+    with pytest.raises(ValueError, match="pack_pairs"):
+        native_int8.w8a16_gemm(torch.zeros(2, 62), pairs, scales, None)
+    with pytest.raises(ValueError, match="input size even"):
+        native_int8.pack_pairs(torch.zeros(16, 33, dtype=torch.int8))
+    with pytest.raises(ValueError):
+        native_int8.w8a16_gemm(torch.zeros(2, 64), pairs, scales[:16], None)
+
+
+def test_int8_runs_every_projection_on_w8a16_where_the_cpu_has_vnni_and_no_amx(request):
+    """With AMX (set_amx on a CPU that has it) the tiles keep the x16 arithmetic; without it every projection,
+    the LM head included, holds only its pairs, and a decode step's one C call runs them too."""
+    require_a16()
+    previous = native_kernels.set_amx(False)
+    request.addfinalizer(lambda: native_kernels.set_amx(previous))
+    native = NativeLlama.from_hf(make_ref(0), dtype="int8")
+    lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)] + [native.lm_head]
+    assert native.a16 and all(lin.a16 and lin.weight is None and lin.matrix is None for lin in lins)
+    assert native.decode_layers is not None
+    previous_a16 = native_int8.set_w8a16(False)
+    try:
+        assert not NativeLlama.from_hf(make_ref(0), dtype="int8").a16
+    finally:
+        native_int8.set_w8a16(previous_a16)
+    assert not NativeLlama.from_hf(make_ref(0), dtype="fp32").a16
