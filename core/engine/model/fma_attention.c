@@ -286,15 +286,22 @@ static int attention(const float *q, int64_t qs, const void *k, const void *v, i
         float *ao = sum + rows_max, *amx = ao + (size_t)rows_max * D, *asum = amx + rows_max;
         float *s = (float *)(((uintptr_t)(asum + rows_max) + 63) & ~(uintptr_t)63), *p = s + RB * FK;
         if (few) {
+            /* with segments enough for every thread, an item is a segment and its KV heads in turn (a key's
+             * K/V rows of all heads are adjacent in the pool: one stream from memory instead of KVH strided
+             * ones), else (KV head, segment); the same segment() calls either way, so the same bits */
+            const int by_segment = nseg >= 2 * omp_get_num_threads();
+            const int items = by_segment ? nseg : KVH * nseg, per_item = by_segment ? KVH : 1;
             #pragma omp for schedule(dynamic, 1)
-            for (int it = 0; it < KVH * nseg; it++) {
+            for (int it = 0; it < items; it++) {
                 if (!buf) continue;
-                const int g = it / nseg, sg = it % nseg;
-                float *part = parts + (size_t)it * pstride;       /* [rows][D] outputs, then maxes, then sums */
-                const int rows = G * n;
-                segment(q, qs, k, v, kv_bf16, slots, m, g, G, KVH, D, pos0, 0, n, sg * SEG_BLOCKS,
-                        (sg + 1) * SEG_BLOCKS, scale, lanes, kp, vb, s, p, part + (size_t)rows * D,
-                        part + (size_t)rows * D + rows, part);
+                for (int h = 0; h < per_item; h++) {
+                    const int g = by_segment ? h : it / nseg, sg = by_segment ? it : it % nseg;
+                    float *part = parts + ((size_t)g * nseg + sg) * pstride;   /* [rows][D] outputs, maxes, sums */
+                    const int rows = G * n;
+                    segment(q, qs, k, v, kv_bf16, slots, m, g, G, KVH, D, pos0, 0, n, sg * SEG_BLOCKS,
+                            (sg + 1) * SEG_BLOCKS, scale, lanes, kp, vb, s, p, part + (size_t)rows * D,
+                            part + (size_t)rows * D + rows, part);
+                }
             }
             #pragma omp for schedule(static)
             for (int it = 0; it < KVH * G * n; it++) {

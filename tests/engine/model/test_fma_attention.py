@@ -79,6 +79,22 @@ def test_a_rows_result_is_the_same_bits_however_its_prompt_is_chunked(m, n, kern
         assert not torch.equal(other, whole) and float((other - whole).abs().max()) < 1e-5
 
 
+@pytest.mark.parametrize("kernel", ["fma", "one_order"])
+def test_a_short_chunk_after_many_segments_is_the_same_bits_on_any_thread_count(kernel, request):
+    """A 3-token chunk after 3,000 keys (6 segments): with segments enough for every thread a work item is a
+    segment and its KV heads in turn (one stream from memory), with fewer (more threads) a (KV head, segment);
+    either way every row is the bits the whole prompt gives it."""
+    previous = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(previous))
+    m, n = 3000, 3
+    q, k_buf, v_buf, slots = pool_case(m, m, 9, 3, 64, seed=11)
+    whole = pool_attention.attention_pool(kernel, q, k_buf, v_buf, slots, 0.125)[-n:]
+    for threads in (1, 2, 4, 8):   # 6 segments: by segment up to 3 threads, by (KV head, segment) from 4
+        torch.set_num_threads(threads)
+        chunk = pool_attention.attention_pool(kernel, q[-n:], k_buf, v_buf, slots, 0.125)
+        assert torch.equal(chunk, whole), threads
+
+
 def test_bad_inputs_are_refused_with_what_to_change():
     q, k_buf, v_buf, slots = pool_case(4, 8, 9, 3, 64, seed=1)
     with pytest.raises(ValueError, match="at least as many keys as queries"):
