@@ -59,7 +59,7 @@ class Linear:
         prefill-sized batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again,
         ~2x the GEMV kernel at 1,024 rows). Where the CPU has AVX512-VNNI and no AMX, NativeLlama asks for `a16`:
         every row count then runs `w8a16_gemm` on the panels (int16 activations, one scale a row, exact integer
-        sums: 1.6x the panels' speed at 1,024 rows on AMD Zen 4, and the same bits in any batch). Without the C
+        sums: 1.9x the panels' speed at 1,024 rows on AMD Zen 4, and the same bits in any batch). Without the C
         kernels
         `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized
         weight (bf16(q * scale)) runs every row.
