@@ -26,6 +26,7 @@
 #include "native_kernels.h"
 
 #define A16_MAX 16383
+#define A16_TINY 7.8886091e-31f   /* 2^-100: a row whose largest value is below it counts as zero */
 #define BLOCK_K 1024    /* products per 32-bit lane before it is added into the 64-bit total (see above) */
 #define A16_ROWS 12     /* rows of a many-rows register block (12 accumulators + the weights) */
 #define A16_BLOCK 96    /* rows of xq kept in L2 while every panel passes over them */
@@ -36,8 +37,9 @@ int w8a16_ready(void) { return A16_VNNI; }
 
 #if A16_VNNI
 /* each row of x as int16 (xq) and its scale (max|x| / A16_MAX; NaN when the row holds a NaN or an infinity, so the
- * outputs are NaN as fp32 arithmetic would make them, not finite garbage; 0 for a zero row). Rounding half to even
- * (the MXCSR default, as torch.round). */
+ * outputs are NaN as fp32 arithmetic would make them, not finite garbage; 0 for a row below A16_TINY, whose
+ * A16_MAX / max|x| would overflow: zero, as x16 flushes values below 2^-111). Rounding half to even (the MXCSR
+ * default, as torch.round). */
 static void quantize_rows(const float *x, int16_t *xq, double *sx, int M, int K) {
     #pragma omp parallel for schedule(static) if (M >= 4)
     for (int m = 0; m < M; m++) {
@@ -53,7 +55,7 @@ static void quantize_rows(const float *x, int16_t *xq, double *sx, int M, int K)
             vmax = _mm512_max_ps(vmax, a);
         }
         const float amax = _mm512_reduce_max_ps(vmax);
-        if (bad || amax == 0.0f) {
+        if (bad || amax < A16_TINY) {
             memset(q, 0, sizeof(int16_t) * (size_t)K);
             sx[m] = bad ? NAN : 0.0;
             continue;

@@ -77,16 +77,20 @@ def test_a_rows_output_is_the_same_bits_in_any_batch_and_order():
 
 def test_a_row_with_nan_or_infinity_gives_nan_and_a_zero_row_gives_the_bias():
     """fp32 arithmetic would make NaN of such a row; int16 rounding must not turn it into finite garbage, nor touch
-    the other rows."""
+    the other rows. A row of subnormals (below A16_TINY) counts as zero, as x16 flushes them."""
     require_a16()
     q, scales = weights(32, 64, seed=4)
     bias = torch.randn(32, generator=torch.Generator().manual_seed(5))
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(6))
     x[1, 7], x[2, 0], x[3] = float("nan"), float("-inf"), 0.0
+    x[4] = torch.randn(64, generator=torch.Generator().manual_seed(7)) * 1e-38   # subnormal: below A16_TINY
     y = native_int8.w8a16_gemm(x, native_int8.pack_pairs(q), scales, bias)
     assert torch.isnan(y[1]).all() and torch.isnan(y[2]).all()
-    assert torch.equal(y[3], bias)
-    assert torch.equal(y[[0, 4]], reference(x[[0, 4]], q, scales, bias))
+    assert torch.equal(y[3], bias) and torch.equal(y[4], bias)
+    assert torch.equal(y[0], reference(x[:1], q, scales, bias)[0])
+    tiny = x[:1] * 2.0 ** -90   # small but above A16_TINY: scaled, not flushed
+    assert torch.equal(native_int8.w8a16_gemm(tiny, native_int8.pack_pairs(q), scales, None),
+                       reference(tiny, q, scales, None))
 
 
 def test_w8a16_refuses_what_it_cannot_read_with_what_to_change():
