@@ -217,7 +217,7 @@ def w8a16_gemm(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor,
                bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [M, K] fp32 -> [M, N] fp32 with int16 activations (w8a16_gemm.c): each row rounded once to int16 with one
     scale (xq = round(x * A16_MAX / max|x|)), the integer sums of xq * q exact, then times (max|x| / A16_MAX) *
-    scales (+ bias). A row's output is the same bits in any batch; `panels` = pack_panels(w)."""
+    scales (+ bias). A row's output is the same bits in any batch; `pairs` = pack_pairs(w)."""
     if not w8a16_available():
         raise RuntimeError("w8a16_gemm needs the kernels built with AVX512-VNNI (this CPU or compiler lacks it); "
                            "use w8_panel_gemm or w8_gemv")
