@@ -39,7 +39,7 @@ class EngineConfig:
                                        "Face transformers with the pool attention hook; native; hf",
                                choices=lambda: MODEL_IMPLS, form="select", label="Model code")
     dtype: str = _setting("auto", "numerics: auto (bf16 on CUDA; on a CPU the measured default), fp32, bf16, or "
-                                  "int8 (weight-only, native path)", choices=lambda: DTYPES, form="select",
+                                  "int8 (int8 weights, native path)", choices=lambda: DTYPES, form="select",
                           label="Numerics")
     kv_cache_dtype: str = _setting("auto", "dtype of the KV pool on the native path: auto (the activations' dtype), "
                                            "fp32, or bf16 (half the bytes; cache on == off not exact with int8)",

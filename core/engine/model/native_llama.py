@@ -25,7 +25,9 @@ Numerics ("dtype"):
         on fp32 activations rounded to 16 significant bits (native_int8.x16): on a CPU the C kernel
         `w8_gemv` for decode-sized batches and, for prefill-sized ones, AMX tiles (`w8_amx_gemm`, x16 as two
         bf16) or, on AVX-512 CPUs without AMX, weight panels (`w8_panel_gemm`): the same exact products
-        summed in another order (native_linear.Linear). Activations and the
+        summed in another order (native_linear.Linear); on CPUs with AVX512-VNNI and without AMX every row
+        instead rounded once to int16 (one scale a row) and summed exactly in integers (`w8a16_gemm`,
+        NativeLlama.a16: the same bits in any batch). Activations and the
         KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes). Where the CPU has AMX (and the model has
         no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,
         one-token chunks included (pool_attention.amx_attention: ~2^-15 of fp32 attention; given the same
