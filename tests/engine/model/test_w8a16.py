@@ -125,3 +125,53 @@ def test_int8_runs_every_projection_on_w8a16_where_the_cpu_has_vnni_and_no_amx(r
     finally:
         native_int8.set_w8a16(previous_a16)
     assert not NativeLlama.from_hf(make_ref(0), dtype="fp32").a16
+
+
+def test_many_threads_at_once_get_each_their_own_rows_bits():
+    """The kernel lets the GIL go: eight Python threads multiplying their own rows at once, over and over, each get
+    the bits a lone call gives."""
+    import threading
+    require_a16()
+    q, scales = weights(832, 576, seed=8)
+    pairs = native_int8.pack_pairs(q)
+    xs = [torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)) for rows in (1, 2, 5, 12, 31, 33, 64, 97)]
+    alone = [native_int8.w8a16_gemm(x, pairs, scales, None) for x in xs]
+    wrong: list[int] = []
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            if not torch.equal(native_int8.w8a16_gemm(xs[i], pairs, scales, None), alone[i]):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
+def test_cache_on_and_off_give_the_same_tokens_over_two_turns_with_a16_and_an_fp32_pool(request):
+    """The default int8 model where a16 runs (fp32 pool): a second turn reuses the first turn's prompt and decoded
+    K/V; the same tokens with the radix cache on and off."""
+    from core.engine.engine import Engine
+    from core.engine.model.runner import ModelRunner
+    from core.engine.sampling import SamplingParams
+    require_a16()
+    previous = native_kernels.set_amx(False)
+    request.addfinalizer(lambda: native_kernels.set_amx(previous))
+    runner = ModelRunner.from_hf(make_ref(5, max_position_embeddings=1024), device="cpu", impl="native",
+                                 numerics="int8")
+    assert runner.native.a16 and runner.native.kv_dtype is torch.float32
+    g = torch.Generator().manual_seed(9)
+    system = torch.randint(1, 160, (250,), generator=g).tolist()
+    first = [system + torch.randint(1, 160, (n,), generator=g).tolist() for n in (3, 20, 41, 50)]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    outs = {}
+    for on in (True, False):
+        engine = Engine(runner, pool_slots=4096, disable_radix_cache=not on)
+        turn1 = [c.token_ids for c in engine.generate(first, params)]
+        done = engine.generate([p + o + [7, 8, 9] for p, o in zip(first, turn1)], params)
+        outs[on] = (turn1, [c.token_ids for c in done])
+        assert [c.cached_tokens for c in done] == ([len(p) + 15 for p in first] if on else [0] * 4)
+    assert outs[True] == outs[False]
