@@ -227,8 +227,8 @@ def test_a_long_prompt_in_tiny_chunks_enters_the_tree_in_few_nodes_and_whole_at_
 def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
     """The int8 FMA kernel runs 3 or more rows in blocks of 4: beside one decode, a prefill held to 2 tokens (3
     rows) takes 3 (4 rows) for the same projections; 5-8 rows fill to 8; 9-11 to 11 where the CPU has AMX (from
-    12 the tiles run, flat in price) and to 12 where it has not (the weight panels take over from 32 rows).
-    fp32 computes row by row: nothing to fill."""
+    12 the tiles run, flat in price) and to 12 where it has not (the weight panels take over from 32 rows). With
+    a16 (w8a16_gemm, VNNI without AMX) rows go in pairs. fp32 computes row by row: nothing to fill."""
     from core.engine.model.native_linear import AMX_MIN_ROWS, PANEL_MIN_ROWS, many_rows
     from core.engine.model.runner import ModelRunner
     from tests.engine.model.require_kernels import require_kernels
@@ -240,7 +240,10 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
     runner = ModelRunner.from_hf(AutoModelForCausalLM.from_config(CONFIGS["llama"]()).eval(), device="cpu",
                                  numerics="int8")
     nine_to_eleven = {AMX_MIN_ROWS: 11, PANEL_MIN_ROWS: 12}[many_rows()]
-    assert [runner.rows_computed(n) for n in range(1, 12)] == [1, 2, 4, 4, 8, 8, 8, 8] + [nine_to_eleven] * 3
+    if runner.native.a16:   # w8a16_gemm (VNNI, no AMX): rows in pairs, an odd count fills to the next even one
+        assert [runner.rows_computed(n) for n in range(1, 12)] == [2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12]
+    else:
+        assert [runner.rows_computed(n) for n in range(1, 12)] == [1, 2, 4, 4, 8, 8, 8, 8] + [nine_to_eleven] * 3
     # ratio 1: a mixed step may take no more than a decode step, so after the first (FIRST_MIXED_TOKENS) the cap
     # sits at its floor, MIN_PREFILL_TOKENS = 2, for the whole prompt
     e = Engine(runner, pool_slots=1024, max_prefill_tokens=64, mixed_step_ratio=1.0)
@@ -254,8 +257,9 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
         e.step()
         chunks.append(e.metrics.prefill_computed - before)
     # the first mixed chunk: FIRST_MIXED_TOKENS + 1 decode = 17 rows, on the tiles with AMX; without, the FMA
-    # kernel's blocks of 4 make it 20 rows, so the prompt fills 19 of them
-    assert chunks[0] == {AMX_MIN_ROWS: FIRST_MIXED_TOKENS, PANEL_MIN_ROWS: 19}[many_rows()]
+    # kernel's blocks of 4 make it 20 rows, so the prompt fills 19 of them (a16's pairs: 18 rows, 17)
+    first = 17 if runner.native.a16 else {AMX_MIN_ROWS: FIRST_MIXED_TOKENS, PANEL_MIN_ROWS: 19}[many_rows()]
+    assert chunks[0] == first
     assert set(chunks[1:-1]) == {3} and 1 <= chunks[-1] <= 3   # 1 decode + 3 prompt tokens: one block of 4 rows
     assert not stream.done()
     while e.has_work():

@@ -190,6 +190,7 @@ def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
 
 A16_MAX = 16383   # w8a16_gemm.c's int16 range: |xq| <= 2^14 - 1
 A16_TINY = 2.0 ** -100   # a row whose largest value is below this counts as zero (A16_MAX / it would overflow)
+A16_ROW_BLOCK = 2   # w8a16_gemm's few-rows blocks: rows in pairs, each pair one pass over the weights
 
 
 def w8a16_available() -> bool:

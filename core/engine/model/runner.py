@@ -12,7 +12,7 @@ import torch
 from core.cache.kv_pool import KVPool
 from core.engine.model.hf_attention import ATTN_IMPLEMENTATION, ForwardBatch
 from core.engine.model.loader import resolve_model
-from core.engine.model.native_int8 import GEMV_BLOCK_ROWS, GEMV_ROW_MAX, gemv_blocks
+from core.engine.model.native_int8 import A16_ROW_BLOCK, GEMV_BLOCK_ROWS, GEMV_ROW_MAX, gemv_blocks
 from core.engine.model.native_linear import many_rows
 
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -154,7 +154,8 @@ class ModelRunner:
             self.dtype = next(hf_model.parameters()).dtype
         self.kv_cache_dtype = KV_NAMES[self.dtype]   # the pool's dtype as the setting names it
         n = self.native   # int8 projections in 4-row blocks: their inputs hidden, heads x head_dim, intermediate
-        self._gemv_blocks = (n is not None and n.mode == "int8" and device.type == "cpu"
+        self._a16_blocks = n is not None and n.a16   # w8a16_gemm: rows in pairs
+        self._gemv_blocks = (n is not None and n.mode == "int8" and device.type == "cpu" and not n.a16
                              and all(gemv_blocks(k) for k in (n.hidden_size, n.num_heads * n.head_dim, n.intermediate)))
         self.model = hf_model.eval()
         cfg = hf_model.config.get_text_config()
@@ -190,10 +191,13 @@ class ModelRunner:
     def rows_computed(self, rows: int) -> int:
         """The rows a step of `rows` rows costs about as much as: the int8 FMA kernel runs 3 or more rows in blocks of
         GEMV_BLOCK_ROWS, so a mixed step whose prefill the fairness cap holds to 2 tokens beside one decode (3 rows)
-        may take 3 (4 rows) for the same projections (StepBudget fills the block; benchmarks/README.md "mixed steps")."""
+        may take 3 (4 rows) for the same projections (StepBudget fills the block; benchmarks/README.md "mixed steps").
+        With a16 (w8a16_gemm) rows below many_rows() go in pairs: an odd count fills to the next even one."""
+        top = many_rows() - 1   # from many_rows() the projections leave the FMA kernel (or a16's pairs)
+        if self._a16_blocks:
+            return rows if rows >= top else min(-(-rows // A16_ROW_BLOCK) * A16_ROW_BLOCK, top)
         if not self._gemv_blocks:
             return rows
-        top = many_rows() - 1   # from many_rows() the projections leave the FMA kernel
         if rows <= GEMV_ROW_MAX or rows >= top:
             return rows
         return min(-(-rows // GEMV_BLOCK_ROWS) * GEMV_BLOCK_ROWS, top)
