@@ -171,20 +171,27 @@ def w8_panel_gemm(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor,
     """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, with FMAs on weight panels (`panels` =
     pack_panels(w)): the products `w8_gemv` adds, summed in another order, at GEMM speed for many rows on a CPU
     without AMX tiles."""
+    return _on_panels("w8_panel_gemm", x, panels, 1, scales, bias)
+
+
+def _on_panels(name: str, x: torch.Tensor, panels: torch.Tensor, pair: int, scales: torch.Tensor,
+               bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The checks and the call both panel kernels share: `panels` [N/16, K/pair, 16 * pair] (pack_panels for
+    pair 1, pack_pairs for 2) fit rows x [M, K], the channels fit scales and bias."""
     if x.dtype is not F32 or x.dim() != 2:
-        raise ValueError(f"w8_panel_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(f"{name} takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
-    if (panels.dtype is not torch.int8 or panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != 16
-            or not panels.is_contiguous()):
-        raise ValueError(f"panels {tuple(panels.shape)} {panels.dtype} do not fit rows of {k}; "
-                         f"make them with pack_panels")
-    check_rows("w8_panel_gemm", x, k)
+    if (panels.dtype is not torch.int8 or panels.dim() != 3 or panels.shape[1] * pair != k
+            or panels.shape[2] != 16 * pair or not panels.is_contiguous()):
+        raise ValueError(f"weights {tuple(panels.shape)} {panels.dtype} do not fit rows of {k}; "
+                         f"make them with {'pack_pairs' if pair == 2 else 'pack_panels'}")
+    check_rows(name, x, k)
     n = panels.shape[0] * 16
-    native_kernels.check_channels("w8_panel_gemm", n, scales, bias)
+    native_kernels.check_channels(name, n, scales, bias)
     x = x.contiguous()
     y = torch.empty((m, n), dtype=torch.float32)
-    native_kernels.built().w8_panel_gemm(x.data_ptr(), panels.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias),
-                                         y.data_ptr(), m, n, k)
+    getattr(native_kernels.built(), name)(x.data_ptr(), panels.data_ptr(), scales.data_ptr(),
+                                          native_kernels.ptr(bias), y.data_ptr(), m, n, k)
     return y
 
 
@@ -222,21 +229,7 @@ def w8a16_gemm(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor,
     if not w8a16_available():
         raise RuntimeError("w8a16_gemm needs the kernels built with AVX512-VNNI (this CPU or compiler lacks it); "
                            "use w8_panel_gemm or w8_gemv")
-    if x.dtype is not F32 or x.dim() != 2:
-        raise ValueError(f"w8a16_gemm takes fp32 rows [M, K], got {x.dtype} {tuple(x.shape)}")
-    m, k = x.shape
-    if (pairs.dtype is not torch.int8 or pairs.dim() != 3 or pairs.shape[1] * 2 != k or pairs.shape[2] != 32
-            or not pairs.is_contiguous()):
-        raise ValueError(f"weights {tuple(pairs.shape)} {pairs.dtype} do not fit rows of {k}; make them with "
-                         f"pack_pairs")
-    check_rows("w8a16_gemm", x, k)
-    n = pairs.shape[0] * 16
-    native_kernels.check_channels("w8a16_gemm", n, scales, bias)
-    x = x.contiguous()
-    y = torch.empty((m, n), dtype=torch.float32)
-    native_kernels.built().w8a16_gemm(x.data_ptr(), pairs.data_ptr(), scales.data_ptr(), native_kernels.ptr(bias),
-                                      y.data_ptr(), m, n, k)
-    return y
+    return _on_panels("w8a16_gemm", x, pairs, 2, scales, bias)
 
 
 def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,

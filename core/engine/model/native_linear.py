@@ -25,12 +25,16 @@ def many_rows() -> int:
     return AMX_MIN_ROWS if native_kernels.amx_available() else PANEL_MIN_ROWS
 
 
+def a16_here(device: torch.device) -> bool:
+    """Whether int8 runs `w8a16_gemm` on this device: int16 activations and exact integer sums on AVX512-VNNI (twice
+    the FMA kernels' products a cycle), on a CPU without AMX (whose tiles keep the x16 arithmetic)."""
+    return device.type == "cpu" and native_int8.w8a16_enabled() and not native_kernels.amx_available()
+
+
 def a16_fits(weight: torch.Tensor) -> bool:
-    """Whether this int8 weight [N, K] runs every row count on `w8a16_gemm` here: int16 activations and exact
-    integer sums on AVX512-VNNI (twice the FMA kernels' products a cycle), a CPU without AMX (whose tiles keep the
-    x16 arithmetic), the panels fit and K is even (pairs of k per VPDPWSSD)."""
-    return (native_int8.w8a16_enabled() and not native_kernels.amx_available() and native_int8.panels_fit(weight)
-            and weight.shape[1] % 2 == 0)
+    """Whether this int8 weight [N, K] fits `w8a16_gemm`'s panels: they fit the panel layout, K is even (pairs of
+    k per VPDPWSSD)."""
+    return native_int8.panels_fit(weight) and weight.shape[1] % 2 == 0
 
 
 def one_order_fits(weight: torch.Tensor) -> bool:
@@ -85,7 +89,7 @@ class Linear:
             self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
             self.scales = scales.contiguous()
             self.bias = None if bias is None else bias.detach().float().contiguous()
-            self.a16 = weight.device.type == "cpu" and a16 and a16_fits(self.weight)
+            self.a16 = a16 and a16_fits(self.weight)   # the caller asked where a16_here()
             if self.a16:   # every row count reads these (pack_pairs: the panels with k in pairs), and only these
                 self.panels = native_int8.pack_pairs(self.weight)
                 self.weight = None

@@ -48,11 +48,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from core.engine.model import native_int8, native_kernels, pool_attention
+from core.engine.model import native_kernels, pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
 from core.engine.model.native_decode import DecodeLayers
-from core.engine.model.native_linear import Linear
+from core.engine.model.native_linear import Linear, a16_here
 from core.engine.model.native_support import layer_windows, unsupported_reason
 from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_decodes, attend_padded,
                                              attend_prefixed, fresh_causal_mask, rope_tables)
@@ -115,10 +115,7 @@ class NativeLlama(torch.nn.Module):
                           and all(w is None for w in windows)
                           and pool_attention.prefill_kernel(self.device, self.num_heads, self.num_kv_heads,
                                                             self.head_dim) == "fma")
-        # int8 on AVX512-VNNI without AMX: every projection's rows on w8a16_gemm (int16 activations, exact integer
-        # sums): twice the products a cycle of the FMA kernels, and the same bits in any batch or chunk
-        want_a16 = dtype == "int8" and self.device.type == "cpu" and native_int8.w8a16_enabled() \
-            and not native_kernels.amx_available()
+        want_a16 = dtype == "int8" and a16_here(self.device)   # every projection's rows on w8a16_gemm
 
         def proj(w: torch.Tensor, b: Optional[torch.Tensor]) -> Linear:
             return Linear(w, b, wkind, want_one_order, want_a16)

@@ -124,19 +124,21 @@ def test_cache_on_and_off_give_the_same_tokens_over_two_turns_with_a_bf16_pool()
     runner = ModelRunner.from_hf(make_ref(5), device="cpu", impl="native", numerics="int8", kv_cache_dtype="bf16")
     if not one_order_here(runner.native):
         return
+    outs = {on: two_turns(runner, on) for on in (True, False)}
+    assert outs[True] == outs[False]
+
+
+def two_turns(runner: ModelRunner, cache_on: bool) -> tuple[list, list]:
+    """Four prompts sharing a 250-token system prompt, 16 greedy tokens each, then each conversation's second
+    turn: (first turns' tokens, second turns' tokens), with the radix cache on or off."""
     g = torch.Generator().manual_seed(9)
     system = torch.randint(1, 160, (250,), generator=g).tolist()
     first = [system + torch.randint(1, 160, (n,), generator=g).tolist() for n in (3, 20, 41, 50)]
     params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    outs = {}
-    for on in (True, False):
-        engine = Engine(runner, pool_slots=4096, disable_radix_cache=not on)
-        turn1 = [c.token_ids for c in engine.generate(first, params)]
-        second = [p + o + [7, 8, 9] for p, o in zip(first, turn1)]
-        done = engine.generate(second, params)
-        outs[on] = (turn1, [c.token_ids for c in done])
-        cached = [c.cached_tokens for c in done]
-        # cache on: each second turn hit its first turn's prompt and decoded tokens (all but the last, whose
-        # K/V were never computed); off: nothing
-        assert cached == ([len(p) + 15 for p in first] if on else [0] * 4)
-    assert outs[True] == outs[False]
+    engine = Engine(runner, pool_slots=4096, disable_radix_cache=not cache_on)
+    turn1 = [c.token_ids for c in engine.generate(first, params)]
+    done = engine.generate([p + o + [7, 8, 9] for p, o in zip(first, turn1)], params)
+    # cache on: each second turn hit its first turn's prompt and decoded tokens (all but the last, whose K/V were
+    # never computed); off: nothing
+    assert [c.cached_tokens for c in done] == ([len(p) + 15 for p in first] if cache_on else [0] * 4)
+    return turn1, [c.token_ids for c in done]

@@ -154,24 +154,13 @@ def test_many_threads_at_once_get_each_their_own_rows_bits():
 def test_cache_on_and_off_give_the_same_tokens_over_two_turns_with_a16_and_an_fp32_pool(request):
     """The default int8 model where a16 runs (fp32 pool): a second turn reuses the first turn's prompt and decoded
     K/V; the same tokens with the radix cache on and off."""
-    from core.engine.engine import Engine
     from core.engine.model.runner import ModelRunner
-    from core.engine.sampling import SamplingParams
+    from tests.engine.model.test_one_order import two_turns
     require_a16()
     previous = native_kernels.set_amx(False)
     request.addfinalizer(lambda: native_kernels.set_amx(previous))
     runner = ModelRunner.from_hf(make_ref(5, max_position_embeddings=1024), device="cpu", impl="native",
                                  numerics="int8")
     assert runner.native.a16 and runner.native.kv_dtype is torch.float32
-    g = torch.Generator().manual_seed(9)
-    system = torch.randint(1, 160, (250,), generator=g).tolist()
-    first = [system + torch.randint(1, 160, (n,), generator=g).tolist() for n in (3, 20, 41, 50)]
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    outs = {}
-    for on in (True, False):
-        engine = Engine(runner, pool_slots=4096, disable_radix_cache=not on)
-        turn1 = [c.token_ids for c in engine.generate(first, params)]
-        done = engine.generate([p + o + [7, 8, 9] for p, o in zip(first, turn1)], params)
-        outs[on] = (turn1, [c.token_ids for c in done])
-        assert [c.cached_tokens for c in done] == ([len(p) + 15 for p in first] if on else [0] * 4)
+    outs = {on: two_turns(runner, on) for on in (True, False)}
     assert outs[True] == outs[False]
