@@ -980,6 +980,59 @@ static PyObject *py_fma_decode(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
+static PyObject *py_kv8_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "kv8_ready")) return NULL;
+    return PyBool_FromLong(kv8_ready());
+}
+
+static PyObject *kv8_error(int rc, const char *name) {
+    if (rc == -1) return PyErr_NoMemory();
+    if (rc == -3) PyErr_Format(PyExc_ValueError, "%s: head_dim must be a multiple of 64 up to 256, heads a multiple of "
+                               "kv_heads, keys >= queries (each decode row's 1 .. Lmax)", name);
+    else PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without AVX512-VNNI", name);
+    return NULL;
+}
+
+static PyObject *py_kv8_store(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 8, "kv8_store")) return NULL;
+    const float *src = PTR(0); int64_t ss = I64(1); int8_t *buf = PTR(2); float *sc = PTR(3);
+    const int64_t *sl = PTR(4); int R = INT(5), KVH = INT(6), D = INT(7);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    UNLOCKED_IF(R >= 64, rc = kv8_store(src, ss, buf, sc, sl, R, KVH, D));
+    if (rc) return kv8_error(rc, "kv8_store");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_kv8_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 14, "kv8_attention")) return NULL;
+    const float *q = PTR(0); int64_t qs = I64(1); const int8_t *k = PTR(2), *v = PTR(3);
+    const float *ks = PTR(4), *vs = PTR(5); const int64_t *sl = PTR(6); float *out = PTR(7);
+    int N = INT(8), M = INT(9), H = INT(10), KVH = INT(11), D = INT(12); float sc = FLT(13);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kv8_attention(q, qs, k, v, ks, vs, sl, out, N, M, H, KVH, D, sc);
+    Py_END_ALLOW_THREADS
+    if (rc) return kv8_error(rc, "kv8_attention");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_kv8_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 16, "kv8_decode")) return NULL;
+    const float *q = PTR(0); int64_t qs = I64(1); const int8_t *k = PTR(2), *v = PTR(3);
+    const float *ks = PTR(4), *vs = PTR(5); const int64_t *sl = PTR(6); int64_t lmax = I64(7);
+    const int64_t *lens = PTR(8); float *out = PTR(9); int64_t os = I64(10);
+    int R = INT(11), H = INT(12), KVH = INT(13), D = INT(14); float sc = FLT(15);
+    if (PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kv8_decode(q, qs, k, v, ks, vs, sl, lmax, lens, out, os, R, H, KVH, D, sc);
+    Py_END_ALLOW_THREADS
+    if (rc) return kv8_error(rc, "kv8_decode");
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_decode_layers_workspace(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 6, "decode_layers_workspace")) return NULL;
     const int64_t need = decode_layers_workspace(INT(0), INT(1), INT(2), INT(3), INT(4), INT(5));
@@ -1012,8 +1065,8 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     if (rc == -4) {
-        PyErr_SetString(PyExc_RuntimeError, "decode_layers: a16 asked of kernels built without AVX512-VNNI; "
-                        "NativeLlama.a16 is set only where w8a16_gemm runs");
+        PyErr_SetString(PyExc_RuntimeError, "decode_layers: a16 or an int8 pool asked of kernels built without "
+                        "AVX512-VNNI; NativeLlama sets them only where those kernels run");
         return NULL;
     }
     if (rc) return PyErr_NoMemory();
@@ -1077,6 +1130,10 @@ static PyMethodDef METHODS[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
     {"fma_decode", (PyCFunction)(void (*)(void))py_fma_decode, METH_FASTCALL, NULL},
+    {"kv8_ready", (PyCFunction)(void (*)(void))py_kv8_ready, METH_FASTCALL, NULL},
+    {"kv8_store", (PyCFunction)(void (*)(void))py_kv8_store, METH_FASTCALL, NULL},
+    {"kv8_attention", (PyCFunction)(void (*)(void))py_kv8_attention, METH_FASTCALL, NULL},
+    {"kv8_decode", (PyCFunction)(void (*)(void))py_kv8_decode, METH_FASTCALL, NULL},
     {"fma_attention_lanes", (PyCFunction)(void (*)(void))py_fma_attention_lanes, METH_FASTCALL, NULL},
     {"w8_amx_gemm", (PyCFunction)(void (*)(void))py_w8_amx_gemm, METH_FASTCALL, NULL},
     {"w8_amx_gemm_silu", (PyCFunction)(void (*)(void))py_w8_amx_gemm_silu, METH_FASTCALL, NULL},

@@ -1,5 +1,5 @@
 /* The functions one C file of the native kernels calls in another (native_kernels.c, panel_gemm.c,
- * amx_attention.c, fma_attention.c, decode_layers.c; compiled into one module by native_kernels.py): declared
+ * amx_attention.c, fma_attention.c, kv8_attention.c, decode_layers.c; compiled into one module by native_kernels.py): declared
  * once here, and included by the file that defines each, so that the compiler checks every caller against the definition. */
 #ifndef NATIVE_KERNELS_H
 #define NATIVE_KERNELS_H
@@ -41,11 +41,20 @@ int fma_attention_lanes(const float *q, int64_t qs, const void *k, const void *v
 int fma_decode(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH, int D, float scale);
 
+/* kv8_attention.c */
+int kv8_ready(void);
+int kv8_store(const float *src, int64_t ss, int8_t *buf, float *scales, const int64_t *slots, int R, int KVH, int D);
+int kv8_attention(const float *q, int64_t qs, const int8_t *k, const int8_t *v, const float *ks, const float *vs,
+                  const int64_t *slots, float *out, int n, int m, int H, int KVH, int D, float scale);
+int kv8_decode(const float *q, int64_t qs, const int8_t *k, const int8_t *v, const float *ks, const float *vs,
+               const int64_t *slots, int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH,
+               int D, float scale);
+
 /* decode_layers.c */
 int64_t decode_layers_workspace(int R, int hidden, int H, int KVH, int D, int I);
 int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const float *cos, const float *sin,
                   const int64_t *out_slots, const int64_t *slots, const int64_t *first, const int64_t *lens,
-                  int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_bf16, float *ws,
+                  int64_t Lmax, const int64_t *row_chunk, int nchunks, float *scratch, int kv_kind, float *ws,
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
                   int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx,
                   int one_order, int a16);

@@ -1,0 +1,608 @@
+/* Attention over an int8 KV pool: K and V stored as int8 with one fp32 scale per (slot, KV head) row, attended
+ * to in exact integer sums on AVX512-VNNI.
+ *
+ * Why: a decode step reads every K and V row of its context once per layer. In fp32 that is 189 MB a step at
+ * 4,096 tokens of the default model, and on a 2-core CPU the step was memory-bound (decode at 4,096 tokens ran at
+ * 0.37x the speed at 128). int8 rows with their scales are 3.8x fewer bytes (llama.cpp's q8_0 cache and LMDeploy's
+ * int8 KV store them alike, per token and head), and a pool of the same GiB holds 3.8x the tokens.
+ *
+ * Storing (kv8_store): a row x of D values gets scale s = max|x| / 127 and values round(x / s) (nearest, ties to
+ * even; a zero row scale 0; a row with NaN or inf scale NaN, values 0): the bits KVPool.set_kv gives in torch.
+ *
+ * Attending: a query row is rounded once to int16 (scale max|q| / 32767; kv8_quantize_q). A score is the exact
+ * int32 sum of q x k over D (VPDPWSSD on K widened to int16) times (q scale x softmax scale) times the key's scale.
+ * Softmax runs online over blocks of BK keys aligned to absolute positions 0, BK, 2 BK, ...; in a block each weight
+ * p_j x (V scale of key j) is rounded to int16 against the block's largest, and the block's output is the exact
+ * int32 sum over its keys of weight x v (VPDPWSSD on key pairs), scaled once into fp32. Integer sums have no order,
+ * and every fp32 step runs in one compiled function (noinline: the module's flags let the compiler reassociate, and
+ * two inlined copies could round apart), so a row's result is the same bits whichever rows share its call, however
+ * its prompt was chunked or cached, decoded or prefilled (the promise fma_attention.c keeps in fp32).
+ *
+ * Layouts: q rows [n][H][D] fp32 (row stride qs floats); k, v [slots][KVH][D] int8, ks, vs [slots][KVH] fp32, key j
+ * at slot slots[j]; out [n][H][D] fp32; query i at position m - n + i. D % 64 == 0, D <= 256, H % KVH == 0, m >= n.
+ * Returns -1 when out of memory, -2 where built without AVX512-VNNI, -3 for shapes it cannot run. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "native_simd.h"
+#include "native_kernels.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+
+#define BK 32           /* keys per block */
+#define FQ 32           /* query positions per work item of a long chunk */
+#define SEG_BLOCKS 16   /* key blocks per segment: the work items of decode rows and short chunks */
+#define SEG (SEG_BLOCKS * BK)
+#define MAX_D 256
+#define PREFETCH_BLOCKS 1   /* key blocks ahead whose rows are asked for */
+#define RB 4                /* rows whose scores are summed together on transposed keys */
+#define NOT_FINITE 0x99  /* fpclass: QNaN, +inf, -inf, SNaN */
+
+int kv8_ready(void) { return 1; }
+
+/* max |x| over n values (n % 16 == 0), NaN when any is NaN or inf */
+static inline float abs_max(const float *x, int n) {
+    __m512 a = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int d = 0; d < n; d += 16) {
+        const __m512 v = _mm512_loadu_ps(x + d);
+        bad |= _mm512_fpclass_ps_mask(v, NOT_FINITE);
+        a = _mm512_max_ps(a, _mm512_abs_ps(v));
+    }
+    return bad ? NAN : _mm512_reduce_max_ps(a);
+}
+
+/* x / s rounded to nearest (ties to even), 16 at a time as int32 */
+static inline __m512i round_div(__m512 x, __m512 s) {
+    return _mm512_cvt_roundps_epi32(_mm512_div_ps(x, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* one row of D values into int8 + its scale (the module docstring's rule) */
+__attribute__((noinline, noclone))
+static void store_row(const float *x, int D, int8_t *dst, float *scale) {
+    const float a = abs_max(x, D), s = a / 127.f;
+    if (!(s > 0.f)) {   /* NaN (a value not finite), zero, or below fp32's range */
+        memset(dst, 0, (size_t)D);
+        *scale = s != s ? NAN : 0.f;
+        return;
+    }
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int d = 0; d < D; d += 16)
+        _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtsepi32_epi8(round_div(_mm512_loadu_ps(x + d), sv)));
+    *scale = s;
+}
+
+int kv8_store(const float *src, int64_t ss, int8_t *buf, float *scales, const int64_t *slots, int R, int KVH, int D) {
+    if (D % 32 || D <= 0 || D > MAX_D || KVH <= 0) return -3;
+    #pragma omp parallel for schedule(static) if (R * KVH >= 256)
+    for (int64_t it = 0; it < (int64_t)R * KVH; it++) {
+        const int64_t r = it / KVH, g = it % KVH, row = slots[r] * KVH + g;
+        store_row(src + r * ss + g * D, D, buf + row * D, scales + row);
+    }
+    return 0;
+}
+
+/* a query row to int16 (scale max|q| / 32767); returns that scale x the softmax scale (NaN for a row not finite,
+ * 0 for a zero row: its scores are then all 0) */
+__attribute__((noinline, noclone))
+static float quantize_q(const float *q, int D, float scale, int16_t *dst) {
+    const float a = abs_max(q, D), s = a / 32767.f;
+    if (!(s > 0.f)) {
+        memset(dst, 0, sizeof(int16_t) * (size_t)D);
+        return s != s ? NAN : 0.f;
+    }
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int d = 0; d < D; d += 16)
+        _mm256_storeu_si256((__m256i *)(dst + d), _mm512_cvtsepi32_epi16(round_div(_mm512_loadu_ps(q + d), sv)));
+    return s * scale;
+}
+
+/* every query row of q ([n][H][D], row stride qs) to int16 qi [n][H][D] and its factor qc [n][H] */
+static void quantize_queries(const float *q, int64_t qs, int n, int H, int D, float scale, int16_t *qi, float *qc) {
+    #pragma omp parallel for schedule(static) if (n * H >= 256)
+    for (int64_t it = 0; it < (int64_t)n * H; it++)
+        qc[it] = quantize_q(q + (it / H) * qs + (it % H) * D, D, scale, qi + it * D);
+}
+
+/* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
+static inline __m512i reduce16_epi32(__m512i a[16]) {
+    __m512i b[8], c[4];
+    for (int k = 0; k < 8; k++)
+        b[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]));
+    for (int k = 0; k < 4; k++)
+        c[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * k], b[2 * k + 1]), _mm512_unpackhi_epi64(b[2 * k], b[2 * k + 1]));
+    const __m512i d0 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[0], c[1], 0x44), _mm512_shuffle_i32x4(c[0], c[1], 0xEE));
+    const __m512i d1 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2], c[3], 0x44), _mm512_shuffle_i32x4(c[2], c[3], 0xEE));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(d0, d1, 0x88), _mm512_shuffle_i32x4(d0, d1, 0xDD));
+}
+
+/* The keys of one request in one pool layer. */
+typedef struct {
+    const int8_t *k, *v;
+    const float *ks, *vs;
+    const int64_t *slots;
+    int m, KVH, D, G, H;
+} keys8;
+
+/* One block of one KV head, unpacked once for all the rows that read it: K widened to int16 [BK][D] (and, for many
+ * rows, transposed), V as key pairs [BK/2][D][2] int16 (lane 2t, 2t + 1 of a 16-d chunk: keys 2jp, 2jp + 1 at one
+ * d), the scales; zeros past the last key. */
+typedef struct {
+    int16_t *k16, *vp;
+    int32_t *kt;   /* K transposed for many rows: [D/2][BK], each an int16 pair (d, d + 1) of one key */
+    int32_t dots[RB * BK];   /* a register block of rows' scores */
+    int16_t wq[RB * BK];     /* their softmax weights as int16 */
+    int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
+    float ksc[BK], vsc[BK];
+} block8;
+
+/* asks for block kb's K/V rows of every head and their scales (read next, from memory) */
+static void prefetch_block(const keys8 *kv, int kb) {
+    const int64_t row = (int64_t)kv->KVH * kv->D;
+    for (int j = kb * BK; j < (kb + 1) * BK && j < kv->m; j++) {
+        const int64_t s = kv->slots[j];
+        for (int64_t b = 0; b < row; b += 64) {
+            __builtin_prefetch(kv->k + s * row + b, 0, 2);
+            __builtin_prefetch(kv->v + s * row + b, 0, 2);
+        }
+        __builtin_prefetch(kv->ks + s * kv->KVH, 0, 2);
+        __builtin_prefetch(kv->vs + s * kv->KVH, 0, 2);
+    }
+}
+
+static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
+    const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
+    const int8_t *vrow[BK];
+    for (int j = 0; j < BK; j++) {
+        int16_t *k16 = b->k16 + (int64_t)j * D;
+        if (j < kn) {
+            const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
+            const int8_t *k8 = kv->k + row * D;
+            for (int d = 0; d < D; d += 32)
+                _mm512_storeu_si512(k16 + d, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(k8 + d))));
+            b->ksc[j] = kv->ks[row];
+            b->vsc[j] = kv->vs[row];
+            vrow[j] = kv->v + row * D;
+        } else {
+            memset(k16, 0, sizeof(int16_t) * (size_t)D);
+            b->ksc[j] = b->vsc[j] = 0.f;
+            vrow[j] = NULL;
+        }
+    }
+    if (transposed)   /* 16 keys x 16 d pairs at a time */
+        for (int j0 = 0; j0 < BK; j0 += 16)
+            for (int p0 = 0; p0 < D / 2; p0 += 16) {
+                __m512i r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b->k16 + (int64_t)(j0 + i) * D + 2 * p0);
+                transpose16(r);
+                for (int p = 0; p < 16; p++) _mm512_storeu_si512(b->kt + (int64_t)(p0 + p) * BK + j0, r[p]);
+            }
+    for (int jp = 0; jp < BK / 2; jp++) {
+        const int8_t *va = vrow[2 * jp], *vb = vrow[2 * jp + 1];
+        for (int d = 0; d < D; d += 16) {
+            const __m512i a = va ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(va + d))) : _mm512_setzero_si512();
+            const __m512i c = vb ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vb + d))) : _mm512_setzero_si512();
+            _mm512_storeu_si512(b->vp + ((int64_t)jp * D + d) * 2,
+                                _mm512_mask_blend_epi16(0xAAAAAAAAu, a, _mm512_slli_epi32(c, 16)));
+        }
+    }
+}
+
+/* A row's exact scores (int32) against the block's first 16 or 32 keys, d across lanes: 16 lanes of sums over D
+ * a key, reduced 16 keys at once (a few rows: no transpose to pay for). */
+static inline __attribute__((always_inline)) void dots_lanes(const int16_t *qi, const block8 *b, int keys, const int D,
+                                                              int32_t *dots) {
+    __m512i qv[MAX_D / 32];
+    for (int d = 0; d < D; d += 32) qv[d / 32] = _mm512_loadu_si512(qi + d);
+    for (int h = 0; h < keys; h += 16) {
+        __m512i part[16];
+        for (int i = 0; i < 16; i++) {
+            const int16_t *kr = b->k16 + (int64_t)(h + i) * D;
+            __m512i a = _mm512_setzero_si512();
+            for (int d = 0; d < D; d += 32) a = _mm512_dpwssd_epi32(a, qv[d / 32], _mm512_loadu_si512(kr + d));
+            part[i] = a;
+        }
+        _mm512_storeu_si512(dots + h, reduce16_epi32(part));
+    }
+}
+
+/* RB rows' exact scores against the block's 32 keys, keys across lanes (the transposed block, read once for the
+ * rows): dots [RB][BK]; a row past `rows` repeats the first (its sums unused) */
+static inline __attribute__((always_inline)) void dots_transposed(const int16_t *const *qi, const block8 *b,
+                                                                   const int D, int32_t *dots) {
+    __m512i acc[RB][2];
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    for (int p = 0; p < D / 2; p++) {
+        const __m512i k0 = _mm512_loadu_si512(b->kt + (int64_t)p * BK), k1 = _mm512_loadu_si512(b->kt + (int64_t)p * BK + 16);
+        for (int r = 0; r < RB; r++) {
+            int32_t pair;
+            memcpy(&pair, qi[r] + 2 * p, sizeof pair);
+            const __m512i qp = _mm512_set1_epi32(pair);
+            acc[r][0] = _mm512_dpwssd_epi32(acc[r][0], qp, k0);
+            acc[r][1] = _mm512_dpwssd_epi32(acc[r][1], qp, k1);
+        }
+    }
+    for (int r = 0; r < RB; r++) {
+        _mm512_storeu_si512(dots + r * BK, acc[r][0]);
+        _mm512_storeu_si512(dots + r * BK + 16, acc[r][1]);
+    }
+}
+
+/* scores for the rows of a segment(): one at a time (d across lanes) or RB at a time (transposed keys); exact
+ * integers either way, so the same scores */
+__attribute__((noinline, noclone))
+static void block_dots(const int16_t *const *qi, int rows, const block8 *b, int transposed, int keys, int D,
+                       int32_t *dots) {
+    if (transposed) {
+        if (D == 64) dots_transposed(qi, b, 64, dots);
+        else if (D == 128) dots_transposed(qi, b, 128, dots);
+        else dots_transposed(qi, b, D, dots);
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
+        else if (D == 128) dots_lanes(qi[r], b, keys, 128, dots + r * BK);
+        else dots_lanes(qi[r], b, keys, D, dots + r * BK);
+    }
+}
+
+/* One query row's softmax step over a block, from its exact scores dots [BK], keys 0 .. seen - 1 of it (seen >= 1):
+ * its running max and sum updated; returns 1 with the block's weights rounded to int16 (wq [BK], zeros past
+ * `seen`), their scale *ws and the factor *corr its output is scaled by first, for block_values and row_output;
+ * else (no weight left, or a NaN score or V scale: the row's output NaN, as in fp32) finishes the row's output
+ * itself and returns 0. */
+__attribute__((noinline, noclone))
+static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen, int D, float *mx, float *sum,
+                       float *o, int16_t *wq, float *ws, float *corr) {
+    const __mmask16 m0 = seen >= 16 ? 0xFFFF : (__mmask16)((1u << seen) - 1u);
+    const __mmask16 m1 = seen >= 32 ? 0xFFFF : seen <= 16 ? 0 : (__mmask16)((1u << (seen - 16)) - 1u);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), qcv = _mm512_set1_ps(qc);
+    __m512 s[2];
+    for (int h = 0; h < 2; h++)
+        s[h] = _mm512_mask_mul_ps(ninf, h ? m1 : m0, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 16 * h)), qcv),
+                                  _mm512_loadu_ps(b->ksc + 16 * h));
+    const __mmask16 bad = _mm512_mask_fpclass_ps_mask(m0, s[0], 0x81) | _mm512_mask_fpclass_ps_mask(m1, s[1], 0x81);
+    const float bm = _mm512_reduce_max_ps(_mm512_max_ps(s[0], s[1]));
+    const float mnew = bm > *mx ? bm : *mx;
+    const __m512 mv = _mm512_set1_ps(mnew);
+    const __m512 p0 = _mm512_maskz_mov_ps(m0, exp512(_mm512_sub_ps(s[0], mv)));
+    const __m512 p1 = _mm512_maskz_mov_ps(m1, exp512(_mm512_sub_ps(s[1], mv)));
+    const __m512 w0 = _mm512_mul_ps(p0, _mm512_loadu_ps(b->vsc)), w1 = _mm512_mul_ps(p1, _mm512_loadu_ps(b->vsc + 16));
+    const __mmask16 wbad = _mm512_mask_fpclass_ps_mask(m0, w0, NOT_FINITE) | _mm512_mask_fpclass_ps_mask(m1, w1, NOT_FINITE);
+    if (bad | wbad || mnew != mnew) {
+        if (*mx == -INFINITY) *mx = 0.f;   /* kept by the merge */
+        *sum = NAN;
+        for (int d = 0; d < D; d++) o[d] = NAN;
+        return 0;
+    }
+    const float c = *mx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*mx - mnew)));
+    *sum = *sum * c + (_mm512_reduce_add_ps(p0) + _mm512_reduce_add_ps(p1));
+    *mx = mnew;
+    const float wmax = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
+    if (!(wmax > 0.f)) {   /* no weight left after the V scales (zero rows): the output scaled only */
+        const __m512 cv = _mm512_set1_ps(c);
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), cv));
+        return 0;
+    }
+    const __m512 inv = _mm512_set1_ps(32767.f / wmax);   /* w x inv <= 32767 (rounding in the order of 1 ulp) */
+    _mm256_storeu_si256((__m256i *)wq, _mm512_cvtsepi32_epi16(_mm512_cvt_roundps_epi32(_mm512_mul_ps(w0, inv),
+                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    _mm256_storeu_si256((__m256i *)(wq + 16), _mm512_cvtsepi32_epi16(_mm512_cvt_roundps_epi32(_mm512_mul_ps(w1, inv),
+                                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    *ws = wmax / 32767.f;
+    *corr = c;
+    return 1;
+}
+
+/* One row's block output into o [D]: o x corr + (the exact weighted sum acc) x ws */
+__attribute__((noinline, noclone))
+static void row_output(const int32_t *acc, float ws, float corr, int D, float *o) {
+    const __m512 wsv = _mm512_set1_ps(ws), cv = _mm512_set1_ps(corr);
+    for (int d = 0; d < D; d += 16)
+        _mm512_storeu_ps(o + d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(acc + d)), wsv,
+                                                _mm512_mul_ps(_mm512_loadu_ps(o + d), cv)));
+}
+
+/* acc [R][D] = exact sums over the block's first `pairs` key pairs of wq [R][BK] x V, for R rows (RB together: the
+ * V pairs loaded once for them, 16 independent sums; else a row at a time) */
+static inline __attribute__((always_inline)) void values_d(const int16_t *wq, int R, const block8 *b, int pairs,
+                                                           const int D, int32_t *acc) {
+    for (int d0 = 0; d0 < D; d0 += 64) {   /* D % 64 == 0 */
+        if (R == RB) {
+            __m512i a[RB][4];
+            for (int r = 0; r < RB; r++)
+                for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_si512();
+            for (int jp = 0; jp < pairs; jp++) {
+                const int16_t *vp = b->vp + ((int64_t)jp * D + d0) * 2;
+                const __m512i v0 = _mm512_loadu_si512(vp), v1 = _mm512_loadu_si512(vp + 32);
+                const __m512i v2 = _mm512_loadu_si512(vp + 64), v3 = _mm512_loadu_si512(vp + 96);
+                for (int r = 0; r < RB; r++) {
+                    int32_t pair;
+                    memcpy(&pair, wq + r * BK + 2 * jp, sizeof pair);
+                    const __m512i bw = _mm512_set1_epi32(pair);
+                    a[r][0] = _mm512_dpwssd_epi32(a[r][0], bw, v0);
+                    a[r][1] = _mm512_dpwssd_epi32(a[r][1], bw, v1);
+                    a[r][2] = _mm512_dpwssd_epi32(a[r][2], bw, v2);
+                    a[r][3] = _mm512_dpwssd_epi32(a[r][3], bw, v3);
+                }
+            }
+            for (int r = 0; r < RB; r++)
+                for (int c = 0; c < 4; c++) _mm512_storeu_si512(acc + (int64_t)r * D + d0 + 16 * c, a[r][c]);
+            continue;
+        }
+        for (int r = 0; r < R; r++) {
+            __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (int jp = 0; jp < pairs; jp++) {
+                int32_t pair;
+                memcpy(&pair, wq + r * BK + 2 * jp, sizeof pair);
+                const __m512i bw = _mm512_set1_epi32(pair);
+                const int16_t *vp = b->vp + ((int64_t)jp * D + d0) * 2;
+                for (int c = 0; c < 4; c++) a[c] = _mm512_dpwssd_epi32(a[c], bw, _mm512_loadu_si512(vp + 32 * c));
+            }
+            for (int c = 0; c < 4; c++) _mm512_storeu_si512(acc + (int64_t)r * D + d0 + 16 * c, a[c]);
+        }
+    }
+}
+
+static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, int D, int32_t *acc) {
+    if (D == 64) values_d(wq, R, b, pairs, 64, acc);
+    else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
+    else values_d(wq, R, b, pairs, D, acc);
+}
+
+/* The rows of KV head g (its G query heads at positions pos0 .. pos0 + qn - 1, queries i0 ..: row rr is head
+ * g * G + rr / qn at query i0 + rr % qn) over key blocks kb0 .. kb1 - 1 (one segment): fresh running max, sum and
+ * output per row in mx, sum, o [rows][D]; a row the segment shows nothing keeps mx -inf. */
+__attribute__((noinline, noclone))
+static void segment(const keys8 *kv, int g, const int16_t *qi, const float *qc, int64_t pos0, int i0, int qn, int kb0,
+                    int kb1, block8 *b, float *mx, float *sum, float *o) {
+    const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
+    for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
+    memset(o, 0, sizeof(float) * (size_t)rows * D);
+    for (int kb = kb0; kb < kb1; kb++) {
+        const int64_t j0 = (int64_t)kb * BK;
+        if (j0 > pos0 + qn - 1) break;   /* no row sees this block or any later */
+        if (g == 0) prefetch_block(kv, kb + PREFETCH_BLOCKS);   /* every head's rows, for this head and the next */
+        const int transposed = rows > RB;   /* many rows: the transpose pays */
+        unpack_block(kv, g, kb, transposed, b);
+        for (int r0 = 0; r0 < rows; r0 += RB) {
+            const int16_t *q[RB];
+            int seen[RB], keys = 0;
+            for (int r = 0; r < RB; r++) {
+                const int rr = r0 + r < rows ? r0 + r : r0;   /* past the last row: the first again, unused */
+                const int64_t vis = r0 + r < rows ? pos0 + rr % qn - j0 + 1 : 0;
+                seen[r] = vis > BK ? BK : vis < 0 ? 0 : (int)vis;
+                keys = seen[r] > keys ? seen[r] : keys;
+                q[r] = qi + ((int64_t)(i0 + rr % qn) * H + g * G + rr / qn) * D;
+            }
+            if (!keys) continue;
+            const int n = rows - r0 < RB ? rows - r0 : RB;
+            block_dots(q, n, b, transposed, keys > 16 ? 32 : 16, D, b->dots);
+            int need[RB], pairs = 0;
+            float ws[RB], corr[RB];
+            for (int r = 0; r < n; r++) {
+                const int rr = r0 + r;
+                const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
+                need[r] = seen[r] && row_weights(b->dots + r * BK, qc[at], b, seen[r], D, &mx[rr], &sum[rr],
+                                                 o + (int64_t)rr * D, b->wq + r * BK, &ws[r], &corr[r]);
+                if (!need[r]) memset(b->wq + r * BK, 0, sizeof(int16_t) * BK);   /* adds nothing below */
+                else if ((seen[r] + 1) / 2 > pairs) pairs = (seen[r] + 1) / 2;
+            }
+            if (!pairs) continue;
+            block_values(b->wq, n, b, pairs, D, b->acc);
+            for (int r = 0; r < n; r++)
+                if (need[r]) row_output(b->acc + (int64_t)r * D, ws[r], corr[r], D, o + (int64_t)(r0 + r) * D);
+        }
+    }
+}
+
+/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
+__attribute__((noinline, noclone))
+static void merge(float *amx, float *asum, float *ao, float mx, float sum, const float *o, int D) {
+    if (mx == -INFINITY) return;
+    const float top = mx > *amx ? mx : *amx;
+    const float a = *amx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*amx - top)));
+    const float c = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - top)));
+    const __m512 av = _mm512_set1_ps(a), cv = _mm512_set1_ps(c);
+    for (int d = 0; d < D; d += 16)
+        _mm512_storeu_ps(ao + d, _mm512_fmadd_ps(_mm512_loadu_ps(ao + d), av, _mm512_mul_ps(_mm512_loadu_ps(o + d), cv)));
+    *asum = *asum * a + sum * c;
+    *amx = top;
+}
+
+__attribute__((noinline, noclone))
+static void finish(const float *ao, float asum, float *dst, int D) {
+    const __m512 inv = _mm512_set1_ps(1.f / asum);
+    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ao + d), inv));
+}
+
+static int shape_ok(int H, int KVH, int D) { return D % 64 == 0 && D > 0 && D <= MAX_D && KVH > 0 && H % KVH == 0; }
+
+/* a thread's block buffers (NULL when out of memory) */
+static int16_t *block_buffers(block8 *b, int D) {
+    int16_t *buf = (int16_t *)aligned_alloc(64, sizeof(int16_t) * (3 * BK + 2 * RB) * (size_t)D);
+    b->k16 = buf;
+    b->vp = buf ? buf + BK * D : NULL;
+    b->kt = buf ? (int32_t *)(buf + 2 * BK * D) : NULL;
+    b->acc = buf ? (int32_t *)(buf + 3 * BK * D) : NULL;
+    return buf;
+}
+
+/* Segmented items (decode rows, a short chunk): item it is row r's segment sg (first[r] <= it < first[r + 1]), its
+ * KV heads in turn (a slot's rows of every head are adjacent: one stream from memory), or one head of it where
+ * segments are too few to keep every thread busy (the same segment() calls either way); parts [item][KVH][G * qn]
+ * x (D outputs, max, sum), then merged per row in segment order. A decode row is a chunk of one (qn = 1). */
+static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, const int64_t *lens, const int16_t *qi,
+                     const float *qc, int R, int qn, float *out, int64_t os) {
+    const int D = base->D, G = base->G, H = base->H, KVH = base->KVH, rows = G * qn;
+    const size_t pstride = (size_t)rows * (D + 2);
+    int64_t *first = (int64_t *)malloc(sizeof(int64_t) * ((size_t)R + 1));
+    if (!first) return -1;
+    first[0] = 0;
+    for (int r = 0; r < R; r++) first[r + 1] = first[r] + (lens[r] + SEG - 1) / SEG;
+    const int64_t items = first[R];
+    float *parts = (float *)malloc(sizeof(float) * (size_t)items * KVH * pstride);
+    if (!parts) { free(first); return -1; }
+    int failed = 0;
+    #pragma omp parallel
+    {
+        block8 b;
+        int16_t *buf = block_buffers(&b, D);
+        float *ao = (float *)malloc(sizeof(float) * (size_t)D);
+        if (!buf || !ao) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        int r = 0;
+        /* with fewer segments than twice the threads (short contexts), an item is one head of a segment */
+        const int per_head = items < 2 * omp_get_num_threads() && KVH > 1, heads = per_head ? KVH : 1;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t ih = 0; ih < items * heads; ih++) {
+            if (!buf || !ao) continue;
+            const int64_t it = ih / heads;
+            while (first[r + 1] <= it) r++;
+            while (first[r] > it) r--;
+            keys8 kv = *base;
+            kv.slots = slots + (int64_t)r * Lmax;
+            kv.m = (int)lens[r];
+            const int sg = (int)(it - first[r]);
+            const int g0 = per_head ? (int)(ih % heads) : 0, g1 = per_head ? g0 + 1 : KVH;
+            for (int g = g0; g < g1; g++) {
+                float *part = parts + ((size_t)it * KVH + g) * pstride;
+                segment(&kv, g, qi + (int64_t)r * qn * H * D, qc + (int64_t)r * qn * H, kv.m - qn, 0, qn,
+                        sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, part + (size_t)rows * D,
+                        part + (size_t)rows * D + rows, part);
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int64_t it = 0; it < (int64_t)R * KVH * rows; it++) {
+            if (!buf || !ao) continue;
+            const int rq = (int)(it / ((int64_t)KVH * rows)), g = (int)(it / rows % KVH), rr = (int)(it % rows);
+            float top = -INFINITY, total = 0.f;
+            memset(ao, 0, sizeof(float) * (size_t)D);
+            for (int64_t item = first[rq]; item < first[rq + 1]; item++) {
+                const float *part = parts + ((size_t)item * KVH + g) * pstride;
+                merge(&top, &total, ao, part[(size_t)rows * D + rr], part[(size_t)rows * D + rows + rr],
+                      part + (size_t)rr * D, D);
+            }
+            finish(ao, total, out + rq * os + ((int64_t)(rr % qn) * H + g * G + rr / qn) * D, D);
+        }
+        free(buf);
+        free(ao);
+    }
+    free(parts);
+    free(first);
+    return failed ? -1 : 0;
+}
+
+/* A long chunk: items (KV head, FQ query positions), the last positions (the most keys) first, each merging its
+ * segments as they end (the same segment() and merge() calls a short chunk makes, in the same order). */
+static int blocked(const keys8 *kv, const int16_t *qi, const float *qc, int n, float *out) {
+    const int D = kv->D, G = kv->G, H = kv->H, KVH = kv->KVH, nqb = (n + FQ - 1) / FQ, rows_max = G * FQ;
+    const int64_t pos0 = (int64_t)kv->m - n;
+    int failed = 0;
+    #pragma omp parallel
+    {
+        block8 b;
+        int16_t *buf = block_buffers(&b, D);
+        float *f = (float *)malloc(sizeof(float) * (size_t)rows_max * (2 * D + 4));
+        if (!buf || !f) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        float *o = f, *ao = o + (size_t)rows_max * D, *mx = ao + (size_t)rows_max * D, *sum = mx + rows_max;
+        float *amx = sum + rows_max, *asum = amx + rows_max;
+        #pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < nqb * KVH; it++) {
+            if (!buf || !f) continue;
+            const int g = it / nqb, qb = nqb - 1 - it % nqb, i0 = qb * FQ;
+            const int qn = n - i0 < FQ ? n - i0 : FQ, rows = G * qn;
+            const int64_t p0 = pos0 + i0;
+            for (int r = 0; r < rows; r++) { amx[r] = -INFINITY; asum[r] = 0.f; }
+            memset(ao, 0, sizeof(float) * (size_t)rows * D);
+            const int segs = (int)((p0 + qn - 1) / SEG) + 1;
+            for (int sg = 0; sg < segs; sg++) {
+                segment(kv, g, qi, qc, p0, i0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, mx, sum, o);
+                for (int rr = 0; rr < rows; rr++)
+                    merge(&amx[rr], &asum[rr], ao + (size_t)rr * D, mx[rr], sum[rr], o + (size_t)rr * D, D);
+            }
+            for (int rr = 0; rr < rows; rr++)
+                finish(ao + (size_t)rr * D, asum[rr], out + ((int64_t)(i0 + rr % qn) * H + g * G + rr / qn) * D, D);
+        }
+        free(buf);
+        free(f);
+    }
+    return failed ? -1 : 0;
+}
+
+/* the queries as int16 (one allocation: qi then qc), or NULL when out of memory */
+static void *queries(const float *q, int64_t qs, int n, int H, int D, float scale, int16_t **qi, float **qc) {
+    void *mem = malloc((sizeof(int16_t) * (size_t)D + sizeof(float)) * (size_t)n * H + 64);
+    if (!mem) return NULL;
+    *qc = (float *)mem;
+    *qi = (int16_t *)((float *)mem + (size_t)n * H);
+    quantize_queries(q, qs, n, H, D, scale, *qi, *qc);
+    return mem;
+}
+
+int kv8_attention(const float *q, int64_t qs, const int8_t *k, const int8_t *v, const float *ks, const float *vs,
+                  const int64_t *slots, float *out, int n, int m, int H, int KVH, int D, float scale) {
+    if (!shape_ok(H, KVH, D) || m < n) return -3;
+    if (n <= 0) return 0;
+    int16_t *qi;
+    float *qc;
+    void *mem = queries(q, qs, n, H, D, scale, &qi, &qc);
+    if (!mem) return -1;
+    const keys8 kv = {k, v, ks, vs, slots, m, KVH, D, H / KVH, H};
+    int rc;
+    if (n <= FQ) {
+        const int64_t lens = m;
+        rc = segmented(&kv, slots, m, &lens, qi, qc, 1, n, out, 0);
+    } else {
+        rc = blocked(&kv, qi, qc, n, out);
+    }
+    free(mem);
+    return rc;
+}
+
+int kv8_decode(const float *q, int64_t qs, const int8_t *k, const int8_t *v, const float *ks, const float *vs,
+               const int64_t *slots, int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH,
+               int D, float scale) {
+    if (!shape_ok(H, KVH, D)) return -3;
+    for (int r = 0; r < R; r++)
+        if (lens[r] < 1 || lens[r] > Lmax) return -3;
+    if (R <= 0) return 0;
+    int16_t *qi;
+    float *qc;
+    void *mem = queries(q, qs, R, H, D, scale, &qi, &qc);
+    if (!mem) return -1;
+    const keys8 kv = {k, v, ks, vs, slots, 0, KVH, D, H / KVH, H};
+    const int rc = segmented(&kv, slots, Lmax, lens, qi, qc, R, 1, out, os);
+    free(mem);
+    return rc;
+}
+#else
+int kv8_ready(void) { return 0; }
+
+int kv8_store(const float *src, int64_t ss, int8_t *buf, float *scales, const int64_t *slots, int R, int KVH, int D) {
+    (void)src; (void)ss; (void)buf; (void)scales; (void)slots; (void)R; (void)KVH; (void)D;
+    return -2;
+}
+
+int kv8_attention(const float *q, int64_t qs, const int8_t *k, const int8_t *v, const float *ks, const float *vs,
+                  const int64_t *slots, float *out, int n, int m, int H, int KVH, int D, float scale) {
+    (void)q; (void)qs; (void)k; (void)v; (void)ks; (void)vs; (void)slots; (void)out; (void)n; (void)m; (void)H;
+    (void)KVH; (void)D; (void)scale;
+    return -2;
+}
+
+int kv8_decode(const float *q, int64_t qs, const int8_t *k, const int8_t *v, const float *ks, const float *vs,
+               const int64_t *slots, int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH,
+               int D, float scale) {
+    (void)q; (void)qs; (void)k; (void)v; (void)ks; (void)vs; (void)slots; (void)Lmax; (void)lens; (void)out; (void)os;
+    (void)R; (void)H; (void)KVH; (void)D; (void)scale;
+    return -2;
+}
+#endif
