@@ -18,7 +18,7 @@ from core.cache.eviction.registry import DESCRIPTIONS, POLICIES
 SCHEDULE_POLICIES = ("lpm", "fcfs")
 MODEL_IMPLS = ("auto", "native", "hf")
 DTYPES = ("auto", "fp32", "bf16", "int8")
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "int8")
 
 
 def _setting(default: Any, help: str, *, minimum: Optional[int] = None,

@@ -261,7 +261,7 @@ class Engine:
     def _record_kv(self, batch: ForwardBatch) -> None:
         slots = batch.out_slots
         self.slot_tokens[slots.cpu().numpy()] = batch.input_ids.cpu().numpy()
-        norms = torch.linalg.vector_norm(self.pool.k_buffer[:, slots].float(), dim=(-2, -1))
+        norms = self.pool.k_norms(slots)
         self.k_norms[:, slots.cpu().numpy()] = norms.cpu().numpy()
 
     def _append_token(self, req: Request, tok: int) -> None:

@@ -51,8 +51,10 @@ class DecodeModel(Protocol):
     scale: float
     one_order: bool   # every projection on its panels and decode rows on fma_decode (NativeLlama.one_order)
     a16: bool   # every projection on w8a16_gemm (NativeLlama.a16)
+    kv8: bool   # an int8 pool: kv8_attention.c stores and attends (NativeLlama.kv8)
 
-LAYER_POINTERS = 16   # decode_layers.c's DL_PTRS: 4 projections x (weight, scales, bias), 2 norms, K, V
+LAYER_POINTERS = 18   # decode_layers.c's DL_PTRS: 4 projections x (weight, scales, bias), 2 norms, K, V, K/V scales
+KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}   # decode_layers.c's kv_kind
 
 
 class DecodeLayers:
@@ -75,7 +77,8 @@ class DecodeLayers:
         """Whether this model's decode steps can run here at all (the per-step test is `fits_step`)."""
         return (model.mode == "int8" and model.device.type == "cpu" and model.full_attention
                 and native_kernels.available()
-                and native_kernels.attention_fits(model.device, model.num_heads, model.num_kv_heads, model.head_dim)
+                and (model.kv8 or native_kernels.attention_fits(model.device, model.num_heads, model.num_kv_heads,
+                                                                model.head_dim))
                 and all(L.qk_norm is None for L in model.layers)
                 and (model.one_order or model.a16 or all(lin.matrix is not None for L in model.layers
                                             for lin in (L.qkv, L.o, L.gate_up, L.down))))
@@ -102,16 +105,25 @@ class DecodeLayers:
         if key != cached_key:
             kb, vb = pool.k_buffer, pool.v_buffer
             m = self.model
+            ks, vs = pool.k_scale, pool.v_scale
+            scales_ok = (ks is None) if kb.dtype is not torch.int8 else (
+                ks is not None and vs is not None and ks.shape == vs.shape == kb.shape[:3] and ks.is_contiguous()
+                and vs.is_contiguous() and ks.dtype is vs.dtype is torch.float32)
             if not (kb.is_contiguous() and vb.is_contiguous() and kb.is_cpu and vb.shape == kb.shape
-                    and vb.dtype is kb.dtype and kb.dtype in (torch.float32, torch.bfloat16)
+                    and vb.dtype is kb.dtype and kb.dtype in KV_KINDS and scales_ok and (kb.dtype is torch.int8) == m.kv8
                     and kb.dim() == 4 and kb.shape[0] == m.num_layers
                     and tuple(kb.shape[2:]) == (m.num_kv_heads, m.head_dim)):
-                raise ValueError(f"decode_layers reads contiguous fp32 or bf16 CPU K/V buffers [{m.num_layers}, "
-                                 f"slots, {m.num_kv_heads}, {m.head_dim}] (NativeLlama.make_pool), got "
-                                 f"{kb.dtype} {tuple(kb.shape)}, {vb.dtype} {tuple(vb.shape)}")
+                raise ValueError(f"decode_layers reads contiguous fp32, bf16 or (with their scales) int8 CPU K/V "
+                                 f"buffers [{m.num_layers}, slots, {m.num_kv_heads}, {m.head_dim}] in the dtype the "
+                                 f"model writes (NativeLlama.make_pool), got {kb.dtype} {tuple(kb.shape)}, "
+                                 f"{vb.dtype} {tuple(vb.shape)}")
             table = self.weights.clone()
-            table[:, 14] = torch.tensor([kb[li].data_ptr() for li in range(self.model.num_layers)])
-            table[:, 15] = torch.tensor([vb[li].data_ptr() for li in range(self.model.num_layers)])
+            layers = range(self.model.num_layers)
+            table[:, 14] = torch.tensor([kb[li].data_ptr() for li in layers])
+            table[:, 15] = torch.tensor([vb[li].data_ptr() for li in layers])
+            if ks is not None:
+                table[:, 16] = torch.tensor([ks[li].data_ptr() for li in layers])
+                table[:, 17] = torch.tensor([vs[li].data_ptr() for li in layers])
             self._tables = (key, table)
         return table
 
@@ -146,7 +158,9 @@ class DecodeLayers:
         lib = native_kernels.built()
         # per call (tens of KB): two engines sharing this model may step at once, the GIL let go
         workspace = torch.empty(lib.decode_layers_workspace(r, hidden, h, kvh, d, inter), dtype=torch.float32)
-        if p is not None:
+        if p is not None and m.kv8:   # kv8_decode splits rows itself
+            decodes = (p.slots.data_ptr(), 0, p.seq_lens.data_ptr(), p.kv_len, 0, 0, 0)
+        elif p is not None:
             _, row_chunks, nchunks, scratch = decode_launch(p, h, kvh, d)
             first, lens = p.first_key(None), p.seq_lens
             decodes = (p.slots.data_ptr(), first.data_ptr(), lens.data_ptr(), p.kv_len, row_chunks.data_ptr(), nchunks,
@@ -154,7 +168,7 @@ class DecodeLayers:
         else:   # a prompt chunk alone
             decodes = (0, 0, 0, 0, 0, 0, 0)
         lib.decode_layers(x.data_ptr(), y.data_ptr(), table.data_ptr(), m.num_layers, cos.data_ptr(), sin.data_ptr(),
-                          out_slots.data_ptr(), *decodes, int(pool.k_buffer.dtype is torch.bfloat16),
+                          out_slots.data_ptr(), *decodes, KV_KINDS[pool.k_buffer.dtype],
                           workspace.data_ptr(), r, hidden, h, kvh, d, inter, m.eps, m.scale, *mixed,
                           int(pool_attention.prefill_kernel(pool.device, h, kvh, d) == "amx"), int(m.one_order),
                           int(m.a16))

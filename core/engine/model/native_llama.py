@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from core.engine.model import native_kernels, pool_attention
+from core.engine.model import kv8, native_kernels, pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
 from core.engine.model.native_decode import DecodeLayers
@@ -58,7 +58,7 @@ from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_d
                                              attend_prefixed, fresh_causal_mask, rope_tables)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
-KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
 class _Layer:
@@ -83,18 +83,22 @@ class NativeLlama(torch.nn.Module):
         self.act_dtype = DTYPES[dtype]
         if kv_dtype is not None and kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
-        self.kv_dtype = KV_DTYPES[kv_dtype] if kv_dtype else self.act_dtype
         self.device = next(hf_model.parameters()).device
         attn0 = base.layers[0].self_attn
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = attn0.head_dim
+        self.kv_dtype = KV_DTYPES[kv_dtype] if kv_dtype else self._default_kv_dtype(layer_windows(cfg))
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
         self.scale = float(attn0.scaling)
         self.eps = float(cfg.rms_norm_eps)
         wkind = dtype
+        # an int8 pool (kv8_attention.c): every prompt chunk and decode row attends on its kernels
+        self.kv8 = self.kv_dtype is torch.int8
+        if self.kv8:
+            self._check_kv8(layer_windows(cfg))
 
         def norm_w(w: torch.Tensor) -> torch.Tensor:
             return w.detach().to(self.act_dtype).contiguous()
@@ -165,6 +169,26 @@ class NativeLlama(torch.nn.Module):
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
         self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
 
+    def _default_kv_dtype(self, windows: list) -> torch.dtype:
+        """The pool's dtype when none is asked for: int8 rows (kv8_attention.c) for the int8 model where their
+        kernels run every attention (measured faster at every context and batch, 3.8x fewer KV bytes:
+        benchmarks/README.md, "int8 KV pool"), else the activations' dtype (fp32 keeps Hugging Face's bits)."""
+        if (self.mode == "int8" and all(w is None for w in windows)
+                and kv8.kv8_fits(self.device, self.num_heads, self.num_kv_heads, self.head_dim)):
+            return torch.int8
+        return self.act_dtype
+
+    def _check_kv8(self, windows: list) -> None:
+        """Refuses an int8 pool where its kernels cannot run every attention of this model, saying what to change."""
+        if self.act_dtype is not torch.float32:
+            raise ValueError(f"kv_dtype 'int8' needs fp32 activations (dtype fp32 or int8), not {self.mode}; "
+                             f"use kv_dtype bf16 with dtype bf16")
+        if any(w is not None for w in windows):
+            raise ValueError("kv_dtype 'int8' runs full attention only (this model has sliding-window layers); "
+                             "use kv_dtype fp32 or bf16")
+        if not kv8.kv8_fits(self.device, self.num_heads, self.num_kv_heads, self.head_dim):
+            raise ValueError(kv8.why_not(self.device, self.num_heads, self.num_kv_heads, self.head_dim))
+
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, dtype: str = "fp32", **kw) -> "NativeLlama":
         return cls(hf_model, dtype=dtype, **kw)
@@ -190,6 +214,9 @@ class NativeLlama(torch.nn.Module):
         attention "sdpa": gather + F.scaled_dot_product_attention (CUDA's kernels); "sum": gather
         written as broadcast multiply + sum, which inductor fuses into one loop over the pool rows.
         """
+        if self.kv8:
+            raise ValueError("decode_step_fn reads the pool as plain tensors; an int8 pool (kv_dtype 'int8') has "
+                             "scales beside them: use kv_dtype fp32 or bf16 for CUDA graphs and torch.compile")
         h, kvh, d, eps, hidden = self.num_heads, self.num_kv_heads, self.head_dim, self.eps, (self.hidden_size,)
         g, inter, scale, act, kvd = h // kvh, self.intermediate, self.scale, self.act_dtype, self.kv_dtype
         layers, embed, cos_t, sin_t = self.layers, self.embed, self.cos, self.sin
@@ -264,14 +291,16 @@ class NativeLlama(torch.nn.Module):
     def _forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         # short extends as decode-kernel rows (fp32 activations: in bf16 the kernel's fp32 softmax would
         # differ from SDPA's at bf16 rounding, and cache on / off would drift apart)
-        row_kernel = self.act_dtype == torch.float32 and native_kernels.attention_fits(
-            batch.device, self.num_heads, self.num_kv_heads, self.head_dim)
+        row_kernel = self.kv8 or (self.act_dtype == torch.float32 and native_kernels.attention_fits(
+            batch.device, self.num_heads, self.num_kv_heads, self.head_dim))
         # int8 on a CPU: every extend's attention on AMX tiles, or on AVX-512 FMAs without AMX (the same promise;
         # AttentionPlan.tiled says why all of them)
         kernel = pool_attention.prefill_kernel(batch.device, self.num_heads, self.num_kv_heads, self.head_dim) \
             if self.mode == "int8" and self.full_attention else None
         if self.one_order:   # the chunks on fma_decode's arithmetic
             kernel = "one_order"
+        if self.kv8:
+            kernel = "kv8"
         plan = AttentionPlan.build(batch, row_kernel=row_kernel, tiles=kernel is not None)
         if int(batch.positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
@@ -316,7 +345,12 @@ class NativeLlama(torch.nn.Module):
                 q, k = qk[:, :h], qk[:, h:]
                 v = qkv[:, k_end:].view(t, kvh, d)
                 k_buf, v_buf = pool.k_buffer[li], pool.v_buffer[li]
-                if kv_cast:   # what the pool holds is what every later read sees: attend to that, too
+                scales = None
+                if self.kv8:   # int8 rows and their scales; every read below is of those
+                    scales = (pool.k_scale[li], pool.v_scale[li])
+                    kv8.kv8_store(k, k_buf, scales[0], out_slots)
+                    kv8.kv8_store(v, v_buf, scales[1], out_slots)
+                elif kv_cast:   # what the pool holds is what every later read sees: attend to that, too
                     k, v = k.to(kvd), v.to(kvd)
                     k_buf.index_copy_(0, out_slots, k)
                     v_buf.index_copy_(0, out_slots, v)
@@ -324,7 +358,7 @@ class NativeLlama(torch.nn.Module):
                 else:
                     k_buf.index_copy_(0, out_slots, k)
                     v_buf.index_copy_(0, out_slots, v)
-                o = self._attention(plan, q, k, v, k_buf, v_buf, L.window, kernel)  # [T, H, D]
+                o = self._attention(plan, q, k, v, k_buf, v_buf, L.window, kernel, scales)  # [T, H, D]
                 x, y = resid_norm(x, L.o(o.reshape(t, q_end)), L.post_norm)
                 if fused:
                     act = L.gate_up.silu_mul(y)
@@ -340,9 +374,13 @@ class NativeLlama(torch.nn.Module):
         return self.lm_head(F.rms_norm(last, hidden, self.final_norm, eps)).float()
 
     def _decodes(self, dec, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int],
-                 kernel: Optional[str]) -> torch.Tensor:
-        """Decode rows' attention: with one order of sums on fma_attention.c's arithmetic (a token's attention the
-        same bits decoded or prefilled), else on the decode kernel."""
+                 kernel: Optional[str], scales: Optional[tuple] = None) -> torch.Tensor:
+        """Decode rows' attention: over an int8 pool on kv8_decode, with one order of sums on fma_attention.c's
+        arithmetic (a token's attention the same bits decoded or prefilled either way), else on the decode
+        kernel."""
+        if kernel == "kv8":
+            rd = q.shape[0]
+            return kv8.kv8_decode(q, k_buf, v_buf, *scales, dec.slots.view(rd, dec.kv_len), dec.seq_lens, self.scale)
         if kernel == "one_order" and dec.segments is None:
             rd = q.shape[0]
             return pool_attention.fma_decode(q, k_buf, v_buf, dec.slots.view(rd, dec.kv_len), dec.seq_lens,
@@ -351,20 +389,22 @@ class NativeLlama(torch.nn.Module):
 
     def _attention(self, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    k_buf: torch.Tensor, v_buf: torch.Tensor, window: Optional[int],
-                   kernel: Optional[str]) -> torch.Tensor:
+                   kernel: Optional[str], scales: Optional[tuple] = None) -> torch.Tensor:
         """One layer's attention for the plan's rows; `kernel` (pool_attention.prefill_kernel, picked once a
-        forward) attends plan.tiled's chunks."""
+        forward, or "kv8" over an int8 pool, whose `scales` are (k_scale, v_scale) of the layer) attends
+        plan.tiled's chunks."""
         t, h, d = q.shape
         gqa = h != k.shape[1]
         dec = plan.decodes
         if dec is not None and plan.decode_idx is None:   # a pure decode batch: the common step
-            return self._decodes(dec, q, k_buf, v_buf, window, kernel)
+            return self._decodes(dec, q, k_buf, v_buf, window, kernel, scales)
         out = q.new_empty((t, h, d))
         if dec is not None:
-            o = self._decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, kernel)
+            o = self._decodes(dec, q.index_select(0, plan.decode_idx), k_buf, v_buf, window, kernel, scales)
             out.index_copy_(0, plan.decode_idx, o)
         for s, n, seq_slots in plan.tiled:   # K/V read from the pool (this step's were written above)
-            o = pool_attention.attention_pool(kernel, q[s:s + n], k_buf, v_buf, seq_slots, self.scale)
+            o = (kv8.kv8_attention(q[s:s + n], k_buf, v_buf, *scales, seq_slots, self.scale) if kernel == "kv8"
+                 else pool_attention.attention_pool(kernel, q[s:s + n], k_buf, v_buf, seq_slots, self.scale))
             if s == 0 and n == t:
                 return o
             out[s:s + n] = o

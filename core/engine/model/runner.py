@@ -39,8 +39,8 @@ NUMERICS = ("auto", "fp32", "bf16", "int8")
 # times faster than fp32 (the weights are read once per step, a quarter of the bytes) and keeps cache on ==
 # cache off; fp32 is the mode whose greedy tokens equal Hugging Face generate's, one flag away (--dtype fp32).
 CPU_NATIVE_NUMERICS = "int8"
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16")
-KV_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "int8")
+KV_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}
 # "auto" KV pool: the activations' dtype. bf16 K/V with int8 numerics (half the bytes a decode step reads at long
 # context) was measured as the default and not taken: rounding to bf16 turns the ~1e-7 differences between a token
 # computed in a prefill chunk and in a decode step (the int8 kernels' sum orders) into whole bf16 steps. With every

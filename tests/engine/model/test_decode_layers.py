@@ -183,7 +183,7 @@ def test_a_pool_of_another_shape_is_refused_with_what_to_use():
     plan = AttentionPlan.build(batch, row_kernel=True)
     other = NativeLlama.from_hf(make_ref(num_key_value_heads=3), dtype="int8").make_pool(512)
     x = torch.zeros(3, 192)
-    with pytest.raises(ValueError, match=r"K/V buffers \[3, slots, 2, 32\] \(NativeLlama.make_pool\)"):
+    with pytest.raises(ValueError, match=r"K/V buffers \[3, slots, 2, 32\] in the dtype the model writes \(NativeLlama.make_pool\)"):
         native.decode_layers.run(x, x.clone(), torch.ones(3, 32), torch.ones(3, 32), torch.tensor([1, 2, 3]), plan,
                                  other)
 

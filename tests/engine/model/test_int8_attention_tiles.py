@@ -1,7 +1,8 @@
 """The int8 model's prefill attention on its C kernel (AMX tiles, pool_attention.amx_attention; AVX-512 FMAs
 without AMX, fma_attention) inside NativeLlama ("tiles" below, for both): near torch's fp32 attention, the same logits however the prompt is chunked or cached, greedy cache on == cache off through the
 Engine, and fp32 mode untouched (still HF's logits). A model with head_dim 64, as SmolLM2's: the tiny models of
-the other tests (head_dim 16) do not fit the tiles."""
+the other tests (head_dim 16) do not fit the tiles. With an fp32 pool: over the int8 pool (int8's default where
+its kernels run) every attention runs on kv8_attention.c instead (tests/engine/model/test_kv8.py)."""
 from __future__ import annotations
 
 import pytest
@@ -84,7 +85,7 @@ def expect_tiles(calls: list, want: list) -> None:
 
 @pytest.mark.parametrize("cut", [0, 24])   # a fresh prompt, and 72 tokens after a 24-token cached prefix
 def test_int8_prefill_attention_on_tiles_stays_near_torch_attention(cut, monkeypatch):
-    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype="fp32")
     here = tiles_here()
     tiles = last_logits(native, cut)
     torch_attention(monkeypatch)
@@ -97,7 +98,7 @@ def test_int8_prefill_attention_on_tiles_stays_near_torch_attention(cut, monkeyp
 
 
 def test_int8_logits_with_tiled_attention_do_not_depend_on_chunking_or_caching(monkeypatch):
-    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype="fp32")
     calls = tile_calls(monkeypatch, native)
     whole = last_logits(native, 0)
     expect_tiles(calls, [96, 96])                          # both layers
@@ -111,7 +112,7 @@ def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monke
     """A full radix hit computes only the prompt's last token: flagged as a prompt row it stays on the tiles, as
     it was inside the whole prompt; unflagged (a decode) it goes to the decode kernel (which, with one order of sums
     where there is no AMX, gives the same bits)."""
-    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype="fp32")
     whole = last_logits(native, 0)
     pool = native.make_pool(128)
     native.forward(ForwardBatch.build([(IDS[:95], [], SLOTS[:95])]), pool)
@@ -134,7 +135,8 @@ def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monke
 
 
 def test_int8_greedy_with_tiled_attention_is_the_same_with_the_cache_on_and_off(monkeypatch):
-    runner = ModelRunner.from_hf(make_ref(1), device="cpu", impl="native", numerics="int8")
+    runner = ModelRunner.from_hf(make_ref(1), device="cpu", impl="native", numerics="int8",
+                                 kv_cache_dtype="fp32")
     calls = tile_calls(monkeypatch, runner.native)
     g = torch.Generator().manual_seed(6)
     system = torch.randint(1, 128, (70,), generator=g).tolist()
@@ -165,7 +167,7 @@ def test_fp32_mode_keeps_torch_attention_and_hf_logits():
 def test_a_short_extend_beside_a_decode_attends_on_tiles_like_its_prompt_whole(monkeypatch):
     """Every prompt token's attention runs on the tiles, a 3-token extend sharing a step with another
     request's decode included (before, short extends joined the decode kernel's rows: ~1e-5 apart)."""
-    native = NativeLlama.from_hf(make_ref(), dtype="int8")
+    native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype="fp32")
     calls = tile_calls(monkeypatch, native)
     whole = last_logits(native, 0)
     pool = native.make_pool(256)
