@@ -30,6 +30,28 @@ def why_not(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> s
             "kv_cache_dtype fp32 or bf16")
 
 
+def default_here(numerics: str, device: torch.device, heads: int, kv_heads: int, head_dim: int,
+                 windows: list) -> bool:
+    """Whether NativeLlama's pool is int8 when none is asked for: for the int8 model where these kernels run every
+    attention (measured faster at every context and batch, 3.8x fewer KV bytes, the same agreement with HF:
+    benchmarks/README.md, "int8 KV pool"); fp32 keeps Hugging Face's bits, so its pool stays fp32."""
+    return (numerics == "int8" and all(w is None for w in windows)
+            and kv8_fits(device, heads, kv_heads, head_dim))
+
+
+def check_model(fp32_activations: bool, device: torch.device, heads: int, kv_heads: int, head_dim: int,
+                windows: list) -> None:
+    """Refuses an int8 pool where these kernels cannot run every attention of the model, saying what to change."""
+    if not fp32_activations:
+        raise ValueError("kv_dtype 'int8' needs fp32 activations (dtype fp32 or int8); use kv_dtype bf16 with "
+                         "dtype bf16")
+    if any(w is not None for w in windows):
+        raise ValueError("kv_dtype 'int8' runs full attention only (this model has sliding-window layers); "
+                         "use kv_dtype fp32 or bf16")
+    if not kv8_fits(device, heads, kv_heads, head_dim):
+        raise ValueError(why_not(device, heads, kv_heads, head_dim))
+
+
 def _check_layer(name: str, k_buf: torch.Tensor, v_buf: torch.Tensor, k_scale: torch.Tensor,
                  v_scale: torch.Tensor) -> None:
     if (k_buf.dim() != 3 or v_buf.shape != k_buf.shape or k_buf.dtype is not I8 or v_buf.dtype is not I8

@@ -27,8 +27,10 @@ Numerics ("dtype"):
         bf16) or, on AVX-512 CPUs without AMX, weight panels (`w8_panel_gemm`): the same exact products
         summed in another order (native_linear.Linear); on CPUs with AVX512-VNNI and without AMX every row
         instead rounded once to int16 (one scale a row) and summed exactly in integers (`w8a16_gemm`,
-        NativeLlama.a16: the same bits in any batch). Activations and the
-        KV pool stay fp32 (kv_dtype="bf16" halves the KV bytes). Where the CPU has AMX (and the model has
+        NativeLlama.a16: the same bits in any batch). Activations stay fp32; the KV pool is int8 where
+        kv8_attention.c runs every attention (AVX512-VNNI; NativeLlama.kv8: int8 rows with a scale each, exact
+        integer attention, 3.8x fewer bytes than fp32), else fp32 (kv_dtype picks). With an fp32 or bf16 pool,
+        where the CPU has AMX (and the model has
         no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,
         one-token chunks included (pool_attention.amx_attention: ~2^-15 of fp32 attention; given the same
         K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled; without AMX, on AVX-512,
@@ -89,7 +91,10 @@ class NativeLlama(torch.nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = attn0.head_dim
-        self.kv_dtype = KV_DTYPES[kv_dtype] if kv_dtype else self._default_kv_dtype(layer_windows(cfg))
+        windows = layer_windows(cfg)
+        shape = (self.num_heads, self.num_kv_heads, self.head_dim)
+        self.kv_dtype = KV_DTYPES[kv_dtype] if kv_dtype else (
+            torch.int8 if kv8.default_here(dtype, self.device, *shape, windows) else self.act_dtype)
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
         self.scale = float(attn0.scaling)
@@ -98,7 +103,7 @@ class NativeLlama(torch.nn.Module):
         # an int8 pool (kv8_attention.c): every prompt chunk and decode row attends on its kernels
         self.kv8 = self.kv_dtype is torch.int8
         if self.kv8:
-            self._check_kv8(layer_windows(cfg))
+            kv8.check_model(self.act_dtype is torch.float32, self.device, *shape, windows)
 
         def norm_w(w: torch.Tensor) -> torch.Tensor:
             return w.detach().to(self.act_dtype).contiguous()
@@ -110,7 +115,6 @@ class NativeLlama(torch.nn.Module):
                               for m in mods])
 
         self.layers: list[_Layer] = []
-        windows = layer_windows(cfg)
         # one order of sums for every batch shape (int8 with a bf16 pool, AVX-512 without AMX): every projection
         # on its panels and decode rows on fma_attention.c's arithmetic, so a token's K/V are the same bits
         # decoded, prefilled in any chunk or batched with anyone, and rounding them to bf16 cannot part cache on
@@ -168,26 +172,6 @@ class NativeLlama(torch.nn.Module):
         self.a16 = want_a16 and all(L.qkv.a16 and L.o.a16 and L.gate_up.a16 and L.down.a16 for L in self.layers)
         # int8 on a CPU: a pure decode step's layers as one C call (native_decode.py; None turns it off)
         self.decode_layers: Optional[DecodeLayers] = DecodeLayers(self) if DecodeLayers.fits_model(self) else None
-
-    def _default_kv_dtype(self, windows: list) -> torch.dtype:
-        """The pool's dtype when none is asked for: int8 rows (kv8_attention.c) for the int8 model where their
-        kernels run every attention (measured faster at every context and batch, 3.8x fewer KV bytes:
-        benchmarks/README.md, "int8 KV pool"), else the activations' dtype (fp32 keeps Hugging Face's bits)."""
-        if (self.mode == "int8" and all(w is None for w in windows)
-                and kv8.kv8_fits(self.device, self.num_heads, self.num_kv_heads, self.head_dim)):
-            return torch.int8
-        return self.act_dtype
-
-    def _check_kv8(self, windows: list) -> None:
-        """Refuses an int8 pool where its kernels cannot run every attention of this model, saying what to change."""
-        if self.act_dtype is not torch.float32:
-            raise ValueError(f"kv_dtype 'int8' needs fp32 activations (dtype fp32 or int8), not {self.mode}; "
-                             f"use kv_dtype bf16 with dtype bf16")
-        if any(w is not None for w in windows):
-            raise ValueError("kv_dtype 'int8' runs full attention only (this model has sliding-window layers); "
-                             "use kv_dtype fp32 or bf16")
-        if not kv8.kv8_fits(self.device, self.num_heads, self.num_kv_heads, self.head_dim):
-            raise ValueError(kv8.why_not(self.device, self.num_heads, self.num_kv_heads, self.head_dim))
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, dtype: str = "fp32", **kw) -> "NativeLlama":
