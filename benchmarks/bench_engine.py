@@ -31,13 +31,16 @@ Then (issue 25, benchmarks/engine_sweep.py and engine_fairness.py): the context 
 at 128 / 544 / 2,048 / 4,096 tokens of context, batch 1, and batch 8 at 544) and uncached prefill of
 1,024 / 4,096 tokens, each beside HF generate fp32 and llama.cpp (llama-cpp-python on the same GGUF,
 when installed: `make llamacpp`); and the fairness run through the HTTP server (a stream decoding while
-a 6,000-token prompt arrives, a 2-token request 1 s later).
+a 6,000-token prompt arrives, a 2-token request 1 s later). `--sections server` (benchmarks/engine_server.py)
+measures decode by context and prefill through the HTTP server instead, one server per --kv-cache-dtype value,
+beside HF generate and llama.cpp in this process.
 
     .venv/bin/python benchmarks/bench_engine.py            # 4 x 8 prompts, 512 + 32 tokens, 16 new, 2 rounds
     .venv/bin/python benchmarks/bench_engine.py --quick    # 2 x 4 prompts, 512 + 32 tokens, 8 new, 1 round
     .venv/bin/python benchmarks/bench_engine.py --no-hf    # skip the Hugging Face baseline
     .venv/bin/python benchmarks/bench_engine.py --threads 1  # torch.set_num_threads(1) for all three
     .venv/bin/python benchmarks/bench_engine.py --sections sweep,prefill,fairness --threads 2   # issue 25's figures
+    .venv/bin/python benchmarks/bench_engine.py --sections server --threads 2 --kv-cache-dtype int8,fp32
     .venv/bin/python benchmarks/bench_engine.py --dtype fp32  # the engine in another numerics (default: the server's)
 """
 from __future__ import annotations
@@ -223,8 +226,10 @@ def main() -> None:
                     "sections take the first")
     ap.add_argument("--sections", default="workload,sweep,prefill,fairness",
                     help="comma-separated: workload (the shared-prefix run), sweep (decode tokens/s by context, "
-                    "with llama.cpp when installed), prefill (uncached 1,024 / 4,096 tokens), fairness (server)")
-    ap.add_argument("--kv-cache-dtype", default="auto", help="the engine's KV pool dtype (auto, fp32, bf16); a comma "
+                    "with llama.cpp when installed), prefill (uncached 1,024 / 4,096 tokens), fairness (server), "
+                    "server (decode by context and prefill through the HTTP server, one server per "
+                    "--kv-cache-dtype value, beside HF generate and llama.cpp)")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="the engine's KV pool dtype (auto, fp32, bf16, int8); a comma "
                     "list runs the sweep and prefill with one engine per value, side by side (e.g. auto,bf16)")
     ap.add_argument("--contexts", default="128,544,2048,4096", help="the sweep's contexts (batch 1)")
     ap.add_argument("--sweep-tokens", type=int, default=33, help="new tokens per sweep run")
@@ -244,9 +249,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     sections = set(args.sections.split(","))
-    unknown = sections - {"workload", "sweep", "prefill", "fairness"}
+    unknown = sections - {"workload", "sweep", "prefill", "fairness", "server"}
     if unknown:
-        raise SystemExit(f"unknown sections {sorted(unknown)}; pick from workload, sweep, prefill, fairness")
+        raise SystemExit(f"unknown sections {sorted(unknown)}; pick from workload, sweep, prefill, fairness, server")
     t0 = time.perf_counter()
     kvs = [k for k in args.kv_cache_dtype.split(",") if k] or ["auto"]
     dtypes = [d for d in args.dtype.split(",") if d] or ["auto"]
@@ -270,6 +275,9 @@ def main() -> None:
     if sections & {"sweep", "prefill"}:
         from benchmarks import engine_sweep
         ok = engine_sweep.section_speed(args, [runner] + others, hf, ids, sections) and ok
+    if "server" in sections:
+        from benchmarks import engine_server
+        engine_server.section_server(args, hf, ids)
     if "fairness" in sections:
         from benchmarks import engine_fairness
         server_args = args.server_args.split() + ["--torch-threads", str(torch.get_num_threads())]

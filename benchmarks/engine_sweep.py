@@ -157,7 +157,7 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
 def engine_name(runner: ModelRunner) -> str:
     """The sweep's column for one engine: its numerics, its KV pool's dtype where that differs, and on CUDA
     whether its decode steps replay CUDA graphs."""
-    same = runner.kv_cache_dtype == {"int8": "fp32"}.get(runner.numerics, runner.numerics)
+    same = runner.kv_cache_dtype == runner.numerics and runner.numerics != "int8"   # int8's pool: int8 or fp32
     name = runner.numerics if same else f"{runner.numerics}, kv {runner.kv_cache_dtype}"
     if runner.device.type == "cuda" and runner.impl == "native":
         name += ", graphs" if runner.cuda_graph else ", eager"
