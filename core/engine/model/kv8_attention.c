@@ -9,8 +9,11 @@
  * Storing (kv8_store): a row x of D values gets scale s = max|x| / 127 and values round(x / s) (nearest, ties to
  * even; a zero row scale 0; a row with NaN or inf scale NaN, values 0): the bits KVPool.set_kv gives in torch.
  *
- * Attending: a query row is rounded once to int16 (scale max|q| / 32767; kv8_quantize_q). A score is the exact
- * int32 sum of q x k over D (VPDPWSSD on K widened to int16) times (q scale x softmax scale) times the key's scale.
+ * Attending: a query row is rounded once to int8 (scale max|q| / 127, as K's rows; quantize_q: as SageAttention
+ * quantizes Q and K). A score is the exact int32 sum of q x k over D (VPDPBUSD: 64 products an instruction, on
+ * K + 128 as unsigned bytes, less 128 x the sum of q) times (q scale x softmax scale) times the key's scale. int8
+ * queries made a 4,096-token chunk ~20 % faster than int16 ones (VPDPWSSD) and moved greedy agreement with HF by one
+ * prompt of 50 (benchmarks/README.md, "int8 KV pool").
  * Softmax runs online over blocks of BK keys aligned to absolute positions 0, BK, 2 BK, ...; in a block each weight
  * p_j x (V scale of key j) is rounded to int16 against the block's largest, and the block's output is the exact
  * int32 sum over its keys of weight x v (VPDPWSSD on key pairs), scaled once into fp32. Integer sums have no order,
@@ -86,26 +89,34 @@ int kv8_store(const float *src, int64_t ss, int8_t *buf, float *scales, const in
     return 0;
 }
 
-/* a query row to int16 (scale max|q| / 32767); returns that scale x the softmax scale (NaN for a row not finite,
+/* a query row to int8 (scale max|q| / 127, as K's rows) and the sum of those values (VPDPBUSD multiplies K + 128,
+ * unsigned: the scores subtract 128 x that sum); returns the scale x the softmax scale (NaN for a row not finite,
  * 0 for a zero row: its scores are then all 0) */
 __attribute__((noinline, noclone))
-static float quantize_q(const float *q, int D, float scale, int16_t *dst) {
-    const float a = abs_max(q, D), s = a / 32767.f;
+static float quantize_q(const float *q, int D, float scale, int8_t *dst, int32_t *qsum) {
+    const float a = abs_max(q, D), s = a / 127.f;
+    *qsum = 0;
     if (!(s > 0.f)) {
-        memset(dst, 0, sizeof(int16_t) * (size_t)D);
+        memset(dst, 0, (size_t)D);
         return s != s ? NAN : 0.f;
     }
     const __m512 sv = _mm512_set1_ps(s);
-    for (int d = 0; d < D; d += 16)
-        _mm256_storeu_si256((__m256i *)(dst + d), _mm512_cvtsepi32_epi16(round_div(_mm512_loadu_ps(q + d), sv)));
+    __m512i total = _mm512_setzero_si512();
+    for (int d = 0; d < D; d += 16) {
+        const __m512i v = round_div(_mm512_loadu_ps(q + d), sv);
+        total = _mm512_add_epi32(total, v);
+        _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtsepi32_epi8(v));
+    }
+    *qsum = _mm512_reduce_add_epi32(total);
     return s * scale;
 }
 
-/* every query row of q ([n][H][D], row stride qs) to int16 qi [n][H][D] and its factor qc [n][H] */
-static void quantize_queries(const float *q, int64_t qs, int n, int H, int D, float scale, int16_t *qi, float *qc) {
+/* every query row of q ([n][H][D], row stride qs) to int8 qi [n][H][D], its factor qc and sum qsum [n][H] */
+static void quantize_queries(const float *q, int64_t qs, int n, int H, int D, float scale, int8_t *qi, float *qc,
+                             int32_t *qsum) {
     #pragma omp parallel for schedule(static) if (n * H >= 256)
     for (int64_t it = 0; it < (int64_t)n * H; it++)
-        qc[it] = quantize_q(q + (it / H) * qs + (it % H) * D, D, scale, qi + it * D);
+        qc[it] = quantize_q(q + (it / H) * qs + (it % H) * D, D, scale, qi + it * D, qsum + it);
 }
 
 /* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
@@ -128,12 +139,20 @@ typedef struct {
     int m, KVH, D, G, H;
 } keys8;
 
-/* One block of one KV head, unpacked once for all the rows that read it: K widened to int16 [BK][D] (and, for many
+/* The queries of a call: int8 rows qi [n][H][D], each row's factor qc (quantize_q) and sum qsum [n][H]. */
+typedef struct {
+    const int8_t *qi;
+    const float *qc;
+    const int32_t *qsum;
+} queries8;
+
+/* One block of one KV head, unpacked once for all the rows that read it: K + 128 as uint8 [BK][D] (and, for many
  * rows, transposed), V as key pairs [BK/2][D][2] int16 (lane 2t, 2t + 1 of a 16-d chunk: keys 2jp, 2jp + 1 at one
  * d), the scales; zeros past the last key. */
 typedef struct {
-    int16_t *k16, *vp;
-    int32_t *kt;   /* K transposed for many rows: [D/2][BK], each an int16 pair (d, d + 1) of one key */
+    uint8_t *ku;   /* K + 128 (unsigned, for VPDPBUSD) [BK][D] */
+    int16_t *vp;
+    int32_t *kt;   /* ku transposed for many rows: [D/4][BK], each 4 values (d .. d + 3) of one key */
     int32_t dots[RB * BK];   /* a register block of rows' scores */
     int16_t wq[RB * BK];     /* their softmax weights as int16 */
     int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
@@ -158,26 +177,27 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
     const int8_t *vrow[BK];
     for (int j = 0; j < BK; j++) {
-        int16_t *k16 = b->k16 + (int64_t)j * D;
+        uint8_t *ku = b->ku + (int64_t)j * D;
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
         if (j < kn) {
             const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
             const int8_t *k8 = kv->k + row * D;
-            for (int d = 0; d < D; d += 32)
-                _mm512_storeu_si512(k16 + d, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(k8 + d))));
+            for (int d = 0; d < D; d += 64)
+                _mm512_storeu_si512(ku + d, _mm512_xor_si512(_mm512_loadu_si512(k8 + d), flip));
             b->ksc[j] = kv->ks[row];
             b->vsc[j] = kv->vs[row];
             vrow[j] = kv->v + row * D;
         } else {
-            memset(k16, 0, sizeof(int16_t) * (size_t)D);
+            memset(ku, 0x80, (size_t)D);   /* k = 0 */
             b->ksc[j] = b->vsc[j] = 0.f;
             vrow[j] = NULL;
         }
     }
-    if (transposed)   /* 16 keys x 16 d pairs at a time */
+    if (transposed)   /* 16 keys x 16 d quads at a time */
         for (int j0 = 0; j0 < BK; j0 += 16)
-            for (int p0 = 0; p0 < D / 2; p0 += 16) {
+            for (int p0 = 0; p0 < D / 4; p0 += 16) {
                 __m512i r[16];
-                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b->k16 + (int64_t)(j0 + i) * D + 2 * p0);
+                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b->ku + (int64_t)(j0 + i) * D + 4 * p0);
                 transpose16(r);
                 for (int p = 0; p < 16; p++) _mm512_storeu_si512(b->kt + (int64_t)(p0 + p) * BK + j0, r[p]);
             }
@@ -192,60 +212,63 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     }
 }
 
-/* A row's exact scores (int32) against the block's first 16 or 32 keys, d across lanes: 16 lanes of sums over D
- * a key, reduced 16 keys at once (a few rows: no transpose to pay for). */
-static inline __attribute__((always_inline)) void dots_lanes(const int16_t *qi, const block8 *b, int keys, const int D,
-                                                              int32_t *dots) {
-    __m512i qv[MAX_D / 32];
-    for (int d = 0; d < D; d += 32) qv[d / 32] = _mm512_loadu_si512(qi + d);
+/* A row's exact scores (int32) against the block's first `keys` keys (a multiple of 16), d across lanes: 16 lanes
+ * of sums over D a key, reduced 16 keys at once (a few rows: no transpose to pay for); (K + 128) . q - 128 sum q */
+static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, int32_t qsum, const block8 *b,
+                                                              int keys, const int D, int32_t *dots) {
+    __m512i qv[MAX_D / 64];
+    for (int d = 0; d < D; d += 64) qv[d / 64] = _mm512_loadu_si512(qi + d);
+    const __m512i shift = _mm512_set1_epi32(128 * qsum);
     for (int h = 0; h < keys; h += 16) {
         __m512i part[16];
         for (int i = 0; i < 16; i++) {
-            const int16_t *kr = b->k16 + (int64_t)(h + i) * D;
+            const uint8_t *kr = b->ku + (int64_t)(h + i) * D;
             __m512i a = _mm512_setzero_si512();
-            for (int d = 0; d < D; d += 32) a = _mm512_dpwssd_epi32(a, qv[d / 32], _mm512_loadu_si512(kr + d));
+            for (int d = 0; d < D; d += 64) a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(kr + d), qv[d / 64]);
             part[i] = a;
         }
-        _mm512_storeu_si512(dots + h, reduce16_epi32(part));
+        _mm512_storeu_si512(dots + h, _mm512_sub_epi32(reduce16_epi32(part), shift));
     }
 }
 
 /* RB rows' exact scores against the block's 32 keys, keys across lanes (the transposed block, read once for the
  * rows): dots [RB][BK]; a row past `rows` repeats the first (its sums unused) */
-static inline __attribute__((always_inline)) void dots_transposed(const int16_t *const *qi, const block8 *b,
-                                                                   const int D, int32_t *dots) {
+static inline __attribute__((always_inline)) void dots_transposed(const int8_t *const *qi, const int32_t *qsum,
+                                                                   const block8 *b, const int D, int32_t *dots) {
     __m512i acc[RB][NG];
     for (int r = 0; r < RB; r++)
         for (int h = 0; h < NG; h++) acc[r][h] = _mm512_setzero_si512();
-    for (int p = 0; p < D / 2; p++) {
+    for (int p = 0; p < D / 4; p++) {
         __m512i k[NG];
         for (int h = 0; h < NG; h++) k[h] = _mm512_loadu_si512(b->kt + (int64_t)p * BK + 16 * h);
         for (int r = 0; r < RB; r++) {
-            int32_t pair;
-            memcpy(&pair, qi[r] + 2 * p, sizeof pair);
-            const __m512i qp = _mm512_set1_epi32(pair);
-            for (int h = 0; h < NG; h++) acc[r][h] = _mm512_dpwssd_epi32(acc[r][h], qp, k[h]);
+            int32_t quad;
+            memcpy(&quad, qi[r] + 4 * p, sizeof quad);
+            const __m512i qp = _mm512_set1_epi32(quad);
+            for (int h = 0; h < NG; h++) acc[r][h] = _mm512_dpbusd_epi32(acc[r][h], k[h], qp);
         }
     }
-    for (int r = 0; r < RB; r++)
-        for (int h = 0; h < NG; h++) _mm512_storeu_si512(dots + r * BK + 16 * h, acc[r][h]);
+    for (int r = 0; r < RB; r++) {
+        const __m512i shift = _mm512_set1_epi32(128 * qsum[r]);
+        for (int h = 0; h < NG; h++) _mm512_storeu_si512(dots + r * BK + 16 * h, _mm512_sub_epi32(acc[r][h], shift));
+    }
 }
 
 /* scores for the rows of a segment(): one at a time (d across lanes) or RB at a time (transposed keys); exact
  * integers either way, so the same scores */
 __attribute__((noinline, noclone))
-static void block_dots(const int16_t *const *qi, int rows, const block8 *b, int transposed, int keys, int D,
-                       int32_t *dots) {
+static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, const block8 *b, int transposed,
+                       int keys, int D, int32_t *dots) {
     if (transposed) {
-        if (D == 64) dots_transposed(qi, b, 64, dots);
-        else if (D == 128) dots_transposed(qi, b, 128, dots);
-        else dots_transposed(qi, b, D, dots);
+        if (D == 64) dots_transposed(qi, qsum, b, 64, dots);
+        else if (D == 128) dots_transposed(qi, qsum, b, 128, dots);
+        else dots_transposed(qi, qsum, b, D, dots);
         return;
     }
     for (int r = 0; r < rows; r++) {
-        if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
-        else if (D == 128) dots_lanes(qi[r], b, keys, 128, dots + r * BK);
-        else dots_lanes(qi[r], b, keys, D, dots + r * BK);
+        if (D == 64) dots_lanes(qi[r], qsum[r], b, keys, 64, dots + r * BK);
+        else if (D == 128) dots_lanes(qi[r], qsum[r], b, keys, 128, dots + r * BK);
+        else dots_lanes(qi[r], qsum[r], b, keys, D, dots + r * BK);
     }
 }
 
@@ -370,8 +393,8 @@ static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, i
  * g * G + rr / qn at query i0 + rr % qn) over key blocks kb0 .. kb1 - 1 (one segment): fresh running max, sum and
  * output per row in mx, sum, o [rows][D]; a row the segment shows nothing keeps mx -inf. */
 __attribute__((noinline, noclone))
-static void segment(const keys8 *kv, int g, const int16_t *qi, const float *qc, int64_t pos0, int i0, int qn, int kb0,
-                    int kb1, block8 *b, float *mx, float *sum, float *o) {
+static void segment(const keys8 *kv, int g, const queries8 *Q, int64_t pos0, int i0, int qn, int kb0, int kb1,
+                    block8 *b, float *mx, float *sum, float *o) {
     const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
     for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
     memset(o, 0, sizeof(float) * (size_t)rows * D);
@@ -382,24 +405,27 @@ static void segment(const keys8 *kv, int g, const int16_t *qi, const float *qc, 
         const int transposed = rows > RB;   /* many rows: the transpose pays */
         unpack_block(kv, g, kb, transposed, b);
         for (int r0 = 0; r0 < rows; r0 += RB) {
-            const int16_t *q[RB];
+            const int8_t *q[RB];
+            int32_t qsum[RB];
             int seen[RB], keys = 0;
             for (int r = 0; r < RB; r++) {
                 const int rr = r0 + r < rows ? r0 + r : r0;   /* past the last row: the first again, unused */
                 const int64_t vis = r0 + r < rows ? pos0 + rr % qn - j0 + 1 : 0;
                 seen[r] = vis > BK ? BK : vis < 0 ? 0 : (int)vis;
                 keys = seen[r] > keys ? seen[r] : keys;
-                q[r] = qi + ((int64_t)(i0 + rr % qn) * H + g * G + rr / qn) * D;
+                const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
+                q[r] = Q->qi + at * D;
+                qsum[r] = Q->qsum[at];
             }
             if (!keys) continue;
             const int n = rows - r0 < RB ? rows - r0 : RB;
-            block_dots(q, n, b, transposed, (keys + 15) / 16 * 16, D, b->dots);
+            block_dots(q, qsum, n, b, transposed, (keys + 15) / 16 * 16, D, b->dots);
             int need[RB], pairs = 0;
             float ws[RB], corr[RB];
             for (int r = 0; r < n; r++) {
                 const int rr = r0 + r;
                 const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
-                need[r] = seen[r] && row_weights(b->dots + r * BK, qc[at], b, seen[r], D, &mx[rr], &sum[rr],
+                need[r] = seen[r] && row_weights(b->dots + r * BK, Q->qc[at], b, seen[r], D, &mx[rr], &sum[rr],
                                                  o + (int64_t)rr * D, b->wq + r * BK, &ws[r], &corr[r]);
                 if (!need[r]) memset(b->wq + r * BK, 0, sizeof(int16_t) * BK);   /* adds nothing below */
                 else if ((seen[r] + 1) / 2 > pairs) pairs = (seen[r] + 1) / 2;
@@ -435,12 +461,13 @@ static void finish(const float *ao, float asum, float *dst, int D) {
 static int shape_ok(int H, int KVH, int D) { return D % 64 == 0 && D > 0 && D <= MAX_D && KVH > 0 && H % KVH == 0; }
 
 /* a thread's block buffers (NULL when out of memory) */
-static int16_t *block_buffers(block8 *b, int D) {
-    int16_t *buf = (int16_t *)aligned_alloc(64, sizeof(int16_t) * (3 * BK + 2 * RB) * (size_t)D);
-    b->k16 = buf;
-    b->vp = buf ? buf + BK * D : NULL;
-    b->kt = buf ? (int32_t *)(buf + 2 * BK * D) : NULL;
-    b->acc = buf ? (int32_t *)(buf + 3 * BK * D) : NULL;
+static void *block_buffers(block8 *b, int D) {
+    const size_t kd = (size_t)BK * D;   /* ku, then vp (2 kd), kt (kd), acc (4 RB D) bytes */
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * kd + 4 * (size_t)RB * D);
+    b->ku = buf;
+    b->vp = buf ? (int16_t *)(buf + kd) : NULL;
+    b->kt = buf ? (int32_t *)(buf + 3 * kd) : NULL;
+    b->acc = buf ? (int32_t *)(buf + 4 * kd) : NULL;
     return buf;
 }
 
@@ -448,8 +475,8 @@ static int16_t *block_buffers(block8 *b, int D) {
  * KV heads in turn (a slot's rows of every head are adjacent: one stream from memory), or one head of it where
  * segments are too few to keep every thread busy (the same segment() calls either way); parts [item][KVH][G * qn]
  * x (D outputs, max, sum), then merged per row in segment order. A decode row is a chunk of one (qn = 1). */
-static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, const int64_t *lens, const int16_t *qi,
-                     const float *qc, int R, int qn, float *out, int64_t os) {
+static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, const int64_t *lens, const queries8 *Q,
+                     int R, int qn, float *out, int64_t os) {
     const int D = base->D, G = base->G, H = base->H, KVH = base->KVH, rows = G * qn;
     const size_t pstride = (size_t)rows * (D + 2);
     int64_t *first = (int64_t *)malloc(sizeof(int64_t) * ((size_t)R + 1));
@@ -463,7 +490,7 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
     #pragma omp parallel
     {
         block8 b;
-        int16_t *buf = block_buffers(&b, D);
+        void *buf = block_buffers(&b, D);
         float *ao = (float *)malloc(sizeof(float) * (size_t)D);
         if (!buf || !ao) {
             #pragma omp atomic write
@@ -485,8 +512,9 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
             const int g0 = per_head ? (int)(ih % heads) : 0, g1 = per_head ? g0 + 1 : KVH;
             for (int g = g0; g < g1; g++) {
                 float *part = parts + ((size_t)it * KVH + g) * pstride;
-                segment(&kv, g, qi + (int64_t)r * qn * H * D, qc + (int64_t)r * qn * H, kv.m - qn, 0, qn,
-                        sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, part + (size_t)rows * D,
+                const int64_t at = (int64_t)r * qn * H;   /* row r's queries */
+                const queries8 Qr = {Q->qi + at * D, Q->qc + at, Q->qsum + at};
+                segment(&kv, g, &Qr, kv.m - qn, 0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, part + (size_t)rows * D,
                         part + (size_t)rows * D + rows, part);
             }
         }
@@ -513,14 +541,14 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
 
 /* A long chunk: items (KV head, FQ query positions), the last positions (the most keys) first, each merging its
  * segments as they end (the same segment() and merge() calls a short chunk makes, in the same order). */
-static int blocked(const keys8 *kv, const int16_t *qi, const float *qc, int n, float *out) {
+static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
     const int D = kv->D, G = kv->G, H = kv->H, KVH = kv->KVH, nqb = (n + FQ - 1) / FQ, rows_max = G * FQ;
     const int64_t pos0 = (int64_t)kv->m - n;
     int failed = 0;
     #pragma omp parallel
     {
         block8 b;
-        int16_t *buf = block_buffers(&b, D);
+        void *buf = block_buffers(&b, D);
         float *f = (float *)malloc(sizeof(float) * (size_t)rows_max * (2 * D + 4));
         if (!buf || !f) {
             #pragma omp atomic write
@@ -538,7 +566,7 @@ static int blocked(const keys8 *kv, const int16_t *qi, const float *qc, int n, f
             memset(ao, 0, sizeof(float) * (size_t)rows * D);
             const int segs = (int)((p0 + qn - 1) / SEG) + 1;
             for (int sg = 0; sg < segs; sg++) {
-                segment(kv, g, qi, qc, p0, i0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, mx, sum, o);
+                segment(kv, g, Q, p0, i0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, mx, sum, o);
                 for (int rr = 0; rr < rows; rr++)
                     merge(&amx[rr], &asum[rr], ao + (size_t)rr * D, mx[rr], sum[rr], o + (size_t)rr * D, D);
             }
@@ -551,13 +579,18 @@ static int blocked(const keys8 *kv, const int16_t *qi, const float *qc, int n, f
     return failed ? -1 : 0;
 }
 
-/* the queries as int16 (one allocation: qi then qc), or NULL when out of memory */
-static void *queries(const float *q, int64_t qs, int n, int H, int D, float scale, int16_t **qi, float **qc) {
-    void *mem = malloc((sizeof(int16_t) * (size_t)D + sizeof(float)) * (size_t)n * H + 64);
+/* the queries as int8 with their factors and sums (one allocation), or NULL when out of memory */
+static void *queries(const float *q, int64_t qs, int n, int H, int D, float scale, queries8 *Q) {
+    const size_t rows = (size_t)n * H;
+    void *mem = malloc((sizeof(float) + sizeof(int32_t) + (size_t)D) * rows + 64);
     if (!mem) return NULL;
-    *qc = (float *)mem;
-    *qi = (int16_t *)((float *)mem + (size_t)n * H);
-    quantize_queries(q, qs, n, H, D, scale, *qi, *qc);
+    float *qc = (float *)mem;
+    int32_t *qsum = (int32_t *)(qc + rows);
+    int8_t *qi = (int8_t *)(qsum + rows);
+    quantize_queries(q, qs, n, H, D, scale, qi, qc, qsum);
+    Q->qi = qi;
+    Q->qc = qc;
+    Q->qsum = qsum;
     return mem;
 }
 
@@ -565,17 +598,16 @@ int kv8_attention(const float *q, int64_t qs, const int8_t *k, const int8_t *v, 
                   const int64_t *slots, float *out, int n, int m, int H, int KVH, int D, float scale) {
     if (!shape_ok(H, KVH, D) || m < n) return -3;
     if (n <= 0) return 0;
-    int16_t *qi;
-    float *qc;
-    void *mem = queries(q, qs, n, H, D, scale, &qi, &qc);
+    queries8 Q;
+    void *mem = queries(q, qs, n, H, D, scale, &Q);
     if (!mem) return -1;
     const keys8 kv = {k, v, ks, vs, slots, m, KVH, D, H / KVH, H};
     int rc;
     if (n <= FQ) {
         const int64_t lens = m;
-        rc = segmented(&kv, slots, m, &lens, qi, qc, 1, n, out, 0);
+        rc = segmented(&kv, slots, m, &lens, &Q, 1, n, out, 0);
     } else {
-        rc = blocked(&kv, qi, qc, n, out);
+        rc = blocked(&kv, &Q, n, out);
     }
     free(mem);
     return rc;
@@ -588,12 +620,11 @@ int kv8_decode(const float *q, int64_t qs, const int8_t *k, const int8_t *v, con
     for (int r = 0; r < R; r++)
         if (lens[r] < 1 || lens[r] > Lmax) return -3;
     if (R <= 0) return 0;
-    int16_t *qi;
-    float *qc;
-    void *mem = queries(q, qs, R, H, D, scale, &qi, &qc);
+    queries8 Q;
+    void *mem = queries(q, qs, R, H, D, scale, &Q);
     if (!mem) return -1;
     const keys8 kv = {k, v, ks, vs, slots, 0, KVH, D, H / KVH, H};
-    const int rc = segmented(&kv, slots, Lmax, lens, qi, qc, R, 1, out, os);
+    const int rc = segmented(&kv, slots, Lmax, lens, &Q, R, 1, out, os);
     free(mem);
     return rc;
 }

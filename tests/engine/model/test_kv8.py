@@ -1,7 +1,8 @@
 """The int8 KV pool (kv8_attention.c, core/engine/model/kv8.py, KVPool(dtype=torch.int8)): K and V stored as int8
 with one fp32 scale per (slot, head) row, attended in exact integer sums. Checked here: the C store writes the bits
 KVPool.set_kv writes in torch; a query row's result is the same bits decoded, prefilled whole or in any chunks, on
-any thread count; the attention is fp32 attention on the dequantized pool to ~1e-4; a NaN stays in its request;
+any thread count; the attention is fp32 attention on the dequantized pool to ~1 %, within the pool's own error;
+a NaN stays in its request;
 the model's greedy tokens are the same with the radix cache on and off; bad input is refused with what to
 change."""
 from __future__ import annotations
@@ -74,19 +75,32 @@ def test_the_c_store_writes_the_bits_kvpool_set_kv_writes_in_torch():
     assert int(q.abs().max()) == 127
 
 
-def test_attention_is_fp32_attention_over_the_dequantized_pool():
-    """The int16 queries and weights add ~1e-4 on top of what the pool stores."""
+def test_attention_is_fp32_attention_over_the_dequantized_pool_to_about_the_pools_own_error():
+    """int8 queries (as K's rows) and int16 softmax weights: ~1 % of the output's norm, less than storing K and V as
+    int8 already moves it from fp32 attention over the original K/V (measured 1.04-1.35x that error alone)."""
     require_kv8()
-    pool, slots = filled(1000)
-    q = torch.randn(100, H, D, generator=torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    m, n = 1000, 100
+    k = torch.randn(m, KVH, D, generator=g) * 2
+    k[:, :, 5] *= 5                                   # an outlier channel, as real K has
+    v = torch.randn(m, KVH, D, generator=g)
+    pool = KVPool(1, m + 8, KVH, D, dtype=torch.int8)
+    slots = torch.randperm(m + 8, generator=g)[:m] + 1
+    pool.set_kv(0, slots, k, v)
+    q = torch.randn(n, H, D, generator=g)
     out = kv8.kv8_attention(q, *layer(pool), slots, SCALE)
-    kd = pool.k_values(slots)[0]
-    vd = pool.v_buffer[0, slots].float() * pool.v_scale[0, slots][..., None]
-    mask = torch.ones(100, 1000, dtype=torch.bool).tril(900)
-    ref = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kd.transpose(0, 1)[None],
-                                         vd.transpose(0, 1)[None], attn_mask=mask, scale=SCALE,
-                                         enable_gqa=True)[0].transpose(0, 1)
-    assert (out - ref).abs().max() < 1e-3 * ref.abs().max()
+    mask = torch.ones(n, m, dtype=torch.bool).tril(m - n)
+
+    def attention(kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk.transpose(0, 1)[None],
+                                              vv.transpose(0, 1)[None], attn_mask=mask, scale=SCALE,
+                                              enable_gqa=True)[0].transpose(0, 1)
+
+    stored = attention(pool.k_values(slots)[0], pool.v_buffer[0, slots].float() * pool.v_scale[0, slots][..., None])
+    exact = attention(k, v)
+    rel = lambda a, b: float((a - b).norm() / b.norm())   # noqa: E731
+    assert 1e-4 < rel(out, stored) < 0.02
+    assert rel(out, exact) < 1.5 * rel(stored, exact)
 
 
 @pytest.fixture
