@@ -159,24 +159,22 @@ typedef struct {
     float ksc[BK], vsc[BK];
 } block8;
 
-/* asks for block kb's K/V rows of every head and their scales (read next, from memory) */
-static void prefetch_block(const keys8 *kv, int kb) {
-    const int64_t row = (int64_t)kv->KVH * kv->D;
-    for (int j = kb * BK; j < (kb + 1) * BK && j < kv->m; j++) {
-        const int64_t s = kv->slots[j];
-        for (int64_t b = 0; b < row; b += 64) {
-            __builtin_prefetch(kv->k + s * row + b, 0, 2);
-            __builtin_prefetch(kv->v + s * row + b, 0, 2);
-        }
-        __builtin_prefetch(kv->ks + s * kv->KVH, 0, 2);
-        __builtin_prefetch(kv->vs + s * kv->KVH, 0, 2);
-    }
-}
-
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
+    const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     const int8_t *vrow[BK];
     for (int j = 0; j < BK; j++) {
+        if (j < kn_next) {   /* this head's rows of a block ahead, a key at a time (a burst of them is dropped) */
+            const int64_t next = kv->slots[jn + j] * kv->KVH + g;
+            for (int d = 0; d < D; d += 64) {
+                __builtin_prefetch(kv->k + next * D + d, 0, 2);
+                __builtin_prefetch(kv->v + next * D + d, 0, 2);
+            }
+            if ((j & 3) == 0) {
+                __builtin_prefetch(kv->ks + next, 0, 2);
+                __builtin_prefetch(kv->vs + next, 0, 2);
+            }
+        }
         uint8_t *ku = b->ku + (int64_t)j * D;
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         if (j < kn) {
@@ -389,52 +387,65 @@ static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, i
     else values_d(wq, R, b, pairs, D, acc);
 }
 
-/* The rows of KV head g (its G query heads at positions pos0 .. pos0 + qn - 1, queries i0 ..: row rr is head
- * g * G + rr / qn at query i0 + rr % qn) over key blocks kb0 .. kb1 - 1 (one segment): fresh running max, sum and
- * output per row in mx, sum, o [rows][D]; a row the segment shows nothing keeps mx -inf. */
-__attribute__((noinline, noclone))
-static void segment(const keys8 *kv, int g, const queries8 *Q, int64_t pos0, int i0, int qn, int kb0, int kb1,
-                    block8 *b, float *mx, float *sum, float *o) {
+/* One block for the rows of KV head g (its G query heads at positions pos0 .. pos0 + qn - 1, queries i0 ..: row
+ * rr is head g * G + rr / qn at query i0 + rr % qn): their running max, sum and output (st: [rows][D] outputs, then
+ * rows maxes, rows sums) updated. */
+static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_t pos0, int i0, int qn, block8 *b,
+                       float *st) {
     const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
-    for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
-    memset(o, 0, sizeof(float) * (size_t)rows * D);
-    for (int kb = kb0; kb < kb1; kb++) {
-        const int64_t j0 = (int64_t)kb * BK;
-        if (j0 > pos0 + qn - 1) break;   /* no row sees this block or any later */
-        if (g == 0) prefetch_block(kv, kb + PREFETCH_BLOCKS);   /* every head's rows, for this head and the next */
-        const int transposed = rows > RB;   /* many rows: the transpose pays */
-        unpack_block(kv, g, kb, transposed, b);
-        for (int r0 = 0; r0 < rows; r0 += RB) {
-            const int8_t *q[RB];
-            int32_t qsum[RB];
-            int seen[RB], keys = 0;
-            for (int r = 0; r < RB; r++) {
-                const int rr = r0 + r < rows ? r0 + r : r0;   /* past the last row: the first again, unused */
-                const int64_t vis = r0 + r < rows ? pos0 + rr % qn - j0 + 1 : 0;
-                seen[r] = vis > BK ? BK : vis < 0 ? 0 : (int)vis;
-                keys = seen[r] > keys ? seen[r] : keys;
-                const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
-                q[r] = Q->qi + at * D;
-                qsum[r] = Q->qsum[at];
-            }
-            if (!keys) continue;
-            const int n = rows - r0 < RB ? rows - r0 : RB;
-            block_dots(q, qsum, n, b, transposed, (keys + 15) / 16 * 16, D, b->dots);
-            int need[RB], pairs = 0;
-            float ws[RB], corr[RB];
-            for (int r = 0; r < n; r++) {
-                const int rr = r0 + r;
-                const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
-                need[r] = seen[r] && row_weights(b->dots + r * BK, Q->qc[at], b, seen[r], D, &mx[rr], &sum[rr],
-                                                 o + (int64_t)rr * D, b->wq + r * BK, &ws[r], &corr[r]);
-                if (!need[r]) memset(b->wq + r * BK, 0, sizeof(int16_t) * BK);   /* adds nothing below */
-                else if ((seen[r] + 1) / 2 > pairs) pairs = (seen[r] + 1) / 2;
-            }
-            if (!pairs) continue;
-            block_values(b->wq, n, b, pairs, D, b->acc);
-            for (int r = 0; r < n; r++)
-                if (need[r]) row_output(b->acc + (int64_t)r * D, ws[r], corr[r], D, o + (int64_t)(r0 + r) * D);
+    float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
+    const int64_t j0 = (int64_t)kb * BK;
+    const int transposed = rows > RB;   /* many rows: the transpose pays */
+    unpack_block(kv, g, kb, transposed, b);
+    for (int r0 = 0; r0 < rows; r0 += RB) {
+        const int8_t *q[RB];
+        int32_t qsum[RB];
+        int seen[RB], keys = 0;
+        for (int r = 0; r < RB; r++) {
+            const int rr = r0 + r < rows ? r0 + r : r0;   /* past the last row: the first again, unused */
+            const int64_t vis = r0 + r < rows ? pos0 + rr % qn - j0 + 1 : 0;
+            seen[r] = vis > BK ? BK : vis < 0 ? 0 : (int)vis;
+            keys = seen[r] > keys ? seen[r] : keys;
+            const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
+            q[r] = Q->qi + at * D;
+            qsum[r] = Q->qsum[at];
         }
+        if (!keys) continue;
+        const int n = rows - r0 < RB ? rows - r0 : RB;
+        block_dots(q, qsum, n, b, transposed, (keys + 15) / 16 * 16, D, b->dots);
+        int need[RB], pairs = 0;
+        float ws[RB], corr[RB];
+        for (int r = 0; r < n; r++) {
+            const int rr = r0 + r;
+            const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
+            need[r] = seen[r] && row_weights(b->dots + r * BK, Q->qc[at], b, seen[r], D, &mx[rr], &sum[rr],
+                                             o + (int64_t)rr * D, b->wq + r * BK, &ws[r], &corr[r]);
+            if (!need[r]) memset(b->wq + r * BK, 0, sizeof(int16_t) * BK);   /* adds nothing below */
+            else if ((seen[r] + 1) / 2 > pairs) pairs = (seen[r] + 1) / 2;
+        }
+        if (!pairs) continue;
+        block_values(b->wq, n, b, pairs, D, b->acc);
+        for (int r = 0; r < n; r++)
+            if (need[r]) row_output(b->acc + (int64_t)r * D, ws[r], corr[r], D, o + (int64_t)(r0 + r) * D);
+    }
+}
+
+/* The rows of KV heads g0 .. g1 - 1 (head_block's rows, each head's) over key blocks kb0 .. kb1 - 1 (one segment),
+ * block by block, each block's heads in turn (a slot's rows of every head are adjacent: the block is read from
+ * memory once, while all of its work runs): fresh state per head at st + (g - g0) * hstride (head_block's layout);
+ * a row the segment shows nothing keeps max -inf. */
+__attribute__((noinline, noclone))
+static void segment(const keys8 *kv, int g0, int g1, const queries8 *Q, int64_t pos0, int i0, int qn, int kb0,
+                    int kb1, block8 *b, float *st, size_t hstride) {
+    const int rows = kv->G * qn, D = kv->D;
+    for (int g = g0; g < g1; g++) {
+        float *o = st + (g - g0) * hstride, *mx = o + (size_t)rows * D, *sum = mx + rows;
+        for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
+        memset(o, 0, sizeof(float) * (size_t)rows * D);
+    }
+    for (int kb = kb0; kb < kb1; kb++) {
+        if ((int64_t)kb * BK > pos0 + qn - 1) break;   /* no row sees this block or any later */
+        for (int g = g0; g < g1; g++) head_block(kv, g, kb, Q, pos0, i0, qn, b, st + (g - g0) * hstride);
     }
 }
 
@@ -510,13 +521,10 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
             kv.m = (int)lens[r];
             const int sg = (int)(it - first[r]);
             const int g0 = per_head ? (int)(ih % heads) : 0, g1 = per_head ? g0 + 1 : KVH;
-            for (int g = g0; g < g1; g++) {
-                float *part = parts + ((size_t)it * KVH + g) * pstride;
-                const int64_t at = (int64_t)r * qn * H;   /* row r's queries */
-                const queries8 Qr = {Q->qi + at * D, Q->qc + at, Q->qsum + at};
-                segment(&kv, g, &Qr, kv.m - qn, 0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, part + (size_t)rows * D,
-                        part + (size_t)rows * D + rows, part);
-            }
+            const int64_t at = (int64_t)r * qn * H;   /* row r's queries */
+            const queries8 Qr = {Q->qi + at * D, Q->qc + at, Q->qsum + at};
+            segment(&kv, g0, g1, &Qr, kv.m - qn, 0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b,
+                    parts + ((size_t)it * KVH + g0) * pstride, pstride);
         }
         #pragma omp for schedule(static)
         for (int64_t it = 0; it < (int64_t)R * KVH * rows; it++) {
@@ -554,8 +562,7 @@ static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
             #pragma omp atomic write
             failed = 1;
         }
-        float *o = f, *ao = o + (size_t)rows_max * D, *mx = ao + (size_t)rows_max * D, *sum = mx + rows_max;
-        float *amx = sum + rows_max, *asum = amx + rows_max;
+        float *st = f, *ao = st + (size_t)rows_max * (D + 2), *amx = ao + (size_t)rows_max * D, *asum = amx + rows_max;
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < nqb * KVH; it++) {
             if (!buf || !f) continue;
@@ -565,8 +572,9 @@ static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
             for (int r = 0; r < rows; r++) { amx[r] = -INFINITY; asum[r] = 0.f; }
             memset(ao, 0, sizeof(float) * (size_t)rows * D);
             const int segs = (int)((p0 + qn - 1) / SEG) + 1;
+            const float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;   /* segment()'s layout */
             for (int sg = 0; sg < segs; sg++) {
-                segment(kv, g, Q, p0, i0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, mx, sum, o);
+                segment(kv, g, g + 1, Q, p0, i0, qn, sg * SEG_BLOCKS, (sg + 1) * SEG_BLOCKS, &b, st, 0);
                 for (int rr = 0; rr < rows; rr++)
                     merge(&amx[rr], &asum[rr], ao + (size_t)rr * D, mx[rr], sum[rr], o + (size_t)rr * D, D);
             }
