@@ -83,9 +83,11 @@ def available_memory(device: torch.device) -> int:
 
 
 def pool_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, slots: int) -> int:
-    """K and V buffers of a pool of `slots` slots (the engine's per-slot arrays ride on the CPU)."""
+    """K and V buffers of a pool of `slots` slots (the engine's per-slot arrays ride on the CPU); an int8 pool's fp32
+    scale per (layer, slot, head) row included (KVPool.nbytes)."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * num_layers * slots * num_kv_heads * head_dim * itemsize
+    scales = 4 if dtype is torch.int8 else 0
+    return 2 * num_layers * slots * num_kv_heads * (head_dim * itemsize + scales)
 
 
 def check_pool_slots(pool_slots: Any, page_size: int) -> int:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from core.cache.kv_pool import KVPool, quantize_int8
 from core.engine.engine import Engine
+from core.engine.inputs import pool_bytes
 from core.engine.model import kv8
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_llama import NativeLlama
@@ -173,6 +174,7 @@ def test_the_pool_counts_its_scales_and_shows_the_k_it_holds():
     assert norms.shape == (2, 1) and norms[0, 0] == 0
     assert abs(float(norms[1, 0]) - float(k[1].norm())) < 0.01 * float(k[1].norm())
     assert KVPool(1, 10, KVH, D).k_scale is None
+    assert pool_bytes(2, KVH, D, torch.int8, 11) == pool.nbytes()   # what the engine checks against free memory
 
 
 def test_int8_numerics_default_to_the_int8_pool_where_its_kernels_run():
