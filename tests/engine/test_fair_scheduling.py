@@ -229,6 +229,7 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
     rows) takes 3 (4 rows) for the same projections; 5-8 rows fill to 8; 9-11 to 11 where the CPU has AMX (from
     12 the tiles run, flat in price) and to 12 where it has not (the weight panels take over from 32 rows). With
     a16 (w8a16_gemm, VNNI without AMX) rows go in pairs. fp32 computes row by row: nothing to fill."""
+    from core.engine.model.native_int8 import gemv_blocks
     from core.engine.model.native_linear import AMX_MIN_ROWS, PANEL_MIN_ROWS, many_rows
     from core.engine.model.runner import ModelRunner
     from tests.engine.model.require_kernels import require_kernels
@@ -240,8 +241,11 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
     runner = ModelRunner.from_hf(AutoModelForCausalLM.from_config(CONFIGS["llama"]()).eval(), device="cpu",
                                  numerics="int8")
     nine_to_eleven = {AMX_MIN_ROWS: 11, PANEL_MIN_ROWS: 12}[many_rows()]
+    blocks = gemv_blocks(CONFIGS["llama"]().hidden_size)   # built without AVX-512: w8_gemv row by row, no blocks
     if runner.native.a16:   # w8a16_gemm (VNNI, no AMX): rows in pairs, an odd count fills to the next even one
         assert [runner.rows_computed(n) for n in range(1, 12)] == [2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12]
+    elif not blocks:        # AVX2: a row costs a row, nothing to fill
+        assert [runner.rows_computed(n) for n in range(1, 12)] == list(range(1, 12))
     else:
         assert [runner.rows_computed(n) for n in range(1, 12)] == [1, 2, 4, 4, 8, 8, 8, 8] + [nine_to_eleven] * 3
     # ratio 1: a mixed step may take no more than a decode step, so after the first (FIRST_MIXED_TOKENS) the cap
@@ -258,9 +262,13 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
         chunks.append(e.metrics.prefill_computed - before)
     # the first mixed chunk: FIRST_MIXED_TOKENS + 1 decode = 17 rows, on the tiles with AMX; without, the FMA
     # kernel's blocks of 4 make it 20 rows, so the prompt fills 19 of them (a16's pairs: 18 rows, 17)
+    # (AVX2, no blocks: the first cap, then the floor itself)
     first = 17 if runner.native.a16 else {AMX_MIN_ROWS: FIRST_MIXED_TOKENS, PANEL_MIN_ROWS: 19}[many_rows()]
+    fill = 3   # 1 decode + 3 prompt tokens: one block of 4 rows (a16: 2 pairs)
+    if not runner.native.a16 and not blocks:
+        first, fill = FIRST_MIXED_TOKENS, MIN_PREFILL_TOKENS
     assert chunks[0] == first
-    assert set(chunks[1:-1]) == {3} and 1 <= chunks[-1] <= 3   # 1 decode + 3 prompt tokens: one block of 4 rows
+    assert set(chunks[1:-1]) == {fill} and 1 <= chunks[-1] <= fill
     assert not stream.done()
     while e.has_work():
         e.step()
@@ -272,6 +280,7 @@ def test_the_filled_rows_never_pass_max_prefill_tokens():
     """A fill is a cheaper chunk, not a bigger budget: with max_prefill_tokens 3 beside 3 decodes (rows 5 -> 8 would
     ask for 5 tokens) a step still carries at most 3 prefill tokens."""
     from core.engine.model.runner import ModelRunner
+    from core.engine.model.native_int8 import gemv_blocks
     from tests.engine.model.require_kernels import require_kernels
     from tests.tiny_models import CONFIGS
     from transformers import AutoModelForCausalLM
@@ -290,7 +299,11 @@ def test_the_filled_rows_never_pass_max_prefill_tokens():
         before = e.metrics.prefill_computed
         e.step()
         chunks.append(e.metrics.prefill_computed - before)
-    assert set(chunks[:-1]) == {3} and chunks[-1] <= 3
+    if not runner.native.a16 and not gemv_blocks(CONFIGS["llama"]().hidden_size):
+        # built without AVX-512: rows one by one, no block to fill; the first cap, then the floor
+        assert chunks[0] == 3 and set(chunks[1:-1]) == {MIN_PREFILL_TOKENS} and chunks[-1] <= MIN_PREFILL_TOKENS
+    else:
+        assert set(chunks[:-1]) == {3} and chunks[-1] <= 3
     for h in [long] + streams:
         e.abort(h.rid)
     e.check_invariants()
