@@ -26,15 +26,16 @@ def many_rows() -> int:
 
 
 def a16_here(device: torch.device) -> bool:
-    """Whether int8 runs `w8a16_gemm` on this device: int16 activations and exact integer sums on AVX512-VNNI (twice
-    the FMA kernels' products a cycle), on a CPU without AMX (whose tiles keep the x16 arithmetic)."""
+    """Whether int8 runs `w8a16_gemm` on this device: int16 activations and exact integer sums on AVX512-VNNI or
+    AVX2 (twice the FMA kernels' products a cycle), on a CPU without AMX (whose tiles keep the x16 arithmetic)."""
     return device.type == "cpu" and native_int8.w8a16_enabled() and not native_kernels.amx_available()
 
 
 def a16_fits(weight: torch.Tensor) -> bool:
-    """Whether this int8 weight [N, K] fits `w8a16_gemm`'s panels: they fit the panel layout, K is even (pairs of
-    k per VPDPWSSD)."""
-    return native_int8.panels_fit(weight) and weight.shape[1] % 2 == 0
+    """Whether this int8 weight [N, K] fits `w8a16_gemm`'s panels: a CPU tensor, N a multiple of 16, K even (pairs
+    of k per VPDPWSSD or VPMADDWD), and the kernel built here (AVX512-VNNI or AVX2)."""
+    return (weight.is_cpu and weight.shape[0] % 16 == 0 and weight.shape[1] % 2 == 0
+            and native_int8.w8a16_available())
 
 
 def one_order_fits(weight: torch.Tensor) -> bool:

@@ -20,8 +20,14 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define A16_VNNI 1
+#define A16_AVX2 0
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define A16_VNNI 0
+#define A16_AVX2 1      /* VPMADDWD + VPADDD: the same exact sums, 8 lanes (w8a16_avx2.h) */
 #else
 #define A16_VNNI 0
+#define A16_AVX2 0
 #endif
 #include "native_kernels.h"
 
@@ -33,7 +39,7 @@
 #define A16_FEW 32      /* below this many rows: the decode blocking (rows x panels) */
 #define GROUP 8         /* panels side by side: panel_gemm.c's layout */
 
-int w8a16_ready(void) { return A16_VNNI; }
+int w8a16_ready(void) { return A16_VNNI || A16_AVX2; }
 
 #if A16_VNNI
 /* each row of x as int16 (xq) and its scale (max|x| / A16_MAX; NaN when the row holds a NaN or an infinity, so the
@@ -207,11 +213,15 @@ static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, 
 }
 #endif
 
+#if A16_AVX2
+#include "w8a16_avx2.h"
+#endif
+
 /* y[M, N] = xq @ q^T * (sx * scales) (+ bias), q in panels; N % 16 == 0, K even. Returns -1 when out of memory (the
- * int16 rows), -2 when built without AVX512-VNNI. */
+ * int16 rows), -2 when built without AVX512-VNNI or AVX2. */
 int w8a16_gemm(const float *x, const int8_t *panels, const float *scales, const float *bias, float *y,
                int M, int N, int K) {
-#if A16_VNNI
+#if A16_VNNI || A16_AVX2
     if (M <= 0) return 0;
     int16_t stack_q[8192];
     double stack_s[32];

@@ -21,6 +21,10 @@ ATOL = 1e-5
 # K/V that differ by fp32 rounding (~1e-7: a chunk's projections sum in another order) can fall on either side of
 # a 16-bit split step of the tiles, so a cached or chunked prompt's logits may move by ~2^-16 of their size
 TILES_ATOL = 5e-5
+# w8a16_gemm beside torch's attention (a CPU with AVX2 only has no C prefill kernel): attention outputs that differ
+# by fp32 rounding between chunkings can round an activation to the neighbouring int16 step (2^-14 of its row's
+# largest value), so the logits may move by a few such steps
+A16_TORCH_ATOL = 2e-4
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +61,12 @@ def torch_attention(monkeypatch) -> None:
 def tiles_here() -> bool:
     """Whether a C kernel attends the test model's prompt chunks here (its 3 heads over 1 KV head of 64)."""
     return pool_attention.prefill_kernel(torch.device("cpu"), 3, 1, 64) is not None
+
+
+def chunk_atol(native: NativeLlama) -> float:
+    """How far a chunked or cached prompt's logits may move here: TILES_ATOL, or A16_TORCH_ATOL where w8a16_gemm
+    runs beside torch's attention."""
+    return A16_TORCH_ATOL if native.a16 and not tiles_here() else TILES_ATOL
 
 
 def tile_calls(monkeypatch, native: NativeLlama) -> list:
@@ -104,7 +114,7 @@ def test_int8_logits_with_tiled_attention_do_not_depend_on_chunking_or_caching(m
     expect_tiles(calls, [96, 96])                          # both layers
     for cut in (7, 17, 40):
         calls.clear()
-        torch.testing.assert_close(last_logits(native, cut), whole, atol=TILES_ATOL, rtol=0)
+        torch.testing.assert_close(last_logits(native, cut), whole, atol=chunk_atol(native), rtol=0)
         expect_tiles(calls, [cut, cut, 96 - cut, 96 - cut])
 
 
@@ -121,7 +131,7 @@ def test_a_one_token_prompt_chunk_is_attended_on_the_tiles_not_as_a_decode(monke
     assert batch.decode_rows == [0] and batch.prompt_rows == {0}
     last = native.forward(batch, pool)[-1]
     expect_tiles(calls, [1, 1])
-    torch.testing.assert_close(last, whole, atol=TILES_ATOL, rtol=0)
+    torch.testing.assert_close(last, whole, atol=chunk_atol(native), rtol=0)
     calls.clear()
     as_decode = native.forward(ForwardBatch.build([(IDS[95:], SLOTS[:95], SLOTS[95:])]), pool)[-1]
     assert calls == [] and ForwardBatch.build([([1], [2], [3])]).prompt_rows == frozenset()
@@ -179,4 +189,4 @@ def test_a_short_extend_beside_a_decode_attends_on_tiles_like_its_prompt_whole(m
     mixed = native.forward(ForwardBatch.build([([3], other_slots[:4], other_slots[4:]),
                                                (IDS[93:], SLOTS[:93], SLOTS[93:])]), pool)
     expect_tiles(calls, [3, 3])                              # the extend's 3 tokens; the decode not
-    torch.testing.assert_close(mixed[-1], whole, atol=TILES_ATOL, rtol=0)
+    torch.testing.assert_close(mixed[-1], whole, atol=chunk_atol(native), rtol=0)

@@ -35,12 +35,12 @@ def make_ref(seed: int = 0) -> torch.nn.Module:
 
 def one_order_here(native: NativeLlama) -> bool:
     """Whether this CPU runs one order (AVX-512): the model with a bf16 pool says so, and runs every projection on
-    its panels; without AVX-512 it says it does not (and runs w8_gemv)."""
+    its panels; without AVX-512 it says it does not (and runs w8_gemv, or w8a16_gemm's panels with AVX2)."""
     fits = pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
                                          native.head_dim) == "fma"
     assert native.kv_dtype is torch.bfloat16 and native.one_order == fits
     assert [lin.matrix is None for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)] == \
-        [fits] * 4 * len(native.layers)
+        [fits or native.a16] * 4 * len(native.layers)
     return fits
 
 

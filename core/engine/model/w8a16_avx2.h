@@ -1,0 +1,223 @@
+/* w8a16_gemm's AVX2 path, for CPUs without AVX-512 (AMD Zen 2 and 3, Intel before Ice Lake): included by
+ * w8a16_gemm.c, whose formula and pair layout it keeps bit for bit.
+ *
+ * Why: with AVX2 only, the x16 kernels ran a prompt's rows one at a time (w8_gemv: a 1,024-token prefill 4x slower
+ * than HF fp32's MKL GEMM on an AMD Zen 3). VPMADDWD multiplies 16 int16 pairs and adds each pair (8 int32 sums an
+ * instruction, 16 products: twice an FMA's 8) and VPADDD accumulates them: VPDPWSSD's exact sum in two
+ * instructions. A panel's 16 channels are two halves of 8 lanes; 16 registers hold a block of 6 rows x 16 channels
+ * (12 sums) for many rows, and 8 sums (a row x 4 panels, or 2 rows x 2) for decode rows, the rest of a group's 8
+ * panels then read again from L2 (a group of SmolLM2's down projection is 196 KB). */
+
+/* each row of x as int16 and its scale: quantize_rows' rule (w8a16_gemm.c), 8 lanes then the tail one by one (the
+ * same fp32 product and the same rounding, half to even, either way) */
+static void quantize_rows(const float *x, int16_t *xq, double *sx, int M, int K) {
+    const int K8 = K & ~7;
+    #pragma omp parallel for schedule(static) if (M >= 4)
+    for (int m = 0; m < M; m++) {
+        const float *r = x + (int64_t)m * K;
+        int16_t *q = xq + (int64_t)m * K;
+        const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(3.4028235e38f);
+        __m256 vmax = _mm256_setzero_ps();
+        int bad = 0;
+        for (int k = 0; k < K8; k += 8) {
+            const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(r + k));
+            bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_NLE_UQ));   /* NaN or infinity */
+            vmax = _mm256_max_ps(vmax, a);
+        }
+        float lanes[8], amax = 0.f;
+        _mm256_storeu_ps(lanes, vmax);
+        for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+        for (int k = K8; k < K; k++) {
+            const float a = fabsf(r[k]);
+            bad |= !(a <= 3.4028235e38f);
+            amax = a > amax ? a : amax;
+        }
+        if (bad || amax < A16_TINY) {
+            memset(q, 0, sizeof(int16_t) * (size_t)K);
+            sx[m] = bad ? NAN : 0.0;
+            continue;
+        }
+        const float inv1 = (float)A16_MAX / amax;
+        const __m256 inv = _mm256_set1_ps(inv1);
+        const __m256i hi = _mm256_set1_epi32(A16_MAX), lo = _mm256_set1_epi32(-A16_MAX);
+        for (int k = 0; k < K8; k += 8) {
+            __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(r + k), inv));
+            v = _mm256_max_epi32(_mm256_min_epi32(v, hi), lo);
+            /* 8 int32 -> 8 int16 (values within int16: packs saturates nothing) */
+            const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            _mm_storeu_si128((__m128i *)(q + k), packed);
+        }
+        for (int k = K8; k < K; k++) {
+            const long v = lrintf(r[k] * inv1);
+            q[k] = (int16_t)(v > A16_MAX ? A16_MAX : v < -A16_MAX ? -A16_MAX : v);
+        }
+        sx[m] = (double)amax / A16_MAX;
+    }
+}
+
+/* the one epilogue: y[0..16) = (float)(total * (sx * scale)) + bias (w8a16_gemm.c's, 4 doubles at a time) */
+__attribute__((noinline)) static void a16_store(const int64_t *total, double sx, const float *scales,
+                                                const float *bias, float *y) {
+    const __m256d s = _mm256_set1_pd(sx);
+    for (int j = 0; j < 16; j += 4) {
+        const __m256d t = _mm256_set_pd((double)total[j + 3], (double)total[j + 2], (double)total[j + 1],
+                                        (double)total[j]);
+        __m128 v = _mm256_cvtpd_ps(_mm256_mul_pd(t, _mm256_mul_pd(s, _mm256_cvtps_pd(_mm_loadu_ps(scales + j)))));
+        if (bias) v = _mm_add_ps(v, _mm_loadu_ps(bias + j));
+        _mm_storeu_ps(y + j, v);
+    }
+}
+
+/* channels 8h .. 8h + 7 of a panel at k steps k and k + 1 (k even) as 8 int16 pairs */
+static inline __m256i pair_weights(const int8_t *p, int64_t stride, int k, int h) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + (int64_t)k * stride + 16 * h)));
+}
+
+static inline __m256i pair_of(const int16_t *x, int k) {
+    int32_t v;
+    memcpy(&v, x + k, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* acc += the exact pair sums of w and x (VPDPWSSD's result: the pair sums are exact in 32 bits, see BLOCK_K) */
+static inline __m256i dp(__m256i acc, __m256i w, __m256i x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+}
+
+/* total[0..16) = the two halves' sums widened to 64 bits (the first k block), or += them (the next ones) */
+static inline void add_total(int64_t *total, __m256i lo, __m256i hi, int first) {
+    int32_t v[16];
+    _mm256_storeu_si256((__m256i *)v, lo);
+    _mm256_storeu_si256((__m256i *)(v + 8), hi);
+    for (int j = 0; j < 16; j++) total[j] = (first ? 0 : total[j]) + v[j];
+}
+
+#define A16_ROWS_AVX2 6    /* rows of a many-rows block: 12 sums, 2 weight halves and a broadcast (16 registers) */
+#define A16_BLOCK_AVX2 96  /* rows of xq kept in L2 while every panel passes over them (a multiple of 6) */
+
+/* one row's two sums at a k pair: named variables, not an array (GCC kept an array's sums on the stack: a store
+ * and a reload in every step, ~1.6x slower) */
+#define A16_ROW(r) do { const __m256i x = pair_of(xq + (int64_t)(r) * K, k); \
+                        s##r##0 = dp(s##r##0, w0, x); s##r##1 = dp(s##r##1, w1, x); } while (0)
+
+/* totals[r][0..16) += sum over k in [k0, k1) of xq[r][k] * panel[k][0..16), `rows` (<= A16_ROWS_AVX2) rows
+ * (noinline: inlined into the OpenMP body, its sums were kept on the stack) */
+__attribute__((noinline)) static void a16_block(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows,
+                      int64_t (*total)[16]) {
+    if (rows == A16_ROWS_AVX2) {
+        __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00,
+                s31 = s00, s40 = s00, s41 = s00, s50 = s00, s51 = s00;
+        for (int k = k0; k < k1; k += 2) {
+            const __m256i w0 = pair_weights(panel, stride, k, 0), w1 = pair_weights(panel, stride, k, 1);
+            A16_ROW(0); A16_ROW(1); A16_ROW(2); A16_ROW(3); A16_ROW(4); A16_ROW(5);
+        }
+        const int first = k0 == 0;
+        add_total(total[0], s00, s01, first);
+        add_total(total[1], s10, s11, first);
+        add_total(total[2], s20, s21, first);
+        add_total(total[3], s30, s31, first);
+        add_total(total[4], s40, s41, first);
+        add_total(total[5], s50, s51, first);
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+        for (int k = k0; k < k1; k += 2) {
+            const __m256i x = pair_of(xq + (int64_t)r * K, k);
+            a0 = dp(a0, pair_weights(panel, stride, k, 0), x);
+            a1 = dp(a1, pair_weights(panel, stride, k, 1), x);
+        }
+        add_total(total[r], a0, a1, k0 == 0);
+    }
+}
+
+static void many_rows(const int16_t *xq, const double *sx, const int8_t *panels, const float *scales,
+                      const float *bias, float *y, int M, int N, int K) {
+    const int NP = N / 16, MBLK = (M + A16_BLOCK_AVX2 - 1) / A16_BLOCK_AVX2;
+    #pragma omp parallel for collapse(2) schedule(static, 1)
+    for (int mb = 0; mb < MBLK; mb++) {
+        for (int np = 0; np < NP; np++) {
+            int64_t stride;
+            const int8_t *panel = panel_at(panels, np, NP, K, &stride);
+            const int m_end = (mb + 1) * A16_BLOCK_AVX2 < M ? (mb + 1) * A16_BLOCK_AVX2 : M;
+            for (int m0 = mb * A16_BLOCK_AVX2; m0 < m_end; m0 += A16_ROWS_AVX2) {
+                const int rows = m_end - m0 < A16_ROWS_AVX2 ? m_end - m0 : A16_ROWS_AVX2;
+                int64_t total[A16_ROWS_AVX2][16];
+                for (int k0 = 0; k0 < K; k0 += BLOCK_K)
+                    a16_block(xq + (int64_t)m0 * K, K, panel, stride, k0, k0 + BLOCK_K < K ? k0 + BLOCK_K : K, rows,
+                              total);
+                for (int r = 0; r < rows; r++)
+                    a16_store(total[r], sx[m0 + r], scales + np * 16, bias ? bias + np * 16 : NULL,
+                              y + (int64_t)(m0 + r) * N + np * 16);
+            }
+        }
+    }
+}
+
+#define A16_PREFETCH 1024   /* bytes ahead of a decode row's weight stream (w8a16_gemm.c's) */
+
+/* totals[r * pb + p] += the sums of `rows` (1 or 2) rows over panels p0 .. p0 + ps - 1 of a group of pb (ps <= 4 for
+ * one row, <= 2 for two: 8 sums), k in [k0, k1); the first pass over a group (p0 == 0) asks for all of its bytes
+ * ahead, the later ones find them in cache */
+static void a16_few_part(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows,
+                         int pb, int p0, int ps, int64_t (*total)[16]) {
+    __m256i a[2][4][2];
+    for (int r = 0; r < 2; r++)
+        for (int p = 0; p < 4; p++) a[r][p][0] = a[r][p][1] = _mm256_setzero_si256();
+    for (int k = k0; k < k1; k += 2) {
+        if (p0 == 0)
+            for (int64_t b = 0; b < pb * 32; b += 64) __builtin_prefetch(panel + (int64_t)k * stride + b + A16_PREFETCH);
+        const __m256i x0 = pair_of(xq, k);
+        if (rows == 1) {
+            for (int p = 0; p < ps; p++) {
+                a[0][p][0] = dp(a[0][p][0], pair_weights(panel + (p0 + p) * 32, stride, k, 0), x0);
+                a[0][p][1] = dp(a[0][p][1], pair_weights(panel + (p0 + p) * 32, stride, k, 1), x0);
+            }
+        } else {
+            const __m256i x1 = pair_of(xq + K, k);
+            for (int p = 0; p < ps; p++) {
+                const __m256i w0 = pair_weights(panel + (p0 + p) * 32, stride, k, 0);
+                const __m256i w1 = pair_weights(panel + (p0 + p) * 32, stride, k, 1);
+                a[0][p][0] = dp(a[0][p][0], w0, x0);
+                a[0][p][1] = dp(a[0][p][1], w1, x0);
+                a[1][p][0] = dp(a[1][p][0], w0, x1);
+                a[1][p][1] = dp(a[1][p][1], w1, x1);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < ps; p++) add_total(total[r * pb + p0 + p], a[r][p][0], a[r][p][1], k0 == 0);
+}
+
+static void a16_few(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows, int pb,
+                    int64_t (*total)[16]) {
+    const int per = rows == 1 ? 4 : 2;
+    for (int p0 = 0; p0 < pb; p0 += per) {
+        const int ps = pb - p0 < per ? pb - p0 : per;
+        if (rows == 1 && ps == 4) a16_few_part(xq, K, panel, stride, k0, k1, 1, pb, p0, 4, total);   /* unrolled */
+        else if (rows == 2 && ps == 2) a16_few_part(xq, K, panel, stride, k0, k1, 2, pb, p0, 2, total);
+        else a16_few_part(xq, K, panel, stride, k0, k1, rows, pb, p0, ps, total);
+    }
+}
+
+static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, const float *scales,
+                     const float *bias, float *y, int M, int N, int K) {
+    const int NP = N / 16, groups = (NP + GROUP - 1) / GROUP;
+    #pragma omp parallel for schedule(static)
+    for (int g = 0; g < groups; g++) {
+        const int p0 = g * GROUP, pb = (g + 1) * GROUP < NP ? GROUP : NP - p0;
+        int64_t stride;
+        const int8_t *panel = panel_at(panels, p0, NP, K, &stride);
+        for (int m0 = 0; m0 < M; m0 += 2) {
+            const int rows = M - m0 >= 2 ? 2 : 1;
+            int64_t total[2 * GROUP][16];
+            for (int k0 = 0; k0 < K; k0 += BLOCK_K)
+                a16_few(xq + (int64_t)m0 * K, K, panel, stride, k0, k0 + BLOCK_K < K ? k0 + BLOCK_K : K, rows, pb,
+                        total);
+            for (int r = 0; r < rows; r++)
+                for (int p = 0; p < pb; p++)
+                    a16_store(total[r * pb + p], sx[m0 + r], scales + (p0 + p) * 16,
+                              bias ? bias + (p0 + p) * 16 : NULL, y + (int64_t)(m0 + r) * N + (p0 + p) * 16);
+        }
+    }
+}
