@@ -33,6 +33,17 @@
 #include "native_kernels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define KV8_AVX512 1
+#define KV8_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KV8_AVX512 0
+#define KV8_AVX2 1      /* the same integer sums on 8 lanes (kv8_avx2.h) */
+#else
+#define KV8_AVX512 0
+#define KV8_AVX2 0
+#endif
+
+#if KV8_AVX512 || KV8_AVX2
 
 #define BK 64           /* keys per block (64: a 4,096-token chunk 15-20 % faster than with 32, the per-block
                          * softmax steps over more keys) */
@@ -44,9 +55,13 @@
 #define PREFETCH_BLOCKS 1   /* key blocks ahead whose rows are asked for */
 #define RB 4                /* rows whose scores are summed together on transposed keys */
 #define NOT_FINITE 0x99  /* fpclass: QNaN, +inf, -inf, SNaN */
+#ifndef KV8_TRANSPOSE
+#define KV8_TRANSPOSE KV8_AVX512
+#endif
 
 int kv8_ready(void) { return 1; }
 
+#if KV8_AVX512
 /* max |x| over n values (n % 16 == 0), NaN when any is NaN or inf */
 static inline float abs_max(const float *x, int n) {
     __m512 a = _mm512_setzero_ps();
@@ -64,6 +79,22 @@ static inline __m512i round_div(__m512 x, __m512 s) {
     return _mm512_cvt_roundps_epi32(_mm512_div_ps(x, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
+/* dst[d] = round(x[d] / s) as int8 (|x| <= 127 s), D % 16 == 0; returns the sum of the values */
+static inline int32_t round_to_int8(const float *x, int D, float s, int8_t *dst) {
+    const __m512 sv = _mm512_set1_ps(s);
+    __m512i total = _mm512_setzero_si512();
+    for (int d = 0; d < D; d += 16) {
+        const __m512i v = round_div(_mm512_loadu_ps(x + d), sv);
+        total = _mm512_add_epi32(total, v);
+        _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtsepi32_epi8(v));
+    }
+    return _mm512_reduce_add_epi32(total);
+}
+
+#else
+#include "kv8_avx2.h"
+#endif
+
 /* one row of D values into int8 + its scale (the module docstring's rule) */
 __attribute__((noinline, noclone))
 static void store_row(const float *x, int D, int8_t *dst, float *scale) {
@@ -73,9 +104,7 @@ static void store_row(const float *x, int D, int8_t *dst, float *scale) {
         *scale = s != s ? NAN : 0.f;
         return;
     }
-    const __m512 sv = _mm512_set1_ps(s);
-    for (int d = 0; d < D; d += 16)
-        _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtsepi32_epi8(round_div(_mm512_loadu_ps(x + d), sv)));
+    round_to_int8(x, D, s, dst);
     *scale = s;
 }
 
@@ -100,14 +129,7 @@ static float quantize_q(const float *q, int D, float scale, int8_t *dst, int32_t
         memset(dst, 0, (size_t)D);
         return s != s ? NAN : 0.f;
     }
-    const __m512 sv = _mm512_set1_ps(s);
-    __m512i total = _mm512_setzero_si512();
-    for (int d = 0; d < D; d += 16) {
-        const __m512i v = round_div(_mm512_loadu_ps(q + d), sv);
-        total = _mm512_add_epi32(total, v);
-        _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtsepi32_epi8(v));
-    }
-    *qsum = _mm512_reduce_add_epi32(total);
+    *qsum = round_to_int8(q, D, s, dst);
     return s * scale;
 }
 
@@ -117,18 +139,6 @@ static void quantize_queries(const float *q, int64_t qs, int n, int H, int D, fl
     #pragma omp parallel for schedule(static) if (n * H >= 256)
     for (int64_t it = 0; it < (int64_t)n * H; it++)
         qc[it] = quantize_q(q + (it / H) * qs + (it % H) * D, D, scale, qi + it * D, qsum + it);
-}
-
-/* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
-static inline __m512i reduce16_epi32(__m512i a[16]) {
-    __m512i b[8], c[4];
-    for (int k = 0; k < 8; k++)
-        b[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]));
-    for (int k = 0; k < 4; k++)
-        c[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * k], b[2 * k + 1]), _mm512_unpackhi_epi64(b[2 * k], b[2 * k + 1]));
-    const __m512i d0 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[0], c[1], 0x44), _mm512_shuffle_i32x4(c[0], c[1], 0xEE));
-    const __m512i d1 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2], c[3], 0x44), _mm512_shuffle_i32x4(c[2], c[3], 0xEE));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(d0, d1, 0x88), _mm512_shuffle_i32x4(d0, d1, 0xDD));
 }
 
 /* The keys of one request in one pool layer. */
@@ -158,6 +168,19 @@ typedef struct {
     int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
     float ksc[BK], vsc[BK];
 } block8;
+
+#if KV8_AVX512
+/* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
+static inline __m512i reduce16_epi32(__m512i a[16]) {
+    __m512i b[8], c[4];
+    for (int k = 0; k < 8; k++)
+        b[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]));
+    for (int k = 0; k < 4; k++)
+        c[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * k], b[2 * k + 1]), _mm512_unpackhi_epi64(b[2 * k], b[2 * k + 1]));
+    const __m512i d0 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[0], c[1], 0x44), _mm512_shuffle_i32x4(c[0], c[1], 0xEE));
+    const __m512i d1 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2], c[3], 0x44), _mm512_shuffle_i32x4(c[2], c[3], 0xEE));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(d0, d1, 0x88), _mm512_shuffle_i32x4(d0, d1, 0xDD));
+}
 
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
@@ -386,6 +409,9 @@ static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, i
     else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
     else values_d(wq, R, b, pairs, D, acc);
 }
+#else
+#include "kv8_avx2_block.h"
+#endif
 
 /* One block for the rows of KV head g (its G query heads at positions pos0 .. pos0 + qn - 1, queries i0 ..: row
  * rr is head g * G + rr / qn at query i0 + rr % qn): their running max, sum and output (st: [rows][D] outputs, then
@@ -395,7 +421,7 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
     const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
-    const int transposed = rows > RB;   /* many rows: the transpose pays */
+    const int transposed = KV8_TRANSPOSE && rows > RB;   /* many rows: the transpose pays (AVX-512) */
     unpack_block(kv, g, kb, transposed, b);
     for (int r0 = 0; r0 < rows; r0 += RB) {
         const int8_t *q[RB];
@@ -449,6 +475,7 @@ static void segment(const keys8 *kv, int g0, int g1, const queries8 *Q, int64_t 
     }
 }
 
+#if KV8_AVX512
 /* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
 __attribute__((noinline, noclone))
 static void merge(float *amx, float *asum, float *ao, float mx, float sum, const float *o, int D) {
@@ -468,6 +495,7 @@ static void finish(const float *ao, float asum, float *dst, int D) {
     const __m512 inv = _mm512_set1_ps(1.f / asum);
     for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ao + d), inv));
 }
+#endif
 
 static int shape_ok(int H, int KVH, int D) { return D % 64 == 0 && D > 0 && D <= MAX_D && KVH > 0 && H % KVH == 0; }
 
@@ -475,9 +503,9 @@ static int shape_ok(int H, int KVH, int D) { return D % 64 == 0 && D > 0 && D <=
 static void *block_buffers(block8 *b, int D) {
     const size_t kd = (size_t)BK * D;   /* ku, then vp (2 kd), kt (kd), acc (4 RB D) bytes */
     uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * kd + 4 * (size_t)RB * D);
-    b->ku = buf;
-    b->vp = buf ? (int16_t *)(buf + kd) : NULL;
-    b->kt = buf ? (int32_t *)(buf + 3 * kd) : NULL;
+    b->ku = buf;   /* AVX2: K widened to int16 [BK][D] (2 kd bytes), then vp; no kt */
+    b->vp = buf ? (int16_t *)(buf + (KV8_AVX2 ? 2 : 1) * kd) : NULL;
+    b->kt = buf && !KV8_AVX2 ? (int32_t *)(buf + 3 * kd) : NULL;
     b->acc = buf ? (int32_t *)(buf + 4 * kd) : NULL;
     return buf;
 }

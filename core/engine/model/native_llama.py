@@ -28,7 +28,7 @@ Numerics ("dtype"):
         summed in another order (native_linear.Linear); on CPUs with AVX512-VNNI and without AMX every row
         instead rounded once to int16 (one scale a row) and summed exactly in integers (`w8a16_gemm`,
         NativeLlama.a16: the same bits in any batch). Activations stay fp32; the KV pool is int8 where
-        kv8_attention.c runs every attention (AVX512-VNNI; NativeLlama.kv8: int8 rows with a scale each, exact
+        kv8_attention.c runs every attention (AVX512-VNNI or AVX2; NativeLlama.kv8: int8 rows with a scale each, exact
         integer attention, 3.8x fewer bytes than fp32), else fp32 (kv_dtype picks). With an fp32 or bf16 pool,
         where the CPU has AMX (and the model has
         no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,

@@ -1,0 +1,250 @@
+/* kv8_attention.c's block kernels on AVX2: the same integer sums as its AVX-512 ones, on 8 lanes. Included by
+ * kv8_attention.c (after its types) where the kernels are built without AVX-512.
+ *
+ * Why: on a CPU with AVX2 only (AMD Zen 3 here) a decode step at 4,096 tokens of context read 189 MB of fp32 K/V at
+ * ~14 GB/s, the DRAM's pace: 0.40x the tok/s at 128. int8 rows are 3.8x fewer bytes. Without VPDPBUSD a score is
+ * the sum over D of k x q with both widened to int16 (VPMADDWD, 16 products an instruction, pairs summed in
+ * int32), exact as the AVX-512 sum (K + 128) . q - 128 sum q is; the weighted V sums are VPMADDWD on key pairs,
+ * VPDPWSSD's sums. K is unpacked as int16 [BK][D] (2 bytes a value: the buffer's ku and vp halves), V as the same
+ * key pairs. Every fp32 step (softmax, output update, segment merge) runs in one compiled function, so a row's
+ * result is the same bits however its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise),
+ * on this build. */
+
+#define NG8 (BK / 8)   /* 8-key groups a block */
+
+/* exp(x) for x <= 88.3 (exp512's polynomial; 0 below -87.3 as it, NaN stays NaN); 2^n built in the exponent */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);    /* second operand returned for a NaN x */
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline float exp1(float x) { return _mm256_cvtss_f32(exp256(_mm256_set1_ps(x))); }
+
+static inline float hmax8(__m256 a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float hsum8(__m256 a) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* lanes of a group whose keys are seen: lane i < left, as a float mask */
+static inline __m256 lanes_below(int left) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+/* r[i] = the sum of a[i]'s 8 int32 lanes, for 8 vectors at once (exact: any tree gives the same sums) */
+static inline __m256i reduce8_epi32(const __m256i a[8]) {
+    const __m256i t0 = _mm256_hadd_epi32(a[0], a[1]), t1 = _mm256_hadd_epi32(a[2], a[3]);
+    const __m256i t2 = _mm256_hadd_epi32(a[4], a[5]), t3 = _mm256_hadd_epi32(a[6], a[7]);
+    const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* One block of one KV head: K widened to int16 [BK][D] (in ku's bytes), V as key pairs (vp), the scales; zeros
+ * past the last key; the rows of the block ahead asked for a key at a time (as the AVX-512 unpack_block). */
+static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
+    (void)transposed;
+    const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
+    const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
+    int16_t *ku = (int16_t *)b->ku;
+    const int8_t *vrow[BK];
+    for (int j = 0; j < BK; j++) {
+        if (j < kn_next) {
+            const int64_t next = kv->slots[jn + j] * kv->KVH + g;
+            for (int d = 0; d < D; d += 64) {
+                __builtin_prefetch(kv->k + next * D + d, 0, 2);
+                __builtin_prefetch(kv->v + next * D + d, 0, 2);
+            }
+            if ((j & 3) == 0) {
+                __builtin_prefetch(kv->ks + next, 0, 2);
+                __builtin_prefetch(kv->vs + next, 0, 2);
+            }
+        }
+        int16_t *kr = ku + (int64_t)j * D;
+        if (j < kn) {
+            const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
+            const int8_t *k8 = kv->k + row * D;
+            for (int d = 0; d < D; d += 16)
+                _mm256_storeu_si256((__m256i *)(kr + d), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k8 + d))));
+            b->ksc[j] = kv->ks[row];
+            b->vsc[j] = kv->vs[row];
+            vrow[j] = kv->v + row * D;
+        } else {
+            memset(kr, 0, sizeof(int16_t) * (size_t)D);
+            b->ksc[j] = b->vsc[j] = 0.f;
+            vrow[j] = NULL;
+        }
+    }
+    for (int jp = 0; jp < BK / 2; jp++) {
+        const int8_t *va = vrow[2 * jp], *vb = vrow[2 * jp + 1];
+        for (int d = 0; d < D; d += 8) {
+            const __m256i a = va ? _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(va + d))) : _mm256_setzero_si256();
+            const __m256i c = vb ? _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(vb + d))) : _mm256_setzero_si256();
+            _mm256_storeu_si256((__m256i *)(b->vp + ((int64_t)jp * D + d) * 2),
+                                _mm256_blend_epi16(a, _mm256_slli_epi32(c, 16), 0xAA));
+        }
+    }
+}
+
+/* A row's exact scores (int32) against the block's first `keys` keys (a multiple of 8): k . q over D, 8 keys
+ * reduced at once */
+static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, const block8 *b, int keys,
+                                                              const int D, int32_t *dots) {
+    __m256i qv[MAX_D / 16];
+    for (int d = 0; d < D; d += 16) qv[d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi + d)));
+    const int16_t *ku = (const int16_t *)b->ku;
+    for (int h = 0; h < keys; h += 8) {
+        __m256i part[8];
+        for (int i = 0; i < 8; i++) {
+            const int16_t *kr = ku + (int64_t)(h + i) * D;
+            __m256i a = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)kr), qv[0]);
+            for (int d = 16; d < D; d += 16)
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(kr + d)), qv[d / 16]));
+            part[i] = a;
+        }
+        _mm256_storeu_si256((__m256i *)(dots + h), reduce8_epi32(part));
+    }
+}
+
+/* scores for the rows of a segment(), one at a time (qsum unused: the int16 products need no offset) */
+__attribute__((noinline, noclone))
+static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, const block8 *b, int transposed,
+                       int keys, int D, int32_t *dots) {
+    (void)qsum; (void)transposed;
+    for (int r = 0; r < rows; r++) {
+        if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
+        else if (D == 128) dots_lanes(qi[r], b, keys, 128, dots + r * BK);
+        else dots_lanes(qi[r], b, keys, D, dots + r * BK);
+    }
+}
+
+/* One query row's softmax step over a block: the AVX-512 row_weights' contract (kv8_attention.c), 8 keys a step */
+__attribute__((noinline, noclone))
+static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen, int D, float *mx, float *sum,
+                       float *o, int16_t *wq, float *ws, float *corr) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), qcv = _mm256_set1_ps(qc), zero = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(3.4028235e38f);
+    const int groups = (seen + 7) / 8;   /* groups past `seen` hold no key: weight 0, no work */
+    __m256 mk[NG8], s[NG8], p[NG8], w[NG8];
+    int bad = 0;
+    __m256 top = ninf;
+    for (int h = 0; h < NG8; h++) {
+        mk[h] = lanes_below(seen - 8 * h);
+        if (h >= groups) continue;
+        const __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dots + 8 * h))),
+                                                     qcv), _mm256_loadu_ps(b->ksc + 8 * h));
+        s[h] = _mm256_blendv_ps(ninf, v, mk[h]);
+        bad |= _mm256_movemask_ps(_mm256_and_ps(mk[h], _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));   /* a NaN score */
+        top = _mm256_max_ps(top, s[h]);
+    }
+    const float bm = hmax8(top);
+    const float mnew = bm > *mx ? bm : *mx;
+    const __m256 mv = _mm256_set1_ps(mnew);
+    __m256 wtop = zero;
+    for (int h = 0; h < NG8; h++) {
+        if (h >= groups) { p[h] = w[h] = zero; continue; }
+        p[h] = _mm256_and_ps(mk[h], exp256(_mm256_sub_ps(s[h], mv)));
+        w[h] = _mm256_mul_ps(p[h], _mm256_loadu_ps(b->vsc + 8 * h));
+        bad |= _mm256_movemask_ps(_mm256_and_ps(mk[h], _mm256_cmp_ps(_mm256_andnot_ps(sign, w[h]), big, _CMP_NLE_UQ)));
+        wtop = _mm256_max_ps(wtop, w[h]);
+    }
+    if (bad || mnew != mnew) {
+        if (*mx == -INFINITY) *mx = 0.f;   /* kept by the merge */
+        *sum = NAN;
+        for (int d = 0; d < D; d++) o[d] = NAN;
+        return 0;
+    }
+    /* exp(0) is exactly 1: a block that does not raise the max (most, past the first) skips the exp */
+    const float c = *mx == -INFINITY ? 0.f : mnew == *mx ? 1.f : exp1(*mx - mnew);
+    float total = 0.f;
+    for (int h = 0; h < groups; h++) total += hsum8(p[h]);   /* groups in order */
+    *sum = *sum * c + total;
+    *mx = mnew;
+    const float wmax = hmax8(wtop);
+    if (!(wmax > 0.f)) {   /* no weight left after the V scales (zero rows): the output scaled only */
+        const __m256 cv = _mm256_set1_ps(c);
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), cv));
+        return 0;
+    }
+    const __m256 inv = _mm256_set1_ps(32767.f / wmax);   /* w x inv <= 32767 (rounding in the order of 1 ulp) */
+    for (int h = 0; h < NG8; h++) {
+        const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(w[h], inv));   /* MXCSR: nearest, ties to even */
+        _mm_storeu_si128((__m128i *)(wq + 8 * h), _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+    }
+    *ws = wmax / 32767.f;
+    *corr = c;
+    return 1;
+}
+
+/* One row's block output into o [D]: o x corr + (the exact weighted sum acc) x ws */
+__attribute__((noinline, noclone))
+static void row_output(const int32_t *acc, float ws, float corr, int D, float *o) {
+    const __m256 wsv = _mm256_set1_ps(ws), cv = _mm256_set1_ps(corr);
+    for (int d = 0; d < D; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(acc + d))), wsv,
+                                                _mm256_mul_ps(_mm256_loadu_ps(o + d), cv)));
+}
+
+/* acc [R][D] = exact sums over the block's first `pairs` key pairs of wq [R][BK] x V, a row at a time, 64 d of it
+ * in 8 registers (the V pairs of the block stay in L1 for the next row) */
+static inline __attribute__((always_inline)) void values_d(const int16_t *wq, int R, const block8 *b, int pairs,
+                                                           const int D, int32_t *acc) {
+    for (int r = 0; r < R; r++)
+        for (int d0 = 0; d0 < D; d0 += 64) {
+            __m256i a[8];
+            for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_si256();
+            for (int jp = 0; jp < pairs; jp++) {
+                int32_t pair;
+                memcpy(&pair, wq + r * BK + 2 * jp, sizeof pair);
+                const __m256i bw = _mm256_set1_epi32(pair);
+                const int16_t *vp = b->vp + ((int64_t)jp * D + d0) * 2;
+                for (int c = 0; c < 8; c++)
+                    a[c] = _mm256_add_epi32(a[c], _mm256_madd_epi16(bw, _mm256_loadu_si256((const __m256i *)(vp + 16 * c))));
+            }
+            for (int c = 0; c < 8; c++) _mm256_storeu_si256((__m256i *)(acc + (int64_t)r * D + d0 + 8 * c), a[c]);
+        }
+}
+
+static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, int D, int32_t *acc) {
+    if (D == 64) values_d(wq, R, b, pairs, 64, acc);
+    else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
+    else values_d(wq, R, b, pairs, D, acc);
+}
+
+/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
+__attribute__((noinline, noclone))
+static void merge(float *amx, float *asum, float *ao, float mx, float sum, const float *o, int D) {
+    if (mx == -INFINITY) return;
+    const float top = mx > *amx ? mx : *amx;
+    const float a = *amx == -INFINITY ? 0.f : exp1(*amx - top);
+    const float c = exp1(mx - top);
+    const __m256 av = _mm256_set1_ps(a), cv = _mm256_set1_ps(c);
+    for (int d = 0; d < D; d += 8)
+        _mm256_storeu_ps(ao + d, _mm256_fmadd_ps(_mm256_loadu_ps(ao + d), av, _mm256_mul_ps(_mm256_loadu_ps(o + d), cv)));
+    *asum = *asum * a + sum * c;
+    *amx = top;
+}
+
+__attribute__((noinline, noclone))
+static void finish(const float *ao, float asum, float *dst, int D) {
+    const __m256 inv = _mm256_set1_ps(1.f / asum);
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_loadu_ps(ao + d), inv));
+}
