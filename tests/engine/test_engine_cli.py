@@ -113,7 +113,7 @@ def test_priority_flag_runs(capsys, tiny_folder):
 
 
 def test_ctrl_c_prints_the_text_so_far_and_exits_130(tiny_folder):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "core", "Tell me a long story", "--model", str(tiny_folder),
                              "--max-new-tokens", "480", "--pool-slots", "1024"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
@@ -121,7 +121,12 @@ def test_ctrl_c_prints_the_text_so_far_and_exits_130(tiny_folder):
         first = proc.stdout.read(8)        # the stream has started
         assert first
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:   # say where it hung: SIGABRT makes faulthandler dump every stack
+            proc.send_signal(signal.SIGABRT)
+            _out, err = proc.communicate(timeout=30)
+            pytest.fail(f"no exit 60 s after Ctrl-C; its stderr ends: {err.decode()[-4000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
