@@ -13,7 +13,7 @@ I8 = torch.int8
 
 
 def kv8_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
-    """Whether the int8 pool's kernels run this attention here: built with AVX512-VNNI or AVX2, a CPU tensor,
+    """Whether the int8 pool's kernels run this attention here: built with AVX512-VNNI or AVX2 alone, a CPU tensor,
     head_dim a multiple of 64 up to MAX_D, whole groups of query heads per KV head."""
     return (device.type == "cpu" and head_dim % 64 == 0 and 0 < head_dim <= MAX_D and kv_heads > 0
             and heads % kv_heads == 0 and available() and bool(built().kv8_ready()))
@@ -26,8 +26,8 @@ def why_not(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> s
     if head_dim % 64 or head_dim > MAX_D or kv_heads <= 0 or heads % kv_heads:
         return (f"the int8 KV pool needs head_dim a multiple of 64 up to {MAX_D} and whole head groups (this model: "
                 f"head_dim {head_dim}, {heads} heads over {kv_heads}); use kv_cache_dtype fp32 or bf16")
-    return ("the int8 KV pool needs the native kernels built with AVX512-VNNI or AVX2 (this CPU or build lacks "
-            "both); use kv_cache_dtype fp32 or bf16")
+    return ("the int8 KV pool needs the native kernels built with AVX512-VNNI, or AVX2 on a CPU without AVX-512 "
+            "(this CPU or build has neither); use kv_cache_dtype fp32 or bf16")
 
 
 def default_here(numerics: str, device: torch.device, heads: int, kv_heads: int, head_dim: int,

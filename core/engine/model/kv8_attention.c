@@ -35,7 +35,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define KV8_AVX512 1
 #define KV8_AVX2 0
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)   /* AVX-512 without VNNI: fp32 pool */
 #define KV8_AVX512 0
 #define KV8_AVX2 1      /* the same integer sums on 8 lanes (kv8_avx2.h) */
 #else
@@ -55,9 +55,6 @@
 #define PREFETCH_BLOCKS 1   /* key blocks ahead whose rows are asked for */
 #define RB 4                /* rows whose scores are summed together on transposed keys */
 #define NOT_FINITE 0x99  /* fpclass: QNaN, +inf, -inf, SNaN */
-#ifndef KV8_TRANSPOSE
-#define KV8_TRANSPOSE KV8_AVX512
-#endif
 
 int kv8_ready(void) { return 1; }
 
@@ -169,6 +166,21 @@ typedef struct {
     float ksc[BK], vsc[BK];
 } block8;
 
+/* ask for key j's K and V rows of head g (and its scales, where `scales`: a line holds 16 of them) a block before
+ * its unpack_block: a key at a time, as a block is unpacked (a burst of a block's prefetches was dropped) */
+static inline void prefetch_key(const keys8 *kv, int g, int j, int scales) {
+    const int D = kv->D;
+    const int64_t next = kv->slots[j] * kv->KVH + g;
+    for (int d = 0; d < D; d += 64) {
+        __builtin_prefetch(kv->k + next * D + d, 0, 2);
+        __builtin_prefetch(kv->v + next * D + d, 0, 2);
+    }
+    if (scales) {
+        __builtin_prefetch(kv->ks + next, 0, 2);
+        __builtin_prefetch(kv->vs + next, 0, 2);
+    }
+}
+
 #if KV8_AVX512
 /* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
 static inline __m512i reduce16_epi32(__m512i a[16]) {
@@ -187,17 +199,7 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     const int8_t *vrow[BK];
     for (int j = 0; j < BK; j++) {
-        if (j < kn_next) {   /* this head's rows of a block ahead, a key at a time (a burst of them is dropped) */
-            const int64_t next = kv->slots[jn + j] * kv->KVH + g;
-            for (int d = 0; d < D; d += 64) {
-                __builtin_prefetch(kv->k + next * D + d, 0, 2);
-                __builtin_prefetch(kv->v + next * D + d, 0, 2);
-            }
-            if ((j & 3) == 0) {
-                __builtin_prefetch(kv->ks + next, 0, 2);
-                __builtin_prefetch(kv->vs + next, 0, 2);
-            }
-        }
+        if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
         uint8_t *ku = b->ku + (int64_t)j * D;
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         if (j < kn) {
@@ -421,7 +423,7 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
     const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
-    const int transposed = KV8_TRANSPOSE && rows > RB;   /* many rows: the transpose pays (AVX-512) */
+    const int transposed = KV8_AVX512 && rows > RB;   /* many rows: the transpose pays (AVX-512; AVX2 has none) */
     unpack_block(kv, g, kb, transposed, b);
     for (int r0 = 0; r0 < rows; r0 += RB) {
         const int8_t *q[RB];

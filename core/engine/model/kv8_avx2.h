@@ -3,21 +3,8 @@
  * Included by kv8_attention.c; kv8_avx2_block.h holds the block kernels. */
 #include <immintrin.h>
 
-/* max |x| over n values (n % 8 == 0), NaN when any is NaN or inf */
-static inline float abs_max(const float *x, int n) {
-    const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(3.4028235e38f);
-    __m256 a = _mm256_setzero_ps();
-    int bad = 0;
-    for (int d = 0; d < n; d += 8) {
-        const __m256 v = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + d));
-        bad |= _mm256_movemask_ps(_mm256_cmp_ps(v, big, _CMP_NLE_UQ));   /* NaN or infinity */
-        a = _mm256_max_ps(a, v);
-    }
-    if (bad) return NAN;
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
+/* max |x| over n values (n % 8 == 0), NaN when any is NaN or inf (native_simd.h's abs_max8) */
+static inline float abs_max(const float *x, int n) { return abs_max8(x, n); }
 
 /* dst[d] = round(x[d] / s) as int8 (|x| <= 127 s), D % 16 == 0; returns the sum of the values */
 static inline int32_t round_to_int8(const float *x, int D, float s, int8_t *dst) {

@@ -12,32 +12,7 @@
 
 #define NG8 (BK / 8)   /* 8-key groups a block */
 
-/* exp(x) for x <= 88.3 (exp512's polynomial; 0 below -87.3 as it, NaN stays NaN); 2^n built in the exponent */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);    /* second operand returned for a NaN x */
-    x = _mm256_min_ps(_mm256_set1_ps(88.3f), x);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 static inline float exp1(float x) { return _mm256_cvtss_f32(exp256(_mm256_set1_ps(x))); }
-
-static inline float hmax8(__m256 a) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
 
 static inline float hsum8(__m256 a) {
     __m128 m = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -59,7 +34,7 @@ static inline __m256i reduce8_epi32(const __m256i a[8]) {
 }
 
 /* One block of one KV head: K widened to int16 [BK][D] (in ku's bytes), V as key pairs (vp), the scales; zeros
- * past the last key; the rows of the block ahead asked for a key at a time (as the AVX-512 unpack_block). */
+ * past the last key; the rows of the block ahead asked for a key at a time (prefetch_key). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     (void)transposed;
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
@@ -67,17 +42,7 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     int16_t *ku = (int16_t *)b->ku;
     const int8_t *vrow[BK];
     for (int j = 0; j < BK; j++) {
-        if (j < kn_next) {
-            const int64_t next = kv->slots[jn + j] * kv->KVH + g;
-            for (int d = 0; d < D; d += 64) {
-                __builtin_prefetch(kv->k + next * D + d, 0, 2);
-                __builtin_prefetch(kv->v + next * D + d, 0, 2);
-            }
-            if ((j & 3) == 0) {
-                __builtin_prefetch(kv->ks + next, 0, 2);
-                __builtin_prefetch(kv->vs + next, 0, 2);
-            }
-        }
+        if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
         int16_t *kr = ku + (int64_t)j * D;
         if (j < kn) {
             const int64_t row = kv->slots[j0 + j] * kv->KVH + g;

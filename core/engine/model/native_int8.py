@@ -201,7 +201,8 @@ A16_ROW_BLOCK = 2   # w8a16_gemm's few-rows blocks: rows in pairs, each pair one
 
 
 def w8a16_available() -> bool:
-    """Whether `w8a16_gemm` runs here: the kernels built with AVX512-VNNI (VPDPWSSD) or AVX2 (VPMADDWD)."""
+    """Whether `w8a16_gemm` runs here: the kernels built with AVX512-VNNI (VPDPWSSD), or with AVX2 and without
+    AVX-512 (VPMADDWD; AVX-512 without VNNI keeps its FMA panels, measured there)."""
     return native_kernels.available() and bool(native_kernels.built().w8a16_ready())
 
 
@@ -227,8 +228,8 @@ def w8a16_gemm(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor,
     scale (xq = round(x * A16_MAX / max|x|)), the integer sums of xq * q exact, then times (max|x| / A16_MAX) *
     scales (+ bias). A row's output is the same bits in any batch; `pairs` = pack_pairs(w)."""
     if not w8a16_available():
-        raise RuntimeError("w8a16_gemm needs the kernels built with AVX512-VNNI or AVX2 (this CPU or compiler lacks "
-                           "both); use w8_panel_gemm or w8_gemv")
+        raise RuntimeError("w8a16_gemm needs the kernels built with AVX512-VNNI, or AVX2 on a CPU without AVX-512 "
+                           "(this CPU or compiler has neither); use w8_panel_gemm or w8_gemv")
     return _on_panels("w8a16_gemm", x, pairs, 2, scales, bias)
 
 

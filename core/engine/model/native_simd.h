@@ -1,8 +1,9 @@
-/* What the C kernels of the native path share (native_kernels.c, amx_attention.c, decode_layers.c): bf16 <-> fp32,
- * the vector exp and the AMX tile configuration. native_kernels.py hashes this header with the sources, so a change
+/* What the C kernels of the native path share (native_kernels.c, amx_attention.c, decode_layers.c, and the AVX2
+ * headers): bf16 <-> fp32, the vector exp (16 lanes, or 8 on AVX2 only) and the AMX tile configuration. native_kernels.py hashes this header with the sources, so a change
  * here rebuilds them. */
 #ifndef NATIVE_SIMD_H
 #define NATIVE_SIMD_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -84,6 +85,48 @@ static inline void transpose16(__m512i r[16]) {
         r[i] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0x88);
         r[i + 8] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0xDD);
     }
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>
+
+/* exp512's polynomial on 8 lanes, for x <= 88.3 (0 below -87.3, NaN stays NaN); 2^n built in the exponent field */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);    /* second operand returned for a NaN x */
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline float hmax8(__m256 a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* max |x| over the first n values (n % 8 == 0; 0 for n = 0), NaN when any is NaN or inf */
+static inline float abs_max8(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(3.4028235e38f);
+    __m256 a = _mm256_setzero_ps();
+    int bad = 0;
+    for (int d = 0; d < n; d += 8) {
+        const __m256 v = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + d));
+        bad |= _mm256_movemask_ps(_mm256_cmp_ps(v, big, _CMP_NLE_UQ));   /* NaN or infinity */
+        a = _mm256_max_ps(a, v);
+    }
+    return bad ? NAN : hmax8(a);
 }
 #endif
 

@@ -1,5 +1,8 @@
-/* w8a16_gemm's AVX2 path, for CPUs without AVX-512 (AMD Zen 2 and 3, Intel before Ice Lake): included by
- * w8a16_gemm.c, whose formula and pair layout it keeps bit for bit.
+#include "native_simd.h"   /* abs_max8 */
+
+/* w8a16_gemm's AVX2 primitives, for CPUs without AVX-512 (AMD Zen 2 and 3, Intel before Ice Lake): included by
+ * w8a16_gemm.c, whose formula, pair layout and drivers (many_rows, few_rows) it keeps; only the register blocks and
+ * the row rounding are this build's.
  *
  * Why: with AVX2 only, the x16 kernels ran a prompt's rows one at a time (w8_gemv: a 1,024-token prefill 4x slower
  * than HF fp32's MKL GEMM on an AMD Zen 3). VPMADDWD multiplies 16 int16 pairs and adds each pair (8 int32 sums an
@@ -16,17 +19,8 @@ static void quantize_rows(const float *x, int16_t *xq, double *sx, int M, int K)
     for (int m = 0; m < M; m++) {
         const float *r = x + (int64_t)m * K;
         int16_t *q = xq + (int64_t)m * K;
-        const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(3.4028235e38f);
-        __m256 vmax = _mm256_setzero_ps();
-        int bad = 0;
-        for (int k = 0; k < K8; k += 8) {
-            const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(r + k));
-            bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_NLE_UQ));   /* NaN or infinity */
-            vmax = _mm256_max_ps(vmax, a);
-        }
-        float lanes[8], amax = 0.f;
-        _mm256_storeu_ps(lanes, vmax);
-        for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+        float amax = abs_max8(r, K8);   /* NaN if one of them is not finite */
+        int bad = amax != amax;
         for (int k = K8; k < K; k++) {
             const float a = fabsf(r[k]);
             bad |= !(a <= 3.4028235e38f);
@@ -92,19 +86,17 @@ static inline void add_total(int64_t *total, __m256i lo, __m256i hi, int first) 
     for (int j = 0; j < 16; j++) total[j] = (first ? 0 : total[j]) + v[j];
 }
 
-#define A16_ROWS_AVX2 6    /* rows of a many-rows block: 12 sums, 2 weight halves and a broadcast (16 registers) */
-#define A16_BLOCK_AVX2 96  /* rows of xq kept in L2 while every panel passes over them (a multiple of 6) */
-
 /* one row's two sums at a k pair: named variables, not an array (GCC kept an array's sums on the stack: a store
  * and a reload in every step, ~1.6x slower) */
 #define A16_ROW(r) do { const __m256i x = pair_of(xq + (int64_t)(r) * K, k); \
                         s##r##0 = dp(s##r##0, w0, x); s##r##1 = dp(s##r##1, w1, x); } while (0)
 
-/* totals[r][0..16) += sum over k in [k0, k1) of xq[r][k] * panel[k][0..16), `rows` (<= A16_ROWS_AVX2) rows
+/* totals[r][0..16) += sum over k in [k0, k1) of xq[r][k] * panel[k][0..16), `rows` (<= A16_ROWS) rows
  * (noinline: inlined into the OpenMP body, its sums were kept on the stack) */
-__attribute__((noinline)) static void a16_block(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows,
-                      int64_t (*total)[16]) {
-    if (rows == A16_ROWS_AVX2) {
+_Static_assert(A16_ROWS == 6, "a16_block's named sums hold 6 rows");
+__attribute__((noinline)) static void a16_block(const int16_t *xq, int K, const int8_t *panel, int64_t stride,
+                                                int k0, int k1, int rows, int64_t (*total)[16]) {
+    if (rows == A16_ROWS) {
         __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00,
                 s31 = s00, s40 = s00, s41 = s00, s50 = s00, s51 = s00;
         for (int k = k0; k < k1; k += 2) {
@@ -130,31 +122,6 @@ __attribute__((noinline)) static void a16_block(const int16_t *xq, int K, const 
         add_total(total[r], a0, a1, k0 == 0);
     }
 }
-
-static void many_rows(const int16_t *xq, const double *sx, const int8_t *panels, const float *scales,
-                      const float *bias, float *y, int M, int N, int K) {
-    const int NP = N / 16, MBLK = (M + A16_BLOCK_AVX2 - 1) / A16_BLOCK_AVX2;
-    #pragma omp parallel for collapse(2) schedule(static, 1)
-    for (int mb = 0; mb < MBLK; mb++) {
-        for (int np = 0; np < NP; np++) {
-            int64_t stride;
-            const int8_t *panel = panel_at(panels, np, NP, K, &stride);
-            const int m_end = (mb + 1) * A16_BLOCK_AVX2 < M ? (mb + 1) * A16_BLOCK_AVX2 : M;
-            for (int m0 = mb * A16_BLOCK_AVX2; m0 < m_end; m0 += A16_ROWS_AVX2) {
-                const int rows = m_end - m0 < A16_ROWS_AVX2 ? m_end - m0 : A16_ROWS_AVX2;
-                int64_t total[A16_ROWS_AVX2][16];
-                for (int k0 = 0; k0 < K; k0 += BLOCK_K)
-                    a16_block(xq + (int64_t)m0 * K, K, panel, stride, k0, k0 + BLOCK_K < K ? k0 + BLOCK_K : K, rows,
-                              total);
-                for (int r = 0; r < rows; r++)
-                    a16_store(total[r], sx[m0 + r], scales + np * 16, bias ? bias + np * 16 : NULL,
-                              y + (int64_t)(m0 + r) * N + np * 16);
-            }
-        }
-    }
-}
-
-#define A16_PREFETCH 1024   /* bytes ahead of a decode row's weight stream (w8a16_gemm.c's) */
 
 /* totals[r * pb + p] += the sums of `rows` (1 or 2) rows over panels p0 .. p0 + ps - 1 of a group of pb (ps <= 4 for
  * one row, <= 2 for two: 8 sums), k in [k0, k1); the first pass over a group (p0 == 0) asks for all of its bytes
@@ -197,27 +164,5 @@ static void a16_few(const int16_t *xq, int K, const int8_t *panel, int64_t strid
         if (rows == 1 && ps == 4) a16_few_part(xq, K, panel, stride, k0, k1, 1, pb, p0, 4, total);   /* unrolled */
         else if (rows == 2 && ps == 2) a16_few_part(xq, K, panel, stride, k0, k1, 2, pb, p0, 2, total);
         else a16_few_part(xq, K, panel, stride, k0, k1, rows, pb, p0, ps, total);
-    }
-}
-
-static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, const float *scales,
-                     const float *bias, float *y, int M, int N, int K) {
-    const int NP = N / 16, groups = (NP + GROUP - 1) / GROUP;
-    #pragma omp parallel for schedule(static)
-    for (int g = 0; g < groups; g++) {
-        const int p0 = g * GROUP, pb = (g + 1) * GROUP < NP ? GROUP : NP - p0;
-        int64_t stride;
-        const int8_t *panel = panel_at(panels, p0, NP, K, &stride);
-        for (int m0 = 0; m0 < M; m0 += 2) {
-            const int rows = M - m0 >= 2 ? 2 : 1;
-            int64_t total[2 * GROUP][16];
-            for (int k0 = 0; k0 < K; k0 += BLOCK_K)
-                a16_few(xq + (int64_t)m0 * K, K, panel, stride, k0, k0 + BLOCK_K < K ? k0 + BLOCK_K : K, rows, pb,
-                        total);
-            for (int r = 0; r < rows; r++)
-                for (int p = 0; p < pb; p++)
-                    a16_store(total[r * pb + p], sx[m0 + r], scales + (p0 + p) * 16,
-                              bias ? bias + (p0 + p) * 16 : NULL, y + (int64_t)(m0 + r) * N + (p0 + p) * 16);
-        }
     }
 }

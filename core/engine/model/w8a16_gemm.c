@@ -21,7 +21,7 @@
 #include <immintrin.h>
 #define A16_VNNI 1
 #define A16_AVX2 0
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)   /* AVX-512 without VNNI keeps its panels */
 #include <immintrin.h>
 #define A16_VNNI 0
 #define A16_AVX2 1      /* VPMADDWD + VPADDD: the same exact sums, 8 lanes (w8a16_avx2.h) */
@@ -34,8 +34,13 @@
 #define A16_MAX 16383
 #define A16_TINY 7.8886091e-31f   /* 2^-100: a row whose largest value is below it counts as zero */
 #define BLOCK_K 1024    /* products per 32-bit lane before it is added into the 64-bit total (see above) */
+#if A16_VNNI
 #define A16_ROWS 12     /* rows of a many-rows register block (12 accumulators + the weights) */
-#define A16_BLOCK 96    /* rows of xq kept in L2 while every panel passes over them */
+#else
+#define A16_ROWS 6      /* AVX2: 6 rows x 2 halves = 12 sums, 2 weight halves and a broadcast (16 registers) */
+#endif
+#define A16_BLOCK 96    /* rows of xq kept in L2 while every panel passes over them (a multiple of A16_ROWS) */
+#define A16_PREFETCH 1024   /* bytes ahead of a decode row's weight stream (panel_gemm.c's FEW_PREFETCH) */
 #define A16_FEW 32      /* below this many rows: the decode blocking (rows x panels) */
 #define GROUP 8         /* panels side by side: panel_gemm.c's layout */
 
@@ -148,6 +153,32 @@ static void a16_block(const int16_t *xq, int K, const int8_t *panel, int64_t str
     }
 }
 
+/* totals[r * pb + p] += the sums of `rows` (1 or 2) rows over pb (<= 8) side-by-side panels, k in [k0, k1) */
+static void a16_few(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows, int pb,
+                    int64_t (*total)[16]) {
+    __m512i a[2][GROUP];
+    for (int r = 0; r < 2; r++) for (int p = 0; p < GROUP; p++) a[r][p] = _mm512_setzero_si512();
+    for (int k = k0; k < k1; k += 2) {
+        for (int64_t b = 0; b < pb * 32; b += 64) __builtin_prefetch(panel + (int64_t)k * stride + b + A16_PREFETCH);
+        const __m512i x0 = pair_of(xq, k), x1 = rows > 1 ? pair_of(xq + K, k) : x0;
+        for (int p = 0; p < pb; p++) {
+            const __m512i w = pair_weights(panel + p * 32, stride, k);
+            a[0][p] = _mm512_dpwssd_epi32(a[0][p], w, x0);
+            if (rows > 1) a[1][p] = _mm512_dpwssd_epi32(a[1][p], w, x1);
+        }
+    }
+    for (int r = 0; r < rows; r++) for (int p = 0; p < pb; p++) add_total(total[r * pb + p], a[r][p], k0 == 0);
+}
+
+#endif
+
+#if A16_AVX2
+#include "w8a16_avx2.h"
+#endif
+
+#if A16_VNNI || A16_AVX2
+/* the drivers both builds share: row blocks of A16_ROWS against each panel, or (decode) pairs of rows against a
+ * group of panels; a16_block, a16_few, a16_store are the build's own */
 static void many_rows(const int16_t *xq, const double *sx, const int8_t *panels, const float *scales,
                       const float *bias, float *y, int M, int N, int K) {
     const int NP = N / 16, MBLK = (M + A16_BLOCK - 1) / A16_BLOCK;
@@ -171,25 +202,6 @@ static void many_rows(const int16_t *xq, const double *sx, const int8_t *panels,
     }
 }
 
-#define A16_PREFETCH 1024   /* bytes ahead of a decode row's weight stream (panel_gemm.c's FEW_PREFETCH) */
-
-/* totals[r * pb + p] += the sums of `rows` (1 or 2) rows over pb (<= 8) side-by-side panels, k in [k0, k1) */
-static void a16_few(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows, int pb,
-                    int64_t (*total)[16]) {
-    __m512i a[2][GROUP];
-    for (int r = 0; r < 2; r++) for (int p = 0; p < GROUP; p++) a[r][p] = _mm512_setzero_si512();
-    for (int k = k0; k < k1; k += 2) {
-        for (int64_t b = 0; b < pb * 32; b += 64) __builtin_prefetch(panel + (int64_t)k * stride + b + A16_PREFETCH);
-        const __m512i x0 = pair_of(xq, k), x1 = rows > 1 ? pair_of(xq + K, k) : x0;
-        for (int p = 0; p < pb; p++) {
-            const __m512i w = pair_weights(panel + p * 32, stride, k);
-            a[0][p] = _mm512_dpwssd_epi32(a[0][p], w, x0);
-            if (rows > 1) a[1][p] = _mm512_dpwssd_epi32(a[1][p], w, x1);
-        }
-    }
-    for (int r = 0; r < rows; r++) for (int p = 0; p < pb; p++) add_total(total[r * pb + p], a[r][p], k0 == 0);
-}
-
 static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, const float *scales,
                      const float *bias, float *y, int M, int N, int K) {
     const int NP = N / 16, groups = (NP + GROUP - 1) / GROUP;
@@ -211,10 +223,6 @@ static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, 
         }
     }
 }
-#endif
-
-#if A16_AVX2
-#include "w8a16_avx2.h"
 #endif
 
 /* y[M, N] = xq @ q^T * (sx * scales) (+ bias), q in panels; N % 16 == 0, K even. Returns -1 when out of memory (the

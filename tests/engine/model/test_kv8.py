@@ -29,14 +29,14 @@ D64 = dict(hidden_size=384, num_attention_heads=6, num_key_value_heads=2)   # he
 
 
 def require_kv8() -> None:
-    """The kernels built with AVX512-VNNI or AVX2, or (elsewhere) the int8 pool refused with what to use instead."""
+    """The kernels built with AVX512-VNNI or AVX2 alone, or (elsewhere) the int8 pool refused with what to use instead."""
     require_kernels()
     if kv8.kv8_fits(torch.device("cpu"), H, KVH, D):
         return
     with pytest.raises(ValueError, match="AVX512-VNNI"):
         NativeLlama.from_hf(make_ref(0, **D64), dtype="int8", kv_dtype="int8")
     assert NativeLlama.from_hf(make_ref(0, **D64), dtype="int8").kv_dtype is torch.float32
-    pytest.skip("this CPU has neither AVX512-VNNI nor AVX2: the int8 pool is refused, and int8 keeps an fp32 pool")
+    pytest.skip("built with neither AVX512-VNNI nor AVX2 alone: the int8 pool is refused, and int8 keeps an fp32 pool")
 
 
 def filled(m: int, seed: int = 0, pool_slots: int = 3000) -> tuple[KVPool, torch.Tensor]:

@@ -14,7 +14,7 @@ from tests.engine.model.test_decode_layers import make_ref
 
 
 def require_a16() -> None:
-    """The kernels built with AVX512-VNNI, or (elsewhere) w8a16_gemm refuses with what to use instead."""
+    """The kernels built with AVX512-VNNI or AVX2 alone, or (elsewhere) w8a16_gemm refuses with what to use instead."""
     require_kernels()
     if native_int8.w8a16_available():
         return
@@ -22,7 +22,7 @@ def require_a16() -> None:
     with pytest.raises(RuntimeError, match="AVX512-VNNI"):
         native_int8.w8a16_gemm(torch.zeros(1, 32), native_int8.pack_pairs(q), torch.ones(16), None)
     assert not NativeLlama.from_hf(make_ref(0), dtype="int8").a16
-    pytest.skip("this CPU has no AVX512-VNNI: w8a16_gemm refuses, and int8 keeps the x16 kernels")
+    pytest.skip("built with neither AVX512-VNNI nor AVX2 alone: w8a16_gemm refuses, and int8 keeps the x16 kernels")
 
 
 def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias) -> torch.Tensor:
