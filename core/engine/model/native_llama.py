@@ -53,6 +53,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from core.engine.model import kv8, native_kernels, pool_attention
 from core.engine.model.forward_batch import ForwardBatch
 from core.cache.kv_pool import KVPool
+from core.engine.model.decode_step import decode_step_fn
 from core.engine.model.native_decode import DecodeLayers
 from core.engine.model.native_linear import Linear, a16_here
 from core.engine.model.native_support import layer_windows, unsupported_reason
@@ -188,63 +189,8 @@ class NativeLlama(torch.nn.Module):
         return n + (0 if self.lm_head.weight is self.embed else self.lm_head.nbytes())
 
     def decode_step_fn(self, attention: str = "sdpa"):
-        """A pure torch function of one decode step, for CUDA graphs and torch.compile:
-
-            step(ids [R], pos [R], out_slots [R], slots [R, L], lens [R], k_cache, v_cache) -> [R, vocab] fp32
-
-        k_cache / v_cache are the pool's whole buffers ([layers, slots, KVH, D]); request r attends
-        slots[r, :lens[r]] (its new token's slot included; padding reads slot 0, masked). No Python
-        data-dependent branch, no host sync, no C kernel: every shape comes from the inputs.
-        attention "sdpa": gather + F.scaled_dot_product_attention (CUDA's kernels); "sum": gather
-        written as broadcast multiply + sum, which inductor fuses into one loop over the pool rows.
-        """
-        if self.kv8:
-            raise ValueError("decode_step_fn reads the pool as plain tensors; an int8 pool (kv_dtype 'int8') has "
-                             "scales beside them: use kv_dtype fp32 or bf16 for CUDA graphs and torch.compile")
-        h, kvh, d, eps, hidden = self.num_heads, self.num_kv_heads, self.head_dim, self.eps, (self.hidden_size,)
-        g, inter, scale, act, kvd = h // kvh, self.intermediate, self.scale, self.act_dtype, self.kv_dtype
-        layers, embed, cos_t, sin_t = self.layers, self.embed, self.cos, self.sin
-        final_norm, head = self.final_norm, self.lm_head
-        windows = sorted({L.window for L in layers}, key=lambda w: -1 if w is None else w)
-
-        def step(ids, pos, out_slots, slots, lens, k_cache, v_cache):
-            r, lmax = slots.shape
-            x = embed[ids]
-            cos, sin = cos_t[pos][:, None, :], sin_t[pos][:, None, :]
-            cols = torch.arange(lmax, device=slots.device)[None, :]
-            ok = {w: (cols < lens[:, None]) if w is None else (cols < lens[:, None]) & (cols >= lens[:, None] - w)
-                  for w in windows}                                              # [R, L] per window
-            if attention == "sdpa":   # additive masks once per step, not per layer (two kernels a layer fewer)
-                masks = {w: torch.zeros((r, 1, 1, lmax), dtype=act, device=x.device).masked_fill_(
-                    ~visible[:, None, None, :], float("-inf")) for w, visible in ok.items()}
-            for li, L in enumerate(layers):
-                y = F.rms_norm(x, hidden, L.input_norm, eps)
-                qkv = L.qkv(y)
-                qk = qkv[:, :(h + kvh) * d].view(r, h + kvh, d)
-                if L.qk_norm is not None:
-                    qk = F.rms_norm(qk, (d,), None, eps) * L.qk_norm
-                qk = apply_rope(qk, cos, sin)
-                q, k = qk[:, :h], qk[:, h:]
-                v = qkv[:, (h + kvh) * d:].view(r, kvh, d)
-                k_cache[li].index_copy_(0, out_slots, k.to(kvd))
-                v_cache[li].index_copy_(0, out_slots, v.to(kvd))
-                kk, vv = k_cache[li][slots].to(act), v_cache[li][slots].to(act)   # [R, L, KVH, D]
-                if attention == "sdpa":
-                    o = F.scaled_dot_product_attention(q[:, :, None, :], kk.transpose(1, 2), vv.transpose(1, 2),
-                                                       attn_mask=masks[L.window], scale=scale, enable_gqa=g > 1)
-                    o = o.reshape(r, h * d)
-                else:
-                    s = (q.view(r, 1, kvh, g, d).float() * kk[:, :, :, None, :].float()).sum(-1) * scale
-                    s = s.masked_fill(~ok[L.window][:, :, None, None], float("-inf"))
-                    p = torch.softmax(s, dim=1)                                  # over L
-                    o = (p[..., None] * vv[:, :, :, None, :].float()).sum(1).to(act).reshape(r, h * d)
-                x = x + L.o(o)
-                y = F.rms_norm(x, hidden, L.post_norm, eps)
-                gu = L.gate_up(y)
-                x = x + L.down(F.silu(gu[:, :inter]) * gu[:, inter:])
-            return head(F.rms_norm(x, hidden, final_norm, eps)).float()
-
-        return step
+        """A pure torch function of one decode step, for CUDA graphs and torch.compile (decode_step.py)."""
+        return decode_step_fn(self, attention)
 
     # ------------------------------------------------------------------ forward
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
