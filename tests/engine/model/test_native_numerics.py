@@ -16,7 +16,7 @@ from core.engine.model.runner import ModelRunner
 from core.engine.model.native_llama import NativeLlama
 from core.engine.sampling import SamplingParams
 from tests.engine.model.require_kernels import require_kernels
-from tests.engine.model.test_int8_attention_tiles import A16_TORCH_ATOL
+from tests.engine.model.test_int8_attention_tiles import chunk_atol
 from tests.engine.model.test_native_llama import ATOL, _prompts, hf_last_logits, make_ref
 
 
@@ -71,11 +71,8 @@ def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(famil
         return native.forward(ForwardBatch.build([(ids[cut:], slots[:cut], slots[cut:])]), pool)[-1]
 
     whole = last_logits(0)
-    torch_attention = pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
-                                                    native.head_dim) is None
-    atol = A16_TORCH_ATOL if native.a16 and torch_attention else ATOL   # int16 steps (test_int8_attention_tiles)
-    for cut in (7, 17, 39):
-        torch.testing.assert_close(last_logits(cut), whole, atol=atol, rtol=0)
+    for cut in (7, 17, 39):   # chunk_atol: a16's int16 steps beside torch's attention
+        torch.testing.assert_close(last_logits(cut), whole, atol=chunk_atol(native, ATOL), rtol=0)
 
 
 @pytest.mark.parametrize("amx", [True, False], ids=["amx-where-present", "no-amx"])
