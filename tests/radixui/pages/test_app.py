@@ -67,6 +67,21 @@ def wait_rows(at: AppTest, n: int, timeout: float = 120):
     raise AssertionError(f"requests did not finish: {request_rows(at)}")
 
 
+def wait_quiet(at: AppTest, timeout: float = 120) -> None:
+    """Runs until two runs in a row draw the same charts: the engine loaded and nothing moving (one run on a busy
+    box could still be drawing the page as it was while the model loaded)."""
+    deadline = time.time() + timeout
+    at.run()
+    last = charts(at)
+    while time.time() < deadline:
+        time.sleep(0.3)
+        at.run()
+        if charts(at) == last:
+            return
+        last = charts(at)
+    raise AssertionError("the page kept changing")
+
+
 def send(at: AppTest, text: str, max_new: int = 3, mode: str = "Raw completion") -> None:
     next(r for r in at.radio if r.label == "Mode").set_value(mode)
     at.text_area[0].input(text)
@@ -324,7 +339,7 @@ def test_a_send_draws_its_row_at_once_and_its_branch_on_the_next_run(app):
     element to the browser, re-plotted from scratch (~0.5 CPU s of a 2-core box for the page's charts),
     which held the row back. It asks the poll's next tick for the run that draws the new branch."""
     n = row_count(app)
-    wait_rows(app, n) if n else app.run()                      # quiet, every figure current
+    wait_rows(app, n) if n else wait_quiet(app)                # quiet, every figure current
     before = charts(app)
     send(app, "Yaks yodel at dawn", max_new=2)
     assert row_count(app) == n + 1 and charts(app) == before
