@@ -61,7 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from core.engine.engine import Engine  # noqa: E402
 from core.engine.model.loader import resolve_model
-from core.engine.model.runner import NUMERICS, ModelRunner  # noqa: E402
+from core.engine.config import DTYPES  # noqa: E402
+from core.engine.model.runner import ModelRunner  # noqa: E402
 from core.engine.sampling import SamplingParams  # noqa: E402
 
 TEXT_MODULES = ("argparse", "collections", "json", "logging", "subprocess", "threading", "unittest", "asyncio",
@@ -255,9 +256,9 @@ def main() -> None:
     t0 = time.perf_counter()
     kvs = [k for k in args.kv_cache_dtype.split(",") if k] or ["auto"]
     dtypes = [d for d in args.dtype.split(",") if d] or ["auto"]
-    bad = [d for d in dtypes if d not in NUMERICS]
+    bad = [d for d in dtypes if d not in DTYPES]
     if bad:
-        raise SystemExit(f"--dtype {','.join(bad)}: choose from {', '.join(NUMERICS)} (a comma list for several)")
+        raise SystemExit(f"--dtype {','.join(bad)}: choose from {', '.join(DTYPES)} (a comma list for several)")
     graphs = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graph]
     runner, *others = [ModelRunner(args.model, device=args.device, numerics=n, kv_cache_dtype=k, cuda_graph=g)
                        for n in dtypes for g in graphs for k in kvs]

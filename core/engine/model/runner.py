@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from core.cache.kv_pool import KVPool
+from core.engine.config import DTYPES, KV_CACHE_DTYPES, MODEL_IMPLS   # the choices, kept with the settings
 from core.engine.model.hf_attention import ATTN_IMPLEMENTATION, ForwardBatch
 from core.engine.model.loader import resolve_model
 from core.engine.model.native_int8 import A16_ROW_BLOCK, GEMV_BLOCK_ROWS, GEMV_ROW_MAX, gemv_blocks
@@ -33,13 +34,10 @@ def check_supported(model_class: type) -> None:
             f"radix_pool KV cache cannot drive it; use a model of a tested family: {', '.join(TESTED_FAMILIES)}")
 
 
-IMPLS = ("auto", "native", "hf")
-NUMERICS = ("auto", "fp32", "bf16", "int8")
 # "auto" on a CPU, chosen by measurement (benchmarks/README.md, "Numerics"): weight-only int8 decodes several
 # times faster than fp32 (the weights are read once per step, a quarter of the bytes) and keeps cache on ==
 # cache off; fp32 is the mode whose greedy tokens equal Hugging Face generate's, one flag away (--dtype fp32).
 CPU_NATIVE_NUMERICS = "int8"
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "int8")
 KV_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}
 # "auto" KV pool: the activations' dtype. bf16 K/V with int8 numerics (half the bytes a decode step reads at long
 # context) was measured as the default and not taken: rounding to bf16 turns the ~1e-7 differences between a token
@@ -68,8 +66,8 @@ def pick_impl(impl: str, hf_model: torch.nn.Module) -> str:
     """"auto": the native Llama path where it supports the model, else the stock transformers one."""
     from core.engine.model.native_support import unsupported_reason
 
-    if impl not in IMPLS:
-        raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(IMPLS)}")
+    if impl not in MODEL_IMPLS:
+        raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(MODEL_IMPLS)}")
     if impl == "hf":
         return "hf"
     reason = unsupported_reason(hf_model)
@@ -83,8 +81,8 @@ def pick_impl(impl: str, hf_model: torch.nn.Module) -> str:
 def pick_numerics(numerics: str, impl: str, device: torch.device) -> str:
     """The numerics a runner uses: "auto" is bf16 on CUDA, and on a CPU fp32 for the HF path and the
     measured default for the native one; int8 (weight-only) exists on the native path only."""
-    if numerics not in NUMERICS:
-        raise ValueError(f"unknown dtype {numerics!r}; choose one of: {', '.join(NUMERICS)}")
+    if numerics not in DTYPES:
+        raise ValueError(f"unknown dtype {numerics!r}; choose one of: {', '.join(DTYPES)}")
     if numerics == "auto":
         return "bf16" if device.type == "cuda" else (CPU_NATIVE_NUMERICS if impl == "native" else "fp32")
     if numerics == "int8" and impl == "hf":
@@ -108,8 +106,8 @@ class ModelRunner:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-        if impl not in IMPLS:
-            raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(IMPLS)}")
+        if impl not in MODEL_IMPLS:
+            raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(MODEL_IMPLS)}")
         path = resolve_model(model)
         dev = _pick_device(device)
         config = AutoConfig.from_pretrained(path)
