@@ -6,7 +6,9 @@ A model's Hugging Face `config.json` fixes the KV bytes of one token:
   (head_dim = hidden_size / num_attention_heads when the config has none);
 - multi-head latent attention (DeepSeek-V2/V3, `kv_lora_rank` in the config): one compressed
   latent plus the decoupled RoPE key per layer, as SGLang's MLATokenToKVPool and vLLM store it,
-  (kv_lora_rank + qk_rope_head_dim) x num_hidden_layers x dtype bytes.
+  (kv_lora_rank + qk_rope_head_dim) x num_hidden_layers x dtype bytes;
+- an int8 KV cache also keeps one fp32 scale beside each stored row of head_dim values (per layer, KV head,
+  K or V), as this engine's int8 pool does (core/cache/kv_pool.py): 4 B a row more (about 6 % at head_dim 64).
 
 Capacities then read as `80GiB` / `80GB` (bytes -> whole tokens, rounded down) besides tokens
 (`3M` = 3,000,000 tokens, `512k` = 512,000 tokens, `1G` = 10^9 tokens) and pages (`6000p`).
@@ -28,6 +30,9 @@ GB = 10 ** 9
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
                "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
                "int8": 1}
+# bytes kept beside each stored row (one layer, one KV head, K or V): int8 rows carry their fp32 scale (this
+# engine's pool, LMDeploy's int8 KV); fp8 (SGLang's fp8_e4m3 / e5m2) scales per tensor, nothing per row
+ROW_SCALE_BYTES = {"int8": 4}
 _BYTE_UNITS = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": GB, "tb": 10 ** 12,
                "kib": 1 << 10, "mib": 1 << 20, "gib": GIB, "tib": 1 << 40}
 
@@ -43,11 +48,12 @@ class ModelKV:
     dtype: str
     dtype_bytes: int
     mla: bool = False
+    row_scale_bytes: int = 0   # beside each row of head_dim values (ROW_SCALE_BYTES)
 
     @property
     def bytes_per_token(self) -> int:
-        per_layer = self.head_dim * self.dtype_bytes * (1 if self.mla else 2 * self.kv_heads)
-        return self.num_layers * per_layer
+        rows = 1 if self.mla else 2 * self.kv_heads
+        return self.num_layers * rows * (self.head_dim * self.dtype_bytes + self.row_scale_bytes)
 
     def tokens(self, num_bytes: float) -> int:
         """Whole tokens that fit in `num_bytes`."""
@@ -59,13 +65,14 @@ class ModelKV:
     def describe(self) -> str:
         shape = (f"MLA latent {self.head_dim} x {self.num_layers} layers" if self.mla else
                  f"2 x {self.num_layers} layers x {self.kv_heads} kv heads x {self.head_dim}")
+        scale = f", + {self.row_scale_bytes} B scale a row" if self.row_scale_bytes else ""
         return (f"{self.name}: {self.bytes_per_token:,} KV bytes per token ({shape} x {self.dtype_bytes} B "
-                f"{self.dtype}); 1 GiB = {self.tokens(GIB):,} tokens")
+                f"{self.dtype}{scale}); 1 GiB = {self.tokens(GIB):,} tokens")
 
     def to_dict(self) -> dict:
         return {"name": self.name, "num_layers": self.num_layers, "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "dtype": self.dtype, "dtype_bytes": self.dtype_bytes, "mla": self.mla,
-                "bytes_per_token": self.bytes_per_token}
+                "row_scale_bytes": self.row_scale_bytes, "bytes_per_token": self.bytes_per_token}
 
 
 def shipped_models() -> dict[str, Path]:
@@ -87,6 +94,11 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[d]
 
 
+def row_scale_bytes(dtype: str) -> int:
+    """Bytes kept beside each stored row in this KV dtype (0 for float dtypes and fp8)."""
+    return ROW_SCALE_BYTES.get(str(dtype).lower().removeprefix("torch."), 0)
+
+
 def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> ModelKV:
     """KV bytes per token from a config dict (see the module docstring); `kv_dtype` overrides the
     config's torch_dtype (e.g. "fp8" for an FP8 KV cache, SGLang's --kv-cache-dtype fp8_e4m3)."""
@@ -100,7 +112,7 @@ def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> 
     nbytes = dtype_bytes(dtype)
     if cfg.get("kv_lora_rank"):
         width = _positive_int(cfg, "kv_lora_rank", name) + _positive_int(cfg, "qk_rope_head_dim", name)
-        return ModelKV(name, layers, 1, width, str(dtype), nbytes, mla=True)
+        return ModelKV(name, layers, 1, width, str(dtype), nbytes, mla=True, row_scale_bytes=row_scale_bytes(dtype))
     heads = _positive_int(cfg, "num_attention_heads", name)
     kv_heads = _positive_int(cfg, "num_key_value_heads", name) if "num_key_value_heads" in cfg else heads
     if cfg.get("head_dim"):
@@ -111,7 +123,7 @@ def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> 
             raise ValueError(f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
                              f"add head_dim to the config")
         head_dim = hidden // heads
-    return ModelKV(name, layers, kv_heads, head_dim, str(dtype), nbytes)
+    return ModelKV(name, layers, kv_heads, head_dim, str(dtype), nbytes, row_scale_bytes=row_scale_bytes(dtype))
 
 
 def load_model_config(path_or_name: Union[str, os.PathLike], kv_dtype: Optional[str] = None) -> ModelKV:

@@ -7,8 +7,10 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 
 from core.cache.eviction.registry import POLICIES
+from core.cache.kv_pool import KVPool
 from core.lab.optimal import Bounds
 from core.lab.replay import pool_pages_needed, replay
 from core.lab.sweep import parse_capacities
@@ -51,6 +53,17 @@ def test_kv_dtype_override():
     assert load_model_config("qwen2.5-7b", "float32").bytes_per_token == 2 * 28 * 4 * 128 * 4
     with pytest.raises(ValueError, match="unknown KV dtype 'fp7'; choose one of: .*fp8"):
         load_model_config("qwen2.5-7b", "fp7")
+
+
+def test_int8_kv_counts_the_scale_each_row_keeps_as_the_engines_pool_does():
+    assert load_model_config("llama-3.1-8b", "int8").bytes_per_token == 32 * 2 * 8 * (128 + 4)
+    assert load_model_config("deepseek-v3", "int8").bytes_per_token == 61 * (576 + 4)
+    assert load_model_config("llama-3.1-8b", "fp8").row_scale_bytes == 0
+    cfg = {"num_hidden_layers": 3, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    kv = model_kv(cfg, "tiny", "int8")
+    pool = KVPool(3, 100, 3, 64, dtype=torch.int8)
+    assert kv.bytes_per_token * (100 + 1) == pool.nbytes()     # slot 0, the padding slot, is counted by the pool
+    assert "+ 4 B scale a row" in kv.describe() and kv.to_dict()["row_scale_bytes"] == 4
 
 
 def test_a_config_json_path_or_its_folder(tmp_path):
