@@ -779,6 +779,14 @@ void silu_mul(const float *gu, float *out, int M, int I) {
             const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
             _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
         }
+#elif defined(__AVX2__) && defined(__FMA__)   /* exp256, the same polynomial on 8 lanes (1,024 rows: 5 % of prefill) */
+        const __m256 one = _mm256_set1_ps(1.f), top = _mm256_set1_ps(88.3f), inf = _mm256_set1_ps(INFINITY);
+        for (; i + 8 <= I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i), x = _mm256_sub_ps(_mm256_setzero_ps(), gv);
+            /* exp256 stops at 88.3; past it exp overflows to inf, as exp512's and expf's do: silu's -0 */
+            const __m256 e = _mm256_blendv_ps(exp256(x), inf, _mm256_cmp_ps(x, top, _CMP_GT_OQ));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+        }
 #endif
         for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }

@@ -54,6 +54,12 @@ def test_silu_mul_equals_silu_of_gate_times_up(m):
     torch.testing.assert_close(native_kernels.silu_mul(gu).double(), want, rtol=2e-6, atol=1e-6)
 
 
+def test_silu_mul_runs_a_width_past_the_last_whole_vector():
+    gu = data(3, 2 * 21, 9, scale=8.0)                 # 21: two 8-lane vectors and 5 left, one 16-lane and 5
+    want = F.silu(gu[:, :21].double()) * gu[:, 21:].double()
+    torch.testing.assert_close(native_kernels.silu_mul(gu).double(), want, rtol=2e-6, atol=1e-6)
+
+
 def test_silu_mul_keeps_nan_and_saturates_at_the_extremes():
     gate = torch.tensor([float("nan"), -200.0, 200.0, 0.0] + [1.0] * 12)   # 16: one AVX-512 vector
     out = native_kernels.silu_mul(torch.cat([gate, torch.ones(16)])[None])[0]
