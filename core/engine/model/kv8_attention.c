@@ -325,7 +325,8 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
     for (int h = 0; h < NG; h++) {
         if (h >= groups) { p[h] = w[h] = zero; continue; }
         p[h] = _mm512_maskz_mov_ps(mk[h], exp512(_mm512_sub_ps(s[h], mv)));
-        w[h] = _mm512_mul_ps(p[h], _mm512_loadu_ps(b->vsc + 16 * h));
+        /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
+        w[h] = _mm512_maskz_mul_ps(mk[h], p[h], _mm512_loadu_ps(b->vsc + 16 * h));
         bad |= _mm512_mask_fpclass_ps_mask(mk[h], w[h], NOT_FINITE);
         wtop = _mm512_max_ps(wtop, w[h]);
     }

@@ -10,20 +10,9 @@
  * result is the same bits however its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise),
  * on this build. */
 
+#include "online_softmax_avx2.h"   /* exp1, hsum8, lanes_below, merge, finish */
+
 #define NG8 (BK / 8)   /* 8-key groups a block */
-
-static inline float exp1(float x) { return _mm256_cvtss_f32(exp256(_mm256_set1_ps(x))); }
-
-static inline float hsum8(__m256 a) {
-    __m128 m = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
-}
-
-/* lanes of a group whose keys are seen: lane i < left, as a float mask */
-static inline __m256 lanes_below(int left) {
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-}
 
 /* r[i] = the sum of a[i]'s 8 int32 lanes, for 8 vectors at once (exact: any tree gives the same sums) */
 static inline __m256i reduce8_epi32(const __m256i a[8]) {
@@ -114,7 +103,7 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
     const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(3.4028235e38f);
     const int groups = (seen + 7) / 8;   /* groups past `seen` hold no key: weight 0, no work */
     __m256 mk[NG8], s[NG8], p[NG8], w[NG8];
-    int bad = 0;
+    __m256 flags = zero;   /* lanes of a NaN score (seen keys only), then of a weight not finite */
     __m256 top = ninf;
     for (int h = 0; h < NG8; h++) {
         mk[h] = lanes_below(seen - 8 * h);
@@ -122,7 +111,7 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
         const __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dots + 8 * h))),
                                                      qcv), _mm256_loadu_ps(b->ksc + 8 * h));
         s[h] = _mm256_blendv_ps(ninf, v, mk[h]);
-        bad |= _mm256_movemask_ps(_mm256_and_ps(mk[h], _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));   /* a NaN score */
+        flags = _mm256_or_ps(flags, _mm256_cmp_ps(s[h], s[h], _CMP_UNORD_Q));
         top = _mm256_max_ps(top, s[h]);
     }
     const float bm = hmax8(top);
@@ -132,10 +121,12 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
     for (int h = 0; h < NG8; h++) {
         if (h >= groups) { p[h] = w[h] = zero; continue; }
         p[h] = _mm256_and_ps(mk[h], exp256(_mm256_sub_ps(s[h], mv)));
-        w[h] = _mm256_mul_ps(p[h], _mm256_loadu_ps(b->vsc + 8 * h));
-        bad |= _mm256_movemask_ps(_mm256_and_ps(mk[h], _mm256_cmp_ps(_mm256_andnot_ps(sign, w[h]), big, _CMP_NLE_UQ)));
+        /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
+        w[h] = _mm256_and_ps(mk[h], _mm256_mul_ps(p[h], _mm256_loadu_ps(b->vsc + 8 * h)));
+        flags = _mm256_or_ps(flags, _mm256_cmp_ps(_mm256_andnot_ps(sign, w[h]), big, _CMP_NLE_UQ));
         wtop = _mm256_max_ps(wtop, w[h]);
     }
+    const int bad = _mm256_movemask_ps(flags);
     if (bad || mnew != mnew) {
         if (*mx == -INFINITY) *mx = 0.f;   /* kept by the merge */
         *sum = NAN;
@@ -197,24 +188,4 @@ static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, i
     if (D == 64) values_d(wq, R, b, pairs, 64, acc);
     else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
     else values_d(wq, R, b, pairs, D, acc);
-}
-
-/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
-__attribute__((noinline, noclone))
-static void merge(float *amx, float *asum, float *ao, float mx, float sum, const float *o, int D) {
-    if (mx == -INFINITY) return;
-    const float top = mx > *amx ? mx : *amx;
-    const float a = *amx == -INFINITY ? 0.f : exp1(*amx - top);
-    const float c = exp1(mx - top);
-    const __m256 av = _mm256_set1_ps(a), cv = _mm256_set1_ps(c);
-    for (int d = 0; d < D; d += 8)
-        _mm256_storeu_ps(ao + d, _mm256_fmadd_ps(_mm256_loadu_ps(ao + d), av, _mm256_mul_ps(_mm256_loadu_ps(o + d), cv)));
-    *asum = *asum * a + sum * c;
-    *amx = top;
-}
-
-__attribute__((noinline, noclone))
-static void finish(const float *ao, float asum, float *dst, int D) {
-    const __m256 inv = _mm256_set1_ps(1.f / asum);
-    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_loadu_ps(ao + d), inv));
 }

@@ -143,6 +143,22 @@ def test_a_nan_in_one_requests_keys_stays_in_that_request():
     assert torch.equal(out[1:], alone)
 
 
+@pytest.mark.parametrize("at", [5, 63, 64, 130])
+def test_a_nan_key_or_value_changes_no_row_before_it(at):
+    """A token whose K and V are NaN (stored: scale NaN, values 0) is a future key to the rows before it: they
+    come out the bits they have when the chunk ends before it, in its block or the next."""
+    require_kv8()
+    pool, slots = filled(200, seed=at)
+    q = torch.randn(40, H, D, generator=torch.Generator().manual_seed(at))
+    m0 = max(0, at - 20)                           # the chunk's 40 rows: positions m0 .. m0 + 39, `at` among them
+    before = kv8.kv8_attention(q[: at - m0], *layer(pool), slots[:at], SCALE)
+    nan = torch.full((1, KVH, D), float("nan"))
+    pool.set_kv(0, slots[at:at + 1], nan, nan)
+    out = kv8.kv8_attention(q, *layer(pool), slots[: m0 + 40], SCALE)
+    assert torch.equal(out[: at - m0], before)
+    assert bool(torch.isnan(out[at - m0:]).all())   # the NaN token's own row and every row after it
+
+
 def test_bad_input_is_refused_with_what_to_change():
     require_kv8()
     pool, slots = filled(50)
