@@ -17,8 +17,9 @@
  *
  * Layouts as amx_attention's: q rows [n][H][D] fp32 (row stride qs floats); k/v [slots][KVH][D] fp32 or bf16
  * (kv_bf16), key j at slot slots[j]; out [n][H][D] fp32. Query i sits at position m - n + i. D % 16 == 0,
- * D <= 256, H % KVH == 0, m >= n. Returns -1 when out of memory, -2 where built without AVX-512, -3 for shapes
- * it cannot run. */
+ * D <= 256, H % KVH == 0, m >= n. Returns -1 when out of memory, -2 where built without AVX-512 or AVX2, -3 for
+ * shapes it cannot run. On AVX2 (fma_avx2.h) the same drivers run the lanes path's arithmetic on 8 lanes for every
+ * chunk: that build has no transposed path. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +29,12 @@
 #include "native_kernels.h"
 
 #if defined(__AVX512F__)
+#define FMA_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define FMA_AVX512 0   /* fma_avx2.h: the lanes path on 8 lanes */
+#endif
+
+#ifdef FMA_AVX512
 
 #define FQ 32   /* query positions per work item */
 #define FK 32   /* keys per block */
@@ -42,6 +49,20 @@ _Static_assert(RB >= RB_T && RB >= RB_L, "RB holds a register block of either ki
 
 int fma_attention_ready(void) { return 1; }
 
+/* K/V rows of block kb PREFETCH_BLOCKS ahead asked for now: a decode row's keys come from memory, once */
+static void prefetch_block(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int g,
+                           int KVH, int D) {
+    const int64_t row = (int64_t)D * (bf16 ? 2 : 4);
+    for (int j = kb * FK; j < (kb + 1) * FK && j < m; j++) {
+        const int64_t at = (slots[j] * KVH + g) * row;
+        for (int64_t b = 0; b < row; b += 64) {
+            __builtin_prefetch((const char *)k + at + b, 0, 2);
+            __builtin_prefetch((const char *)v + at + b, 0, 2);
+        }
+    }
+}
+
+#if FMA_AVX512
 /* (one order) block kb's keys of KV head g, K and V rows copied as fp32 [FK][D] (rows past the last key left as
  * they are: their offsets are -1), for many rows to read from L1/L2 */
 static void pack_rows(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int g, int KVH,
@@ -94,19 +115,6 @@ static inline void scores_transposed(const float *const *qr, const float *kt, in
     for (int r = 0; r < RB_T; r++) {
         _mm512_store_ps(s + r * FK, a[r][0]);
         _mm512_store_ps(s + r * FK + 16, a[r][1]);
-    }
-}
-
-/* K/V rows of block kb PREFETCH_BLOCKS ahead asked for now: a decode row's keys come from memory, once */
-static void prefetch_block(const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb, int g,
-                           int KVH, int D) {
-    const int64_t row = (int64_t)D * (bf16 ? 2 : 4);
-    for (int j = kb * FK; j < (kb + 1) * FK && j < m; j++) {
-        const int64_t at = (slots[j] * KVH + g) * row;
-        for (int64_t b = 0; b < row; b += 64) {
-            __builtin_prefetch((const char *)k + at + b, 0, 2);
-            __builtin_prefetch((const char *)v + at + b, 0, 2);
-        }
     }
 }
 
@@ -189,6 +197,29 @@ static inline void softmax_step(const float *s, int seen, float scale, float *mx
     *corr = c;
 }
 
+/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
+__attribute__((noinline, noclone)) static void merge(float *amx, float *asum, float *ao, float mx, float sum,
+                                            const float *o, int D) {
+    if (mx == -INFINITY) return;                                  /* the segment showed the row nothing */
+    const float top = mx > *amx ? mx : *amx;
+    const float a = *amx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*amx - top)));
+    const float b = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - top)));
+    const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
+    for (int d = 0; d < D; d += 16)
+        _mm512_storeu_ps(ao + d, _mm512_fmadd_ps(_mm512_loadu_ps(ao + d), av,
+                                                 _mm512_mul_ps(_mm512_loadu_ps(o + d), bv)));
+    *asum = *asum * a + sum * b;
+    *amx = top;
+}
+
+static inline void finish(const float *ao, float asum, float *dst, int D) {
+    const __m512 inv = _mm512_set1_ps(1.f / asum);
+    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ao + d), inv));
+}
+#else
+#include "fma_avx2.h"
+#endif
+
 /* the rows (g's query heads at positions pos0 .. pos0 + qn - 1, queries i0 ..) over key blocks kb0 .. kb1 - 1 (one
  * segment): fresh running max, sum and output per row in mx, sum, o; a row the segment shows nothing keeps mx -inf.
  * segment and merge are compiled once each (noinline): the module's flags let the compiler reassociate sums, and
@@ -212,8 +243,11 @@ static void segment(const float *q, int64_t qs, const void *k, const void *v, in
         const int kn = m - j0 < FK ? (int)(m - j0) : FK;
         int64_t at[FK];
         prefetch_block(k, v, bf16, slots, m, kb + PREFETCH_BLOCKS, g, KVH, D);
+#if FMA_AVX512
         if (!lanes) pack_transposed(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
-        else if (packed) pack_rows(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
+        else
+#endif
+        if (packed) pack_rows(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
         for (int j = 0; j < FK; j++)
             at[j] = j >= kn ? -1 : packed ? (int64_t)j * D : (slots[j0 + j] * KVH + g) * (int64_t)D;
         const void *ks = packed ? (const void *)kp : k, *vs = packed ? (const void *)vb : v;
@@ -231,8 +265,11 @@ static void segment(const float *q, int64_t qs, const void *k, const void *v, in
                 any |= seen[r] > 0;
             }
             if (!any) continue;
-            if (lanes) scores_lanes(qr, seen, ks, sb, at, D, s);
-            else scores_transposed(qr, kp, D, s);
+#if FMA_AVX512
+            if (!lanes) scores_transposed(qr, kp, D, s);
+            else
+#endif
+            scores_lanes(qr, seen, ks, sb, at, D, s);
             for (int r = 0; r < rb; r++) {
                 if (seen[r] > 0) {
                     softmax_step(s + r * FK, seen[r], scale, &mx[r0 + r], &sum[r0 + r], p + r * FK, &corr[r]);
@@ -242,36 +279,20 @@ static void segment(const float *q, int64_t qs, const void *k, const void *v, in
                 }
             }
             if (r0 + rb > rows) memset(spare, 0, (size_t)D * sizeof(float));
-            if (lanes) block_values(dst, p, corr, vs, sb, at, D, RB_L);
-            else block_values(dst, p, corr, vs, sb, at, D, RB_T);
+#if FMA_AVX512
+            if (!lanes) block_values(dst, p, corr, vs, sb, at, D, RB_T);
+            else
+#endif
+            block_values(dst, p, corr, vs, sb, at, D, RB_L);
         }
     }
-}
-
-/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
-__attribute__((noinline, noclone)) static void merge(float *amx, float *asum, float *ao, float mx, float sum,
-                                            const float *o, int D) {
-    if (mx == -INFINITY) return;                                  /* the segment showed the row nothing */
-    const float top = mx > *amx ? mx : *amx;
-    const float a = *amx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*amx - top)));
-    const float b = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - top)));
-    const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
-    for (int d = 0; d < D; d += 16)
-        _mm512_storeu_ps(ao + d, _mm512_fmadd_ps(_mm512_loadu_ps(ao + d), av,
-                                                 _mm512_mul_ps(_mm512_loadu_ps(o + d), bv)));
-    *asum = *asum * a + sum * b;
-    *amx = top;
-}
-
-static inline void finish(const float *ao, float asum, float *dst, int D) {
-    const __m512 inv = _mm512_set1_ps(1.f / asum);
-    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ao + d), inv));
 }
 
 static int attention(const float *q, int64_t qs, const void *k, const void *v, int kv_bf16, const int64_t *slots,
                      float *out, int n, int m, int H, int KVH, int D, float scale, int lanes) {
     if (D % 16 || D > 256 || D <= 0 || KVH <= 0 || H % KVH || m < n) return -3;   /* the wrapper checks these */
     if (n <= 0) return 0;
+    lanes |= !FMA_AVX512;   /* AVX2 has the lanes path only */
     const int G = H / KVH, nqb = (n + FQ - 1) / FQ, rows_max = G * FQ, nseg = (m + SEG - 1) / SEG;
     const int64_t pos0 = (int64_t)m - n;                          /* the first query's position */
     /* one query block (a short chunk, a few decoding rows' worth): its work items are (KV head, segment), each

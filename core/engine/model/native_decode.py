@@ -86,7 +86,7 @@ class DecodeLayers:
     @staticmethod
     def fits_step(plan: AttentionPlan, rows: int) -> bool:
         """Whether the Python loop would run this batch on w8_gemv, the decode kernel and (a mixed step) one
-        prefill attention call alone (AMX tiles or AVX-512 FMAs)."""
+        prefill attention call alone (AMX tiles or FMAs)."""
         dec = plan.decodes
         if (plan.extends or plan.fresh is not None or plan.prefixed is not None
                 or (dec is not None and (dec.segments is not None or not dec.slots.is_contiguous()))):
@@ -94,7 +94,7 @@ class DecodeLayers:
         if not plan.tiled:   # a pure decode step
             return dec is not None and plan.decode_idx is None and rows < max_rows()
         # a mixed step: below many_rows() the loop's projections stay on w8_gemv, as the one call's do; its chunk
-        # on the kernel the loop's prefill_kernel picks (AMX tiles, or AVX-512 FMAs without AMX)
+        # on the kernel the loop's prefill_kernel picks (AMX tiles, or FMAs without AMX)
         return len(plan.tiled) == 1 and rows < many_rows()
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:

@@ -33,8 +33,8 @@ Numerics ("dtype"):
         where the CPU has AMX (and the model has
         no sliding window and head_dim a multiple of 32), every prompt chunk's attention runs on tiles too,
         one-token chunks included (pool_attention.amx_attention: ~2^-15 of fp32 attention; given the same
-        K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled; without AMX, on AVX-512,
-        fma_attention.c keeps that promise in fp32 FMAs), decodes on the C
+        K/V, the same bits however a prompt is chunked or cached; AttentionPlan.tiled; without AMX, on AVX-512 or
+        AVX2, fma_attention.c keeps that promise in fp32 FMAs), decodes on the C
         decode kernel; a step of decodes alone runs all its layers in one C call (native_decode.DecodeLayers:
         the same kernels, the same bits, no Python between them).
 Sliding windows (Mistral; Qwen2/3 layers typed "sliding_attention") are applied per layer.
@@ -116,8 +116,8 @@ class NativeLlama(torch.nn.Module):
                               for m in mods])
 
         self.layers: list[_Layer] = []
-        # one order of sums for every batch shape (int8 with a bf16 pool, AVX-512 without AMX): every projection
-        # on its panels and decode rows on fma_attention.c's arithmetic, so a token's K/V are the same bits
+        # one order of sums for every batch shape (int8 with a bf16 pool without AMX: AVX-512, or AVX2 with
+        # w8a16_gemm): every projection on its panels (or w8a16_gemm's exact sums) and decode rows on fma_attention.c's arithmetic, so a token's K/V are the same bits
         # decoded, prefilled in any chunk or batched with anyone, and rounding them to bf16 cannot part cache on
         # from cache off. An fp32 pool keeps the faster decode kernels (cache on == off there by measurement).
         want_one_order = (dtype == "int8" and self.kv_dtype is torch.bfloat16 and self.device.type == "cpu"
@@ -223,8 +223,8 @@ class NativeLlama(torch.nn.Module):
         # differ from SDPA's at bf16 rounding, and cache on / off would drift apart)
         row_kernel = self.kv8 or (self.act_dtype == torch.float32 and native_kernels.attention_fits(
             batch.device, self.num_heads, self.num_kv_heads, self.head_dim))
-        # int8 on a CPU: every extend's attention on AMX tiles, or on AVX-512 FMAs without AMX (the same promise;
-        # AttentionPlan.tiled says why all of them)
+        # int8 on a CPU: every extend's attention on AMX tiles, or on FMAs without AMX (AVX-512 or AVX2; the same
+        # promise; AttentionPlan.tiled says why all of them)
         kernel = pool_attention.prefill_kernel(batch.device, self.num_heads, self.num_kv_heads, self.head_dim) \
             if self.mode == "int8" and self.full_attention else None
         if self.one_order:   # the chunks on fma_decode's arithmetic

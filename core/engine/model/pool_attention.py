@@ -1,5 +1,5 @@
 """Attention over the KV pool for prompt chunks, and one order's decode rows: which C kernel runs a chunk here
-(prefill_kernel: AMX tiles, amx_attention.c; AVX-512 FMAs without AMX, fma_attention.c), their checked wrappers
+(prefill_kernel: AMX tiles, amx_attention.c; FMAs without AMX, fma_attention.c: AVX-512, or AVX2's lanes path), their checked wrappers
 reading K/V straight out of a pool layer by slot, and fma_decode (decode rows on fma_attention.c's arithmetic, for
 NativeLlama.one_order). The build and the decode kernel are native_kernels.py's."""
 from __future__ import annotations
@@ -33,14 +33,15 @@ def amx_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
 
 def fma_attention_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> bool:
-    """Whether `fma_attention` (fma_attention.c: the same attention in AVX-512 FMAs, for CPUs without AMX) runs
-    this attention here: built with AVX-512, a CPU tensor, head_dim a multiple of 16 up to MAX_D, whole groups."""
+    """Whether `fma_attention` (fma_attention.c: the same attention in FMAs, for CPUs without AMX) runs this
+    attention here: built with AVX-512 or AVX2 (fma_avx2.h: every chunk on the lanes path, 8 lanes), a CPU tensor,
+    head_dim a multiple of 16 up to MAX_D, whole groups."""
     return (device.type == "cpu" and head_dim % 16 == 0 and head_dim <= MAX_D and kv_heads > 0
             and heads % kv_heads == 0 and available() and bool(built().fma_attention_ready()))
 
 
 def prefill_kernel(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> Optional[str]:
-    """The C kernel a prompt chunk's attention over the pool runs on here: "amx" (tiles), else "fma" (AVX-512),
+    """The C kernel a prompt chunk's attention over the pool runs on here: "amx" (tiles), else "fma" (AVX-512 or AVX2),
     else None (torch's attention). Both give a row the same bits however its prompt was chunked or cached."""
     if amx_attention_fits(device, heads, kv_heads, head_dim):
         return "amx"
@@ -78,7 +79,7 @@ def attention_pool(kernel: str, q: torch.Tensor, k_buf: torch.Tensor, v_buf: tor
         raise ValueError(f"attention_pool: kernel {kernel!r}; choose amx, fma or one_order (prefill_kernel picks "
                          f"amx or fma for this CPU; one_order is fma with fma_decode's arithmetic)")
     if not fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
-        need = "AMX, head_dim a multiple of 32" if kernel == "amx" else "AVX-512, head_dim a multiple of 16"
+        need = "AMX, head_dim a multiple of 32" if kernel == "amx" else "AVX-512 or AVX2, head_dim a multiple of 16"
         raise ValueError(f"{name} does not fit {h} heads over {kvh} KV heads of size {d} here (needs {need} up to "
                          f"{MAX_D}, whole head groups); use torch's attention")
     if m < n:
@@ -113,7 +114,7 @@ def fma_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots:
     kvh = k_buf.shape[1] if k_buf.dim() == 3 else 0
     if not fma_attention_fits(q.device, h, kvh, d) or k_buf.shape[2] != d:
         raise ValueError(f"fma_decode does not fit {h} heads over KV heads {tuple(k_buf.shape[1:])} here "
-                         f"(needs AVX-512, head_dim a multiple of 16 up to {MAX_D}, whole head groups)")
+                         f"(needs AVX-512 or AVX2, head_dim a multiple of 16 up to {MAX_D}, whole head groups)")
     if (q.dtype is not F32 or not q.is_cpu or v_buf.shape != k_buf.shape or v_buf.dtype is not k_buf.dtype
             or k_buf.dtype not in (F32, torch.bfloat16) or not (k_buf.is_contiguous() and v_buf.is_contiguous())):
         raise ValueError(f"fma_decode takes fp32 CPU q and one contiguous fp32 or bf16 pool layer, got {q.dtype}, "

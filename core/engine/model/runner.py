@@ -44,9 +44,9 @@ KV_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}
 # computed in a prefill chunk and in a decode step (the int8 kernels' sum orders) into whole bf16 steps. With every
 # prompt chunk on the tiles it held 50 / 50 on the agreement prompts, but 296 / 300 cache on == off on 150 mixed
 # prompts over two turns, where fp32 K/V held 300 / 300 (benchmarks/README.md, "Numerics"); it stays one flag away
-# (--kv-cache-dtype bf16). Without AMX (with AVX-512) a bf16 pool runs with one order of sums and is cache-exact by
-# construction (NativeLlama.one_order), but its decode rows then run fma_attention's slower arithmetic, so there
-# too fp32 stays the default.
+# (--kv-cache-dtype bf16). Without AMX (AVX-512, or AVX2 with w8a16_gemm) a bf16 pool runs with one order of sums
+# and is cache-exact by construction (NativeLlama.one_order), but its decode rows then run fma_attention's slower
+# arithmetic, so there too it is not the default.
 
 
 def pick_kv_cache_dtype(kv_cache_dtype: str, numerics: str, impl: str) -> Optional[str]:

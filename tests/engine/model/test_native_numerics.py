@@ -80,7 +80,7 @@ def test_int8_logits_do_not_depend_on_how_the_prompt_was_chunked_or_cached(famil
 def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx, monkeypatch, request):
     """A 72-token prompt after a 24-token cached prefix: its projections on AMX tiles (where this CPU has them)
     or on weight panels (no AMX, as set_amx(False) runs it) and its attention on the C kernel (AMX tiles, or
-    AVX-512 FMAs without AMX), against every row through the FMA kernel and one masked torch call (AMX_MIN_ROWS, PANEL_MIN_ROWS and the split turned off): the
+    FMAs without AMX), against every row through the FMA kernel and one masked torch call (AMX_MIN_ROWS, PANEL_MIN_ROWS and the split turned off): the
     same logits to fp32 rounding, and the same K/V written into the pool. (The x16 arithmetic: w8a16_gemm, which a
     CPU with AVX512-VNNI and without AMX runs instead, is test_w8a16.py's.)"""
     from core.engine.model import native_layers, native_linear
@@ -109,12 +109,12 @@ def test_int8_prefill_rows_on_amx_tiles_give_the_fma_kernels_logits(family, amx,
 
     monkeypatch.setattr(native_layers.AttentionPlan, "build", staticmethod(spy))
     fast, fast_k = run()
-    # every chunk's attention on the C kernel (AMX tiles, or AVX-512 FMAs without AMX), the second after its prefix;
-    # kernels built without AVX-512 (AVX2) have neither: torch's attention, nothing tiled
-    kernel = pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
-                                           native.head_dim)
-    avx512 = native_kernels.built().panel_gemm_fast()
-    assert kernel == ("amx" if native_kernels.amx_available() else "fma" if avx512 else None)
+    # every chunk's attention on the C kernel (AMX tiles, or FMAs without AMX: AVX-512, or AVX2's lanes path), the
+    # second after its prefix; kernels built with neither: torch's attention, nothing tiled
+    cpu, shape = torch.device("cpu"), (native.num_heads, native.num_kv_heads, native.head_dim)
+    kernel = pool_attention.prefill_kernel(cpu, *shape)
+    assert kernel == ("amx" if native_kernels.amx_available() else
+                      "fma" if pool_attention.fma_attention_fits(cpu, *shape) else None)
     assert fast_tiled == ([[(0, 24)], [(0, 72)]] if kernel else [[], []])
     lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
     tiles = native_kernels.amx_available()

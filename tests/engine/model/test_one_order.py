@@ -1,8 +1,8 @@
-"""One order of sums (int8 on AVX-512 without AMX, native_llama.one_order): a token's K/V and logits are the same
+"""One order of sums (int8 on AVX-512 without AMX, or on AVX2 with w8a16_gemm; native_llama.one_order): a token's K/V and logits are the same
 bits whether it was decoded (alone, beside other decodes, beside a prompt chunk, in one C call or the Python loop)
 or prefilled (whole, in chunks, after a cached prefix). That is what keeps cache on == cache off exact with a bf16
 pool, whose rounding would otherwise turn last-bit differences into whole bf16 steps. On a CPU with AMX, set_amx(False) runs what a CPU without it runs; each test runs with the x16 arithmetic and with w8a16_gemm's (int16 activations,
-exact integer sums, where the CPU has AVX512-VNNI)."""
+exact integer sums, where the CPU has AVX512-VNNI or AVX2)."""
 from __future__ import annotations
 
 import pytest
@@ -34,14 +34,16 @@ def make_ref(seed: int = 0) -> torch.nn.Module:
 
 
 def one_order_here(native: NativeLlama) -> bool:
-    """Whether this CPU runs one order (AVX-512): the model with a bf16 pool says so, and runs every projection on
-    its panels; without AVX-512 it says it does not (and runs w8_gemv, or w8a16_gemm's panels with AVX2)."""
-    fits = pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
-                                         native.head_dim) == "fma"
-    assert native.kv_dtype is torch.bfloat16 and native.one_order == fits
+    """Whether this CPU runs one order: fma_attention for every chunk (AVX-512, or AVX2's lanes path) and every
+    projection off the plain matrix (on AVX-512 panels, or w8a16_gemm's exact sums); the model with a bf16 pool
+    says so. AVX2 with the x16 arithmetic runs prompt rows on a matrix, so not one order there."""
+    fma = pool_attention.prefill_kernel(torch.device("cpu"), native.num_heads, native.num_kv_heads,
+                                        native.head_dim) == "fma"
+    panels = fma and native_kernels.built().panel_gemm_fast()   # AVX-512 without AMX: every projection on panels
+    assert native.kv_dtype is torch.bfloat16 and native.one_order == (fma and (panels or native.a16))
     assert [lin.matrix is None for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)] == \
-        [fits or native.a16] * 4 * len(native.layers)
-    return fits
+        [panels or native.a16] * 4 * len(native.layers)
+    return native.one_order
 
 
 PROMPT = torch.randint(1, 160, (600,), generator=torch.Generator().manual_seed(2)).tolist()
