@@ -2,6 +2,7 @@
  * prefill: "fma"), scores with d across lanes reduced by one fixed tree (scores16: one order, "one_order" and
  * fma_decode), values in key order, the softmax step and the segments' merge, 16 lanes a step. Included by
  * fma_attention.c, whose drivers fma_avx2.h shares on 8 lanes (the lanes path only). */
+#include "online_softmax_avx512.h"   /* merge, finish */
 
 /* (one order) block kb's keys of KV head g, K and V rows copied as fp32 [FK][D] (rows past the last key left as
  * they are: their offsets are -1), for many rows to read from L1/L2 */
@@ -135,24 +136,4 @@ static inline void softmax_step(const float *s, int seen, float scale, float *mx
     *sum = *sum * c + (_mm512_reduce_add_ps(p0) + _mm512_reduce_add_ps(p1));
     *mx = mnew;
     *corr = c;
-}
-
-/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
-__attribute__((noinline, noclone)) static void merge(float *amx, float *asum, float *ao, float mx, float sum,
-                                            const float *o, int D) {
-    if (mx == -INFINITY) return;                                  /* the segment showed the row nothing */
-    const float top = mx > *amx ? mx : *amx;
-    const float a = *amx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*amx - top)));
-    const float b = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - top)));
-    const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
-    for (int d = 0; d < D; d += 16)
-        _mm512_storeu_ps(ao + d, _mm512_fmadd_ps(_mm512_loadu_ps(ao + d), av,
-                                                 _mm512_mul_ps(_mm512_loadu_ps(o + d), bv)));
-    *asum = *asum * a + sum * b;
-    *amx = top;
-}
-
-static inline void finish(const float *ao, float asum, float *dst, int D) {
-    const __m512 inv = _mm512_set1_ps(1.f / asum);
-    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ao + d), inv));
 }

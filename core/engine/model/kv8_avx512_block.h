@@ -3,6 +3,7 @@
  * key pairs, the softmax steps on 16 lanes, and the segments' merge. Included by kv8_attention.c (after its types),
  * whose drivers and promise (a row's bits the same however its prompt was chunked, cached, decoded or prefilled)
  * kv8_avx2_block.h shares on 8 lanes. */
+#include "online_softmax_avx512.h"   /* merge, finish */
 
 /* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
 static inline __m512i reduce16_epi32(__m512i a[16]) {
@@ -233,24 +234,4 @@ static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, i
     if (D == 64) values_d(wq, R, b, pairs, 64, acc);
     else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
     else values_d(wq, R, b, pairs, D, acc);
-}
-
-/* a row's segment (mx, sum, o) into its running total (amx, asum, ao), segments in key order */
-__attribute__((noinline, noclone))
-static void merge(float *amx, float *asum, float *ao, float mx, float sum, const float *o, int D) {
-    if (mx == -INFINITY) return;
-    const float top = mx > *amx ? mx : *amx;
-    const float a = *amx == -INFINITY ? 0.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*amx - top)));
-    const float c = _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - top)));
-    const __m512 av = _mm512_set1_ps(a), cv = _mm512_set1_ps(c);
-    for (int d = 0; d < D; d += 16)
-        _mm512_storeu_ps(ao + d, _mm512_fmadd_ps(_mm512_loadu_ps(ao + d), av, _mm512_mul_ps(_mm512_loadu_ps(o + d), cv)));
-    *asum = *asum * a + sum * c;
-    *amx = top;
-}
-
-__attribute__((noinline, noclone))
-static void finish(const float *ao, float asum, float *dst, int D) {
-    const __m512 inv = _mm512_set1_ps(1.f / asum);
-    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ao + d), inv));
 }

@@ -39,7 +39,7 @@ SOURCES = [SOURCE, *(SOURCE.with_name(f) for f in ("panel_gemm.c", "w8a16_gemm.c
                                                     "fma_attention.c", "kv8_attention.c", "decode_layers.c"))]
 HEADERS = [SOURCE.with_name(f) for f in ("native_simd.h", "native_kernels.h", "w8a16_avx2.h", "kv8_avx2.h",
                                           "kv8_avx2_block.h", "online_softmax_avx2.h", "fma_avx2.h", "kv8_avx512.h",
-                                          "kv8_avx512_block.h", "fma_avx512.h")]
+                                          "kv8_avx512_block.h", "fma_avx512.h", "online_softmax_avx512.h")]
 # Not -ffast-math: linking with it pulls in crtfastmath.o, which turns on flush-to-zero for the whole
 # process at load time (numpy, hypothesis and every float in Python then lose subnormals). These flags
 # give the vectoriser what it needs (reassociated sums, fused multiply-add) without touching FP state.
