@@ -16,7 +16,7 @@
  * (the normed input of layer 0 on entry, written as each layer's input). Returns 0, -1 when out of memory, -2 when
  * row_chunk is refused (decode_attention), -3 when amx_attention refuses the chunk, -4 when a16 (the projections on
  * w8a16_gemm) or an int8 pool (kv_kind KV_INT8: kv8_attention.c's kernels) is asked of a build without
- * AVX512-VNNI. */
+ * AVX512-VNNI or AVX2. */
 #include <stdint.h>
 #include <string.h>
 #include "native_simd.h"
@@ -69,7 +69,7 @@ static int decode_rows(const float *q, int64_t qs, const void *kb, const void *v
 
 /* One layer's attention for every row into att [R][H*D]: the decodes (rows dec_idx[0..Rd-1]; all R rows, queries in
  * place, when there is no chunk) by decode_rows, the chunk (rows chunk_at .. +chunk_n, keys at chunk_slots[0 ..
- * chunk_m-1]) on the tiles (amx), else on AVX-512 FMAs (fma_attention.c; one order: its lanes order), as the
+ * chunk_m-1]) on the tiles (amx), else on FMAs (fma_attention.c; one order: its lanes order), as the
  * loop's prefill kernel. Returns 0 or that kernel's error. */
 static int layer_attention(const float *qk, int QK, const void *kb, const void *vb, const float *ks, const float *vs,
                            int kind, const int64_t *slots,

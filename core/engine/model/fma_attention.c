@@ -1,4 +1,4 @@
-/* Prefill attention with AVX-512 FMAs, for CPUs without AMX: amx_attention's interface and its promise (a query
+/* Prefill attention with FMAs (AVX-512, or AVX2), for CPUs without AMX: amx_attention's interface and its promise (a query
  * row's result is the same bits however its prompt was chunked or cached, and whatever rows share its work item),
  * in plain fp32.
  *

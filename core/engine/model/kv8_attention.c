@@ -23,7 +23,8 @@
  *
  * Layouts: q rows [n][H][D] fp32 (row stride qs floats); k, v [slots][KVH][D] int8, ks, vs [slots][KVH] fp32, key j
  * at slot slots[j]; out [n][H][D] fp32; query i at position m - n + i. D % 64 == 0, D <= 256, H % KVH == 0, m >= n.
- * Returns -1 when out of memory, -2 where built without AVX512-VNNI, -3 for shapes it cannot run. */
+ * Returns -1 when out of memory, -2 where built without AVX512-VNNI or AVX2 (kv8_avx2*.h), -3 for shapes it cannot
+ * run. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

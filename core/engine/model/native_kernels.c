@@ -11,7 +11,7 @@
  * w8_amx_gemm_silu the same for gate_up, with silu(gate) * up in its epilogue.
  * w8_panel_gemm (panel_gemm.c): the same products for any number of rows without AMX, one sum order for all.
  * amx_attention (amx_attention.c, compiled into the same module): a prefill's causal attention on AMX tiles.
- * fma_attention (fma_attention.c, likewise): the same attention in AVX-512 FMAs, for CPUs without AMX; with
+ * fma_attention (fma_attention.c, likewise): the same attention in FMAs (AVX-512, or AVX2), for CPUs without AMX; with
  *   fma_attention_lanes and fma_decode, one order's prompt chunks and decode rows (NativeLlama.one_order).
  *
  * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
@@ -873,7 +873,7 @@ static PyObject *call_w8(w8_fn fn, const char *name, PyObject *const *args, Py_s
     rc = fn(x, w, s, b, y, M, N, K);
     Py_END_ALLOW_THREADS
     if (rc == -2) {
-        PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without AVX512-VNNI", name);
+        PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without AVX512-VNNI or AVX2", name);
         return NULL;
     }
     if (rc) return PyErr_NoMemory();
@@ -997,7 +997,7 @@ static PyObject *kv8_error(int rc, const char *name) {
     if (rc == -1) return PyErr_NoMemory();
     if (rc == -3) PyErr_Format(PyExc_ValueError, "%s: head_dim must be a multiple of 64 up to 256, heads a multiple of "
                                "kv_heads, keys >= queries (each decode row's 1 .. Lmax)", name);
-    else PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without AVX512-VNNI", name);
+    else PyErr_Format(PyExc_RuntimeError, "%s: these kernels were built without AVX512-VNNI or AVX2", name);
     return NULL;
 }
 

@@ -11,7 +11,7 @@ torch itself loads (same soname), so its parallel regions run on torch's threads
 torch.set_num_threads.
 
 Here: the build, decode attention, the fused elementwise kernels and AMX's availability; prompt chunks' attention
-over the pool (AMX tiles, AVX-512 FMAs) and one order's decode rows are pool_attention.py's, the int8
+over the pool (AMX tiles, FMAs) and one order's decode rows are pool_attention.py's, the int8
 projections' wrappers native_int8.py's.
 """
 from __future__ import annotations
