@@ -91,11 +91,7 @@ static void segment(const float *q, int64_t qs, const void *k, const void *v, in
         const int kn = m - j0 < FK ? (int)(m - j0) : FK;
         int64_t at[FK];
         prefetch_block(k, v, bf16, slots, m, kb + PREFETCH_BLOCKS, g, KVH, D);
-#if FMA_AVX512
-        if (!lanes) pack_transposed(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
-        else
-#endif
-        if (packed) pack_rows(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
+        if (packed) pack_block(lanes, k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
         for (int j = 0; j < FK; j++)
             at[j] = j >= kn ? -1 : packed ? (int64_t)j * D : (slots[j0 + j] * KVH + g) * (int64_t)D;
         const void *ks = packed ? (const void *)kp : k, *vs = packed ? (const void *)vb : v;
@@ -113,11 +109,7 @@ static void segment(const float *q, int64_t qs, const void *k, const void *v, in
                 any |= seen[r] > 0;
             }
             if (!any) continue;
-#if FMA_AVX512
-            if (!lanes) scores_transposed(qr, kp, D, s);
-            else
-#endif
-            scores_lanes(qr, seen, ks, sb, at, D, s);
+            block_scores(lanes, qr, seen, ks, sb, at, kp, D, s);
             for (int r = 0; r < rb; r++) {
                 if (seen[r] > 0) {
                     softmax_step(s + r * FK, seen[r], scale, &mx[r0 + r], &sum[r0 + r], p + r * FK, &corr[r]);
@@ -127,11 +119,7 @@ static void segment(const float *q, int64_t qs, const void *k, const void *v, in
                 }
             }
             if (r0 + rb > rows) memset(spare, 0, (size_t)D * sizeof(float));
-#if FMA_AVX512
-            if (!lanes) block_values(dst, p, corr, vs, sb, at, D, RB_T);
-            else
-#endif
-            block_values(dst, p, corr, vs, sb, at, D, RB_L);
+            block_outputs(lanes, dst, p, corr, vs, sb, at, D);
         }
     }
 }

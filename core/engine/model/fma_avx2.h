@@ -121,3 +121,23 @@ static inline void softmax_step(const float *s, int seen, float scale, float *mx
     *mx = mnew;
     *corr = c;
 }
+
+/* segment()'s calls, as fma_avx512.h names them: this build has one order only (attention() sets lanes), so the
+ * block is packed as rows, scored d across lanes, RB_L rows a register block */
+static inline void pack_block(int lanes, const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb,
+                              int g, int KVH, int D, float *kp, float *vb) {
+    (void)lanes;
+    pack_rows(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
+}
+
+static inline void block_scores(int lanes, const float *const *qr, const int *seen, const void *src, int bf16,
+                                const int64_t *at, const float *kp, int D, float *s) {
+    (void)lanes; (void)kp;
+    scores_lanes(qr, seen, src, bf16, at, D, s);
+}
+
+static inline void block_outputs(int lanes, float *const *o, const float *p, const float *corr, const void *src,
+                                 int bf16, const int64_t *at, int D) {
+    (void)lanes;
+    block_values(o, p, corr, src, bf16, at, D, RB_L);
+}

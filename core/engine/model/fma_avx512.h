@@ -137,3 +137,26 @@ static inline void softmax_step(const float *s, int seen, float scale, float *mx
     *mx = mnew;
     *corr = c;
 }
+
+/* The two orders, as segment() asks for them (lanes: one order, d across lanes; else keys across lanes). */
+
+/* block kb packed for many rows: as fp32 rows (lanes) or transposed */
+static inline void pack_block(int lanes, const void *k, const void *v, int bf16, const int64_t *slots, int m, int kb,
+                              int g, int KVH, int D, float *kp, float *vb) {
+    if (lanes) pack_rows(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
+    else pack_transposed(k, v, bf16, slots, m, kb, g, KVH, D, kp, vb);
+}
+
+/* a register block's scores: d across lanes from src + at[j], or keys across lanes from the transposed block kp */
+static inline void block_scores(int lanes, const float *const *qr, const int *seen, const void *src, int bf16,
+                                const int64_t *at, const float *kp, int D, float *s) {
+    if (lanes) scores_lanes(qr, seen, src, bf16, at, D, s);
+    else scores_transposed(qr, kp, D, s);
+}
+
+/* a register block's outputs (RB_L rows with lanes, else RB_T) */
+static inline void block_outputs(int lanes, float *const *o, const float *p, const float *corr, const void *src,
+                                 int bf16, const int64_t *at, int D) {
+    if (lanes) block_values(o, p, corr, src, bf16, at, D, RB_L);
+    else block_values(o, p, corr, src, bf16, at, D, RB_T);
+}
