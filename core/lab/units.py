@@ -87,16 +87,12 @@ def _positive_int(cfg: dict, key: str, where: str) -> int:
     return v
 
 
-def dtype_bytes(dtype: str) -> int:
+def dtype_bytes(dtype: str) -> tuple[int, int]:
+    """(bytes a value, bytes kept beside each stored row: ROW_SCALE_BYTES) of a KV dtype."""
     d = str(dtype).lower().removeprefix("torch.")
     if d not in DTYPE_BYTES:
         raise ValueError(f"unknown KV dtype {dtype!r}; choose one of: {', '.join(sorted(DTYPE_BYTES))}")
-    return DTYPE_BYTES[d]
-
-
-def row_scale_bytes(dtype: str) -> int:
-    """Bytes kept beside each stored row in this KV dtype (0 for float dtypes and fp8)."""
-    return ROW_SCALE_BYTES.get(str(dtype).lower().removeprefix("torch."), 0)
+    return DTYPE_BYTES[d], ROW_SCALE_BYTES.get(d, 0)
 
 
 def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> ModelKV:
@@ -109,10 +105,10 @@ def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> 
         cfg = cfg["text_config"]
     layers = _positive_int(cfg, "num_hidden_layers", name)
     dtype = kv_dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    nbytes = dtype_bytes(dtype)
+    nbytes, scale = dtype_bytes(dtype)
     if cfg.get("kv_lora_rank"):
         width = _positive_int(cfg, "kv_lora_rank", name) + _positive_int(cfg, "qk_rope_head_dim", name)
-        return ModelKV(name, layers, 1, width, str(dtype), nbytes, mla=True, row_scale_bytes=row_scale_bytes(dtype))
+        return ModelKV(name, layers, 1, width, str(dtype), nbytes, mla=True, row_scale_bytes=scale)
     heads = _positive_int(cfg, "num_attention_heads", name)
     kv_heads = _positive_int(cfg, "num_key_value_heads", name) if "num_key_value_heads" in cfg else heads
     if cfg.get("head_dim"):
@@ -123,7 +119,7 @@ def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> 
             raise ValueError(f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
                              f"add head_dim to the config")
         head_dim = hidden // heads
-    return ModelKV(name, layers, kv_heads, head_dim, str(dtype), nbytes, row_scale_bytes=row_scale_bytes(dtype))
+    return ModelKV(name, layers, kv_heads, head_dim, str(dtype), nbytes, row_scale_bytes=scale)
 
 
 def load_model_config(path_or_name: Union[str, os.PathLike], kv_dtype: Optional[str] = None) -> ModelKV:
