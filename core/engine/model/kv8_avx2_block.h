@@ -95,39 +95,41 @@ static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, c
     }
 }
 
-/* One query row's softmax step over a block: the AVX-512 row_weights' contract (kv8_attention.c), 8 keys a step */
+/* One query row's softmax step over a block: the AVX-512 row_weights' contract (kv8_attention.c), 8 keys a step.
+ * Only the group holding the row's last seen key is masked (the others are whole); a NaN or inf score or V scale
+ * shows in the sums of p and of w (p <= 1 and a V scale is finite or NaN, so a finite w sums finite), checked once
+ * a block instead of a compare a group. */
 __attribute__((noinline, noclone))
 static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen, int D, float *mx, float *sum,
                        float *o, int16_t *wq, float *ws, float *corr) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), qcv = _mm256_set1_ps(qc), zero = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.f), big = _mm256_set1_ps(3.4028235e38f);
-    const int groups = (seen + 7) / 8;   /* groups past `seen` hold no key: weight 0, no work */
-    __m256 mk[NG8], s[NG8], p[NG8], w[NG8];
-    __m256 flags = zero;   /* lanes of a NaN score (seen keys only), then of a weight not finite */
+    const int groups = (seen + 7) / 8, whole = seen / 8;   /* groups past `seen` hold no key: weight 0, no work */
+    const __m256 mk = lanes_below(seen - 8 * whole);      /* the partial group's seen lanes (h == whole) */
+    __m256 s[NG8], p[NG8], w[NG8];
     __m256 top = ninf;
-    for (int h = 0; h < NG8; h++) {
-        mk[h] = lanes_below(seen - 8 * h);
-        if (h >= groups) continue;
+    for (int h = 0; h < groups; h++) {
         const __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dots + 8 * h))),
                                                      qcv), _mm256_loadu_ps(b->ksc + 8 * h));
-        s[h] = _mm256_blendv_ps(ninf, v, mk[h]);
-        flags = _mm256_or_ps(flags, _mm256_cmp_ps(s[h], s[h], _CMP_UNORD_Q));
+        s[h] = h < whole ? v : _mm256_blendv_ps(ninf, v, mk);
         top = _mm256_max_ps(top, s[h]);
     }
     const float bm = hmax8(top);
     const float mnew = bm > *mx ? bm : *mx;
     const __m256 mv = _mm256_set1_ps(mnew);
-    __m256 wtop = zero;
-    for (int h = 0; h < NG8; h++) {
-        if (h >= groups) { p[h] = w[h] = zero; continue; }
-        p[h] = _mm256_and_ps(mk[h], exp256(_mm256_sub_ps(s[h], mv)));
-        /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
-        w[h] = _mm256_and_ps(mk[h], _mm256_mul_ps(p[h], _mm256_loadu_ps(b->vsc + 8 * h)));
-        flags = _mm256_or_ps(flags, _mm256_cmp_ps(_mm256_andnot_ps(sign, w[h]), big, _CMP_NLE_UQ));
+    __m256 wtop = zero, lanes = zero, wall = zero;   /* lane maxes and sums of w, lane sums of p */
+    for (int h = 0; h < groups; h++) {
+        p[h] = exp256(_mm256_sub_ps(s[h], mv));
+        w[h] = _mm256_mul_ps(p[h], _mm256_loadu_ps(b->vsc + 8 * h));
+        if (h == whole) {   /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
+            p[h] = _mm256_and_ps(mk, p[h]);
+            w[h] = _mm256_and_ps(mk, w[h]);
+        }
+        lanes = h ? _mm256_add_ps(lanes, p[h]) : p[h];
+        wall = _mm256_add_ps(wall, w[h]);
         wtop = _mm256_max_ps(wtop, w[h]);
     }
-    const int bad = _mm256_movemask_ps(flags);
-    if (bad || mnew != mnew) {
+    const float bsum = hsum8(lanes), wsum = hsum8(wall);
+    if (bsum != bsum || !(wsum <= 3.4028235e38f)) {   /* a NaN or inf score (p NaN), a NaN V scale (w NaN) */
         if (*mx == -INFINITY) *mx = 0.f;   /* kept by the merge */
         *sum = NAN;
         for (int d = 0; d < D; d++) o[d] = NAN;
@@ -135,9 +137,7 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
     }
     /* exp(0) is exactly 1: a block that does not raise the max (most, past the first) skips the exp */
     const float c = *mx == -INFINITY ? 0.f : mnew == *mx ? 1.f : exp1(*mx - mnew);
-    __m256 lanes = p[0];   /* lane sums, then one horizontal sum (groups past `groups` are zeros) */
-    for (int h = 1; h < NG8; h++) lanes = _mm256_add_ps(lanes, p[h]);
-    *sum = *sum * c + hsum8(lanes);
+    *sum = *sum * c + bsum;
     *mx = mnew;
     const float wmax = hmax8(wtop);
     if (!(wmax > 0.f)) {   /* no weight left after the V scales (zero rows): the output scaled only */
@@ -147,6 +147,7 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
     }
     const __m256 inv = _mm256_set1_ps(32767.f / wmax);   /* w x inv <= 32767 (rounding in the order of 1 ulp) */
     for (int h = 0; h < NG8; h++) {
+        if (h >= groups) { _mm_storeu_si128((__m128i *)(wq + 8 * h), _mm_setzero_si128()); continue; }
         const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(w[h], inv));   /* MXCSR: nearest, ties to even */
         _mm_storeu_si128((__m128i *)(wq + 8 * h), _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
     }
