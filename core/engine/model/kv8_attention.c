@@ -137,6 +137,8 @@ typedef struct {
     int16_t wq[RB * BK];     /* their softmax weights as int16 */
     int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
     float ksc[BK], vsc[BK];
+    const int8_t *krow[BK], *vrow[BK];   /* AVX2, few rows: each key's int8 K and V rows, widened as read */
+    int few;                             /* AVX2: the rows above are read, ku and vp are not filled */
 } block8;
 
 /* ask for key j's K and V rows of head g (and its scales, where `scales`: a line holds 16 of them) a block before
@@ -168,7 +170,7 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
     const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
-    const int transposed = KV8_AVX512 && rows > RB;   /* many rows: the transpose pays (AVX-512; AVX2 has none) */
+    const int transposed = rows > RB;   /* many rows: the transpose pays (AVX-512); AVX2 widens K once */
     unpack_block(kv, g, kb, transposed, b);
     for (int r0 = 0; r0 < rows; r0 += RB) {
         const int8_t *q[RB];

@@ -5,10 +5,13 @@
  * ~14 GB/s, the DRAM's pace: 0.40x the tok/s at 128. int8 rows are 3.8x fewer bytes. Without VPDPBUSD a score is
  * the sum over D of k x q with both widened to int16 (VPMADDWD, 16 products an instruction, pairs summed in
  * int32), exact as the AVX-512 sum (K + 128) . q - 128 sum q is; the weighted V sums are VPMADDWD on key pairs,
- * VPDPWSSD's sums. K is unpacked as int16 [BK][D] (2 bytes a value: the buffer's ku and vp halves), V as the same
- * key pairs. Every fp32 step (softmax, output update, segment merge) runs in one compiled function, so a row's
- * result is the same bits however its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise),
- * on this build. */
+ * VPDPWSSD's sums. For many rows (a prompt's chunk) K is unpacked once a block as int16 [BK][D] and V as the same key
+ * pairs (2 bytes a value: the buffer's ku and vp halves); for few (a decode step's G query heads, <= RB) the int8
+ * rows are widened as they are read instead (each is read by 1-4 rows, and the unpacked copy's stores and reloads
+ * cost more than widening again: decode attention at 4,096 tokens ~18 % faster). The integer sums are the same
+ * either way. Every fp32 step (softmax, output update, segment merge) runs in one compiled function, so a row's result
+ * is the same bits however its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise), on this
+ * build. */
 
 #include "online_softmax_avx2.h"   /* exp1, hsum8, lanes_below, merge, finish */
 
@@ -22,40 +25,42 @@ static inline __m256i reduce8_epi32(const __m256i a[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
-/* One block of one KV head: K widened to int16 [BK][D] (in ku's bytes), V as key pairs (vp), the scales; zeros
- * past the last key; the rows of the block ahead asked for a key at a time (prefetch_key). */
+/* One block of one KV head: each key's K and V rows and scales (a row of zeros, scales 0, past the last key), and
+ * for many rows (`transposed`, the AVX-512 name) K widened to int16 [BK][D] (in ku's bytes) and V as key pairs (vp);
+ * the rows of the block ahead asked for a key at a time (prefetch_key). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
-    (void)transposed;
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
-    int16_t *ku = (int16_t *)b->ku;
-    const int8_t *vrow[BK];
+    static const int8_t zeros[MAX_D];   /* the rows of keys past the last */
+    b->few = !transposed;
     for (int j = 0; j < BK; j++) {
         if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
-        int16_t *kr = ku + (int64_t)j * D;
         if (j < kn) {
             const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
-            const int8_t *k8 = kv->k + row * D;
-            for (int d = 0; d < D; d += 16)
-                _mm256_storeu_si256((__m256i *)(kr + d), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k8 + d))));
+            b->krow[j] = kv->k + row * D;
+            b->vrow[j] = kv->v + row * D;
             b->ksc[j] = kv->ks[row];
             b->vsc[j] = kv->vs[row];
-            vrow[j] = kv->v + row * D;
-            /* V's row into L1 while K is unpacked: read a key pair at a time below, its rows missed L1 (decode at
+            /* V's row into L1 while K is read: read a key pair at a time below, its rows missed L1 (decode at
              * 4,096 tokens 13 % faster) */
-            for (int d = 0; d < D; d += 64) __builtin_prefetch(vrow[j] + d, 0, 3);
+            for (int d = 0; d < D; d += 64) __builtin_prefetch(b->vrow[j] + d, 0, 3);
         } else {
-            memset(kr, 0, sizeof(int16_t) * (size_t)D);
+            b->krow[j] = b->vrow[j] = zeros;
             b->ksc[j] = b->vsc[j] = 0.f;
-            vrow[j] = NULL;
         }
     }
+    if (b->few) return;
+    int16_t *ku = (int16_t *)b->ku;
+    for (int j = 0; j < BK; j++)
+        for (int d = 0; d < D; d += 16)
+            _mm256_storeu_si256((__m256i *)(ku + (int64_t)j * D + d),
+                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->krow[j] + d))));
     for (int jp = 0; jp < BK / 2; jp++) {
-        const int8_t *va = vrow[2 * jp], *vb = vrow[2 * jp + 1];
+        const int8_t *va = b->vrow[2 * jp], *vb = b->vrow[2 * jp + 1];
         int16_t *dst = b->vp + (int64_t)jp * D * 2;
         for (int d = 0; d < D; d += 16) {   /* 16 values of each key, interleaved to pairs (a_d, b_d), d .. d + 15 */
-            const __m256i a = va ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(va + d))) : _mm256_setzero_si256();
-            const __m256i c = vb ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(vb + d))) : _mm256_setzero_si256();
+            const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(va + d)));
+            const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(vb + d)));
             const __m256i lo = _mm256_unpacklo_epi16(a, c), hi = _mm256_unpackhi_epi16(a, c);
             _mm256_storeu_si256((__m256i *)(dst + 2 * d), _mm256_permute2x128_si256(lo, hi, 0x20));
             _mm256_storeu_si256((__m256i *)(dst + 2 * d + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
@@ -83,13 +88,36 @@ static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, c
     }
 }
 
+/* dots_lanes on the block's int8 K rows, widened as they are read (few rows: no unpacked copy) */
+static inline __attribute__((always_inline)) void dots_rows(const int8_t *qi, const block8 *b, int keys,
+                                                             const int D, int32_t *dots) {
+    __m256i qv[MAX_D / 16];
+    for (int d = 0; d < D; d += 16) qv[d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi + d)));
+    for (int h = 0; h < keys; h += 8) {
+        __m256i part[8];
+        for (int i = 0; i < 8; i++) {
+            const int8_t *kr = b->krow[h + i];
+            __m256i a = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)kr)), qv[0]);
+            for (int d = 16; d < D; d += 16)
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(kr + d))),
+                                                          qv[d / 16]));
+            part[i] = a;
+        }
+        _mm256_storeu_si256((__m256i *)(dots + h), reduce8_epi32(part));
+    }
+}
+
 /* scores for the rows of a segment(), one at a time (qsum unused: the int16 products need no offset) */
 __attribute__((noinline, noclone))
 static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, const block8 *b, int transposed,
                        int keys, int D, int32_t *dots) {
     (void)qsum; (void)transposed;
     for (int r = 0; r < rows; r++) {
-        if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
+        if (b->few) {
+            if (D == 64) dots_rows(qi[r], b, keys, 64, dots + r * BK);
+            else dots_rows(qi[r], b, keys, D, dots + r * BK);
+        }
+        else if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
         else if (D == 128) dots_lanes(qi[r], b, keys, 128, dots + r * BK);
         else dots_lanes(qi[r], b, keys, D, dots + r * BK);
     }
@@ -185,8 +213,40 @@ static inline __attribute__((always_inline)) void values_d(const int16_t *wq, in
         }
 }
 
+/* values_d for R (<= RB) rows on the block's int8 V rows, widened and paired as read, 16 d at a time for all R rows
+ * (the pairs' lanes hold d 0-3, 8-11 and 4-7, 12-15; put in order once at the end) */
+static inline __attribute__((always_inline)) void values_rows(const int16_t *wq, const int R, const block8 *b,
+                                                              int pairs, int D, int32_t *acc) {
+    for (int d = 0; d < D; d += 16) {
+        __m256i lo[RB], hi[RB];
+        for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int jp = 0; jp < pairs; jp++) {
+            const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vrow[2 * jp] + d)));
+            const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vrow[2 * jp + 1] + d)));
+            const __m256i pl = _mm256_unpacklo_epi16(a, c), ph = _mm256_unpackhi_epi16(a, c);
+            for (int r = 0; r < R; r++) {
+                int32_t pair;
+                memcpy(&pair, wq + r * BK + 2 * jp, sizeof pair);
+                const __m256i bw = _mm256_set1_epi32(pair);
+                lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(bw, pl));
+                hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(bw, ph));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_si256((__m256i *)(acc + (int64_t)r * D + d), _mm256_permute2x128_si256(lo[r], hi[r], 0x20));
+            _mm256_storeu_si256((__m256i *)(acc + (int64_t)r * D + d + 8), _mm256_permute2x128_si256(lo[r], hi[r], 0x31));
+        }
+    }
+}
+
 static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, int D, int32_t *acc) {
-    if (D == 64) values_d(wq, R, b, pairs, 64, acc);
+    if (b->few) {
+        if (R == 3) values_rows(wq, 3, b, pairs, D, acc);
+        else if (R == 4) values_rows(wq, 4, b, pairs, D, acc);
+        else if (R == 2) values_rows(wq, 2, b, pairs, D, acc);
+        else values_rows(wq, 1, b, pairs, D, acc);
+    }
+    else if (D == 64) values_d(wq, R, b, pairs, 64, acc);
     else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
     else values_d(wq, R, b, pairs, D, acc);
 }
