@@ -137,8 +137,10 @@ typedef struct {
     int16_t wq[RB * BK];     /* their softmax weights as int16 */
     int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
     float ksc[BK], vsc[BK];
-    const int8_t *krow[BK], *vrow[BK];   /* AVX2, few rows: each key's int8 K and V rows, widened as read */
-    int few;                             /* AVX2: the rows above are read, ku and vp are not filled */
+#if KV8_AVX2
+    const int8_t *krow[BK], *vrow[BK];   /* each key's int8 K and V rows (for few rows: widened as they are read) */
+    int few;                             /* few rows: ku and vp are not filled (kv8_avx2_block.h) */
+#endif
 } block8;
 
 /* ask for key j's K and V rows of head g (and its scales, where `scales`: a line holds 16 of them) a block before
