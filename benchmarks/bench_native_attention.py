@@ -5,7 +5,7 @@ head_dim 64), one query per request, side by side in one process (fastest of --r
   gather+sdpa     index_select of the request's slots (a fresh tensor each call) + SDPA
   prealloc+sdpa   index_select(out=) into a buffer reused across calls + SDPA (what core/native_layers
                   does when the C kernel is unavailable)
-  C kernel        core/engine/model/native_kernels.c decode_attention: reads rows straight from the pool by slot,
+  C kernel        core/engine/model/decode_attention.c decode_attention: reads rows straight from the pool by slot,
                   no copy (what NativeLlama uses on CPU)
 
 Slots are "contiguous" (one run, as a fresh pool hands them out) or "scattered" (a random

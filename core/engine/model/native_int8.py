@@ -1,4 +1,4 @@
-"""The int8 projections' kernels (native_kernels.c), their checked wrappers and the weight layouts they read:
+"""The int8 projections' kernels (w8_x16.c, panel_gemm.c), their checked wrappers and the weight layouts they read:
 `w8_gemv` for a decode step's few rows, `w8_amx_gemm` on AMX tiles and `w8_panel_gemm` on weight panels for a
 prefill's many (with one order, NativeLlama.one_order, for every row count). All three round the activations to 16 significant bits first (`x16`), so every product
 x16[k] * q[n, k] is exact in fp32 and the kernels differ only in the order of their sums. native_linear.Linear
@@ -12,7 +12,7 @@ import torch
 from core.engine.model import native_kernels
 from core.engine.model.native_kernels import F32
 
-X16_MIN_EXP = 16  # x16 below 2^(X16_MIN_EXP - 127) = 2^-111 flushes to zero (native_kernels.c X16_MIN_EXP)
+X16_MIN_EXP = 16  # x16 below 2^(X16_MIN_EXP - 127) = 2^-111 flushes to zero (w8_x16.c X16_MIN_EXP)
 
 
 def set_w8_prefetch(nbytes: int) -> int:
@@ -24,7 +24,7 @@ def set_w8_prefetch(nbytes: int) -> int:
     return int(native_kernels.built().set_w8_prefetch(nbytes)) if native_kernels.available() else 0
 
 
-# As native_kernels.c's w8_gemv runs rows when built with AVX-512 (`gemv_blocks`): one at a time up to GEMV_ROW_MAX
+# As w8_x16.c's w8_gemv runs rows when built with AVX-512 (`gemv_blocks`): one at a time up to GEMV_ROW_MAX
 # rows (w8_row_max's default; set_w8_row_max moves it, for benchmarks), from there in blocks of GEMV_BLOCK_ROWS rows
 # (x 4 channels) where K is a multiple of 16, so 3 rows cost what 4 do. Built for AVX2, every row costs the same.
 GEMV_ROW_MAX = 2
@@ -132,7 +132,7 @@ def interleave_gate_up(t: torch.Tensor) -> torch.Tensor:
 
 def panels_fit(w: torch.Tensor) -> bool:
     """Whether prefill rows of the int8 weights `w` [N, K] should run `w8_panel_gemm`: a CPU tensor, N a multiple
-    of 16, and kernels built with AVX-512 (built for AVX2 it ran slower than `w8_gemv`, native_kernels.c)."""
+    of 16, and kernels built with AVX-512 (built for AVX2 it ran slower than `w8_gemv`, w8_x16.c)."""
     return (w.is_cpu and w.shape[0] % 16 == 0 and native_kernels.available()
             and bool(native_kernels.built().panel_gemm_fast()))
 

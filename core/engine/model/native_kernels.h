@@ -1,16 +1,29 @@
-/* The functions one C file of the native kernels calls in another (native_kernels.c, panel_gemm.c,
- * amx_attention.c, fma_attention.c, kv8_attention.c, decode_layers.c; compiled into one module by native_kernels.py): declared
- * once here, and included by the file that defines each, so that the compiler checks every caller against the definition. */
+/* The functions one C file of the native kernels calls in another (compiled into one module by native_kernels.py,
+ * whose SOURCES lists the files; native_kernels.c holds the Python bindings): declared once here, and included by
+ * the file that defines each, so that the compiler checks every caller against the definition. */
 #ifndef NATIVE_KERNELS_H
 #define NATIVE_KERNELS_H
 #include <stdint.h>
 
-/* native_kernels.c */
+/* w8_x16.c */
 void round16(const float *src, float *dst, int64_t n);
 int w8_gemv(const float *x, const int8_t *w, const float *scales, const float *bias, float *y, int M, int N, int K);
+extern int w8_prefetch, w8_row_max;   /* benchmark knobs (set_w8_prefetch, set_w8_row_max) */
+int amx_ready(void);
+int w8_amx_gemm(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias, float *y,
+                int M, int N, int K);
+int w8_amx_gemm_silu(const float *x, uint16_t *xb, const uint16_t *wp, const float *scales, const float *bias,
+                     float *y, int M, int N, int K);
+
+/* fused_elementwise.c */
+#define PAR_ROWS 64   /* from this many rows the rows are split across the OpenMP threads (and the GIL let go) */
 void rope(const float *qk, int64_t row_stride, const float *cos, const float *sin, float *out, int T, int NH, int D);
 void add_rms_norm(float *x, const float *delta, const float *w, float *y, int M, int N, float eps);
 void silu_mul(const float *gu, float *out, int M, int I);
+
+/* decode_attention.c */
+#define MAX_CHUNK 512   /* most keys a decode row's chunk holds (its score buffer) */
+int decode_attention_fast(int G, int D);
 int row_chunks_ok(const int64_t *row_chunk, const int64_t *lens, int R, int nchunks);
 int decode_attention(const void *q, int q_bf16, int64_t q_stride, const void *kbuf, const void *vbuf, int kv_bf16,
                       const int64_t *slots, const int64_t *first, const int64_t *lens,

@@ -1,4 +1,4 @@
-"""Build (once, with the system C compiler) and call the CPU kernels of core/engine/model/native_kernels.c.
+"""Build (once, with the system C compiler) and call the CPU kernels of core/engine/model/*.c (SOURCES).
 
 `available()` is False where there is no compiler, the build fails, or RADIX_NATIVE_KERNELS=0;
 callers then use their torch fallbacks. The shared library lands in the model cache folder under a
@@ -35,7 +35,8 @@ from core import env
 
 SOURCE = pathlib.Path(__file__).with_name("native_kernels.c")
 # compiled together into one module (SOURCE holds its Python bindings); the header is hashed, not compiled
-SOURCES = [SOURCE, *(SOURCE.with_name(f) for f in ("panel_gemm.c", "w8a16_gemm.c", "amx_attention.c",
+SOURCES = [SOURCE, *(SOURCE.with_name(f) for f in ("decode_attention.c", "w8_x16.c", "fused_elementwise.c",
+                                                    "panel_gemm.c", "w8a16_gemm.c", "amx_attention.c",
                                                     "fma_attention.c", "kv8_attention.c", "decode_layers.c"))]
 HEADERS = [SOURCE.with_name(f) for f in ("native_simd.h", "native_kernels.h", "w8a16_avx2.h", "kv8_avx2.h",
                                           "kv8_avx2_block.h", "online_softmax_avx2.h", "fma_avx2.h", "kv8_avx512.h",
@@ -47,7 +48,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-m
          "-fassociative-math", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11"]
 MAX_D, MAX_G, MAX_CHUNK = 256, 16, 512
 F32 = torch.float32
-SEG_CHUNK = 64   # keys per work item of an extend run (native_kernels.c)
+SEG_CHUNK = 64   # keys per work item of an extend run (decode_attention.c)
 
 _lib = None   # the compiled extension module
 _tried = False

@@ -1,5 +1,5 @@
 """Linear: one (possibly fused) projection of the native Llama-family forward in the model's numerics (fp32, bf16,
-weight-only int8), and which kernel runs it: for int8 on a CPU the C kernels of native_kernels.c, chosen by the
+weight-only int8), and which kernel runs it: for int8 on a CPU the C kernels of w8_x16.c, panel_gemm.c and w8a16_gemm.c, chosen by the
 number of rows (a decode step's few, a prefill chunk's many) so that every choice adds the same exact products."""
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ tables, one index_copy_ per K and V into the pool, at most one attention call fo
 one for all extends (the int8 model on AMX tiles: one per prompt chunk, a step holds few) (core/engine/model/
 native_layers.py: AttentionPlan, built once per forward), o_proj, one
 fused gate+up matmul, SiLU*up, down. The LM head runs on the last token of each request only.
-On CPU, decode attention reads K/V straight from the pool by slot (core/engine/model/native_kernels.c, built
+On CPU, decode attention reads K/V straight from the pool by slot (core/engine/model/decode_attention.c, built
 with the system compiler on first use; torch fallbacks otherwise), and fp32 activations go through
 fused C kernels for residual+RMSNorm, RoPE and SiLU*up at every batch size.
 
@@ -246,7 +246,7 @@ class NativeLlama(torch.nn.Module):
         kvd = self.kv_dtype
         kv_cast = kvd != self.act_dtype
         # fp32 activations on a CPU: residual add + RMSNorm, RoPE and SiLU*up as single C calls
-        # (core/engine/model/native_kernels.c), for every batch size: at decode each replaces 6-8 torch ops of
+        # (core/engine/model/fused_elementwise.c), for every batch size: at decode each replaces 6-8 torch ops of
         # ~5 us dispatch each, at prefill 3-5 passes over memory; a row's result does not depend on the batch
         # it is in, so these kernels add no batch dependence of their own (the int8 projections' sums do, by
         # fp32 rounding: native_linear.Linear).

@@ -1,6 +1,6 @@
-/* What the C kernels of the native path share (native_kernels.c, amx_attention.c, decode_layers.c, and the AVX2
- * headers): bf16 <-> fp32, the vector exp (16 lanes, or 8 on AVX2 only) and the AMX tile configuration. native_kernels.py hashes this header with the sources, so a change
- * here rebuilds them. */
+/* What the C kernels of the native path share (decode_attention.c, w8_x16.c, fused_elementwise.c, amx_attention.c,
+ * decode_layers.c, the AVX2 headers): bf16 <-> fp32, the vector exp (16 lanes, or 8 on AVX2 only) and the AMX tile
+ * configuration. native_kernels.py hashes this header with the sources, so a change here rebuilds them. */
 #ifndef NATIVE_SIMD_H
 #define NATIVE_SIMD_H
 #include <math.h>

@@ -3,7 +3,7 @@
  * Why: a token's K/V must be the same bits whether the token was computed in a prefill chunk, a decode step or a
  * mixed step, or a rounded (bf16) KV pool turns the last-bit differences of the sums into whole bf16 steps and
  * cache on != cache off (49/50 prompts with w8_gemv for decode rows and these panels for prefill rows). Here
- * every output is the exact products x16[k] * q[n, k] (native_kernels.c's round16) added in k order from zero,
+ * every output is the exact products x16[k] * q[n, k] (w8_x16.c's round16) added in k order from zero,
  * then times its scale plus its bias, whatever register block a row falls in: many rows run blocks of
  * PANEL_ROWS rows x 16 channels (GEMM speed), few rows (decode) blocks of up to 2 rows x 8 panels (enough
  * independent sums to hide the FMA latency while the weights stream from memory once).

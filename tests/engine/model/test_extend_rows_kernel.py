@@ -1,4 +1,4 @@
-"""The C kernel's extend runs (native_kernels.c `seg_chunk`): the new tokens of an extend attend as rows of the
+"""The C kernel's extend runs (decode_attention.c `seg_chunk`): the new tokens of an extend attend as rows of the
 decode kernel, each key chunk read once for all of them. Checked against attention written out in torch,
 on SmolLM2's shapes (9 query heads over 3 KV heads, head_dim 64), slots in random pool order, prefixes
 that cross several 64-key chunks, a run longer than one 16-lane block, a sliding window, and NaN keys, for an

@@ -13,7 +13,7 @@ from core.engine.model import native_kernels
 from core.engine.model.native_layers import apply_rope, decode_chunks, rope_tables
 from tests.engine.model.require_kernels import require_kernels
 
-ROWS = [1, 5, 63, 64, 300]   # 64: native_kernels.c PAR_ROWS, where rows go to the OpenMP threads
+ROWS = [1, 5, 63, 64, 300]   # 64: native_kernels.h PAR_ROWS, where rows go to the OpenMP threads
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The int8 projections (native_kernels.c `w8_gemv` and `w8_amx_gemm`), the fused elementwise kernels and the
+"""The int8 projections (w8_x16.c `w8_gemv` and `w8_amx_gemm`), the fused elementwise kernels and the
 long-extend attention (native_layers.attend_prefixed), on SmolLM2's shapes, against float64 written out.
 
 Why the numbers must agree this closely: a token's K/V are computed by whichever kernel its batch size picks
