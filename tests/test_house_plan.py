@@ -284,6 +284,25 @@ def test_pip_install_e_gives_an_importable_package_and_its_commands(tmp_path):
     assert r.returncode == 0 and r.stdout.strip().startswith(str(ROOT)), r.stderr[-2000:]
 
 
+def test_a_built_package_ships_every_native_kernel_source():
+    """A wheel (pip install . without -e) must carry the C sources native_kernels.py compiles on first use: without
+    them the engine silently ran the torch fallbacks. Every source and header it hashes matches a package-data glob
+    of its package in pyproject.toml."""
+    import fnmatch
+    import tomllib
+
+    from core.engine.model import native_kernels
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    files = [*native_kernels.SOURCES, *native_kernels.HEADERS]
+    assert len(files) >= 10
+    for path in files:
+        rel = path.relative_to(ROOT)
+        package, name = ".".join(rel.parent.parts), rel.name
+        assert any(fnmatch.fnmatch(name, g) for g in data.get(package, [])), (
+            f"{rel} is not in [tool.setuptools.package-data] {package!r}: add a glob for it")
+
+
 def test_every_radix_variable_is_read_in_core_env_and_listed_in_the_readme():
     from core import env
 
