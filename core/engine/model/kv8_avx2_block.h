@@ -68,58 +68,44 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     }
 }
 
+/* 16 values (d .. d + 15) of key j's K row as int16: widened from its int8 row (few rows: no unpacked copy), or
+ * read from the block's unpacked copy */
+static inline __attribute__((always_inline)) __m256i key16(const block8 *b, const int few, int j, int D, int d) {
+    if (few) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->krow[j] + d)));
+    return _mm256_loadu_si256((const __m256i *)((const int16_t *)b->ku + (int64_t)j * D + d));
+}
+
 /* A row's exact scores (int32) against the block's first `keys` keys (a multiple of 8): k . q over D, 8 keys
  * reduced at once */
-static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, const block8 *b, int keys,
-                                                              const int D, int32_t *dots) {
+static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, const block8 *b, const int few,
+                                                              int keys, const int D, int32_t *dots) {
     __m256i qv[MAX_D / 16];
     for (int d = 0; d < D; d += 16) qv[d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi + d)));
-    const int16_t *ku = (const int16_t *)b->ku;
     for (int h = 0; h < keys; h += 8) {
         __m256i part[8];
         for (int i = 0; i < 8; i++) {
-            const int16_t *kr = ku + (int64_t)(h + i) * D;
-            __m256i a = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)kr), qv[0]);
-            for (int d = 16; d < D; d += 16)
-                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(kr + d)), qv[d / 16]));
+            __m256i a = _mm256_madd_epi16(key16(b, few, h + i, D, 0), qv[0]);
+            for (int d = 16; d < D; d += 16) a = _mm256_add_epi32(a, _mm256_madd_epi16(key16(b, few, h + i, D, d), qv[d / 16]));
             part[i] = a;
         }
         _mm256_storeu_si256((__m256i *)(dots + h), reduce8_epi32(part));
     }
 }
 
-/* dots_lanes on the block's int8 K rows, widened as they are read (few rows: no unpacked copy) */
-static inline __attribute__((always_inline)) void dots_rows(const int8_t *qi, const block8 *b, int keys,
-                                                             const int D, int32_t *dots) {
-    __m256i qv[MAX_D / 16];
-    for (int d = 0; d < D; d += 16) qv[d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi + d)));
-    for (int h = 0; h < keys; h += 8) {
-        __m256i part[8];
-        for (int i = 0; i < 8; i++) {
-            const int8_t *kr = b->krow[h + i];
-            __m256i a = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)kr)), qv[0]);
-            for (int d = 16; d < D; d += 16)
-                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(kr + d))),
-                                                          qv[d / 16]));
-            part[i] = a;
-        }
-        _mm256_storeu_si256((__m256i *)(dots + h), reduce8_epi32(part));
-    }
-}
-
-/* scores for the rows of a segment(), one at a time (qsum unused: the int16 products need no offset) */
+/* scores for the rows of a segment(), one at a time (qsum unused: the int16 products need no offset; `transposed`
+ * is b->few's opposite) */
 __attribute__((noinline, noclone))
 static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, const block8 *b, int transposed,
                        int keys, int D, int32_t *dots) {
     (void)qsum; (void)transposed;
     for (int r = 0; r < rows; r++) {
         if (b->few) {
-            if (D == 64) dots_rows(qi[r], b, keys, 64, dots + r * BK);
-            else dots_rows(qi[r], b, keys, D, dots + r * BK);
+            if (D == 64) dots_lanes(qi[r], b, 1, keys, 64, dots + r * BK);
+            else dots_lanes(qi[r], b, 1, keys, D, dots + r * BK);
         }
-        else if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
-        else if (D == 128) dots_lanes(qi[r], b, keys, 128, dots + r * BK);
-        else dots_lanes(qi[r], b, keys, D, dots + r * BK);
+        else if (D == 64) dots_lanes(qi[r], b, 0, keys, 64, dots + r * BK);
+        else if (D == 128) dots_lanes(qi[r], b, 0, keys, 128, dots + r * BK);
+        else dots_lanes(qi[r], b, 0, keys, D, dots + r * BK);
     }
 }
 
