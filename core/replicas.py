@@ -22,10 +22,9 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Optional, Sequence
 
+from core.server import http_probe
 from core.server.child_process import start_child
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
@@ -72,25 +71,25 @@ def wait_for(probe, what: str, sup: Supervisor, timeout: float) -> None:
         died = sup.dead()
         if died:
             raise RuntimeError(f"{died[0]} exited with status {died[1]} before it was ready")
-        try:
-            if probe():
-                return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
-            pass
+        if probe():
+            return
         time.sleep(0.3)
     raise RuntimeError(f"{what} within {timeout:.0f} s")
 
 
 def healthy(url: str) -> bool:
-    with urllib.request.urlopen(url + "/health", timeout=2) as r:
-        return r.status == 200
+    return http_probe.answers(url + "/health")
 
 
 def registered(router: str, n: int) -> bool:
     """The router answers /health before its workers are registered: n of them listed healthy."""
-    with urllib.request.urlopen(router + "/workers", timeout=2) as r:
-        listed = json.loads(r.read()).get("workers", [])
-    return sum(bool(w.get("is_healthy")) for w in listed) >= n
+    reply = http_probe.get(router + "/workers")
+    if reply is None or reply.status != 200:
+        return False
+    try:
+        return sum(bool(w.get("is_healthy")) for w in json.loads(reply.body).get("workers", [])) >= n
+    except (ValueError, AttributeError):     # not the router's JSON yet
+        return False
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from core.server import http_probe
 from tests.test_replicas import free_base
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,8 +67,7 @@ def test_one_ready_line_then_ctrl_c_exits_0_without_a_traceback():
         assert noise not in err, err
     assert err.splitlines()[-1] == "stopping the router and the servers..." and len(err.splitlines()) <= 3, err
     for port in (base, base + 1, base + 2):
-        with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
+        assert not http_probe.listening(port), f"port {port} still open"
 
 
 def test_make_replicas_passes_log_dir_through_only_when_given():

@@ -10,16 +10,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from typing import Optional, Sequence
 
 from core import env
 from core.engine.config import EngineConfig
 from core.engine.model.model_files import needs_conversion
+from core.server import http_probe
 from core.server.child_process import start_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout: app.py lives there
@@ -44,22 +43,13 @@ def starting_message(url: str, model: str) -> str:
     return f"engine server starting on {url}..."
 
 
-def _port_busy(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600, path: str = "/health") -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             return False
-        try:
-            with urllib.request.urlopen(f"{url}{path}", timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
+        if http_probe.answers(f"{url}{path}"):
+            return True
         time.sleep(0.5)
     return False
 
@@ -111,7 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if not env.engine_urls():
             port = int(args.server_port)
-            if _port_busy(port):
+            if http_probe.listening(port):
                 print(f"port {port} is taken (another engine server?). Attach to it with "
                       f"RADIX_ENGINE_URL=http://127.0.0.1:{port} make run, or pick another with "
                       f"SERVER_PORT={port + 1} make run", file=sys.stderr)

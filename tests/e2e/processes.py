@@ -10,9 +10,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 
+from core.server import http_probe
 from tests.e2e import CHROMIUM
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,11 +35,9 @@ def wait_http(url: str, proc: subprocess.Popen, log: pathlib.Path, timeout: floa
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args[2]} exited; see {log}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
+        if http_probe.answers(url):
             return
-        except OSError:
-            time.sleep(0.5)
+        time.sleep(0.5)
     raise RuntimeError(f"{url} did not answer within {timeout} s; see {log}")
 
 

@@ -15,6 +15,8 @@ import urllib.request
 
 import pytest
 
+from core.server import http_probe
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,11 +25,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _start_launcher(sigint_ignored: bool = False) -> tuple[subprocess.Popen, int, int]:
@@ -39,7 +36,7 @@ def _start_launcher(sigint_ignored: bool = False) -> tuple[subprocess.Popen, int
                             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored
                             else None)
     deadline = time.time() + 240
-    while time.time() < deadline and not (_listening(ui) and _listening(srv)):
+    while time.time() < deadline and not (http_probe.listening(ui) and http_probe.listening(srv)):
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.5)
     with urllib.request.urlopen(f"http://127.0.0.1:{srv}/health", timeout=5) as r:
@@ -66,7 +63,7 @@ def test_kill_int_stops_both_even_when_the_launcher_inherited_sigint_ignored():
     proc, ui, srv = _start_launcher(sigint_ignored=True)
     out = _stop(proc, lambda: proc.send_signal(signal.SIGINT))
     assert proc.returncode == 0, out
-    assert not _listening(ui) and not _listening(srv)
+    assert not http_probe.listening(ui) and not http_probe.listening(srv)
 
 
 @pytest.mark.parametrize("signum,to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, True)],
@@ -76,7 +73,7 @@ def test_a_stop_signal_stops_both_quietly(signum: int, to_group: bool):
     out = _stop(proc, lambda: os.killpg(proc.pid, signum) if to_group else proc.send_signal(signum))
     assert proc.returncode == 0, out
     assert "Traceback" not in out, out
-    assert not _listening(ui) and not _listening(srv)
+    assert not http_probe.listening(ui) and not http_probe.listening(srv)
 
 
 def test_a_killed_launcher_takes_both_children_with_it():
@@ -86,9 +83,9 @@ def test_a_killed_launcher_takes_both_children_with_it():
         proc.kill()
         proc.communicate(timeout=30)
         deadline = time.time() + 30
-        while time.time() < deadline and (_listening(ui) or _listening(srv)):
+        while time.time() < deadline and (http_probe.listening(ui) or http_probe.listening(srv)):
             time.sleep(0.5)
-        assert not _listening(ui) and not _listening(srv)
+        assert not http_probe.listening(ui) and not http_probe.listening(srv)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
