@@ -232,7 +232,7 @@ static int shape_ok(int H, int KVH, int D) { return D % 64 == 0 && D > 0 && D <=
 static void *block_buffers(block8 *b, int D) {
     const size_t kd = (size_t)BK * D;   /* ku, then vp (2 kd), kt (kd), acc (4 RB D) bytes */
     uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * kd + 4 * (size_t)RB * D);
-    b->ku = buf;   /* AVX2: K widened to int16 [BK][D] (2 kd bytes), then vp; no kt */
+    b->ku = buf;   /* AVX2: K widened to int16 d pairs [D/2][BK] (2 kd bytes), then vp; no kt */
     b->vp = buf ? (int16_t *)(buf + (KV8_AVX2 ? 2 : 1) * kd) : NULL;
     b->kt = buf && !KV8_AVX2 ? (int32_t *)(buf + 3 * kd) : NULL;
     b->acc = buf ? (int32_t *)(buf + 4 * kd) : NULL;

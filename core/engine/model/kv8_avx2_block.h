@@ -5,9 +5,11 @@
  * ~14 GB/s, the DRAM's pace: 0.40x the tok/s at 128. int8 rows are 3.8x fewer bytes. Without VPDPBUSD a score is
  * the sum over D of k x q with both widened to int16 (VPMADDWD, 16 products an instruction, pairs summed in
  * int32), exact as the AVX-512 sum (K + 128) . q - 128 sum q is; the weighted V sums are VPMADDWD on key pairs,
- * VPDPWSSD's sums. For many rows (a prompt's chunk) K is unpacked once a block as int16 [BK][D] and V as the same key
- * pairs (2 bytes a value: the buffer's ku and vp halves); for few (a decode step's G query heads, <= RB) the int8
- * rows are widened as they are read instead (each is read by 1-4 rows, and the unpacked copy's stores and reloads
+ * VPDPWSSD's sums. For many rows (a prompt's chunk) K is unpacked once a block as int16 d pairs, transposed to
+ * [D/2][BK] (a row's (q_d, q_d+1) broadcast against 16 keys' pairs: no horizontal sums; a 2,048-token chunk's
+ * attention ~16 % faster than on K as [BK][D] with each key's lanes reduced), and V as key pairs (2 bytes a value:
+ * the buffer's ku and vp halves); for few (a decode step's G query heads, <= RB) the int8 rows are widened as they
+ * are read instead (each is read by 1-4 rows, and the unpacked copy's stores and reloads
  * cost more than widening again: decode attention at 4,096 tokens ~18 % faster). The integer sums are the same
  * either way. Every fp32 step (softmax, output update, segment merge) runs in one compiled function, so a row's result
  * is the same bits however its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise), on this
@@ -25,8 +27,28 @@ static inline __m256i reduce8_epi32(const __m256i a[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
+/* r[i][k] becomes r[k][i]: an 8 x 8 transpose of int32 lanes (8 keys' d pairs -> each d pair's 8 keys) */
+static inline void transpose8_epi32(__m256i r[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
 /* One block of one KV head: each key's K and V rows and scales (a row of zeros, scales 0, past the last key), and
- * for many rows (`transposed`, the AVX-512 name) K widened to int16 [BK][D] (in ku's bytes) and V as key pairs (vp);
+ * for many rows (`transposed`, the AVX-512 name) K widened to int16 d pairs [D/2][BK] (in ku's bytes) and V as key
+ * pairs (vp);
  * the rows of the block ahead asked for a key at a time (prefetch_key). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
@@ -50,11 +72,14 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
         }
     }
     if (b->few) return;
-    int16_t *ku = (int16_t *)b->ku;
-    for (int j = 0; j < BK; j++)
-        for (int d = 0; d < D; d += 16)
-            _mm256_storeu_si256((__m256i *)(ku + (int64_t)j * D + d),
-                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->krow[j] + d))));
+    int32_t *kp = (int32_t *)b->ku;
+    for (int j0 = 0; j0 < BK; j0 += 8)
+        for (int d = 0; d < D; d += 16) {   /* 8 keys x 8 d pairs, transposed: kp[pair][key] */
+            __m256i r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->krow[j0 + i] + d)));
+            transpose8_epi32(r);
+            for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)(kp + (int64_t)(d / 2 + i) * BK + j0), r[i]);
+        }
     for (int jp = 0; jp < BK / 2; jp++) {
         const int8_t *va = b->vrow[2 * jp], *vb = b->vrow[2 * jp + 1];
         int16_t *dst = b->vp + (int64_t)jp * D * 2;
@@ -68,44 +93,69 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     }
 }
 
-/* 16 values (d .. d + 15) of key j's K row as int16: widened from its int8 row (few rows: no unpacked copy), or
- * read from the block's unpacked copy */
-static inline __attribute__((always_inline)) __m256i key16(const block8 *b, const int few, int j, int D, int d) {
-    if (few) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->krow[j] + d)));
-    return _mm256_loadu_si256((const __m256i *)((const int16_t *)b->ku + (int64_t)j * D + d));
-}
-
-/* A row's exact scores (int32) against the block's first `keys` keys (a multiple of 8): k . q over D, 8 keys
- * reduced at once */
-static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, const block8 *b, const int few,
-                                                              int keys, const int D, int32_t *dots) {
+/* A row's exact scores (int32) against the block's first `keys` keys (a multiple of 8): k . q over D, its int8 K
+ * rows widened as read (few rows: no unpacked copy), 8 keys reduced at once */
+static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, const block8 *b, int keys, const int D,
+                                                              int32_t *dots) {
     __m256i qv[MAX_D / 16];
     for (int d = 0; d < D; d += 16) qv[d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi + d)));
     for (int h = 0; h < keys; h += 8) {
         __m256i part[8];
         for (int i = 0; i < 8; i++) {
-            __m256i a = _mm256_madd_epi16(key16(b, few, h + i, D, 0), qv[0]);
-            for (int d = 16; d < D; d += 16) a = _mm256_add_epi32(a, _mm256_madd_epi16(key16(b, few, h + i, D, d), qv[d / 16]));
+            const int8_t *k = b->krow[h + i];
+            __m256i a = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)k)), qv[0]);
+            for (int d = 16; d < D; d += 16)
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k + d))),
+                                                          qv[d / 16]));
             part[i] = a;
         }
         _mm256_storeu_si256((__m256i *)(dots + h), reduce8_epi32(part));
     }
 }
 
-/* scores for the rows of a segment(), one at a time (qsum unused: the int16 products need no offset; `transposed`
- * is b->few's opposite) */
+/* RB rows' exact scores against the block's first `keys` keys (a multiple of 16) on the transposed key pairs: per d
+ * pair, each row's (q_d, q_d+1) broadcast times 16 keys' pairs, so a lane sums one key and no reduction is left */
+static inline __attribute__((always_inline)) void dots_pairs(const int8_t *const *qi, const block8 *b, int keys,
+                                                              const int D, int32_t *dots) {
+    int32_t qp[RB][MAX_D / 2];   /* each row's q widened to int16, read as d pairs */
+    for (int r = 0; r < RB; r++)
+        for (int d = 0; d < D; d += 16)
+            _mm256_storeu_si256((__m256i *)(qp[r] + d / 2), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi[r] + d))));
+    const int32_t *kp = (const int32_t *)b->ku;
+    for (int h = 0; h < keys; h += 16) {
+        __m256i a0[RB], a1[RB];
+        for (int r = 0; r < RB; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+        for (int dp = 0; dp < D / 2; dp++) {
+            const __m256i k0 = _mm256_loadu_si256((const __m256i *)(kp + (int64_t)dp * BK + h));
+            const __m256i k1 = _mm256_loadu_si256((const __m256i *)(kp + (int64_t)dp * BK + h + 8));
+            for (int r = 0; r < RB; r++) {
+                const __m256i qb = _mm256_set1_epi32(qp[r][dp]);
+                a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(k0, qb));
+                a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(k1, qb));
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            _mm256_storeu_si256((__m256i *)(dots + r * BK + h), a0[r]);
+            _mm256_storeu_si256((__m256i *)(dots + r * BK + h + 8), a1[r]);
+        }
+    }
+}
+
+/* scores for the rows of a segment() (qsum unused: the int16 products need no offset; `transposed` is b->few's
+ * opposite): few rows one at a time, many RB at once (past the last row, head_block repeats its first: unused) */
 __attribute__((noinline, noclone))
 static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, const block8 *b, int transposed,
                        int keys, int D, int32_t *dots) {
     (void)qsum; (void)transposed;
+    if (!b->few) {
+        if (D == 64) dots_pairs(qi, b, keys, 64, dots);
+        else if (D == 128) dots_pairs(qi, b, keys, 128, dots);
+        else dots_pairs(qi, b, keys, D, dots);
+        return;
+    }
     for (int r = 0; r < rows; r++) {
-        if (b->few) {
-            if (D == 64) dots_lanes(qi[r], b, 1, keys, 64, dots + r * BK);
-            else dots_lanes(qi[r], b, 1, keys, D, dots + r * BK);
-        }
-        else if (D == 64) dots_lanes(qi[r], b, 0, keys, 64, dots + r * BK);
-        else if (D == 128) dots_lanes(qi[r], b, 0, keys, 128, dots + r * BK);
-        else dots_lanes(qi[r], b, 0, keys, D, dots + r * BK);
+        if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
+        else dots_lanes(qi[r], b, keys, D, dots + r * BK);
     }
 }
 
