@@ -40,11 +40,14 @@ def listening(port: int, host: str = "127.0.0.1", source_address: Optional[tuple
 
 
 def get(url: str, timeout: float = 2.0, source_address: Optional[tuple[str, int]] = None) -> Optional[Reply]:
-    """GET `url` directly (no proxy): its status and body, or None while nothing answers there yet (refused, reset,
-    timed out, connected to itself, or a reply that is not HTTP). `source_address` binds the probe's own end."""
+    """GET an http:// `url` directly (no proxy): its status and body, or None while nothing answers there yet
+    (refused, reset, timed out, connected to itself, or a reply that is not HTTP). `source_address` binds the
+    probe's own end."""
     parts = urllib.parse.urlsplit(url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname or "127.0.0.1", parts.port, timeout=timeout, source_address=source_address)
+    if parts.scheme != "http":
+        raise ValueError(f"http_probe polls a local server over plain http, not {url!r}")
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout,
+                                      source_address=source_address)
     try:
         conn.connect()
         if _abort_if_self_connected(conn.sock):          # nothing listens there

@@ -84,6 +84,11 @@ def test_a_port_with_nothing_listening_is_not_answering():
     assert not http_probe.answers(f"http://127.0.0.1:{free_port()}/health")
 
 
+def test_only_plain_http_urls_are_polled():
+    with pytest.raises(ValueError, match="plain http"):
+        http_probe.get("https://127.0.0.1:1/health")
+
+
 def test_a_reply_that_is_not_http_is_not_answering():
     with socket.socket() as lsn:
         lsn.bind(("127.0.0.1", 0))
