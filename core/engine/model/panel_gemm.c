@@ -138,31 +138,38 @@ static const few_fn FEW[2][4] = {   /* [rows 1, 2][panels 8, 4, 2, 1] */
     {few_r2_p8, few_r2_p4, few_r2_p2, few_r2_p1},
 };
 
-/* few rows (decode): each thread takes a group of panels at a time and runs every row over it in blocks of 2
- * and 1 rows x 8, 4, 2 and 1 panels (4 rows x 4 panels measured 1.4x slower than two blocks of 2 x 8); a group's
- * weights come from memory once a step, one stream, and from cache for the next rows */
+/* few rows (decode): each thread takes an equal share of the panels (whole panels, cut at group boundaries: a static
+ * split of whole groups gave SmolLM2's 36-panel projections 24 : 12) and runs every row over each group's part in
+ * blocks of 2 and 1 rows x 8, 4, 2 and 1 panels (4 rows x 4 panels measured 1.4x slower than two blocks of 2 x 8);
+ * a group's weights come from memory once a step, one stream, and from cache for the next rows. A panel's sums are
+ * the same whichever block computes it. */
 static void few_rows(const float *x16, const int8_t *panels, const float *scales, const float *bias, float *y,
                      int M, int N, int K) {
-    const int NP = N / 16, groups = (NP + GROUP - 1) / GROUP;
-    #pragma omp parallel for schedule(static)
-    for (int g = 0; g < groups; g++) {
-        const int p_end = (g + 1) * GROUP < NP ? (g + 1) * GROUP : NP;
-        for (int m0 = 0; m0 < M;) {
-            const int rb = M - m0 >= 2 ? 2 : 1, ri = rb - 1;
-            for (int p0 = g * GROUP; p0 < p_end;) {
-                int pb = 8, pi = 0;
-                while (pb > p_end - p0) { pb /= 2; pi++; }
-                v16f acc[2 * 8];
-                int64_t stride;
-                const int8_t *panel = panel_at(panels, p0, NP, K, &stride);
-                FEW[ri][pi](x16 + (int64_t)m0 * K, panel, stride, K, acc);
-                for (int r = 0; r < rb; r++)
-                    for (int p = 0; p < pb; p++)
-                        panel_store(acc[r * pb + p], scales + (p0 + p) * 16, bias ? bias + (p0 + p) * 16 : NULL,
-                                    y + (int64_t)(m0 + r) * N + (p0 + p) * 16);
-                p0 += pb;
+    const int NP = N / 16;
+    #pragma omp parallel
+    {
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int end = (int)((int64_t)NP * (t + 1) / threads);
+        for (int start = (int)((int64_t)NP * t / threads); start < end;) {
+            const int group_end = (start / GROUP + 1) * GROUP, p_end = group_end < end ? group_end : end;
+            for (int m0 = 0; m0 < M;) {
+                const int rb = M - m0 >= 2 ? 2 : 1, ri = rb - 1;
+                for (int p0 = start; p0 < p_end;) {
+                    int pb = 8, pi = 0;
+                    while (pb > p_end - p0) { pb /= 2; pi++; }
+                    v16f acc[2 * 8];
+                    int64_t stride;
+                    const int8_t *panel = panel_at(panels, p0, NP, K, &stride);
+                    FEW[ri][pi](x16 + (int64_t)m0 * K, panel, stride, K, acc);
+                    for (int r = 0; r < rb; r++)
+                        for (int p = 0; p < pb; p++)
+                            panel_store(acc[r * pb + p], scales + (p0 + p) * 16, bias ? bias + (p0 + p) * 16 : NULL,
+                                        y + (int64_t)(m0 + r) * N + (p0 + p) * 16);
+                    p0 += pb;
+                }
+                m0 += rb;
             }
-            m0 += rb;
+            start = p_end;
         }
     }
 }
