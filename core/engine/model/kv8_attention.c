@@ -191,15 +191,15 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
         const int n = rows - r0 < RB ? rows - r0 : RB;
         block_dots(q, qsum, n, b, transposed, (keys + 15) / 16 * 16, D, b->dots);
         int need[RB], pairs = 0;
-        float ws[RB], corr[RB];
+        float ws[RB], corr[RB], qc[RB];
         for (int r = 0; r < n; r++) {
             const int rr = r0 + r;
-            const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
-            need[r] = seen[r] && row_weights(b->dots + r * BK, Q->qc[at], b, seen[r], D, &mx[rr], &sum[rr],
-                                             o + (int64_t)rr * D, b->wq + r * BK, &ws[r], &corr[r]);
-            if (!need[r]) memset(b->wq + r * BK, 0, sizeof(int16_t) * BK);   /* adds nothing below */
-            else if ((seen[r] + 1) / 2 > pairs) pairs = (seen[r] + 1) / 2;
+            qc[r] = Q->qc[(int64_t)(i0 + rr % qn) * H + g * G + rr / qn];
         }
+        /* the rows' softmax steps; a row without weights gets zeros in wq (adds nothing below) */
+        block_weights(b->dots, qc, b, seen, n, D, mx + r0, sum + r0, o + (int64_t)r0 * D, b->wq, ws, corr, need);
+        for (int r = 0; r < n; r++)
+            if (need[r] && (seen[r] + 1) / 2 > pairs) pairs = (seen[r] + 1) / 2;
         if (!pairs) continue;
         block_values(b->wq, n, b, pairs, D, b->acc);
         for (int r = 0; r < n; r++)

@@ -159,65 +159,90 @@ static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, c
     }
 }
 
-/* One query row's softmax step over a block: the AVX-512 row_weights' contract (kv8_attention.c), 8 keys a step.
- * Only the group holding the row's last seen key is masked (the others are whole); a NaN or inf score or V scale
- * shows in the sums of p and of w (p <= 1 and a V scale is finite or NaN, so a finite w sums finite), checked once
- * a block instead of a compare a group. */
+/* n (<= RB) query rows' softmax steps over a block: for each row r, the AVX-512 row_weights' contract
+ * (kv8_attention.c), 8 keys a step, on dots + r BK, qc[r], seen[r], mx[r], sum[r], o + r D, wq + r BK, ws[r],
+ * corr[r]; need[r] says whether the row takes a weighted sum of V (a row with seen[r] == 0 is not touched). Only the
+ * group holding a row's last seen key is masked (the others are whole); a NaN or inf score or V scale shows in the
+ * sums of p and of w (p <= 1 and a V scale is finite or NaN, so a finite w sums finite), checked once a block
+ * instead of a compare a group. The rows go phase by phase (scores and max, exp and sums, the scalar step, int16
+ * weights): a row alone was one chain of dependent steps (block max -> exp -> sums -> scale), ~200 cycles of latency
+ * for ~80 of work; side by side the rows' chains overlap. Each row's arithmetic is its own, the same whatever rows
+ * share the call. */
 __attribute__((noinline, noclone))
-static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen, int D, float *mx, float *sum,
-                       float *o, int16_t *wq, float *ws, float *corr) {
-    const __m256 ninf = _mm256_set1_ps(-INFINITY), qcv = _mm256_set1_ps(qc), zero = _mm256_setzero_ps();
-    const int groups = (seen + 7) / 8, whole = seen / 8;   /* groups past `seen` hold no key: weight 0, no work */
-    const __m256 mk = lanes_below(seen - 8 * whole);      /* the partial group's seen lanes (h == whole) */
-    __m256 s[NG8], p[NG8], w[NG8];
-    __m256 top = ninf;
-    for (int h = 0; h < groups; h++) {
-        const __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dots + 8 * h))),
-                                                     qcv), _mm256_loadu_ps(b->ksc + 8 * h));
-        s[h] = h < whole ? v : _mm256_blendv_ps(ninf, v, mk);
-        top = _mm256_max_ps(top, s[h]);
-    }
-    const float bm = hmax8(top);
-    const float mnew = bm > *mx ? bm : *mx;
-    const __m256 mv = _mm256_set1_ps(mnew);
-    __m256 wtop = zero, lanes = zero, wall = zero;   /* lane maxes and sums of w, lane sums of p */
-    for (int h = 0; h < groups; h++) {
-        p[h] = exp256(_mm256_sub_ps(s[h], mv));
-        w[h] = _mm256_mul_ps(p[h], _mm256_loadu_ps(b->vsc + 8 * h));
-        if (h == whole) {   /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
-            p[h] = _mm256_and_ps(mk, p[h]);
-            w[h] = _mm256_and_ps(mk, w[h]);
+static void block_weights(const int32_t *dots, const float *qc, const block8 *b, const int *seen, int n, int D,
+                          float *mx, float *sum, float *o, int16_t *wq, float *ws, float *corr, int *need) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    __m256 s[RB][NG8], w[RB][NG8], mk[RB], wtop[RB];
+    float mnew[RB], bsum[RB], wsum[RB], wmax[RB];
+    int groups[RB], whole[RB];
+    for (int r = 0; r < n; r++) {   /* scores, the block max */
+        groups[r] = (seen[r] + 7) / 8;   /* groups past `seen` hold no key: weight 0, no work */
+        whole[r] = seen[r] / 8;
+        mk[r] = lanes_below(seen[r] - 8 * whole[r]);   /* the partial group's seen lanes (h == whole) */
+        const __m256 qcv = _mm256_set1_ps(qc[r]);
+        __m256 top = ninf;
+        for (int h = 0; h < groups[r]; h++) {
+            const __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dots + r * BK + 8 * h))),
+                                                         qcv), _mm256_loadu_ps(b->ksc + 8 * h));
+            s[r][h] = h < whole[r] ? v : _mm256_blendv_ps(ninf, v, mk[r]);
+            top = _mm256_max_ps(top, s[r][h]);
         }
-        lanes = h ? _mm256_add_ps(lanes, p[h]) : p[h];
-        wall = _mm256_add_ps(wall, w[h]);
-        wtop = _mm256_max_ps(wtop, w[h]);
+        const float bm = hmax8(top);
+        mnew[r] = bm > mx[r] ? bm : mx[r];
     }
-    const float bsum = hsum8(lanes), wsum = hsum8(wall);
-    if (bsum != bsum || !(wsum <= 3.4028235e38f)) {   /* a NaN or inf score (p NaN), a NaN V scale (w NaN) */
-        if (*mx == -INFINITY) *mx = 0.f;   /* kept by the merge */
-        *sum = NAN;
-        for (int d = 0; d < D; d++) o[d] = NAN;
-        return 0;
+    for (int r = 0; r < n; r++) {   /* p = exp(s - max), w = p x V scale; lane sums of p and w, lane maxes of w */
+        const __m256 mv = _mm256_set1_ps(mnew[r]);
+        __m256 lanes = zero, wall = zero, top = zero;
+        for (int h = 0; h < groups[r]; h++) {
+            __m256 p = exp256(_mm256_sub_ps(s[r][h], mv));
+            __m256 wh = _mm256_mul_ps(p, _mm256_loadu_ps(b->vsc + 8 * h));
+            if (h == whole[r]) {   /* masked: a later key's V scale (NaN for a NaN row) must not reach this row */
+                p = _mm256_and_ps(mk[r], p);
+                wh = _mm256_and_ps(mk[r], wh);
+            }
+            lanes = h ? _mm256_add_ps(lanes, p) : p;
+            wall = _mm256_add_ps(wall, wh);
+            top = _mm256_max_ps(top, wh);
+            w[r][h] = wh;
+        }
+        bsum[r] = hsum8(lanes);
+        wsum[r] = hsum8(wall);
+        wtop[r] = top;
     }
-    /* exp(0) is exactly 1: a block that does not raise the max (most, past the first) skips the exp */
-    const float c = *mx == -INFINITY ? 0.f : mnew == *mx ? 1.f : exp1(*mx - mnew);
-    *sum = *sum * c + bsum;
-    *mx = mnew;
-    const float wmax = hmax8(wtop);
-    if (!(wmax > 0.f)) {   /* no weight left after the V scales (zero rows): the output scaled only */
-        const __m256 cv = _mm256_set1_ps(c);
-        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), cv));
-        return 0;
+    for (int r = 0; r < n; r++) {   /* the running max, sum and output scale; whether V is weighed at all */
+        need[r] = 0;
+        if (!seen[r]) continue;
+        if (bsum[r] != bsum[r] || !(wsum[r] <= 3.4028235e38f)) {   /* a NaN or inf score (p NaN), a NaN V scale */
+            if (mx[r] == -INFINITY) mx[r] = 0.f;   /* kept by the merge */
+            sum[r] = NAN;
+            for (int d = 0; d < D; d++) o[(int64_t)r * D + d] = NAN;
+            continue;
+        }
+        /* exp(0) is exactly 1: a block that does not raise the max (most, past the first) skips the exp */
+        const float c = mx[r] == -INFINITY ? 0.f : mnew[r] == mx[r] ? 1.f : exp1(mx[r] - mnew[r]);
+        sum[r] = sum[r] * c + bsum[r];
+        mx[r] = mnew[r];
+        wmax[r] = hmax8(wtop[r]);
+        if (!(wmax[r] > 0.f)) {   /* no weight left after the V scales (zero rows): the output scaled only */
+            const __m256 cv = _mm256_set1_ps(c);
+            float *orow = o + (int64_t)r * D;
+            for (int d = 0; d < D; d += 8) _mm256_storeu_ps(orow + d, _mm256_mul_ps(_mm256_loadu_ps(orow + d), cv));
+            continue;
+        }
+        ws[r] = wmax[r] / 32767.f;
+        corr[r] = c;
+        need[r] = 1;
     }
-    const __m256 inv = _mm256_set1_ps(32767.f / wmax);   /* w x inv <= 32767 (rounding in the order of 1 ulp) */
-    for (int h = 0; h < NG8; h++) {
-        if (h >= groups) { _mm_storeu_si128((__m128i *)(wq + 8 * h), _mm_setzero_si128()); continue; }
-        const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(w[h], inv));   /* MXCSR: nearest, ties to even */
-        _mm_storeu_si128((__m128i *)(wq + 8 * h), _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+    for (int r = 0; r < n; r++) {   /* the weights as int16 against the block's largest (zeros for a row without) */
+        int16_t *wr = wq + r * BK;
+        if (!need[r]) { memset(wr, 0, sizeof(int16_t) * BK); continue; }
+        const __m256 inv = _mm256_set1_ps(32767.f / wmax[r]);   /* w x inv <= 32767 (rounding ~1 ulp) */
+        for (int h = 0; h < NG8; h++) {
+            if (h >= groups[r]) { _mm_storeu_si128((__m128i *)(wr + 8 * h), _mm_setzero_si128()); continue; }
+            const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(w[r][h], inv));   /* MXCSR: nearest, ties to even */
+            _mm_storeu_si128((__m128i *)(wr + 8 * h), _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+        }
     }
-    *ws = wmax / 32767.f;
-    *corr = c;
-    return 1;
 }
 
 /* One row's block output into o [D]: o x corr + (the exact weighted sum acc) x ws */

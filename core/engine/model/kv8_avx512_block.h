@@ -180,6 +180,17 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
     return 1;
 }
 
+/* n (<= RB) rows' softmax steps over a block, kv8_avx2_block.h's block_weights contract: row_weights for each row
+ * that sees a key of it, zeros in wq for a row without weights (adds nothing to the V sums) */
+static void block_weights(const int32_t *dots, const float *qc, const block8 *b, const int *seen, int n, int D,
+                          float *mx, float *sum, float *o, int16_t *wq, float *ws, float *corr, int *need) {
+    for (int r = 0; r < n; r++) {
+        need[r] = seen[r] && row_weights(dots + r * BK, qc[r], b, seen[r], D, &mx[r], &sum[r], o + (int64_t)r * D,
+                                         wq + r * BK, &ws[r], &corr[r]);
+        if (!need[r]) memset(wq + r * BK, 0, sizeof(int16_t) * BK);
+    }
+}
+
 /* One row's block output into o [D]: o x corr + (the exact weighted sum acc) x ws */
 __attribute__((noinline, noclone))
 static void row_output(const int32_t *acc, float ws, float corr, int D, float *o) {
