@@ -139,7 +139,6 @@ typedef struct {
     float ksc[BK], vsc[BK];
 #if KV8_AVX2
     const int8_t *krow[BK], *vrow[BK];   /* each key's int8 K and V rows (for few rows: widened as they are read) */
-    int few;                             /* few rows: ku and vp are not filled (kv8_avx2_block.h) */
 #endif
 } block8;
 
@@ -201,7 +200,7 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
         for (int r = 0; r < n; r++)
             if (need[r] && (seen[r] + 1) / 2 > pairs) pairs = (seen[r] + 1) / 2;
         if (!pairs) continue;
-        block_values(b->wq, n, b, pairs, D, b->acc);
+        block_values(b->wq, n, b, transposed, pairs, D, b->acc);
         for (int r = 0; r < n; r++)
             if (need[r]) row_output(b->acc + (int64_t)r * D, ws[r], corr[r], D, o + (int64_t)(r0 + r) * D);
     }

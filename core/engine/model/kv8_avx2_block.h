@@ -9,11 +9,10 @@
  * [D/2][BK] (a row's (q_d, q_d+1) broadcast against 16 keys' pairs: no horizontal sums; a 2,048-token chunk's
  * attention ~16 % faster than on K as [BK][D] with each key's lanes reduced), and V as key pairs (2 bytes a value:
  * the buffer's ku and vp halves); for few (a decode step's G query heads, <= RB) the int8 rows are widened as they
- * are read instead (each is read by 1-4 rows, and the unpacked copy's stores and reloads
- * cost more than widening again: decode attention at 4,096 tokens ~18 % faster). The integer sums are the same
- * either way. Every fp32 step (softmax, output update, segment merge) runs in one compiled function, so a row's result
- * is the same bits however its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise), on this
- * build. */
+ * are read instead (each is read by 1-4 rows, and the unpacked copy's stores and reloads cost more than widening
+ * again: decode attention at 4,096 tokens ~18 % faster). The integer sums are the same either way. Every fp32 step
+ * (softmax, output update, segment merge) runs in one compiled function, so a row's result is the same bits however
+ * its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise), on this build. */
 
 #include "online_softmax_avx2.h"   /* exp1, hsum8, lanes_below, merge, finish */
 
@@ -48,13 +47,11 @@ static inline void transpose8_epi32(__m256i r[8]) {
 
 /* One block of one KV head: each key's K and V rows and scales (a row of zeros, scales 0, past the last key), and
  * for many rows (`transposed`, the AVX-512 name) K widened to int16 d pairs [D/2][BK] (in ku's bytes) and V as key
- * pairs (vp);
- * the rows of the block ahead asked for a key at a time (prefetch_key). */
+ * pairs (vp); the rows of the block ahead asked for a key at a time (prefetch_key). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     static const int8_t zeros[MAX_D];   /* the rows of keys past the last */
-    b->few = !transposed;
     for (int j = 0; j < BK; j++) {
         if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
         if (j < kn) {
@@ -71,7 +68,7 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
             b->ksc[j] = b->vsc[j] = 0.f;
         }
     }
-    if (b->few) return;
+    if (!transposed) return;   /* few rows read the int8 rows in place */
     int32_t *kp = (int32_t *)b->ku;
     for (int j0 = 0; j0 < BK; j0 += 8)
         for (int d = 0; d < D; d += 16) {   /* 8 keys x 8 d pairs, transposed: kp[pair][key] */
@@ -141,13 +138,13 @@ static inline __attribute__((always_inline)) void dots_pairs(const int8_t *const
     }
 }
 
-/* scores for the rows of a segment() (qsum unused: the int16 products need no offset; `transposed` is b->few's
- * opposite): few rows one at a time, many RB at once (past the last row, head_block repeats its first: unused) */
+/* scores for the rows of a segment() (qsum unused: the int16 products need no offset): few rows one at a time, many
+ * (`transposed`) RB at once (past the last row, head_block repeats its first: unused) */
 __attribute__((noinline, noclone))
 static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, const block8 *b, int transposed,
                        int keys, int D, int32_t *dots) {
-    (void)qsum; (void)transposed;
-    if (!b->few) {
+    (void)qsum;
+    if (transposed) {
         if (D == 64) dots_pairs(qi, b, keys, 64, dots);
         else if (D == 128) dots_pairs(qi, b, keys, 128, dots);
         else dots_pairs(qi, b, keys, D, dots);
@@ -300,8 +297,8 @@ static inline __attribute__((always_inline)) void values_rows(const int16_t *wq,
     }
 }
 
-static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, int D, int32_t *acc) {
-    if (b->few) {
+static void block_values(const int16_t *wq, int R, const block8 *b, int transposed, int pairs, int D, int32_t *acc) {
+    if (!transposed) {
         if (R == 3) values_rows(wq, 3, b, pairs, D, acc);
         else if (R == 4) values_rows(wq, 4, b, pairs, D, acc);
         else if (R == 2) values_rows(wq, 2, b, pairs, D, acc);

@@ -241,7 +241,8 @@ static inline __attribute__((always_inline)) void values_d(const int16_t *wq, in
     }
 }
 
-static void block_values(const int16_t *wq, int R, const block8 *b, int pairs, int D, int32_t *acc) {
+static void block_values(const int16_t *wq, int R, const block8 *b, int transposed, int pairs, int D, int32_t *acc) {
+    (void)transposed;   /* the AVX2 build's few rows read V in place; here V is always unpacked */
     if (D == 64) values_d(wq, R, b, pairs, 64, acc);
     else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
     else values_d(wq, R, b, pairs, D, acc);

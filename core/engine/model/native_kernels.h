@@ -71,4 +71,14 @@ int decode_layers(float *x, float *y, const int64_t *layer_ptrs, int L, const fl
                   int R, int hidden, int H, int KVH, int D, int I, float eps, float scale, const int64_t *dec_idx,
                   int Rd, int chunk_at, int chunk_n, const int64_t *chunk_slots, int chunk_m, int amx,
                   int one_order, int a16);
+
+/* panel_gemm.c, w8a16_gemm.c: a decode GEMV's thread t of `threads` (in an OpenMP region) takes an equal share of the
+ * NP weight panels, [panel_share(NP, t, threads), panel_share(NP, t + 1, threads)), in whole panels (a static split
+ * of whole groups gave SmolLM2's 36-panel projections 24 : 12), walked in runs that stop where each group of `group`
+ * panels ends (a run reads its group with the group's stride). Each channel's sum is the same whoever computes it. */
+static inline int panel_share(int np, int t, int threads) { return (int)((int64_t)np * t / threads); }
+static inline int run_end(int p0, int end, int group) {
+    const int group_end = (p0 / group + 1) * group;
+    return group_end < end ? group_end : end;
+}
 #endif

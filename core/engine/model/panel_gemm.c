@@ -138,20 +138,18 @@ static const few_fn FEW[2][4] = {   /* [rows 1, 2][panels 8, 4, 2, 1] */
     {few_r2_p8, few_r2_p4, few_r2_p2, few_r2_p1},
 };
 
-/* few rows (decode): each thread takes an equal share of the panels (whole panels, cut at group boundaries: a static
- * split of whole groups gave SmolLM2's 36-panel projections 24 : 12) and runs every row over each group's part in
- * blocks of 2 and 1 rows x 8, 4, 2 and 1 panels (4 rows x 4 panels measured 1.4x slower than two blocks of 2 x 8);
- * a group's weights come from memory once a step, one stream, and from cache for the next rows. A panel's sums are
- * the same whichever block computes it. */
+/* few rows (decode): each thread takes its share of the panels (panel_share, run_end) and runs every row over each
+ * group's part in blocks of 2 and 1 rows x 8, 4, 2 and 1 panels (4 rows x 4 panels measured 1.4x slower than two
+ * blocks of 2 x 8); a group's weights come from memory once a step, one stream, and from cache for the next rows.
+ * A panel's sums are the same whichever block computes it. */
 static void few_rows(const float *x16, const int8_t *panels, const float *scales, const float *bias, float *y,
                      int M, int N, int K) {
     const int NP = N / 16;
     #pragma omp parallel
     {
-        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int end = (int)((int64_t)NP * (t + 1) / threads);
-        for (int start = (int)((int64_t)NP * t / threads); start < end;) {
-            const int group_end = (start / GROUP + 1) * GROUP, p_end = group_end < end ? group_end : end;
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num(), end = panel_share(NP, t + 1, threads);
+        for (int start = panel_share(NP, t, threads); start < end;) {
+            const int p_end = run_end(start, end, GROUP);
             for (int m0 = 0; m0 < M;) {
                 const int rb = M - m0 >= 2 ? 2 : 1, ri = rb - 1;
                 for (int p0 = start; p0 < p_end;) {

@@ -202,19 +202,15 @@ static void many_rows(const int16_t *xq, const double *sx, const int8_t *panels,
     }
 }
 
-/* (decode) pairs of rows against every panel, each thread an equal share of the panels in whole panels, its runs
- * cut at group boundaries (a run inside a group reads it with the group's stride): SmolLM2's o and down projections
- * have 36 panels, 5 groups, and a static split of whole groups gave the two threads 24 and 12 panels while the
- * second waited. Each channel's sum is the same whoever computes it. */
+/* (decode) pairs of rows against every panel, each thread its share of the panels (panel_share, run_end) */
 static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, const float *scales,
                      const float *bias, float *y, int M, int N, int K) {
     const int NP = N / 16;
     #pragma omp parallel
     {
-        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int end = (int)((int64_t)NP * (t + 1) / threads);
-        for (int p0 = (int)((int64_t)NP * t / threads); p0 < end;) {
-            const int group_end = (p0 / GROUP + 1) * GROUP, pb = (group_end < end ? group_end : end) - p0;
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num(), end = panel_share(NP, t + 1, threads);
+        for (int p0 = panel_share(NP, t, threads); p0 < end;) {
+            const int pb = run_end(p0, end, GROUP) - p0;
             int64_t stride;
             const int8_t *panel = panel_at(panels, p0, NP, K, &stride);
             for (int m0 = 0; m0 < M; m0 += 2) {
