@@ -90,23 +90,37 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     }
 }
 
-/* A row's exact scores (int32) against the block's first `keys` keys (a multiple of 8): k . q over D, its int8 K
- * rows widened as read (few rows: no unpacked copy), 8 keys reduced at once */
-static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, const block8 *b, int keys, const int D,
-                                                              int32_t *dots) {
-    __m256i qv[MAX_D / 16];
-    for (int d = 0; d < D; d += 16) qv[d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi + d)));
+/* R (<= RB) rows' exact scores against the block's first `keys` keys (a multiple of 8), each key's int8 K row
+ * widened once for all R rows (a decode step's G query heads read the same keys: widening per row made the
+ * widening, not the products, the bound), 8 keys' lanes reduced at once per row */
+static inline __attribute__((always_inline)) void dots_rows(const int8_t *const *qi, const int R, const block8 *b,
+                                                             int keys, const int D, int32_t *dots) {
+    __m256i qv[RB][MAX_D / 16];
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d += 16) qv[r][d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi[r] + d)));
     for (int h = 0; h < keys; h += 8) {
-        __m256i part[8];
-        for (int i = 0; i < 8; i++) {
-            const int8_t *k = b->krow[h + i];
-            __m256i a = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)k)), qv[0]);
-            for (int d = 16; d < D; d += 16)
-                a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k + d))),
-                                                          qv[d / 16]));
-            part[i] = a;
+        __m256i u[2][RB];   /* keys h .. h + 3 and h + 4 .. h + 7, each row's lanes half reduced (hadd as it goes) */
+        for (int q4 = 0; q4 < 2; q4++) {
+            __m256i t[2][RB];
+            for (int p2 = 0; p2 < 2; p2++) {
+                __m256i a[2][RB];
+                for (int e = 0; e < 2; e++) {
+                    const int8_t *k = b->krow[h + 4 * q4 + 2 * p2 + e];
+                    const __m256i k0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)k));
+                    for (int r = 0; r < R; r++) a[e][r] = _mm256_madd_epi16(k0, qv[r][0]);
+                    for (int d = 16; d < D; d += 16) {
+                        const __m256i kd = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k + d)));
+                        for (int r = 0; r < R; r++) a[e][r] = _mm256_add_epi32(a[e][r], _mm256_madd_epi16(kd, qv[r][d / 16]));
+                    }
+                }
+                for (int r = 0; r < R; r++) t[p2][r] = _mm256_hadd_epi32(a[0][r], a[1][r]);
+            }
+            for (int r = 0; r < R; r++) u[q4][r] = _mm256_hadd_epi32(t[0][r], t[1][r]);
         }
-        _mm256_storeu_si256((__m256i *)(dots + h), reduce8_epi32(part));
+        for (int r = 0; r < R; r++)
+            _mm256_storeu_si256((__m256i *)(dots + r * BK + h),
+                                _mm256_add_epi32(_mm256_permute2x128_si256(u[0][r], u[1][r], 0x20),
+                                                 _mm256_permute2x128_si256(u[0][r], u[1][r], 0x31)));
     }
 }
 
@@ -150,10 +164,11 @@ static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, c
         else dots_pairs(qi, b, keys, D, dots);
         return;
     }
-    for (int r = 0; r < rows; r++) {
-        if (D == 64) dots_lanes(qi[r], b, keys, 64, dots + r * BK);
-        else dots_lanes(qi[r], b, keys, D, dots + r * BK);
-    }
+    if (D == 64 && rows == 3) dots_rows(qi, 3, b, keys, 64, dots);
+    else if (D == 64 && rows == 4) dots_rows(qi, 4, b, keys, 64, dots);
+    else if (D == 64 && rows == 2) dots_rows(qi, 2, b, keys, 64, dots);
+    else if (D == 64) dots_rows(qi, 1, b, keys, 64, dots);
+    else dots_rows(qi, rows, b, keys, D, dots);
 }
 
 /* n (<= RB) query rows' softmax steps over a block: for each row r, the AVX-512 row_weights' contract
