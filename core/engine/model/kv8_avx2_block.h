@@ -10,7 +10,8 @@
  * attention ~16 % faster than on K as [BK][D] with each key's lanes reduced), and V as key pairs (2 bytes a value:
  * the buffer's ku and vp halves); for few (a decode step's G query heads, <= RB) the int8 rows are widened as they
  * are read instead (each is read by 1-4 rows, and the unpacked copy's stores and reloads cost more than widening
- * again: decode attention at 4,096 tokens ~18 % faster). The integer sums are the same either way. Every fp32 step
+ * again: decode attention at 4,096 tokens ~18 % faster), each key's K row once for all of them, its lanes reduced
+ * as they are summed (another ~7-12 %). The integer sums are the same either way. Every fp32 step
  * (softmax, output update, segment merge) runs in one compiled function, so a row's result is the same bits however
  * its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise), on this build. */
 
@@ -91,8 +92,9 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
 }
 
 /* R (<= RB) rows' exact scores against the block's first `keys` keys (a multiple of 8), each key's int8 K row
- * widened once for all R rows (a decode step's G query heads read the same keys: widening per row made the
- * widening, not the products, the bound), 8 keys' lanes reduced at once per row */
+ * widened once for all R rows (a decode step's G query heads read the same keys), two keys' lanes folded by VPHADDD
+ * as soon as both are summed, then four keys', then eight (R x 8 key vectors kept for one reduction at the end did
+ * not fit the 16 registers and went through the stack) */
 static inline __attribute__((always_inline)) void dots_rows(const int8_t *const *qi, const int R, const block8 *b,
                                                              int keys, const int D, int32_t *dots) {
     __m256i qv[RB][MAX_D / 16];
