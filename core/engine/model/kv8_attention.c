@@ -171,7 +171,7 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
     const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
-    const int transposed = rows > RB;   /* many rows: the transpose pays (AVX-512); AVX2 widens K once */
+    const int transposed = rows > FEW_MAX;   /* many rows: the unpacked copy pays (the block header's FEW_MAX) */
     unpack_block(kv, g, kb, transposed, b);
     for (int r0 = 0; r0 < rows; r0 += RB) {
         const int8_t *q[RB];

@@ -5,6 +5,8 @@
  * kv8_avx2_block.h shares on 8 lanes. */
 #include "online_softmax_avx512.h"   /* merge, finish */
 
+#define FEW_MAX RB   /* the most rows whose scores read K row by row; more use the transposed block */
+
 /* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
 static inline __m512i reduce16_epi32(__m512i a[16]) {
     __m512i b[8], c[4];
