@@ -8,12 +8,12 @@
  * VPDPWSSD's sums. For many rows (a prompt's chunk) K is unpacked once a block as int16 d pairs, transposed to
  * [D/2][BK] (a row's (q_d, q_d+1) broadcast against 16 keys' pairs: no horizontal sums; a 2,048-token chunk's
  * attention ~16 % faster than on K as [BK][D] with each key's lanes reduced), and V as key pairs (2 bytes a value:
- * the buffer's ku and vp halves); for few (a decode step's G query heads, <= RB) the int8 rows are widened as they
- * are read instead (each is read by 1-4 rows, and the unpacked copy's stores and reloads cost more than widening
- * again: decode attention at 4,096 tokens ~18 % faster), each key's K row once for all of them, its lanes reduced
- * as they are summed (another ~7-12 %). The integer sums are the same either way. Every fp32 step
- * (softmax, output update, segment merge) runs in one compiled function, so a row's result is the same bits however
- * its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise), on this build. */
+ * the buffer's ku and vp halves); for few (up to FEW_MAX: a decode step's G query heads, a short chunk's tokens x
+ * G) the int8 rows are widened as they are read instead, RB rows at a time (the unpacked copy's stores and reloads
+ * cost more than widening again: decode attention at 4,096 tokens ~18 % faster), each key's K row once for the RB
+ * rows, its lanes reduced as they are summed (another ~7-12 %). The integer sums are the same either way. Every
+ * fp32 step (softmax, output update, segment merge) runs in one compiled function, so a row's result is the same
+ * bits however its prompt was chunked, cached, decoded or prefilled (kv8_attention.c's promise), on this build. */
 
 #include "online_softmax_avx2.h"   /* exp1, hsum8, lanes_below, merge, finish */
 
@@ -22,14 +22,6 @@
  * chunk beside decodes (2-4 tokens x G heads) attended ~8-26 % faster over 5,000 keys than with the transposed
  * copy, which pays from ~16 rows */
 #define FEW_MAX (3 * RB)
-
-/* r[i] = the sum of a[i]'s 8 int32 lanes, for 8 vectors at once (exact: any tree gives the same sums) */
-static inline __m256i reduce8_epi32(const __m256i a[8]) {
-    const __m256i t0 = _mm256_hadd_epi32(a[0], a[1]), t1 = _mm256_hadd_epi32(a[2], a[3]);
-    const __m256i t2 = _mm256_hadd_epi32(a[4], a[5]), t3 = _mm256_hadd_epi32(a[6], a[7]);
-    const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
-}
 
 /* r[i][k] becomes r[k][i]: an 8 x 8 transpose of int32 lanes (8 keys' d pairs -> each d pair's 8 keys) */
 static inline void transpose8_epi32(__m256i r[8]) {
@@ -158,8 +150,8 @@ static inline __attribute__((always_inline)) void dots_pairs(const int8_t *const
     }
 }
 
-/* scores for the rows of a segment() (qsum unused: the int16 products need no offset): few rows one at a time, many
- * (`transposed`) RB at once (past the last row, head_block repeats its first: unused) */
+/* scores for up to RB rows of a segment() (qsum unused: the int16 products need no offset), on the int8 rows (few)
+ * or the transposed pairs (`transposed`; past the last row, head_block repeats its first: unused) */
 __attribute__((noinline, noclone))
 static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, const block8 *b, int transposed,
                        int keys, int D, int32_t *dots) {
