@@ -117,7 +117,9 @@ def test_a_row_is_the_same_bits_decoded_or_prefilled_whole_or_in_chunks_on_any_t
     n = min(m, 70)
     q = torch.randn(n, H, D, generator=torch.Generator().manual_seed(m))
     whole = kv8.kv8_attention(q, *layer(pool), slots, SCALE)
-    cuts = sorted({0, n, *[c for c in (1, 7, 33, 40, 69) if c < n]})
+    # chunks of 1-5 tokens (3-15 rows: read in place on AVX2 up to FEW_MAX = 12, RB = 4 rows at a time) and
+    # longer ones (the transposed block), all against the whole prompt
+    cuts = sorted({0, n, *[c for c in (1, 3, 6, 10, 15, 33, 40, 69) if c < n]})
     for threads in (1, 2, 4):
         torch.set_num_threads(threads)
         chunks = torch.cat([kv8.kv8_attention(q[a:b], *layer(pool), slots[: m - n + b], SCALE)
