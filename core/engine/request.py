@@ -12,6 +12,7 @@ import torch
 
 from core.cache.allocator import SLOT_DTYPE
 from core.cache.radix_cache import TreeNode
+from core.engine.detokenize import IncrementalText
 from core.engine.sampling import SamplingParams
 
 WAITING, RUNNING, FINISHED, ABORTED = "waiting", "running", "finished", "aborted"
@@ -45,6 +46,7 @@ class Request:
         self.extra_key = extra_key
         self.output_ids: list[int] = []
         self.output_text = ""
+        self._text: Optional[IncrementalText] = None   # output_ids' text, decoded a window a token
         self.streamed_text = ""     # the prefix of output_text already sent to stream()
         self.state = WAITING
         self.finish_reason: Optional[str] = None
@@ -79,17 +81,19 @@ class Request:
         return int(self.kv_slots.numel())
 
     def append_token(self, tok: int, eos_token_ids: Collection[int], decode: Callable[[list[int]], str]) -> Optional[str]:
-        """Take one sampled token: the output text decoded again, what of it is safe to stream queued,
-        and the finish reason if this token ends the request ("eos", "stop", "length"), else None (SGLang's
-        check_finished). Before min_new_tokens neither EOS nor a stop string ends it; after, only a stop
-        string that ends in the new text counts (SGLang's tail check)."""
+        """Take one sampled token: the output text extended (a window decoded: detokenize.py), what of it
+        is safe to stream queued, and the finish reason if this token ends the request ("eos", "stop",
+        "length"), else None (SGLang's check_finished). Before min_new_tokens neither EOS nor a stop string
+        ends it; after, only a stop string that ends in the new text counts (SGLang's tail check)."""
         before = self.output_text
         self.output_ids.append(tok)
         reason = None
         early = len(self.output_ids) < self.params.min_new_tokens
         if tok in eos_token_ids and not self.params.ignore_eos and not early:
             reason = "eos"
-        text = decode(self.output_ids)
+        if self._text is None:
+            self._text = IncrementalText(decode)
+        text = self._text.extend(self.output_ids)
         for s in () if early else self.params.stop:
             at = text.find(s, max(0, len(before) - len(s) + 1) if self.params.min_new_tokens else 0)
             if at >= 0:
