@@ -69,9 +69,33 @@ def wait_for(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> None:
     raise TimeoutError(url)
 
 
+def start_round_robin(workers: list[str], log) -> tuple[subprocess.Popen, int]:
+    """A round-robin sglang-router over `workers`, answering /health, and its port. Its two ports are picked
+    now, not with the cluster's: ports there are in the ephemeral range every client socket draws from, and
+    one was taken by the time this ran (the router exited 1). A start that still dies (a port taken between
+    the pick and the router's bind) is retried on fresh ports."""
+    for _ in range(3):
+        port = free_base(2)
+        metrics = port + 1
+        rr = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                               "--port", str(port), "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+                               "--prometheus-port", str(metrics), "--worker-urls", *workers],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while rr.poll() is None and time.monotonic() < deadline:
+            if http_probe.answers(f"http://127.0.0.1:{port}/health"):
+                return rr, port
+            time.sleep(0.3)
+        if rr.poll() is None:
+            rr.kill()
+            rr.wait(30)
+            raise TimeoutError(f"the round-robin router on port {port} did not answer in 60 s")
+    raise RuntimeError(f"the round-robin router exited {rr.returncode} on three sets of free ports")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    base = free_base(6)      # router, 2 servers, the router's metrics, then a second router and its metrics
+    base = free_base(4)      # router, 2 servers, the router's metrics
     logs = tmp_path_factory.mktemp("replicas")
     proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "2", "--port", str(base),
                              "--policy", "cache_aware", "--log-dir", str(logs), "--",
@@ -118,16 +142,12 @@ def test_cache_aware_sends_a_group_to_the_replica_that_cached_it(cluster):
 
 
 def test_round_robin_alternates_and_each_replica_hits_its_own_copy(cluster):
-    base, workers = cluster["base"], cluster["workers"]
+    workers = cluster["workers"]
     for w in workers:
         urllib.request.urlopen(urllib.request.Request(w + "/flush_cache", method="POST"), timeout=10).read()
-    rr_port = base + 4
-    rr = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                           "--port", str(rr_port), "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-                           "--prometheus-port", str(rr_port + 1), "--worker-urls", *workers],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with open(cluster["logs"] / "round_robin.log", "ab") as log:
+        rr, rr_port = start_round_robin(workers, log)
     try:
-        wait_for(f"http://127.0.0.1:{rr_port}/health", rr, 60)
         while len(router_order(rr_port)) < 2:
             time.sleep(0.2)
         before = {w: counters(w) for w in workers}
