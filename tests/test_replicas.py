@@ -76,20 +76,19 @@ def start_round_robin(workers: list[str], log) -> tuple[subprocess.Popen, int]:
     the pick and the router's bind) is retried on fresh ports."""
     for _ in range(3):
         port = free_base(2)
-        metrics = port + 1
         rr = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                "--port", str(port), "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-                               "--prometheus-port", str(metrics), "--worker-urls", *workers],
+                               "--prometheus-port", str(port + 1), "--worker-urls", *workers],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while rr.poll() is None and time.monotonic() < deadline:
-            if http_probe.answers(f"http://127.0.0.1:{port}/health"):
-                return rr, port
-            time.sleep(0.3)
-        if rr.poll() is None:
+        try:
+            wait_for(f"http://127.0.0.1:{port}/health", rr, 60)
+            return rr, port
+        except AssertionError:   # it exited: try fresh ports
+            continue
+        except TimeoutError:
             rr.kill()
             rr.wait(30)
-            raise TimeoutError(f"the round-robin router on port {port} did not answer in 60 s")
+            raise
     raise RuntimeError(f"the round-robin router exited {rr.returncode} on three sets of free ports")
 
 

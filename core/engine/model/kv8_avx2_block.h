@@ -20,7 +20,7 @@
 #define NG8 (BK / 8)   /* 8-key groups a block */
 /* the most rows that read the int8 rows in place (in groups of RB, each group widening them again): a short prompt
  * chunk beside decodes (2-4 tokens x G heads) attended ~8-26 % faster over 5,000 keys than with the transposed
- * copy, which pays from ~16 rows */
+ * copy; at 18 rows the two were even */
 #define FEW_MAX (3 * RB)
 
 /* r[i][k] becomes r[k][i]: an 8 x 8 transpose of int32 lanes (8 keys' d pairs -> each d pair's 8 keys) */
