@@ -87,38 +87,43 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     }
 }
 
-/* R (<= RB) rows' exact scores against the block's first `keys` keys (a multiple of 8), each key's int8 K row
- * widened once for all R rows (a decode step's G query heads read the same keys), two keys' lanes folded by VPHADDD
- * as soon as both are summed, then four keys', then eight (R x 8 key vectors kept for one reduction at the end did
- * not fit the 16 registers and went through the stack) */
+/* R (<= RB) rows' exact scores against the block's first `keys` keys (a multiple of 4), two keys at a time: each
+ * key's int8 K row widened once for all R rows (a decode step's G query heads read the same keys), each q chunk read
+ * once for both keys, each row's sum one chain of adds (the empty asm: GCC otherwise summed the products as a tree,
+ * every product live at once, and spilled them to the stack: a 4,096-key decode 5-8 % slower), the two keys' lanes
+ * folded by VPHADDD, then four keys' */
 static inline __attribute__((always_inline)) void dots_rows(const int8_t *const *qi, const int R, const block8 *b,
                                                              int keys, const int D, int32_t *dots) {
     __m256i qv[RB][MAX_D / 16];
     for (int r = 0; r < R; r++)
         for (int d = 0; d < D; d += 16) qv[r][d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi[r] + d)));
-    for (int h = 0; h < keys; h += 8) {
-        __m256i u[2][RB];   /* keys h .. h + 3 and h + 4 .. h + 7, each row's lanes half reduced (hadd as it goes) */
-        for (int q4 = 0; q4 < 2; q4++) {
-            __m256i t[2][RB];
-            for (int p2 = 0; p2 < 2; p2++) {
-                __m256i a[2][RB];
-                for (int e = 0; e < 2; e++) {
-                    const int8_t *k = b->krow[h + 4 * q4 + 2 * p2 + e];
-                    const __m256i k0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)k));
-                    for (int r = 0; r < R; r++) a[e][r] = _mm256_madd_epi16(k0, qv[r][0]);
-                    for (int d = 16; d < D; d += 16) {
-                        const __m256i kd = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k + d)));
-                        for (int r = 0; r < R; r++) a[e][r] = _mm256_add_epi32(a[e][r], _mm256_madd_epi16(kd, qv[r][d / 16]));
+    for (int h = 0; h < keys; h += 4) {
+        __m256i t[2][RB];
+        for (int p2 = 0; p2 < 2; p2++) {
+            const int8_t *k0p = b->krow[h + 2 * p2], *k1p = b->krow[h + 2 * p2 + 1];
+            __m256i a0[RB], a1[RB];
+            for (int d = 0; d < D; d += 16) {
+                const __m256i k0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k0p + d)));
+                const __m256i k1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k1p + d)));
+                for (int r = 0; r < R; r++) {
+                    const __m256i q = _mm256_load_si256(&qv[r][d / 16]);
+                    if (d == 0) {
+                        a0[r] = _mm256_madd_epi16(k0, q);
+                        a1[r] = _mm256_madd_epi16(k1, q);
+                    } else {
+                        a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(k0, q));
+                        a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(k1, q));
                     }
+                    __asm__("" : "+x"(a0[r]), "+x"(a1[r]));   /* one chain a sum (above) */
                 }
-                for (int r = 0; r < R; r++) t[p2][r] = _mm256_hadd_epi32(a[0][r], a[1][r]);
             }
-            for (int r = 0; r < R; r++) u[q4][r] = _mm256_hadd_epi32(t[0][r], t[1][r]);
+            for (int r = 0; r < R; r++) t[p2][r] = _mm256_hadd_epi32(a0[r], a1[r]);
         }
-        for (int r = 0; r < R; r++)
-            _mm256_storeu_si256((__m256i *)(dots + r * BK + h),
-                                _mm256_add_epi32(_mm256_permute2x128_si256(u[0][r], u[1][r], 0x20),
-                                                 _mm256_permute2x128_si256(u[0][r], u[1][r], 0x31)));
+        for (int r = 0; r < R; r++) {
+            const __m256i u = _mm256_hadd_epi32(t[0][r], t[1][r]);   /* keys h .. h + 3, each in both halves */
+            _mm_storeu_si128((__m128i *)(dots + r * BK + h),
+                             _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+        }
     }
 }
 
