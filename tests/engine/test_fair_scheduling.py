@@ -8,7 +8,8 @@ import pytest
 from core.engine.engine import Engine
 from core.engine.sampling import SamplingParams
 from core.engine.scheduler import INSERT_GROWTH
-from core.engine.step_budget import FIRST_MIXED_TOKENS, FLOOR_FACTOR, FLOOR_STEPS, MIN_PREFILL_TOKENS, StepBudget
+from core.engine.step_budget import (DECODE_WINDOW, FIRST_MIXED_TOKENS, FLOOR_FACTOR, FLOOR_STEPS, MIN_PREFILL_TOKENS,
+                                      StepBudget)
 from tests.tiny_models import reference_greedy, tiny_pair
 
 LONG = [(7 * i) % 120 + 3 for i in range(400)]
@@ -184,6 +185,34 @@ def test_one_slow_decode_step_does_not_loosen_the_cap():
     for seconds in [0.020] * 10 + [0.500] + [0.020] * 2:
         b.observe(seconds, prefill_tokens=0, decodes=1)
     assert b.decode_s == pytest.approx(0.020)
+
+
+def test_a_burst_of_slowed_decode_steps_before_a_long_prompt_does_not_loosen_the_cap():
+    """As measured through the server: the client building a 6,000-token request and the server admitting it slowed
+    the 15 decode steps before the prompt's first chunk from 9 ms to 14-31 ms. The median of the last 16 took that
+    burst for the decode cost (17 ms) and every mixed step of the prefill aimed at 2.5 x 17 ms."""
+    b = StepBudget(max_tokens=2048, ratio=2.5)
+    burst = [0.014, 0.017, 0.022, 0.019, 0.018, 0.019, 0.023, 0.021, 0.016, 0.024, 0.014, 0.031, 0.012, 0.020, 0.025]
+    for seconds in [0.009] * 20 + burst:
+        b.observe(seconds, prefill_tokens=0, decodes=1)
+    assert b.decode_s == pytest.approx(0.009)
+    b.observe(0.009 + 16 * 0.001, prefill_tokens=16, decodes=1)   # 1 ms a prefill token
+    assert b.tokens(decoding=1) == int(1.5 * 0.009 / 0.001) == 13
+
+
+def test_a_lasting_change_in_the_decode_cost_is_followed_within_the_window():
+    """A bigger batch makes every decode step dearer for good: after 3/4 of DECODE_WINDOW such steps the cost is
+    the new one; a cheaper step (a smaller batch) is the cost after a quarter of the window."""
+    b = StepBudget(max_tokens=2048, ratio=2.5)
+    for _ in range(DECODE_WINDOW):
+        b.observe(0.010, prefill_tokens=0, decodes=1)
+    for _ in range(DECODE_WINDOW * 3 // 4):
+        assert b.decode_s == pytest.approx(0.010)
+        b.observe(0.030, prefill_tokens=0, decodes=8)
+    assert b.decode_s == pytest.approx(0.030)
+    for _ in range(DECODE_WINDOW // 4 + 1):
+        b.observe(0.005, prefill_tokens=0, decodes=1)
+    assert b.decode_s == pytest.approx(0.005)
 
 
 def test_chunked_and_whole_prefill_give_the_same_tokens_with_the_budget_on(pair):
