@@ -236,6 +236,8 @@ def main() -> None:
     ap.add_argument("--sweep-tokens", type=int, default=33, help="new tokens per sweep run")
     ap.add_argument("--prefill", default="1024,4096", help="uncached prompt sizes of the prefill run")
     ap.add_argument("--fair-tokens", type=int, default=400, help="new tokens of the fairness run's stream")
+    ap.add_argument("--fair-solo-last", action="store_true", help="the fairness run's loaded stream first, on a "
+                    "server that has decoded nothing but a warm-up, and the solo stream after it")
     ap.add_argument("--long-tokens", type=int, default=6000, help="the fairness run's long uncached prompt")
     ap.add_argument("--cuda-graph", default="on", choices=("on", "off", "both"),
                     help="on CUDA: decode steps replay captured CUDA graphs (on), launch every kernel (off), or both "
@@ -288,7 +290,7 @@ def main() -> None:
             server_args += ["--kv-cache-dtype", kvs[0]]
         if args.cuda_graph == "off":
             server_args += ["--disable-cuda-graph"]
-        r = engine_fairness.fairness(ids, server_args, args.fair_tokens, args.long_tokens)
+        r = engine_fairness.fairness(ids, server_args, args.fair_tokens, args.long_tokens, args.fair_solo_last)
         ok = engine_fairness.report(r, args.long_tokens) and ok
     if not ok:
         sys.exit(1)

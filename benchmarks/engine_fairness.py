@@ -6,6 +6,8 @@ the `openai` client with streamed completions:
 1. solo: one stream (a 128-token prompt, --fair-tokens new tokens) alone; its inter-token latencies (ITL);
 2. loaded: the same kind of stream (another prompt, so nothing is cached), and once it has made 8 tokens a
    6,000-token uncached prompt arrives (max_tokens 2); 1 s later a 2-token request arrives.
+   With --fair-solo-last, 2 runs before 1, on a server that has decoded only a warm-up (as a client that starts
+   measuring on a fresh server sees it).
 
 It prints the stream's ITL p50/p99 solo and while the long prompt was being prefilled (from its send to its first
 token), the ratio of the p99s (goal <= 3x), and the 2-token request's time to first token (goal <= 2 s).
@@ -43,7 +45,10 @@ def gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
-def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_tokens: int) -> dict:
+def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_tokens: int,
+             solo_last: bool = False) -> dict:
+    """The two runs on one server; `solo_last` runs the loaded one first, on a server that has decoded nothing but
+    the warm-up (the engine's decode-step estimate then rests on the loaded stream's first steps alone)."""
     from openai import OpenAI
 
     from benchmarks.bench_serving import serve
@@ -51,7 +56,9 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
     try:
         client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600, max_retries=0)
         stream_times(client, ids[:16], 4)                                   # warm up
-        _, solo = stream_times(client, ids[100:228], stream_tokens)
+        solo: list[float] = []
+        if not solo_last:
+            _, solo = stream_times(client, ids[100:228], stream_tokens)
         long_prompt = ids[5000:5000 + long_tokens]
         marks: dict[str, float] = {}
         started = threading.Event()
@@ -82,6 +89,8 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
             t.join(600)
         loaded = result["times"]
         window = [b - a for a, b in zip(loaded, loaded[1:]) if a >= marks["long_sent"] and b <= marks["long_first"]]
+        if solo_last:
+            _, solo = stream_times(client, ids[100:228], stream_tokens)
         return dict(solo=gaps(solo), loaded_window=window, loaded_all=gaps(loaded),
                     stream_ended_first=marks["long_first"] > loaded[-1],
                     long_prefill=marks["long_first"] - marks["long_sent"],
