@@ -201,18 +201,31 @@ def test_a_burst_of_slowed_decode_steps_before_a_long_prompt_does_not_loosen_the
 
 
 def test_a_lasting_change_in_the_decode_cost_is_followed_within_the_window():
-    """A bigger batch makes every decode step dearer for good: after 3/4 of DECODE_WINDOW such steps the cost is
-    the new one; a cheaper step (a smaller batch) is the cost after a quarter of the window."""
+    """At one batch, a lasting rise (the machine slower for good) is the cost after 3/4 of DECODE_WINDOW steps; a
+    fall after a quarter of it."""
     b = StepBudget(max_tokens=2048, ratio=2.5)
     for _ in range(DECODE_WINDOW):
         b.observe(0.010, prefill_tokens=0, decodes=1)
     for _ in range(DECODE_WINDOW * 3 // 4):
         assert b.decode_s == pytest.approx(0.010)
-        b.observe(0.030, prefill_tokens=0, decodes=8)
+        b.observe(0.030, prefill_tokens=0, decodes=1)
     assert b.decode_s == pytest.approx(0.030)
     for _ in range(DECODE_WINDOW // 4 + 1):
         b.observe(0.005, prefill_tokens=0, decodes=1)
     assert b.decode_s == pytest.approx(0.005)
+
+
+def test_each_batch_has_its_own_decode_cost():
+    """A 16-request decode step costs more than a 1-request one: a mixed step with 16 decodes is measured against
+    16 decodes' step. Against the 1-request step its decodes would read as dear prefill tokens (cap 3, not 30)."""
+    b = StepBudget(max_tokens=2048, ratio=2.5)
+    for _ in range(20):
+        b.observe(0.010, prefill_tokens=0, decodes=1)
+        b.observe(0.040, prefill_tokens=0, decodes=16)
+    assert (b.decode_cost(1), b.decode_cost(16)) == (pytest.approx(0.010), pytest.approx(0.040))
+    assert b.decode_cost(12) == pytest.approx(0.040) and b.decode_cost(4) == pytest.approx(0.010)   # the nearest
+    b.observe(0.040 + 16 * 0.002, prefill_tokens=16, decodes=16)   # 2 ms a prefill token
+    assert b.tokens(decoding=16) == int(1.5 * 0.040 / 0.002) == 30
 
 
 def test_chunked_and_whole_prefill_give_the_same_tokens_with_the_budget_on(pair):
