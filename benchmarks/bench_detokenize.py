@@ -8,7 +8,6 @@ which decodes only the ids since the previous window; both give the same text (t
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_engine import corpus_text  # noqa: E402
 from core.engine.detokenize import IncrementalText  # noqa: E402
+from core.engine.model.loader import resolve_model  # noqa: E402
 
 REPEAT = 50   # tokens timed at each length (the fastest of 3 passes over them)
 
@@ -48,9 +48,7 @@ def window_per_token(decode, ids: list[int], n: int) -> float:
 
 def main() -> None:
     from transformers import AutoTokenizer
-    path = subprocess.run([sys.executable, "-m", "core.engine.model.model_files", "default"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("default"))
     ids = tokenizer.encode(corpus_text(), add_special_tokens=False)
     while len(ids) < 8000:
         ids = ids + ids

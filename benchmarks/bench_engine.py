@@ -283,15 +283,7 @@ def main() -> None:
         engine_server.section_server(args, hf, ids)
     if "fairness" in sections:
         from benchmarks import engine_fairness
-        server_args = args.server_args.split() + ["--torch-threads", str(torch.get_num_threads())]
-        if dtypes[0] != "auto":
-            server_args += ["--dtype", dtypes[0]]
-        if kvs[0] != "auto":
-            server_args += ["--kv-cache-dtype", kvs[0]]
-        if args.cuda_graph == "off":
-            server_args += ["--disable-cuda-graph"]
-        r = engine_fairness.fairness(ids, server_args, args.fair_tokens, args.long_tokens, args.fair_solo_last)
-        ok = engine_fairness.report(r, args.long_tokens) and ok
+        ok = engine_fairness.section_fairness(args, ids, dtypes[0], kvs[0]) and ok
     if not ok:
         sys.exit(1)
 

@@ -21,6 +21,8 @@ import subprocess
 import threading
 import time
 
+import torch
+
 
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
@@ -56,9 +58,11 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
     try:
         client = OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600, max_retries=0)
         stream_times(client, ids[:16], 4)                                   # warm up
-        solo: list[float] = []
-        if not solo_last:
-            _, solo = stream_times(client, ids[100:228], stream_tokens)
+
+        def solo_run() -> list[float]:
+            return stream_times(client, ids[100:228], stream_tokens)[1]
+
+        solo = [] if solo_last else solo_run()
         long_prompt = ids[5000:5000 + long_tokens]
         marks: dict[str, float] = {}
         started = threading.Event()
@@ -90,7 +94,7 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
         loaded = result["times"]
         window = [b - a for a, b in zip(loaded, loaded[1:]) if a >= marks["long_sent"] and b <= marks["long_first"]]
         if solo_last:
-            _, solo = stream_times(client, ids[100:228], stream_tokens)
+            solo = solo_run()
         return dict(solo=gaps(solo), loaded_window=window, loaded_all=gaps(loaded),
                     stream_ended_first=marks["long_first"] > loaded[-1],
                     long_prefill=marks["long_first"] - marks["long_sent"],
@@ -101,6 +105,20 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def section_fairness(args, ids: list[int], dtype: str, kv: str) -> bool:
+    """bench_engine.py's fairness section: one server on its defaults plus the run's numerics, threads and
+    --server-args; False when a goal is missed."""
+    server_args = args.server_args.split() + ["--torch-threads", str(torch.get_num_threads())]
+    if dtype != "auto":
+        server_args += ["--dtype", dtype]
+    if kv != "auto":
+        server_args += ["--kv-cache-dtype", kv]
+    if args.cuda_graph == "off":
+        server_args += ["--disable-cuda-graph"]
+    r = fairness(ids, server_args, args.fair_tokens, args.long_tokens, args.fair_solo_last)
+    return report(r, args.long_tokens)
 
 
 def report(r: dict, long_tokens: int) -> bool:

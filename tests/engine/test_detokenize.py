@@ -2,20 +2,17 @@
 full decode of the output so far, with the default model's tokenizer (byte-level BPE: characters split
 across tokens, special tokens skipped) and with a decoder that rewrites earlier text."""
 import random
-import subprocess
-import sys
 
 import pytest
 from transformers import AutoTokenizer
 
 from core.engine.detokenize import IncrementalText
+from core.engine.model.loader import resolve_model
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    path = subprocess.run([sys.executable, "-m", "core.engine.model.model_files", "default"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(resolve_model("default"))
 
 
 def full(tokenizer):
