@@ -1,0 +1,175 @@
+"""Where a decode step's int8-pool attention spends its time: `kv8_decode` (kv8_attention.c) compiled into a small
+C program, once whole and once without each phase of a block (the scores `block_dots`, the softmax steps
+`block_weights`, the weighted V sums `block_values`, and all three), so that each phase's cost is the difference.
+
+Why: the decode attention at 4,096 tokens of context is what keeps decode from being flat in context (issue 25).
+This says which phase to work on, and whether the keys coming from memory cost more than the arithmetic:
+
+  L2     one request of 576 and of 1,088 keys, called again and again (its K/V stay in L2): the cost of the 512 keys
+         between them, per key and query head ("key-row"), one thread;
+  L3     30 layers of 1,024 keys (12 MB);   DRAM  30 layers of 4,096 keys (47 MB, past a 32 MB L3), as a decode step
+         reads them, beside a plain read of the same bytes the same way (the pace the memory allows). In the engine the
+         weights stream between two layers' attention, so its K/V come from DRAM all the more.
+
+The shape is SmolLM2-135M's (9 query heads, 3 KV heads, head dim 64), batch 1, slots in one run. Cycles are
+measured, not assumed: a chain of dependent adds gives the nanoseconds of a cycle. The variants alternate, each
+keeping its fastest round (a busy neighbour only ever slows a run). A phase left out leaves wrong outputs: only the
+times mean anything.
+
+    .venv/bin/python benchmarks/bench_kv8_phases.py --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.engine.model import native_kernels  # noqa: E402
+
+KERNELS = ROOT / "core" / "engine" / "model"
+# each phase's call in head_block (kv8_attention.c), and what stands in for it when left out
+PHASES = {
+    "DOTS": ("        block_dots(q, qsum, n, b, transposed, (keys + 15) / 16 * 16, D, b->dots);\n", ""),
+    "WEIGHTS": ("        block_weights(b->dots, qc, b, seen, n, D, mx + r0, sum + r0, o + (int64_t)r0 * D, b->wq, ws, "
+                "corr, need);\n", "        for (int r = 0; r < n; r++) { need[r] = 1; ws[r] = 1e-9f; corr[r] = 1.f; }\n"),
+    "VALUES": ("        block_values(b->wq, n, b, transposed, pairs, D, b->acc);\n", ""),
+}
+VARIANTS = {"whole": [], "without dots": ["DOTS"], "without weights": ["WEIGHTS"], "without values": ["VALUES"],
+            "without all three": ["DOTS", "WEIGHTS", "VALUES"]}
+
+HARNESS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "kv8_attention.c"
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+int main(int argc, char **argv) {   /* n keys, L layers, seconds: the fastest pass over the L layers, in seconds */
+    if (argc == 2) {   /* the seconds of a cycle: 32 dependent adds (a cycle each) an iteration */
+        long x = 0, it = atol(argv[1]) / 32;
+        double t = now();
+#define ADD4 "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        __asm__ volatile("1:\n\t" ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 "dec %1\n\tjnz 1b" : "+r"(x), "+r"(it));
+        printf("%.6e\n", (now() - t) / x);
+        return 0;
+    }
+    const int n = atoi(argv[1]), L = atoi(argv[2]), H = 9, KVH = 3, D = 64;
+    const double secs = atof(argv[3]);
+    const size_t rows = (size_t)(n + 1) * KVH;
+    int8_t *k = malloc(rows * D * L), *v = malloc(rows * D * L);
+    float *ks = malloc(sizeof(float) * rows * L), *vs = malloc(sizeof(float) * rows * L);
+    int64_t *slots = malloc(sizeof(int64_t) * n), lens = n;
+    srand(1);
+    for (size_t i = 0; i < rows * D * L; i++) { k[i] = rand() % 255 - 127; v[i] = rand() % 255 - 127; }
+    for (size_t i = 0; i < rows * L; i++) { ks[i] = 0.01f + (rand() % 100) * 1e-4f; vs[i] = 0.01f; }
+    for (int i = 0; i < n; i++) slots[i] = i + 1;
+    float q[9 * 64], out[9 * 64];
+    for (int i = 0; i < 9 * 64; i++) q[i] = (rand() % 2000 - 1000) * 1e-3f;
+    if (argc == 5) {   /* "read": the fastest plain pass over the same K and V bytes (the memory's pace) */
+        const size_t bytes = rows * D * L;
+        double best = 1e9, t0 = now();
+        long sum = 0;
+        while (now() - t0 < secs) {
+            const double t = now();
+            #pragma omp parallel for reduction(+ : sum) schedule(static)
+            for (size_t c = 0; c < bytes / 4096; c++) {
+                __m256i a = _mm256_setzero_si256();
+                for (size_t i = c * 4096; i < c * 4096 + 4096; i += 32)
+                    a = _mm256_add_epi8(_mm256_add_epi8(a, _mm256_loadu_si256((const __m256i *)(k + i))),
+                                        _mm256_loadu_si256((const __m256i *)(v + i)));
+                sum += _mm256_extract_epi8(a, 0);
+            }
+            const double e = now() - t;
+            best = e < best ? e : best;
+        }
+        printf("%.6e %ld\n", best, sum);
+        return 0;
+    }
+    const int reps = (int)(2e5 / ((double)n * L)) + 1;
+    double best = 1e9, t0 = now();
+    while (now() - t0 < secs) {
+        const double t = now();
+        for (int r = 0; r < reps; r++)
+            for (int l = 0; l < L; l++)
+                kv8_decode(q, 0, k + rows * D * l, v + rows * D * l, ks + rows * l, vs + rows * l, slots, n, &lens,
+                           out, 0, 1, H, KVH, D, 0.125f);
+        const double e = (now() - t) / reps;
+        best = e < best ? e : best;
+    }
+    printf("%.6e\n", best);
+    return 0;
+}
+"""
+
+
+def build(folder: Path, leave_out: list[str]) -> Path:
+    """The harness over a copy of the kernel with the `leave_out` phases replaced by their stand-ins."""
+    folder.mkdir()
+    for f in [KERNELS / "kv8_attention.c", *KERNELS.glob("*.h")]:
+        text = f.read_text()
+        if f.name == "kv8_attention.c":
+            for phase in leave_out:
+                call, stand_in = PHASES[phase]
+                if text.count(call) != 1:
+                    raise SystemExit(f"kv8_attention.c no longer has head_block's {phase} call as this script knows "
+                                     f"it; update PHASES")
+                text = text.replace(call, stand_in)
+        (folder / f.name).write_text(text)
+    (folder / "harness.c").write_text(HARNESS)
+    flags = [f for f in native_kernels.FLAGS if f not in ("-shared", "-fPIC")]
+    cc = os.environ.get("CC") or shutil.which("gcc") or "cc"
+    subprocess.run([cc, *flags, "-D_GNU_SOURCE", "harness.c", "-o", "harness", "-lm"], cwd=folder, check=True)
+    return folder / "harness"
+
+
+def run(exe: Path, *args: object, threads: int = 1) -> float:
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, check=True,
+                         env={"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"})
+    return float(out.stdout.split()[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        exes = {name: build(Path(tmp) / f"v{i}", out) for i, (name, out) in enumerate(VARIANTS.items())}
+        best: dict = {}
+        for _ in range(args.rounds):
+            best["cycle"] = min([best.get("cycle", 1.0)] + [run(exes["whole"], 300_000_000) for _ in range(3)])
+            for name, exe in exes.items():
+                for n in (576, 1088):
+                    best[(name, n)] = min(best.get((name, n), 1.0), run(exe, n, 1, args.seconds))
+            for regime, n, threads in (("L3", 1024, 1), ("DRAM", 4096, 1), ("DRAM, 2 threads", 4096, 2)):
+                best[regime] = min(best.get(regime, 1.0), run(exes["whole"], n, 30, args.seconds, threads=threads))
+            for threads in (1, 2):
+                best[("read", threads)] = min(best.get(("read", threads), 1.0),
+                                              run(exes["whole"], 4096, 30, args.seconds, "read", threads=threads))
+        cycle = best["cycle"]
+        print(f"a cycle: {cycle * 1e9:.3f} ns ({1 / cycle / 1e9:.2f} GHz); one thread unless said")
+        for name in VARIANTS:
+            best[(name, "L2")] = (best[(name, 1088)] - best[(name, 576)]) / (512 * 9) / cycle
+        print(f"\nK/V in L2, cycles a key-row:{'kernel':>13s}{'phase':>8s}")
+        whole = best[("whole", "L2")]
+        for name in VARIANTS:
+            c = best[(name, "L2")]
+            print(f"  {name:30s}{c:8.2f}" + ("" if name == "whole" else f"{whole - c:8.2f}"))
+        print("\nthe whole kernel, 30 layers:")
+        for regime, n, threads in (("L3", 1024, 1), ("DRAM", 4096, 1), ("DRAM, 2 threads", 4096, 2)):
+            t = best[regime]
+            print(f"  {regime:16s} {n:5d} keys: {t * 1e3:6.2f} ms, {t * threads / (n * 9 * 30) / cycle:5.1f} cycles "
+                  f"a key-row (per thread), K/V read at {2 * n * 3 * 64 * 30 / t / 1e9:5.1f} GB/s")
+        for threads in (1, 2):
+            print(f"  a plain read of the same 4,096 keys' K/V, {threads} thread{'s' * (threads > 1)}: "
+                  f"{2 * 4097 * 3 * 64 * 30 / best[('read', threads)] / 1e9:5.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
