@@ -21,8 +21,6 @@ times mean anything.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -124,8 +122,7 @@ def build(folder: Path, leave_out: list[str]) -> Path:
         (folder / f.name).write_text(text)
     (folder / "harness.c").write_text(HARNESS)
     flags = [f for f in native_kernels.FLAGS if f not in ("-shared", "-fPIC")]
-    cc = os.environ.get("CC") or shutil.which("gcc") or "cc"
-    subprocess.run([cc, *flags, "-D_GNU_SOURCE", "harness.c", "-o", "harness", "-lm"], cwd=folder, check=True)
+    subprocess.run([native_kernels.compiler(), *flags, "-D_GNU_SOURCE", "harness.c", "-o", "harness", "-lm"], cwd=folder, check=True)
     return folder / "harness"
 
 

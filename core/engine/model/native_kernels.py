@@ -71,11 +71,17 @@ def _cache_dir() -> pathlib.Path:
     return model_cache_root().parent / "kernels"
 
 
-def _build():
-    """Compile SOURCES as one CPython extension module (once per source/flags/CPU) and import it."""
+def compiler() -> str:
+    """The C compiler the kernels are built with: $CC, else gcc, else cc (RuntimeError: none on PATH)."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc/cc) on PATH")
+    return cc
+
+
+def _build():
+    """Compile SOURCES as one CPython extension module (once per source/flags/CPU) and import it."""
+    cc = compiler()
     include = sysconfig.get_paths()["include"]
     if not os.path.isfile(os.path.join(include, "Python.h")):
         raise RuntimeError(f"no Python.h in {include} (install the Python development headers)")
