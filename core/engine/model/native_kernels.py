@@ -56,7 +56,9 @@ _build_lock = threading.Lock()
 _error: Optional[str] = None
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """The CPU's feature flags line of /proc/cpuinfo ("" where there is none): part of the build's key (the kernels
+    are built with -march=native), and what a benchmark checks before timing one instruction set."""
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("flags"):
@@ -87,7 +89,7 @@ def _build():
         raise RuntimeError(f"no Python.h in {include} (install the Python development headers)")
     flags = FLAGS + ["-DNATIVE_PYMODULE", f"-I{include}"]
     src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
-    key = hashlib.sha256(src + " ".join([cc, sys.version] + flags).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join([cc, sys.version] + flags).encode() + cpu_flags().encode()).hexdigest()[:16]
     folder = _cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     lib = folder / f"native_kernels-{key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
