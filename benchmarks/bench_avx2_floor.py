@@ -17,6 +17,9 @@ itself is the bound:
                            one side is unsigned (its pair sums then overflow int16 unless one side has 7 bits)
   int8, signed (VPSIGNB)   the same with the weights' signs moved onto the activations first (|w| x sign(w) x),
                            the exact form for two signed int8 sides (llama.cpp's q8 dot products on AVX2)
+  8 VPMADDWD alone / with 6 FMAs beside (independent; products counted for the VPMADDWD only): whether the
+                           integer multiplies and the fp32 FMAs share pipes (the attention's softmax runs its exp on
+                           FMAs between the VPMADDWD of its scores and V sums)
 
 The loops are inline assembly (what is measured is exactly those instructions), 20 M iterations, fastest of the
 rounds; a cycle is measured by a chain of dependent adds. The kernels run on one thread on [1,024 rows, K] x
@@ -62,10 +65,14 @@ def _loops() -> dict[str, tuple[str, int]]:
                    f"vpaddd %%ymm15, %%ymm{i}, %%ymm{i}\n\t" for i in range(12))
     signed = "".join(f"vpsignb %%ymm{12 + (i % 2)}, %%ymm14, %%ymm15\n\tvpmaddubsw %%ymm15, %%ymm12, %%ymm15\n\t"
                      f"vpmaddwd %%ymm13, %%ymm15, %%ymm15\n\tvpaddd %%ymm15, %%ymm{i}, %%ymm{i}\n\t" for i in range(12))
+    madd8 = "".join(f"vpmaddwd %%ymm14, %%ymm12, %%ymm{i}\n\t" for i in range(8))
+    beside = "".join(f"vpmaddwd %%ymm14, %%ymm12, %%ymm{i}\n\t" + (f"vfmadd231ps %%ymm14, %%ymm15, %%ymm{8 + i}\n\t"
+                                                                  if i < 6 else "") for i in range(8))
     return {"fp32 FMA, registers": (fma_regs, 12 * 8), "fp32 FMA, GEMM loop": (fma_gemm, 12 * 8),
             "madd + add, registers": (madd_regs, 12 * 16), "a16_block's loop": (a16, 12 * 16),
             "pre-widened 2 x 32": (wide, 8 * 16), "int8 activations": (int8, 12 * 32),
-            "int8, signed (VPSIGNB)": (signed, 12 * 32)}
+            "int8, signed (VPSIGNB)": (signed, 12 * 32), "8 VPMADDWD alone": (madd8, 8 * 16),
+            "8 VPMADDWD, 6 FMAs beside": (beside, 8 * 16)}
 
 
 PROGRAM = r"""
@@ -177,6 +184,8 @@ def main() -> None:
     print(f"a16_block's loop / floor: {a16_loop / floor:.2f};  pre-widened "
           f"2 x 32 / floor: {rate['pre-widened 2 x 32'] / floor:.2f};  int8 activations / floor: "
           f"{rate['int8 activations'] / floor:.2f};  signed: {rate['int8, signed (VPSIGNB)'] / floor:.2f}")
+    print(f"VPMADDWD with 6 FMAs beside, of its rate alone: "
+          f"{rate['8 VPMADDWD, 6 FMAs beside'] / rate['8 VPMADDWD alone']:.2f} (1: separate pipes; 0.57: all shared)")
     print("\n== the kernels on [1,024, K] x [N, K]^T, one thread, products a cycle (fastest of alternating rounds)")
     print(f"{'shape':10s} {'w8a16_gemm':>11s} {'torch fp32':>11s} {'a16 / fp32':>11s} {'a16 / floor':>12s} "
           f"{'fp32 / FMA peak':>16s}")
