@@ -123,6 +123,7 @@ def build(folder: Path) -> tuple[Path, list[str]]:
 
 
 def run(exe: Path, arg: str) -> float:
+    """seconds an iteration of loop `arg` (or a cycle, for "cycle"), as the program prints them"""
     return float(subprocess.run([str(exe), arg], capture_output=True, text=True, check=True).stdout)
 
 
@@ -172,11 +173,11 @@ def main() -> None:
             for i, name in enumerate(names):
                 best[name] = min(best[name], run(exe, str(i)))
     print(f"a cycle: {cycle * 1e9:.3f} ns ({1e-9 / cycle:.2f} GHz); fastest of {args.rounds} rounds, one thread\n")
-    print(f"{'loop':24s} {'cycles/iter':>12s} {'products/cycle':>15s}")
+    print(f"{'loop':28s} {'cycles/iter':>12s} {'products/cycle':>15s}")
     rate = {}
     for name, p in zip(names, products):
         rate[name] = p / (best[name] / cycle)
-        print(f"{name:24s} {best[name] / cycle:12.2f} {rate[name]:15.1f}")
+        print(f"{name:28s} {best[name] / cycle:12.2f} {rate[name]:15.1f}")
     floor, peak = rate["madd + add, registers"], rate["fp32 FMA, registers"]
     print(f"\nexact int16 floor / fp32 FMA peak: {floor / peak:.2f}x  (the most exact int16 projections can gain over "
           f"fp32 ones running at the FMA peak)")
