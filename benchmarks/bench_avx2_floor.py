@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cycle_clock import CLOCK_C  # noqa: E402
 from core.engine.model import native_kernels  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}   # N, K (SmolLM2-135M)
@@ -80,19 +81,16 @@ PROGRAM = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+CLOCK
 static char buf[4096] __attribute__((aligned(64)));
 int main(int argc, char **argv) {   /* argv[1]: a loop's number, or "cycle"; prints seconds an iteration */
-    long it = 20000000;
-    memset(buf, 1, sizeof buf);
-    double t = now();
-    if (!strcmp(argv[1], "cycle")) {   /* 32 dependent adds an iteration: 32 cycles */
-        long x = 0;
-#define ADD4 "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-        __asm__ volatile("1:\n\t" ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 "dec %1\n\tjnz 1b" : "+r"(x), "+r"(it));
-        printf("%.6e\n", (now() - t) / x);
+    if (!strcmp(argv[1], "cycle")) {
+        printf("%.6e\n", seconds_a_cycle(640000000));
         return 0;
     }
+    long it = 20000000;
+    memset(buf, 1, sizeof buf);
+    const double t = now();
     switch (atoi(argv[1])) {
 LOOPS
     }
@@ -113,7 +111,7 @@ def build(folder: Path) -> tuple[Path, list[str]]:
     cases = "".join(f'    case {i}: __asm__ volatile("1:\\n\\t{_c_string(body)}dec %0\\n\\tjnz 1b" '
                     f': "+r"(it) : "r"(buf) : "memory"); break;\n' for i, (body, _) in enumerate(loops.values()))
     src = folder / "floor.c"
-    src.write_text(PROGRAM.replace("LOOPS", cases))
+    src.write_text(PROGRAM.replace("CLOCK", CLOCK_C, 1).replace("LOOPS", cases))
     exe = folder / "floor"
     res = subprocess.run([native_kernels.compiler(), "-O2", "-mavx2", "-mfma", str(src), "-o", str(exe)],
                          capture_output=True, text=True)
@@ -133,14 +131,13 @@ def kernel_times(rounds: int) -> dict[str, tuple[float, float, int]]:
 
     import torch
 
+    from core.cache.kv_pool import quantize_int8
     from core.engine.model import native_int8
     torch.set_num_threads(1)
     out = {}
     for name, (n, k) in SHAPES.items():
         g = torch.Generator().manual_seed(n + k)
-        w = torch.randn(n, k, generator=g)
-        scales = w.abs().amax(dim=1) / 127
-        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        q, scales = quantize_int8(torch.randn(n, k, generator=g))   # one scale a row, as the model's weights
         pairs, wt = native_int8.pack_pairs(q), (q.float() * scales[:, None]).t().contiguous()
         x = torch.randn(1024, k, generator=g)
         runs = {"a16": lambda: native_int8.w8a16_gemm(x, pairs, scales, None), "fp32": lambda: x @ wt}

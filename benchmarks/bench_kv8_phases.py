@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cycle_clock import CLOCK_C  # noqa: E402
 from core.engine.model import native_kernels  # noqa: E402
 
 INF = float("inf")
@@ -48,14 +49,10 @@ HARNESS = r"""
 #include <stdlib.h>
 #include <time.h>
 #include "kv8_attention.c"
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+CLOCK
 int main(int argc, char **argv) {   /* n keys, L layers, seconds: the fastest pass over the L layers, in seconds */
-    if (argc == 2) {   /* the seconds of a cycle: 32 dependent adds (a cycle each) an iteration */
-        long x = 0, it = atol(argv[1]) / 32;
-        double t = now();
-#define ADD4 "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-        __asm__ volatile("1:\n\t" ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 ADD4 "dec %1\n\tjnz 1b" : "+r"(x), "+r"(it));
-        printf("%.6e\n", (now() - t) / x);
+    if (argc == 2) {   /* the seconds of a cycle, over argv[1] dependent adds */
+        printf("%.6e\n", seconds_a_cycle(atol(argv[1])));
         return 0;
     }
     const int n = atoi(argv[1]), L = atoi(argv[2]), H = 9, KVH = 3, D = 64;
@@ -120,7 +117,7 @@ def build(folder: Path, leave_out: list[str]) -> Path:
                                      f"it; update PHASES")
                 text = text.replace(call, stand_in)
         (folder / f.name).write_text(text)
-    (folder / "harness.c").write_text(HARNESS)
+    (folder / "harness.c").write_text(HARNESS.replace("CLOCK", CLOCK_C, 1))
     flags = [f for f in native_kernels.FLAGS if f not in ("-shared", "-fPIC")]
     subprocess.run([native_kernels.compiler(), *flags, "-D_GNU_SOURCE", "harness.c", "-o", "harness", "-lm"], cwd=folder, check=True)
     return folder / "harness"
