@@ -46,9 +46,12 @@ print(json.dumps(out))
 
 
 def worktree(rev: str, folder: Path) -> Path:
-    """A checkout of `rev` in `folder` (git worktree, detached)."""
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(folder), rev], check=True,
-                   capture_output=True)
+    """A checkout of `rev` in `folder` (git worktree, detached), or SystemExit saying what to give instead."""
+    res = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(folder), rev],
+                         capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"git cannot check out {rev!r} here ({res.stderr.strip()}); give a commit, tag or branch "
+                         f"of this repository")
     return folder
 
 
@@ -61,20 +64,33 @@ def measure(root: Path, args: argparse.Namespace) -> dict[str, float]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def sizes(text: str) -> list[int]:
+    """"1024,4096" -> [1024, 4096] (positive token counts)"""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give token counts separated by commas, e.g. 1024,4096; got {text!r}")
+    if any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError(f"token counts must be positive, got {text!r}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="HEAD~1", help="the revision to compare against (default HEAD~1)")
     ap.add_argument("--head", default=None, help="the revision measured (default: the working tree as it is)")
-    ap.add_argument("--prefill", type=lambda s: [int(x) for x in s.split(",") if x], default=[1024, 4096])
-    ap.add_argument("--decode", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
-                    help="decode contexts, e.g. 128,4096 (default none)")
+    ap.add_argument("--prefill", type=sizes, default=[1024, 4096], help="prompt lengths (default 1024,4096)")
+    ap.add_argument("--decode", type=sizes, default=[], help="decode contexts, e.g. 128,4096 (default none)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if args.rounds < 1 or args.threads < 1 or not (args.prefill or args.decode):
+        ap.error("give --rounds and --threads of at least 1, and at least one --prefill or --decode size")
     with tempfile.TemporaryDirectory(prefix="bench-revisions-") as tmp:
-        trees = {args.base: worktree(args.base, Path(tmp) / "base")}
-        trees[args.head or "working tree"] = worktree(args.head, Path(tmp) / "head") if args.head else ROOT
+        trees: dict[str, Path] = {}
         try:
+            trees[args.base] = worktree(args.base, Path(tmp) / "base")
+            trees[args.head or "working tree"] = worktree(args.head, Path(tmp) / "head") if args.head else ROOT
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
             names = list(trees)
             for r in range(args.rounds):
