@@ -139,6 +139,12 @@ typedef struct {
     float ksc[BK], vsc[BK];
 #if KV8_AVX2
     const int8_t *krow[BK], *vrow[BK];   /* each key's int8 K and V rows (for few rows: widened as they are read) */
+    const int8_t *kslot[BK], *vslot[BK];   /* few rows: each key's rows of head g0 (head g at + (g - g0) D) */
+    float *kscs, *vscs;   /* few rows: heads g0 .. g1 - 1's scales, [g - g0][BK] each (block_buffers) */
+    const int8_t *zrow;   /* KVH rows of zeros: the rows of keys past the last, for every head */
+    int g0;               /* the first head of unpack_keys' block */
+    int64_t goff;         /* few rows: the head's bytes from kslot / vslot */
+    const float *ksp, *vsp;   /* the head's K and V scales: ksc / vsc, or a row of kscs / vscs */
 #endif
 } block8;
 
@@ -221,6 +227,7 @@ static void segment(const keys8 *kv, int g0, int g1, const queries8 *Q, int64_t 
     }
     for (int kb = kb0; kb < kb1; kb++) {
         if ((int64_t)kb * BK > pos0 + qn - 1) break;   /* no row sees this block or any later */
+        unpack_keys(kv, g0, g1, kb, rows <= FEW_MAX, b);   /* few rows: the block's keys for every head at once */
         for (int g = g0; g < g1; g++) head_block(kv, g, kb, Q, pos0, i0, qn, b, st + (g - g0) * hstride);
     }
 }
@@ -228,13 +235,19 @@ static void segment(const keys8 *kv, int g0, int g1, const queries8 *Q, int64_t 
 static int shape_ok(int H, int KVH, int D) { return D % 64 == 0 && D > 0 && D <= MAX_D && KVH > 0 && H % KVH == 0; }
 
 /* a thread's block buffers (NULL when out of memory) */
-static void *block_buffers(block8 *b, int D) {
-    const size_t kd = (size_t)BK * D;   /* ku, then vp (2 kd), kt (kd), acc (4 RB D) bytes */
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * kd + 4 * (size_t)RB * D);
+static void *block_buffers(block8 *b, int D, int KVH) {
+    const size_t kd = (size_t)BK * D;   /* ku, then vp (2 kd), kt (kd), acc (4 RB D) bytes; AVX2: 2 KVH BK scales */
+    const size_t scales = KV8_AVX2 ? 2 * sizeof(float) * (size_t)KVH * BK + (size_t)KVH * D : 0;
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * kd + 4 * (size_t)RB * D + scales);
     b->ku = buf;   /* AVX2: K widened to int16 d pairs [D/2][BK] (2 kd bytes), then vp; no kt */
     b->vp = buf ? (int16_t *)(buf + (KV8_AVX2 ? 2 : 1) * kd) : NULL;
     b->kt = buf && !KV8_AVX2 ? (int32_t *)(buf + 3 * kd) : NULL;
     b->acc = buf ? (int32_t *)(buf + 4 * kd) : NULL;
+#if KV8_AVX2
+    b->kscs = buf ? (float *)(buf + 4 * kd + 4 * (size_t)RB * D) : NULL;
+    b->vscs = buf ? b->kscs + (size_t)KVH * BK : NULL;
+    b->zrow = buf ? memset(b->vscs + (size_t)KVH * BK, 0, (size_t)KVH * D) : NULL;
+#endif
     return buf;
 }
 
@@ -257,7 +270,7 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
     #pragma omp parallel
     {
         block8 b;
-        void *buf = block_buffers(&b, D);
+        void *buf = block_buffers(&b, D, KVH);
         float *ao = (float *)malloc(sizeof(float) * (size_t)D);
         if (!buf || !ao) {
             #pragma omp atomic write
@@ -312,7 +325,7 @@ static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
     #pragma omp parallel
     {
         block8 b;
-        void *buf = block_buffers(&b, D);
+        void *buf = block_buffers(&b, D, KVH);
         float *f = (float *)malloc(sizeof(float) * (size_t)rows_max * (2 * D + 4));
         if (!buf || !f) {
             #pragma omp atomic write

@@ -19,6 +19,12 @@ static inline __m512i reduce16_epi32(__m512i a[16]) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(d0, d1, 0x88), _mm512_shuffle_i32x4(d0, d1, 0xDD));
 }
 
+/* kv8_attention.c's segment() asks for a block's keys for all its heads before their head_block calls (the AVX2
+ * build's few rows read each key's slot once there: kv8_avx2_block.h); here each head's unpack_block reads them */
+static inline void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8 *b) {
+    (void)kv; (void)g0; (void)g1; (void)kb; (void)few; (void)b;
+}
+
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
