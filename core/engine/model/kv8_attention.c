@@ -138,8 +138,9 @@ typedef struct {
     int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
     float ksc[BK], vsc[BK];
 #if KV8_AVX2
-    const int8_t *krow[BK], *vrow[BK];   /* each key's int8 K and V rows (for few rows: widened as they are read) */
-    const int8_t *kslot[BK], *vslot[BK];   /* few rows: each key's rows of head g0 (head g at + (g - g0) D) */
+    const int8_t *krow[BK], *vrow[BK];   /* many rows: each key's int8 K and V rows of the head (unpack_block) */
+    const int8_t *kslot[BK], *vslot[BK];   /* few rows: each key's rows of head g0 (head g at + (g - g0) D), widened
+                                            * as they are read */
     float *kscs, *vscs;   /* few rows: heads g0 .. g1 - 1's scales, [g - g0][BK] each (block_buffers) */
     const int8_t *zrow;   /* KVH rows of zeros: the rows of keys past the last, for every head */
     int g0;               /* the first head of unpack_keys' block */
