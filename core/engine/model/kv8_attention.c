@@ -136,16 +136,15 @@ typedef struct {
     int32_t dots[RB * BK];   /* a register block of rows' scores */
     int16_t wq[RB * BK];     /* their softmax weights as int16 */
     int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
+#if !KV8_AVX2
     float ksc[BK], vsc[BK];
-#if KV8_AVX2
+#else
     const int8_t *krow[BK], *vrow[BK];   /* many rows: each key's int8 K and V rows of the head (unpack_block) */
     const int8_t *kslot[BK], *vslot[BK];   /* few rows: each key's rows of head g0 (head g at + (g - g0) D), widened
                                             * as they are read */
-    float *kscs, *vscs;   /* few rows: heads g0 .. g1 - 1's scales, [g - g0][BK] each (block_buffers) */
+    float *kscs, *vscs;   /* heads g0 .. g1 - 1's scales, [g - g0][BK] each (block_buffers; many rows: g0 = g) */
     const int8_t *zrow;   /* KVH rows of zeros: the rows of keys past the last, for every head */
-    int g0;               /* the first head of unpack_keys' block */
-    int64_t goff;         /* few rows: the head's bytes from kslot / vslot */
-    const float *ksp, *vsp;   /* the head's K and V scales: ksc / vsc, or a row of kscs / vscs */
+    int g0, head;         /* the block's first head, and the head attended now (its scales' row, its rows' offset) */
 #endif
 } block8;
 

@@ -44,7 +44,7 @@ static inline void transpose8_epi32(__m256i r[8]) {
 
 /* Few rows (a decode step's G query heads, a short chunk's tokens x G): one block's keys for KV heads g0 .. g1 - 1 at
  * once, before their head_block calls. A slot's rows of every head are adjacent, so one pass reads each key's slot
- * once for all heads: its rows' address (head g0's; head g's are (g - g0) D bytes on: goff), the block ahead asked
+ * once for all heads: its rows' address (head g0's; head g's are (g - g0) D bytes on), the block ahead asked
  * for a key at a time, all heads' bytes of it, then every head's scales. Per head, as many rows still do
  * (unpack_block below), the slot was read, the addresses computed and the scales' lines asked for again for each
  * head: a decode step's attention at 4,096 tokens (30 layers from DRAM, 2 threads) 4-6 % slower, at 128 tokens
@@ -99,13 +99,11 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
     static const int8_t zeros[MAX_D];   /* the rows of keys past the last */
     if (!transposed) {   /* few rows read the int8 rows in place, where unpack_keys found them */
-        b->goff = (int64_t)(g - b->g0) * D;
-        b->ksp = b->kscs + (g - b->g0) * BK;
-        b->vsp = b->vscs + (g - b->g0) * BK;
+        b->head = g - b->g0;
         return;
     }
-    b->ksp = b->ksc;
-    b->vsp = b->vsc;
+    b->g0 = g;   /* this head's scales in row 0 */
+    b->head = 0;
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     for (int j = 0; j < BK; j++) {
         if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
@@ -113,12 +111,12 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
             const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
             b->krow[j] = kv->k + row * D;
             b->vrow[j] = kv->v + row * D;
-            b->ksc[j] = kv->ks[row];
-            b->vsc[j] = kv->vs[row];
+            b->kscs[j] = kv->ks[row];
+            b->vscs[j] = kv->vs[row];
             for (int d = 0; d < D; d += 64) __builtin_prefetch(b->vrow[j] + d, 0, 3);   /* as unpack_keys */
         } else {
             b->krow[j] = b->vrow[j] = zeros;
-            b->ksc[j] = b->vsc[j] = 0.f;
+            b->kscs[j] = b->vscs[j] = 0.f;
         }
     }
     int32_t *kp = (int32_t *)b->ku;
@@ -149,13 +147,14 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
  * folded by VPHADDD, then four keys' */
 static inline __attribute__((always_inline)) void dots_rows(const int8_t *const *qi, const int R, const block8 *b,
                                                              int keys, const int D, int32_t *dots) {
+    const int64_t off = (int64_t)b->head * D;   /* the head's rows in each key's slot (unpack_keys) */
     __m256i qv[RB][MAX_D / 16];
     for (int r = 0; r < R; r++)
         for (int d = 0; d < D; d += 16) qv[r][d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi[r] + d)));
     for (int h = 0; h < keys; h += 4) {
         __m256i t[2][RB];
         for (int p2 = 0; p2 < 2; p2++) {
-            const int8_t *k0p = b->kslot[h + 2 * p2] + b->goff, *k1p = b->kslot[h + 2 * p2 + 1] + b->goff;
+            const int8_t *k0p = b->kslot[h + 2 * p2] + off, *k1p = b->kslot[h + 2 * p2 + 1] + off;
             __m256i a0[RB], a1[RB];
             for (int d = 0; d < D; d += 16) {
                 const __m256i k0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k0p + d)));
@@ -250,6 +249,7 @@ __attribute__((noinline, noclone))
 static void block_weights(const int32_t *dots, const float *qc, const block8 *b, const int *seen, int n, int D,
                           float *mx, float *sum, float *o, int16_t *wq, float *ws, float *corr, int *need) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    const float *ksc = b->kscs + b->head * BK, *vsc = b->vscs + b->head * BK;   /* the head's scales */
     __m256 s[RB][NG8], w[RB][NG8], mk[RB], wtop[RB];
     float mnew[RB], bsum[RB], wsum[RB], wmax[RB];
     int groups[RB], whole[RB];
@@ -261,7 +261,7 @@ static void block_weights(const int32_t *dots, const float *qc, const block8 *b,
         __m256 top = ninf;
         for (int h = 0; h < groups[r]; h++) {
             const __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dots + r * BK + 8 * h))),
-                                                         qcv), _mm256_loadu_ps(b->ksp + 8 * h));
+                                                         qcv), _mm256_loadu_ps(ksc + 8 * h));
             s[r][h] = h < whole[r] ? v : _mm256_blendv_ps(ninf, v, mk[r]);
             top = _mm256_max_ps(top, s[r][h]);
         }
@@ -273,7 +273,7 @@ static void block_weights(const int32_t *dots, const float *qc, const block8 *b,
         __m256 lanes = zero, wall = zero, top = zero;
         for (int h = 0; h < groups[r]; h++) {
             __m256 p = exp256(_mm256_sub_ps(s[r][h], mv));
-            __m256 wh = _mm256_mul_ps(p, _mm256_loadu_ps(b->vsp + 8 * h));
+            __m256 wh = _mm256_mul_ps(p, _mm256_loadu_ps(vsc + 8 * h));
             if (h == whole[r]) {   /* masked: a later key's V scale (NaN for a NaN row) must not reach this row */
                 p = _mm256_and_ps(mk[r], p);
                 wh = _mm256_and_ps(mk[r], wh);
@@ -356,12 +356,13 @@ static inline __attribute__((always_inline)) void values_d(const int16_t *wq, in
  * (the pairs' lanes hold d 0-3, 8-11 and 4-7, 12-15; put in order once at the end) */
 static inline __attribute__((always_inline)) void values_rows(const int16_t *wq, const int R, const block8 *b,
                                                               int pairs, int D, int32_t *acc) {
+    const int64_t off = (int64_t)b->head * D;   /* the head's rows in each key's slot (unpack_keys) */
     for (int d = 0; d < D; d += 16) {
         __m256i lo[RB], hi[RB];
         for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
         for (int jp = 0; jp < pairs; jp++) {
-            const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vslot[2 * jp] + b->goff + d)));
-            const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vslot[2 * jp + 1] + b->goff + d)));
+            const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vslot[2 * jp] + off + d)));
+            const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vslot[2 * jp + 1] + off + d)));
             const __m256i pl = _mm256_unpacklo_epi16(a, c), ph = _mm256_unpackhi_epi16(a, c);
             for (int r = 0; r < R; r++) {
                 int32_t pair;
