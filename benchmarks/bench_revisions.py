@@ -25,16 +25,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import gc, json, sys
+import json, sys
 sys.path.insert(0, {root!r})
 import torch
 torch.set_num_threads({threads})
 from core.engine.model.runner import ModelRunner
 from benchmarks.bench_engine import corpus_text
 from benchmarks.engine_sweep import engine_run
+from core.server.model_store import settle_heap
 runner = ModelRunner("default")
 ids = runner.tokenizer.encode(corpus_text(), add_special_tokens=False)
-gc.collect(); gc.freeze()
+settle_heap()   # the heap frozen as the server freezes it
 engine_run(runner, [ids[:256]], 2)   # warm up (builds the kernels on a first run)
 out = {{}}
 for n in {prefill}:
