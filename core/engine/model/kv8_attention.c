@@ -139,9 +139,8 @@ typedef struct {
 #if !KV8_AVX2
     float ksc[BK], vsc[BK];
 #else
-    const int8_t *krow[BK], *vrow[BK];   /* many rows: each key's int8 K and V rows of the head (unpack_block) */
-    const int8_t *kslot[BK], *vslot[BK];   /* few rows: each key's rows of head g0 (head g at + (g - g0) D), widened
-                                            * as they are read */
+    const int8_t *kslot[BK], *vslot[BK];   /* each key's int8 K and V rows of head g0 (head g at + (g - g0) D; few
+                                            * rows widen them as they read them) */
     float *kscs, *vscs;   /* heads g0 .. g1 - 1's scales, [g - g0][BK] each (block_buffers; many rows: g0 = g) */
     const int8_t *zrow;   /* KVH rows of zeros: the rows of keys past the last, for every head */
     int g0, head;         /* the block's first head, and the head attended now (its scales' row, its rows' offset) */

@@ -91,31 +91,30 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
     }
 }
 
-/* One block of one KV head: each key's K and V rows and scales (a row of zeros, scales 0, past the last key). Few
- * rows take them from unpack_keys' pass; many rows (`transposed`, the AVX-512 name) read them here and unpack K
+/* One block of one KV head: each key's K and V rows and scales (zrow, scales 0, past the last key). Few rows take
+ * them from unpack_keys' pass; many rows (`transposed`, the AVX-512 name) read them here and unpack K
  * widened to int16 d pairs [D/2][BK] (in ku's bytes) and V as key pairs (vp), the rows of the block ahead asked for
  * a key at a time (prefetch_key). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
-    static const int8_t zeros[MAX_D];   /* the rows of keys past the last */
     if (!transposed) {   /* few rows read the int8 rows in place, where unpack_keys found them */
         b->head = g - b->g0;
         return;
     }
-    b->g0 = g;   /* this head's scales in row 0 */
+    b->g0 = g;   /* this head's rows and scales, as a block of one head */
     b->head = 0;
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     for (int j = 0; j < BK; j++) {
         if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
         if (j < kn) {
             const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
-            b->krow[j] = kv->k + row * D;
-            b->vrow[j] = kv->v + row * D;
+            b->kslot[j] = kv->k + row * D;
+            b->vslot[j] = kv->v + row * D;
             b->kscs[j] = kv->ks[row];
             b->vscs[j] = kv->vs[row];
-            for (int d = 0; d < D; d += 64) __builtin_prefetch(b->vrow[j] + d, 0, 3);   /* as unpack_keys */
+            for (int d = 0; d < D; d += 64) __builtin_prefetch(b->vslot[j] + d, 0, 3);   /* as unpack_keys */
         } else {
-            b->krow[j] = b->vrow[j] = zeros;
+            b->kslot[j] = b->vslot[j] = b->zrow;
             b->kscs[j] = b->vscs[j] = 0.f;
         }
     }
@@ -123,12 +122,12 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     for (int j0 = 0; j0 < BK; j0 += 8)
         for (int d = 0; d < D; d += 16) {   /* 8 keys x 8 d pairs, transposed: kp[pair][key] */
             __m256i r[8];
-            for (int i = 0; i < 8; i++) r[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->krow[j0 + i] + d)));
+            for (int i = 0; i < 8; i++) r[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->kslot[j0 + i] + d)));
             transpose8_epi32(r);
             for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)(kp + (int64_t)(d / 2 + i) * BK + j0), r[i]);
         }
     for (int jp = 0; jp < BK / 2; jp++) {
-        const int8_t *va = b->vrow[2 * jp], *vb = b->vrow[2 * jp + 1];
+        const int8_t *va = b->vslot[2 * jp], *vb = b->vslot[2 * jp + 1];
         int16_t *dst = b->vp + (int64_t)jp * D * 2;
         for (int d = 0; d < D; d += 16) {   /* 16 values of each key, interleaved to pairs (a_d, b_d), d .. d + 15 */
             const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(va + d)));
