@@ -8,8 +8,9 @@
  * than HF fp32's MKL GEMM on an AMD Zen 3). VPMADDWD multiplies 16 int16 pairs and adds each pair (8 int32 sums an
  * instruction, 16 products: twice an FMA's 8) and VPADDD accumulates them: VPDPWSSD's exact sum in two
  * instructions. A panel's 16 channels are two halves of 8 lanes; 16 registers hold a block of 6 rows x 16 channels
- * (12 sums) for many rows, and 8 sums (a row x 4 panels, or 2 rows x 2) for decode rows, the rest of a group's 8
- * panels then read again from L2 (a group of SmolLM2's down projection is 196 KB). */
+ * (12 sums) for many rows; one decode row sums a whole group of 8 panels in one pass (16 sums, 2 of them in memory:
+ * a16_one_group), two rows 8 sums (2 rows x 2 panels), the rest of a group's 8 panels then read again from L2 (a
+ * group of SmolLM2's down projection is 196 KB). */
 
 /* each row of x as int16 and its scale: quantize_rows' rule (w8a16_gemm.c), 8 lanes then the tail one by one (the
  * same fp32 product and the same rounding, half to even, either way) */
@@ -156,9 +157,50 @@ static void a16_few_part(const int16_t *xq, int K, const int8_t *panel, int64_t 
         for (int p = 0; p < ps; p++) add_total(total[r * pb + p0 + p], a[r][p][0], a[r][p][1], k0 == 0);
 }
 
+/* a16_one_group's step for one sum: 8 channels of the k pair's row at byte `off`, widened, times x, added into a
+ * register (A16_REG) or into a sum kept in memory (A16_MEM) */
+#define A16_REG(off, a) "vpmovsxbw " #off "(%[row]), %[w]\n\tvpmaddwd %[x], %[w], %[w]\n\t" \
+                        "vpaddd %[w], %[" #a "], %[" #a "]\n\t"
+#define A16_MEM(off, a) "vpmovsxbw " #off "(%[row]), %[w]\n\tvpmaddwd %[x], %[w], %[w]\n\t" \
+                        "vpaddd %[" #a "], %[w], %[w]\n\tvmovdqu %[w], %[" #a "]\n\t"
+
+/* One row over a whole group of 8 panels (panel at the group's first, so a k pair's row is 256 bytes), in one pass:
+ * each row's bytes read once, in order. In two passes of 4 panels (a16_few_part) the first read half of each row's
+ * lines and the second the other half from cache, while nothing came from memory: a decode step's projections
+ * streamed their weights ~15 % slower (30 layers' from DRAM, 2 threads, alternating builds). The 16 sums, the
+ * broadcast x and a widened weight need 18 of AVX2's 16 registers: 14 sums stay in registers and 2 in memory, added
+ * and stored back each step (asm, in two statements for GCC's 30 operands: in C GCC kept most sums on the stack). */
+static void a16_one_group(const int16_t *xq, const int8_t *panel, int64_t stride, int k0, int k1,
+                          int64_t (*total)[16]) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+            a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, m0 = a0, m1 = a0;
+    for (int k = k0; k < k1; k += 2) {
+        const int8_t *row = panel + (int64_t)k * stride;
+        for (int b = 0; b < 256; b += 64) __builtin_prefetch(row + A16_PREFETCH + b);
+        const __m256i x = pair_of(xq, k);
+        __m256i w;
+        __asm__(A16_REG(0, a0) A16_REG(16, a1) A16_REG(32, a2) A16_REG(48, a3) A16_REG(64, a4) A16_REG(80, a5)
+                A16_REG(96, a6) A16_REG(112, a7)
+                : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4), [a5] "+x"(a5),
+                  [a6] "+x"(a6), [a7] "+x"(a7), [w] "=&x"(w)
+                : [x] "x"(x), [row] "r"(row));
+        __asm__(A16_REG(128, a8) A16_REG(144, a9) A16_REG(160, a10) A16_REG(176, a11) A16_REG(192, a12)
+                A16_REG(208, a13) A16_MEM(224, m0) A16_MEM(240, m1)
+                : [a8] "+x"(a8), [a9] "+x"(a9), [a10] "+x"(a10), [a11] "+x"(a11), [a12] "+x"(a12), [a13] "+x"(a13),
+                  [m0] "+m"(m0), [m1] "+m"(m1), [w] "=&x"(w)
+                : [x] "x"(x), [row] "r"(row));
+    }
+    const __m256i s[16] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, m0, m1};
+    for (int p = 0; p < 8; p++) add_total(total[p], s[2 * p], s[2 * p + 1], k0 == 0);
+}
+
 static void a16_few(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows, int pb,
                     int64_t (*total)[16]) {
     const int per = rows == 1 ? 4 : 2;
+    if (rows == 1 && pb == GROUP) {   /* a whole group (a run of GROUP panels starts at one) */
+        a16_one_group(xq, panel, stride, k0, k1, total);
+        return;
+    }
     for (int p0 = 0; p0 < pb; p0 += per) {
         const int ps = pb - p0 < per ? pb - p0 : per;
         if (rows == 1 && ps == 4) a16_few_part(xq, K, panel, stride, k0, k1, 1, pb, p0, 4, total);   /* unrolled */
