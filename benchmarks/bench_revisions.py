@@ -9,7 +9,8 @@ engine (`engine_sweep.engine_run`: `Engine.submit` + `step`, radix cache off, th
 server freezes it):
 
   prefill N      seconds from submit to the first token of an uncached N-token prompt
-  decode C       batch-1 tokens/s after a C-token prompt (33 new tokens)
+  decode C       batch-1 tokens/s after a C-token prompt (33 new tokens); with --batch B, B prompts of C tokens
+                 decoded together (tokens/s of all B)
 
     .venv/bin/python benchmarks/bench_revisions.py --base 74b494e --prefill 1024,4096 --rounds 4
 """
@@ -41,7 +42,9 @@ out = {{}}
 for n in {prefill}:
     out[f"prefill {{n}}"] = min(engine_run(runner, [ids[:n]], 2)[0] for _ in range(2))
 for c in {contexts}:
-    out[f"decode {{c}}"] = 32 / min(engine_run(runner, [ids[:c]], 33)[1] for _ in range(2))
+    prompts = [ids[i:i + c] for i in range({batch})]   # B prompts of c tokens, each its own (the cache is off)
+    out[f"decode {{c}}" + (f" x {{len(prompts)}}" if len(prompts) > 1 else "")] = \
+        len(prompts) * 32 / min(engine_run(runner, prompts, 33)[1] for _ in range(2))
 print(json.dumps(out))
 """
 
@@ -58,7 +61,8 @@ def worktree(rev: str, folder: Path) -> Path:
 
 def measure(root: Path, args: argparse.Namespace) -> dict[str, float]:
     """One round of every measurement, in a fresh process on `root`'s code."""
-    code = CHILD.format(root=str(root), threads=args.threads, prefill=args.prefill, contexts=args.decode)
+    code = CHILD.format(root=str(root), threads=args.threads, prefill=args.prefill, contexts=args.decode,
+                        batch=args.batch)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"the engine at {root} failed:\n{res.stderr[-2000:]}")
@@ -82,11 +86,12 @@ def main() -> None:
     ap.add_argument("--head", default=None, help="the revision measured (default: the working tree as it is)")
     ap.add_argument("--prefill", type=sizes, default=[1024, 4096], help="prompt lengths (default 1024,4096)")
     ap.add_argument("--decode", type=sizes, default=[], help="decode contexts, e.g. 128,4096 (default none)")
+    ap.add_argument("--batch", type=int, default=1, help="prompts decoded together (default 1)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    if args.rounds < 1 or args.threads < 1 or not (args.prefill or args.decode):
-        ap.error("give --rounds and --threads of at least 1, and at least one --prefill or --decode size")
+    if args.rounds < 1 or args.threads < 1 or args.batch < 1 or not (args.prefill or args.decode):
+        ap.error("give --rounds, --threads and --batch of at least 1, and at least one --prefill or --decode size")
     with tempfile.TemporaryDirectory(prefix="bench-revisions-") as tmp:
         trees: dict[str, Path] = {}
         try:

@@ -8,9 +8,9 @@
  * than HF fp32's MKL GEMM on an AMD Zen 3). VPMADDWD multiplies 16 int16 pairs and adds each pair (8 int32 sums an
  * instruction, 16 products: twice an FMA's 8) and VPADDD accumulates them: VPDPWSSD's exact sum in two
  * instructions. A panel's 16 channels are two halves of 8 lanes; 16 registers hold a block of 6 rows x 16 channels
- * (12 sums) for many rows; one decode row sums a whole group of 8 panels in one pass (16 sums, 2 of them in memory:
- * a16_one_group), two rows 8 sums (2 rows x 2 panels), the rest of a group's 8 panels then read again from L2 (a
- * group of SmolLM2's down projection is 196 KB). */
+ * (12 sums) for many rows; a decode row sums a whole group of 8 panels in one pass (16 sums, 2 of them in memory:
+ * a16_one_group), the next row of a pair then from L2 (a group of SmolLM2's down projection is 196 KB); the part
+ * of a group where a thread's share starts or ends mid-group, 8 sums a pass (1 row x 4 panels, or 2 rows x 2). */
 
 /* each row of x as int16 and its scale: quantize_rows' rule (w8a16_gemm.c), 8 lanes then the tail one by one (the
  * same fp32 product and the same rounding, half to even, either way) */
@@ -167,7 +167,8 @@ static void a16_few_part(const int16_t *xq, int K, const int8_t *panel, int64_t 
 /* One row over a whole group of 8 panels (panel at the group's first, so a k pair's row is 256 bytes), in one pass:
  * each row's bytes read once, in order. In two passes of 4 panels (a16_few_part) the first read half of each row's
  * lines and the second the other half from cache, while nothing came from memory: a decode step's projections
- * streamed their weights ~15 % slower (30 layers' from DRAM, 2 threads, alternating builds). The 16 sums, the
+ * streamed their weights ~15 % slower (30 layers' from DRAM, 2 threads, alternating builds); 2 rows in 4 passes of
+ * 2 x 2 panels were 7-18 % slower than each row in one pass (2 to 16 rows). The 16 sums, the
  * broadcast x and a widened weight need 18 of AVX2's 16 registers: 14 sums stay in registers and 2 in memory, added
  * and stored back each step (asm, in two statements for GCC's 30 operands: in C GCC kept most sums on the stack). */
 static void a16_one_group(const int16_t *xq, const int8_t *panel, int64_t stride, int k0, int k1,
@@ -197,8 +198,8 @@ static void a16_one_group(const int16_t *xq, const int8_t *panel, int64_t stride
 static void a16_few(const int16_t *xq, int K, const int8_t *panel, int64_t stride, int k0, int k1, int rows, int pb,
                     int64_t (*total)[16]) {
     const int per = rows == 1 ? 4 : 2;
-    if (rows == 1 && pb == GROUP) {   /* a whole group (a run of GROUP panels starts at one) */
-        a16_one_group(xq, panel, stride, k0, k1, total);
+    if (pb == GROUP) {   /* a whole group (a run of GROUP panels starts at one): each row in one pass */
+        for (int r = 0; r < rows; r++) a16_one_group(xq + (int64_t)r * K, panel, stride, k0, k1, total + r * pb);
         return;
     }
     for (int p0 = 0; p0 < pb; p0 += per) {
