@@ -179,17 +179,18 @@ static void a16_one_group(const int16_t *xq, const int8_t *panel, int64_t stride
         const int8_t *row = panel + (int64_t)k * stride;
         for (int b = 0; b < 256; b += 64) __builtin_prefetch(row + A16_PREFETCH + b);
         const __m256i x = pair_of(xq, k);
+        const int8_t (*bytes)[256] = (const int8_t (*)[256])row;   /* what the asm reads, told to the compiler */
         __m256i w;
         __asm__(A16_REG(0, a0) A16_REG(16, a1) A16_REG(32, a2) A16_REG(48, a3) A16_REG(64, a4) A16_REG(80, a5)
                 A16_REG(96, a6) A16_REG(112, a7)
                 : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4), [a5] "+x"(a5),
                   [a6] "+x"(a6), [a7] "+x"(a7), [w] "=&x"(w)
-                : [x] "x"(x), [row] "r"(row));
+                : [x] "x"(x), [row] "r"(row), "m"(*bytes));
         __asm__(A16_REG(128, a8) A16_REG(144, a9) A16_REG(160, a10) A16_REG(176, a11) A16_REG(192, a12)
                 A16_REG(208, a13) A16_MEM(224, m0) A16_MEM(240, m1)
                 : [a8] "+x"(a8), [a9] "+x"(a9), [a10] "+x"(a10), [a11] "+x"(a11), [a12] "+x"(a12), [a13] "+x"(a13),
                   [m0] "+m"(m0), [m1] "+m"(m1), [w] "=&x"(w)
-                : [x] "x"(x), [row] "r"(row));
+                : [x] "x"(x), [row] "r"(row), "m"(*bytes));
     }
     const __m256i s[16] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, m0, m1};
     for (int p = 0; p < 8; p++) add_total(total[p], s[2 * p], s[2 * p + 1], k0 == 0);
