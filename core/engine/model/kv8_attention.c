@@ -147,12 +147,13 @@ typedef struct {
 #endif
 } block8;
 
-/* ask for key j's K and V rows of head g (and its scales, where `scales`: a line holds 16 of them) a block before
- * its unpack_block: a key at a time, as a block is unpacked (a burst of a block's prefetches was dropped) */
-static inline void prefetch_key(const keys8 *kv, int g, int j, int scales) {
+/* ask for key j's K and V rows of heads g .. g + heads - 1 (adjacent in its slot; and their scales, where `scales`:
+ * a line holds 16 of them) a block before they are unpacked: a key at a time, as a block is unpacked (a burst of a
+ * block's prefetches was dropped) */
+static inline void prefetch_key(const keys8 *kv, int g, int heads, int64_t j, int scales) {
     const int D = kv->D;
     const int64_t next = kv->slots[j] * kv->KVH + g;
-    for (int d = 0; d < D; d += 64) {
+    for (int d = 0; d < heads * D; d += 64) {
         __builtin_prefetch(kv->k + next * D + d, 0, 2);
         __builtin_prefetch(kv->v + next * D + d, 0, 2);
     }

@@ -80,16 +80,8 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
     const int64_t jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     int64_t after = -1;
     for (int j = 0; j < kn_next; j++) {
-        const int64_t s = slots[PREFETCH_BLOCKS * BK + j];
-        if (s != after) {
-            const int64_t row = s * KVH + g0;
-            for (int d = 0; d < span; d += 64) {
-                __builtin_prefetch(k + row * D + d, 0, 2);
-                __builtin_prefetch(v + row * D + d, 0, 2);
-            }
-            __builtin_prefetch(ks + row, 0, 2);
-            __builtin_prefetch(vs + row, 0, 2);
-        }
+        const int64_t s = kv->slots[jn + j];
+        if (s != after) prefetch_key(kv, g0, heads, jn + j, 1);
         after = s + 1;
     }
 }
@@ -108,7 +100,7 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     b->head = 0;
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     for (int j = 0; j < BK; j++) {
-        if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
+        if (j < kn_next) prefetch_key(kv, g, 1, jn + j, (j & 3) == 0);
         if (j < kn) {
             const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
             b->kslot[j] = kv->k + row * D;

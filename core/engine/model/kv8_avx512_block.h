@@ -30,7 +30,7 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     const int8_t *vrow[BK];
     for (int j = 0; j < BK; j++) {
-        if (j < kn_next) prefetch_key(kv, g, jn + j, (j & 3) == 0);
+        if (j < kn_next) prefetch_key(kv, g, 1, jn + j, (j & 3) == 0);
         uint8_t *ku = b->ku + (int64_t)j * D;
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         if (j < kn) {
