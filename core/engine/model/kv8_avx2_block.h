@@ -42,50 +42,6 @@ static inline void transpose8_epi32(__m256i r[8]) {
     }
 }
 
-/* Few rows (a decode step's G query heads, a short chunk's tokens x G): one block's keys for KV heads g0 .. g1 - 1 at
- * once, before their head_block calls. A slot's rows of every head are adjacent, so one pass reads each key's slot
- * once for all heads: its rows' address (head g0's; head g's are (g - g0) D bytes on) and every head's scales. Per
- * head, as many rows still do (unpack_block below), the slot was read, the addresses computed and the scales'
- * lines asked for again for each head: a decode step's attention at 4,096 tokens (30 layers from DRAM, 2 threads)
- * 4-6 % slower. The block ahead is asked for only where a run of slots starts: asking for every key's lines (and
- * GCC spilling the loop's state around them) was ~100 instructions a key, and on a pool whose slots run in order
- * the CPU streams them itself (decode attention at 4,096 tokens 8-9 % faster, from cache or DRAM; on shuffled
- * slots 3 % faster). */
-static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8 *b) {
-    if (!few) return;
-    const int D = kv->D, KVH = kv->KVH, heads = g1 - g0, span = heads * D, j0 = kb * BK;
-    const int kn = kv->m - j0 < BK ? kv->m - j0 : BK;
-    const int8_t *k = kv->k, *v = kv->v;
-    const float *ks = kv->ks, *vs = kv->vs;
-    const int64_t *slots = kv->slots + j0;
-    b->g0 = g0;
-    for (int j = 0; j < kn; j++) {
-        const int64_t row = slots[j] * KVH + g0;   /* key j's row of head g0 */
-        const int8_t *vr = v + row * D;
-        b->kslot[j] = k + row * D;
-        b->vslot[j] = vr;
-        /* V's rows into L1 while K is read: read a key pair at a time, their rows missed L1 (decode at 4,096
-         * tokens 13 % faster) */
-        for (int d = 0; d < span; d += 64) __builtin_prefetch(vr + d, 0, 3);
-        for (int h = 0; h < heads; h++) {
-            b->kscs[h * BK + j] = ks[row + h];
-            b->vscs[h * BK + j] = vs[row + h];
-        }
-    }
-    for (int j = kn; j < BK; j++) b->kslot[j] = b->vslot[j] = b->zrow;
-    for (int h = 0; h < heads; h++)
-        for (int j = kn; j < BK; j++) b->kscs[h * BK + j] = b->vscs[h * BK + j] = 0.f;
-    /* the block ahead: the rows of a key that does not follow the slot before it (where a run of slots starts; within
-     * a run the CPU's own prefetcher streams them) */
-    const int64_t jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
-    int64_t after = -1;
-    for (int j = 0; j < kn_next; j++) {
-        const int64_t s = kv->slots[jn + j];
-        if (s != after) prefetch_key(kv, g0, heads, jn + j, 1);
-        after = s + 1;
-    }
-}
-
 /* One block of one KV head: each key's K and V rows and scales (zrow, scales 0, past the last key). Few rows take
  * them from unpack_keys' pass; many rows (`transposed`, the AVX-512 name) read them here and unpack K
  * widened to int16 d pairs [D/2][BK] (in ku's bytes) and V as key pairs (vp), the rows of the block ahead asked for

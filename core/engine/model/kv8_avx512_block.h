@@ -1,87 +1,86 @@
-/* kv8_attention.c's block kernels on AVX512-VNNI: scores by VPDPBUSD on K + 128 (less 128 x sum q), d across
- * lanes for a few rows and keys across lanes (a block transposed once) for many, the weighted V sums by VPDPWSSD on
- * key pairs, the softmax steps on 16 lanes, and the segments' merge. Included by kv8_attention.c (after its types),
+/* kv8_attention.c's block kernels on AVX512-VNNI: scores by VPDPBUSD on K + 128 (less 128 x sum q), keys across
+ * lanes (16 keys' rows transposed in registers for a few rows, a block transposed once into memory for many), the
+ * weighted V sums by VPDPWSSD on key pairs (a few rows widen the int8 V rows as they read them, many read a block
+ * unpacked once), the softmax steps on 16 lanes, and the segments' merge. Included by kv8_attention.c (after its types),
  * whose drivers and promise (a row's bits the same however its prompt was chunked, cached, decoded or prefilled)
  * kv8_avx2_block.h shares on 8 lanes. */
 #include "online_softmax_avx512.h"   /* merge, finish */
 
-#define FEW_MAX RB   /* the most rows whose scores read K row by row; more use the transposed block */
+#define FEW_MAX RB   /* the most rows that read the int8 rows in place; more use the unpacked block */
 
-/* r[i] = the sum of a[i]'s 16 int32 lanes, for 16 vectors at once (exact: any tree gives the same sums) */
-static inline __m512i reduce16_epi32(__m512i a[16]) {
-    __m512i b[8], c[4];
-    for (int k = 0; k < 8; k++)
-        b[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]));
-    for (int k = 0; k < 4; k++)
-        c[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * k], b[2 * k + 1]), _mm512_unpackhi_epi64(b[2 * k], b[2 * k + 1]));
-    const __m512i d0 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[0], c[1], 0x44), _mm512_shuffle_i32x4(c[0], c[1], 0xEE));
-    const __m512i d1 = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2], c[3], 0x44), _mm512_shuffle_i32x4(c[2], c[3], 0xEE));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(d0, d1, 0x88), _mm512_shuffle_i32x4(d0, d1, 0xDD));
-}
-
-/* kv8_attention.c's segment() asks for a block's keys for all its heads before their head_block calls (the AVX2
- * build's few rows read each key's slot once there: kv8_avx2_block.h); here each head's unpack_block reads them */
-static inline void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8 *b) {
-    (void)kv; (void)g0; (void)g1; (void)kb; (void)few; (void)b;
-}
-
+/* One block of one KV head. Few rows take its keys' rows and scales from unpack_keys' pass (kv8_attention.c) and
+ * read the int8 rows in place; many rows (`transposed`) read them here, the rows of the block ahead asked for a key
+ * at a time (prefetch_key), and unpack K + 128 as uint8 [BK][D] transposed to kt [D/4][BK] and V as key pairs
+ * (vp). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
+    if (!transposed) {   /* few rows read the int8 rows in place, where unpack_keys found them */
+        b->head = g - b->g0;
+        return;
+    }
+    b->g0 = g;   /* this head's rows and scales, as a block of one head */
+    b->head = 0;
     const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
-    const int8_t *vrow[BK];
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int j = 0; j < BK; j++) {
         if (j < kn_next) prefetch_key(kv, g, 1, jn + j, (j & 3) == 0);
-        uint8_t *ku = b->ku + (int64_t)j * D;
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
         if (j < kn) {
             const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
-            const int8_t *k8 = kv->k + row * D;
-            for (int d = 0; d < D; d += 64)
-                _mm512_storeu_si512(ku + d, _mm512_xor_si512(_mm512_loadu_si512(k8 + d), flip));
-            b->ksc[j] = kv->ks[row];
-            b->vsc[j] = kv->vs[row];
-            vrow[j] = kv->v + row * D;
+            b->kslot[j] = kv->k + row * D;
+            b->vslot[j] = kv->v + row * D;
+            b->kscs[j] = kv->ks[row];
+            b->vscs[j] = kv->vs[row];
         } else {
-            memset(ku, 0x80, (size_t)D);   /* k = 0 */
-            b->ksc[j] = b->vsc[j] = 0.f;
-            vrow[j] = NULL;
+            b->kslot[j] = b->vslot[j] = b->zrow;   /* k = 0, v = 0 */
+            b->kscs[j] = b->vscs[j] = 0.f;
         }
+        uint8_t *ku = b->ku + (int64_t)j * D;
+        for (int d = 0; d < D; d += 64)
+            _mm512_storeu_si512(ku + d, _mm512_xor_si512(_mm512_loadu_si512(b->kslot[j] + d), flip));
     }
-    if (transposed)   /* 16 keys x 16 d quads at a time */
-        for (int j0 = 0; j0 < BK; j0 += 16)
-            for (int p0 = 0; p0 < D / 4; p0 += 16) {
-                __m512i r[16];
-                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b->ku + (int64_t)(j0 + i) * D + 4 * p0);
-                transpose16(r);
-                for (int p = 0; p < 16; p++) _mm512_storeu_si512(b->kt + (int64_t)(p0 + p) * BK + j0, r[p]);
-            }
+    for (int j0 = 0; j0 < BK; j0 += 16)   /* 16 keys x 16 d quads at a time */
+        for (int p0 = 0; p0 < D / 4; p0 += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b->ku + (int64_t)(j0 + i) * D + 4 * p0);
+            transpose16(r);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(b->kt + (int64_t)(p0 + p) * BK + j0, r[p]);
+        }
     for (int jp = 0; jp < BK / 2; jp++) {
-        const int8_t *va = vrow[2 * jp], *vb = vrow[2 * jp + 1];
+        const int8_t *va = b->vslot[2 * jp], *vb = b->vslot[2 * jp + 1];
         for (int d = 0; d < D; d += 16) {
-            const __m512i a = va ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(va + d))) : _mm512_setzero_si512();
-            const __m512i c = vb ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vb + d))) : _mm512_setzero_si512();
+            const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(va + d)));
+            const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(vb + d)));
             _mm512_storeu_si512(b->vp + ((int64_t)jp * D + d) * 2,
                                 _mm512_mask_blend_epi16(0xAAAAAAAAu, a, _mm512_slli_epi32(c, 16)));
         }
     }
 }
 
-/* A row's exact scores (int32) against the block's first `keys` keys (a multiple of 16), d across lanes: 16 lanes
- * of sums over D a key, reduced 16 keys at once (a few rows: no transpose to pay for); (K + 128) . q - 128 sum q */
-static inline __attribute__((always_inline)) void dots_lanes(const int8_t *qi, int32_t qsum, const block8 *b,
-                                                              int keys, const int D, int32_t *dots) {
-    __m512i qv[MAX_D / 64];
-    for (int d = 0; d < D; d += 64) qv[d / 64] = _mm512_loadu_si512(qi + d);
-    const __m512i shift = _mm512_set1_epi32(128 * qsum);
+/* R (<= RB) rows' exact scores against the block's first `keys` keys (a multiple of 16) on the int8 K rows in place
+ * (a decode step's G query heads read the same keys): 16 keys' rows (64 d of each) flipped to K + 128 and
+ * transposed in registers to 16 d quads x 16 keys, each quad then one VPDPBUSD per row against the row's q quad
+ * broadcast, so a lane sums one key and no reduction is left. Each key's row is loaded and transposed once for
+ * the R rows. (K + 128) . q - 128 sum q. */
+static inline __attribute__((always_inline)) void dots_rows(const int8_t *const *qi, const int32_t *qsum, const int R,
+                                                             const block8 *b, int keys, const int D, int32_t *dots) {
+    const int64_t off = (int64_t)b->head * D;   /* the head's rows in each key's slot (unpack_keys) */
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int h = 0; h < keys; h += 16) {
-        __m512i part[16];
-        for (int i = 0; i < 16; i++) {
-            const uint8_t *kr = b->ku + (int64_t)(h + i) * D;
-            __m512i a = _mm512_setzero_si512();
-            for (int d = 0; d < D; d += 64) a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(kr + d), qv[d / 64]);
-            part[i] = a;
+        __m512i acc[RB];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(-128 * qsum[r]);
+        for (int d = 0; d < D; d += 64) {
+            __m512i t[16];
+            for (int i = 0; i < 16; i++)
+                t[i] = _mm512_xor_si512(_mm512_loadu_si512(b->kslot[h + i] + off + d), flip);
+            transpose16(t);   /* t[p]: d quad p (d + 4p .. d + 4p + 3) of the 16 keys */
+            for (int p = 0; p < 16; p++)
+                for (int r = 0; r < R; r++) {
+                    int32_t quad;
+                    memcpy(&quad, qi[r] + d + 4 * p, sizeof quad);
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], t[p], _mm512_set1_epi32(quad));
+                }
         }
-        _mm512_storeu_si512(dots + h, _mm512_sub_epi32(reduce16_epi32(part), shift));
+        for (int r = 0; r < R; r++) _mm512_storeu_si512(dots + r * BK + h, acc[r]);
     }
 }
 
@@ -119,11 +118,11 @@ static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, c
         else dots_transposed(qi, qsum, b, D, dots);
         return;
     }
-    for (int r = 0; r < rows; r++) {
-        if (D == 64) dots_lanes(qi[r], qsum[r], b, keys, 64, dots + r * BK);
-        else if (D == 128) dots_lanes(qi[r], qsum[r], b, keys, 128, dots + r * BK);
-        else dots_lanes(qi[r], qsum[r], b, keys, D, dots + r * BK);
-    }
+    if (D == 64 && rows == 3) dots_rows(qi, qsum, 3, b, keys, 64, dots);
+    else if (D == 64 && rows == 4) dots_rows(qi, qsum, 4, b, keys, 64, dots);
+    else if (D == 64 && rows == 2) dots_rows(qi, qsum, 2, b, keys, 64, dots);
+    else if (D == 64) dots_rows(qi, qsum, 1, b, keys, 64, dots);
+    else dots_rows(qi, qsum, rows, b, keys, D, dots);
 }
 
 /* One query row's softmax step over a block, from its exact scores dots [BK], keys 0 .. seen - 1 of it (seen >= 1):
@@ -135,6 +134,7 @@ __attribute__((noinline, noclone))
 static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen, int D, float *mx, float *sum,
                        float *o, int16_t *wq, float *ws, float *corr) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), qcv = _mm512_set1_ps(qc), zero = _mm512_setzero_ps();
+    const float *ksc = b->kscs + b->head * BK, *vsc = b->vscs + b->head * BK;   /* the head's scales */
     const int groups = (seen + 15) / 16;   /* groups past `seen` hold no key: weight 0, no work */
     __mmask16 mk[NG];
     __m512 s[NG], p[NG], w[NG];
@@ -145,7 +145,7 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
         mk[h] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
         if (h >= groups) continue;
         s[h] = _mm512_mask_mul_ps(ninf, mk[h], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 16 * h)), qcv),
-                                  _mm512_loadu_ps(b->ksc + 16 * h));
+                                  _mm512_loadu_ps(ksc + 16 * h));
         bad |= _mm512_mask_fpclass_ps_mask(mk[h], s[h], 0x81);
         top = _mm512_max_ps(top, s[h]);
     }
@@ -157,7 +157,7 @@ static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen,
         if (h >= groups) { p[h] = w[h] = zero; continue; }
         p[h] = _mm512_maskz_mov_ps(mk[h], exp512(_mm512_sub_ps(s[h], mv)));
         /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
-        w[h] = _mm512_maskz_mul_ps(mk[h], p[h], _mm512_loadu_ps(b->vsc + 16 * h));
+        w[h] = _mm512_maskz_mul_ps(mk[h], p[h], _mm512_loadu_ps(vsc + 16 * h));
         bad |= _mm512_mask_fpclass_ps_mask(mk[h], w[h], NOT_FINITE);
         wtop = _mm512_max_ps(wtop, w[h]);
     }
@@ -249,9 +249,51 @@ static inline __attribute__((always_inline)) void values_d(const int16_t *wq, in
     }
 }
 
+/* values_d for R (<= RB) rows on the block's int8 V rows in place, widened and paired as read (each key pair's
+ * 64 d once for the R rows: the unpacked copy's stores, and a reload of it for each row, go), R x 4 sums; the
+ * pairs' lanes hold d 0-3, 8-11, .. (lo) and 4-7, 12-15, .. (hi) of each 32 d, put in order once at the end */
+static inline __attribute__((always_inline)) void values_rows(const int16_t *wq, const int R, const block8 *b,
+                                                              int pairs, int D, int32_t *acc) {
+    const int64_t off = (int64_t)b->head * D;   /* the head's rows in each key's slot (unpack_keys) */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        __m512i a[RB][4];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_si512();
+        for (int jp = 0; jp < pairs; jp++) {
+            const int8_t *va = b->vslot[2 * jp] + off + d0, *vb = b->vslot[2 * jp + 1] + off + d0;
+            __m512i pv[4];
+            for (int h = 0; h < 2; h++) {   /* d0 + 32 h .. + 31 */
+                const __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(va + 32 * h)));
+                const __m512i y = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(vb + 32 * h)));
+                pv[2 * h] = _mm512_unpacklo_epi16(x, y);
+                pv[2 * h + 1] = _mm512_unpackhi_epi16(x, y);
+            }
+            for (int r = 0; r < R; r++) {
+                int32_t pair;
+                memcpy(&pair, wq + r * BK + 2 * jp, sizeof pair);
+                const __m512i bw = _mm512_set1_epi32(pair);
+                for (int c = 0; c < 4; c++) a[r][c] = _mm512_dpwssd_epi32(a[r][c], bw, pv[c]);
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < 2; h++) {
+                int32_t *dst = acc + (int64_t)r * D + d0 + 32 * h;
+                _mm512_storeu_si512(dst, _mm512_permutex2var_epi32(a[r][2 * h], first, a[r][2 * h + 1]));
+                _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi32(a[r][2 * h], second, a[r][2 * h + 1]));
+            }
+    }
+}
+
 static void block_values(const int16_t *wq, int R, const block8 *b, int transposed, int pairs, int D, int32_t *acc) {
-    (void)transposed;   /* the AVX2 build's few rows read V in place; here V is always unpacked */
-    if (D == 64) values_d(wq, R, b, pairs, 64, acc);
+    if (!transposed) {
+        if (R == 3) values_rows(wq, 3, b, pairs, D, acc);
+        else if (R == 4) values_rows(wq, 4, b, pairs, D, acc);
+        else if (R == 2) values_rows(wq, 2, b, pairs, D, acc);
+        else values_rows(wq, 1, b, pairs, D, acc);
+    }
+    else if (D == 64) values_d(wq, R, b, pairs, 64, acc);
     else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
     else values_d(wq, R, b, pairs, D, acc);
 }
