@@ -270,7 +270,7 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
     """The int8 FMA kernel runs 3 or more rows in blocks of 4: beside one decode, a prefill held to 2 tokens (3
     rows) takes 3 (4 rows) for the same projections; 5-8 rows fill to 8; 9-11 to 11 where the CPU has AMX (from
     12 the tiles run, flat in price) and to 12 where it has not (the weight panels take over from 32 rows). With
-    a16 (w8a16_gemm, VNNI without AMX) rows go in pairs. fp32 computes row by row: nothing to fill."""
+    a16 (w8a16_gemm: VNNI or AVX2, AMX or not) rows go in pairs. fp32 computes row by row: nothing to fill."""
     from core.engine.model.native_int8 import gemv_blocks
     from core.engine.model.native_linear import AMX_MIN_ROWS, PANEL_MIN_ROWS, many_rows
     from core.engine.model.runner import ModelRunner
@@ -282,9 +282,9 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
     assert [fp32.rows_computed(n) for n in range(1, 12)] == list(range(1, 12))
     runner = ModelRunner.from_hf(AutoModelForCausalLM.from_config(CONFIGS["llama"]()).eval(), device="cpu",
                                  numerics="int8")
-    nine_to_eleven = {AMX_MIN_ROWS: 11, PANEL_MIN_ROWS: 12}[many_rows()]
+    nine_to_eleven = {AMX_MIN_ROWS: 11, PANEL_MIN_ROWS: 12}[many_rows(runner.native.a16)]
     blocks = gemv_blocks(CONFIGS["llama"]().hidden_size)   # built without AVX-512: w8_gemv row by row, no blocks
-    if runner.native.a16:   # w8a16_gemm (VNNI, no AMX): rows in pairs, an odd count fills to the next even one
+    if runner.native.a16:   # w8a16_gemm: rows in pairs, an odd count fills to the next even one
         assert [runner.rows_computed(n) for n in range(1, 12)] == [2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12]
     elif not blocks:        # AVX2: a row costs a row, nothing to fill
         assert [runner.rows_computed(n) for n in range(1, 12)] == list(range(1, 12))
@@ -305,7 +305,7 @@ def test_a_capped_mixed_step_fills_the_rows_the_int8_kernel_computes_anyway():
     # the first mixed chunk: FIRST_MIXED_TOKENS + 1 decode = 17 rows, on the tiles with AMX; without, the FMA
     # kernel's blocks of 4 make it 20 rows, so the prompt fills 19 of them (a16's pairs: 18 rows, 17)
     # (AVX2, no blocks: the first cap, then the floor itself)
-    first = 17 if runner.native.a16 else {AMX_MIN_ROWS: FIRST_MIXED_TOKENS, PANEL_MIN_ROWS: 19}[many_rows()]
+    first = 17 if runner.native.a16 else {AMX_MIN_ROWS: FIRST_MIXED_TOKENS, PANEL_MIN_ROWS: 19}[many_rows(False)]
     fill = 3   # 1 decode + 3 prompt tokens: one block of 4 rows (a16: 2 pairs)
     if not runner.native.a16 and not blocks:
         first, fill = FIRST_MIXED_TOKENS, MIN_PREFILL_TOKENS

@@ -31,9 +31,9 @@ from core.engine.model.native_linear import many_rows
 DECODE_ROWS_MAX = 16   # a pure decode step of fewer rows runs as one C call even where the loop would use tiles
 
 
-def max_rows() -> int:
-    """The rows from which a pure decode step leaves the one C call for the Python loop."""
-    return max(many_rows(), DECODE_ROWS_MAX)
+def max_rows(a16: bool = False) -> int:
+    """The rows from which a pure decode step leaves the one C call for the Python loop (`a16`: NativeLlama.a16)."""
+    return max(many_rows(a16), DECODE_ROWS_MAX)
 
 
 class DecodeModel(Protocol):
@@ -84,18 +84,18 @@ class DecodeLayers:
                                             for lin in (L.qkv, L.o, L.gate_up, L.down))))
 
     @staticmethod
-    def fits_step(plan: AttentionPlan, rows: int) -> bool:
-        """Whether the Python loop would run this batch on w8_gemv, the decode kernel and (a mixed step) one
-        prefill attention call alone (AMX tiles or FMAs)."""
+    def fits_step(plan: AttentionPlan, rows: int, a16: bool = False) -> bool:
+        """Whether the Python loop would run this batch on w8_gemv (w8a16_gemm with `a16`), the decode kernel and
+        (a mixed step) one prefill attention call alone (AMX tiles or FMAs)."""
         dec = plan.decodes
         if (plan.extends or plan.fresh is not None or plan.prefixed is not None
                 or (dec is not None and (dec.segments is not None or not dec.slots.is_contiguous()))):
             return False
         if not plan.tiled:   # a pure decode step
-            return dec is not None and plan.decode_idx is None and rows < max_rows()
+            return dec is not None and plan.decode_idx is None and rows < max_rows(a16)
         # a mixed step: below many_rows() the loop's projections stay on w8_gemv, as the one call's do; its chunk
         # on the kernel the loop's prefill_kernel picks (AMX tiles, or FMAs without AMX)
-        return len(plan.tiled) == 1 and rows < many_rows()
+        return len(plan.tiled) == 1 and rows < many_rows(a16)
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:
         """The address table with this pool's K/V layers. Read once and replaced whole: another engine stepping on

@@ -20,15 +20,20 @@ AMX_MIN_ROWS = 12
 PANEL_MIN_ROWS = 32
 
 
-def many_rows() -> int:
-    """The rows from which an int8 projection leaves the FMA kernel (for the tiles or the panels)."""
-    return AMX_MIN_ROWS if native_kernels.amx_available() else PANEL_MIN_ROWS
+def many_rows(a16: bool = False) -> int:
+    """The rows from which an int8 projection leaves the FMA kernel (for the tiles or the panels); with `a16`
+    (w8a16_gemm for every row count, AMX or not) the panels' threshold: no tiles."""
+    return AMX_MIN_ROWS if native_kernels.amx_available() and not a16 else PANEL_MIN_ROWS
 
 
 def a16_here(device: torch.device) -> bool:
     """Whether int8 runs `w8a16_gemm` on this device: int16 activations and exact integer sums on AVX512-VNNI or
-    AVX2 (twice the FMA kernels' products a cycle), on a CPU without AMX (whose tiles keep the x16 arithmetic)."""
-    return device.type == "cpu" and native_int8.w8a16_enabled() and not native_kernels.amx_available()
+    AVX2 (twice the FMA kernels' products a cycle), on every CPU, AMX too. Why on AMX: the tiles' x16 products are
+    exact but their fp32 sums are not in the FMA kernel's order, so a token's K/V moved with the rows it was
+    computed beside, and greedy tokens could part cache on from cache off (the capacity lab's random-id prompts
+    did, 1 of 6, on an Intel Xeon with AMX); w8a16_gemm's integer sums are the same bits in any batch (and its
+    decode rows were 1.4-1.7x the FMA kernel's there, its prefill 0.6-0.8x the tiles')."""
+    return device.type == "cpu" and native_int8.w8a16_enabled()
 
 
 def a16_fits(weight: torch.Tensor) -> bool:
@@ -62,8 +67,8 @@ class Linear:
         "Numerics"; one bf16 per x and bf16(q * scale) gave 42/50). The AMX kernel reads the weights as
         bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without AMX (with AVX-512) the
         prefill-sized batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again,
-        ~2x the GEMV kernel at 1,024 rows). Where the CPU has AVX512-VNNI and no AMX, NativeLlama asks for `a16`:
-        every row count then runs `w8a16_gemm` on the panels (int16 activations, one scale a row, exact integer
+        ~2x the GEMV kernel at 1,024 rows). Where the CPU has AVX512-VNNI or AVX2 (AMX or not), NativeLlama asks for
+        `a16` (a16_here says why): every row count then runs `w8a16_gemm` on the panels (int16 activations, one scale a row, exact integer
         sums: 1.9x the panels' speed at 1,024 rows on AMD Zen 4, and the same bits in any batch). Without the C
         kernels
         `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized

@@ -263,7 +263,7 @@ class NativeLlama(torch.nn.Module):
         inter = self.intermediate
         layers = self.layers
         x, y = resid_norm(x, None, layers[0].input_norm)
-        if fused and self.decode_layers is not None and DecodeLayers.fits_step(plan, t):   # all layers, one C call
+        if fused and self.decode_layers is not None and DecodeLayers.fits_step(plan, t, self.a16):   # all layers, one C call
             self.decode_layers.run(x, y, cos2, sin2, out_slots, plan, pool)
         else:
             for li, L in enumerate(layers):

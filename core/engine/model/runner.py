@@ -191,7 +191,7 @@ class ModelRunner:
         GEMV_BLOCK_ROWS, so a mixed step whose prefill the fairness cap holds to 2 tokens beside one decode (3 rows)
         may take 3 (4 rows) for the same projections (StepBudget fills the block; benchmarks/README.md "mixed steps").
         With a16 (w8a16_gemm) rows below many_rows() go in pairs: an odd count fills to the next even one."""
-        top = many_rows() - 1   # from many_rows() the projections leave the FMA kernel (or a16's pairs)
+        top = many_rows(self._a16_blocks) - 1   # from there the projections leave the FMA kernel (or a16's pairs)
         if self._a16_blocks:
             return rows if rows >= top else min(-(-rows // A16_ROW_BLOCK) * A16_ROW_BLOCK, top)
         if not self._gemv_blocks:

@@ -106,7 +106,7 @@ def test_steps_the_loop_runs_on_other_kernels_stay_in_the_loop():
     pool = native.make_pool(512)
     mixed = ForwardBatch.build([(PROMPTS[1], [], torch.arange(1, 38)), ([5], torch.arange(40, 45), torch.tensor([45]))])
     native.forward(mixed, pool)                         # an extend in the batch: prompt attention on other kernels
-    rows = max_rows()
+    rows = max_rows(native.a16)
     many = ForwardBatch.build([([3], torch.tensor([100 + i]), torch.tensor([200 + i])) for i in range(rows)])
     native.forward(many, pool)                          # from max_rows() rows: the loop (tiles or panels)
     assert calls == []
@@ -239,7 +239,7 @@ def test_a_mixed_step_from_many_rows_stays_in_the_loop_and_a_bad_plan_is_refused
         return   # no tiled chunks here: test_a_mixed_step_in_one_call_... checks they stay in the loop
     pool = native.make_pool(512)
     calls = counted(native)
-    rows = many_rows()
+    rows = many_rows(native.a16)
     native.forward(ForwardBatch.build([(PROMPTS[1][:rows - 1], [], torch.arange(1, rows)),
                                        ([5], torch.arange(40, 45), torch.tensor([45]))]), pool)
     assert calls == []
