@@ -233,6 +233,47 @@ def w8a16_gemm(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor,
     return _on_panels("w8a16_gemm", x, pairs, 2, scales, bias)
 
 
+def a16_amx_fits(w: torch.Tensor) -> bool:
+    """Whether `w8a16_amx_gemm` can run the int8 weights `w` [N, K] here: AMX-INT8 tiles granted (the kernels built
+    with them, and a16 on), a CPU tensor, N a multiple of 32 and K of 64 (whole tiles)."""
+    return (w.is_cpu and w.dim() == 2 and w.shape[0] % 32 == 0 and w.shape[1] % 64 == 0
+            and native_kernels.amx_available() and w8a16_available()
+            and bool(native_kernels.built().w8a16_amx_ready()))
+
+
+def pack_quads(w: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] (N a multiple of 16, K of 64) as the int8 tiles `w8a16_amx_gemm` reads: [N/16, K/64, 16
+    quads of k, 16 channels, 4] (a tile row holds 4 adjacent k of each of 16 channels, what TDPBSSD multiplies with
+    4 activations). The same bytes as `w`, reordered."""
+    n, k = w.shape
+    if w.dtype is not torch.int8 or n % 16 or k % 64:
+        raise ValueError(f"w8a16_amx_gemm needs int8 weights [N, K] with N a multiple of 16 and K of 64, got "
+                         f"{w.dtype} [{n}, {k}]")
+    return w.reshape(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def w8a16_amx_gemm(x: torch.Tensor, quads: torch.Tensor, scales: torch.Tensor,
+                   bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """`w8a16_gemm`'s result, the same bits, on AMX tiles (`quads` = pack_quads(w)): each int16 activation split in
+    two int8 parts, the tiles' int8 products summed exactly, `w8a16_gemm`'s epilogue. For a prompt chunk's rows on a
+    CPU with AMX (its decode rows stay on `w8a16_gemm`'s panels)."""
+    if quads.dtype is not torch.int8 or quads.dim() != 5 or quads.shape[2:] != (16, 16, 4) or not quads.is_contiguous():
+        raise ValueError(f"weights {tuple(quads.shape)} {quads.dtype} are not int8 tiles; make them with pack_quads")
+    n, k = quads.shape[0] * 16, quads.shape[1] * 64
+    if n % 32:
+        raise ValueError(f"w8a16_amx_gemm needs the output size a multiple of 32, got {n}")
+    check_rows("w8a16_amx_gemm", x, k)
+    native_kernels.check_channels("w8a16_amx_gemm", n, scales, bias)
+    if not (native_kernels.amx_available() and native_kernels.built().w8a16_amx_ready()):
+        raise RuntimeError("w8a16_amx_gemm needs AMX-INT8 tiles (this CPU, compiler or kernel setting has none); "
+                           "use w8a16_gemm")
+    x = x.contiguous()
+    y = torch.empty((x.shape[0], n), dtype=torch.float32)
+    native_kernels.built().w8a16_amx_gemm(x.data_ptr(), quads.data_ptr(), scales.data_ptr(),
+                                         native_kernels.ptr(bias), y.data_ptr(), x.shape[0], n, k)
+    return y
+
+
 def w8_amx_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                 bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [M, K] fp32 -> x16 @ (w * scales)^T (+ bias), [M, N] fp32, on AMX tiles; `packed` = pack_amx(w). Each

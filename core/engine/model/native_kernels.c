@@ -103,6 +103,15 @@ static PyObject *py_w8a16_gemm(PyObject *self, PyObject *const *args, Py_ssize_t
     return call_w8(w8a16_gemm, "w8a16_gemm", args, n);
 }
 
+static PyObject *py_w8a16_amx_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "w8a16_amx_ready")) return NULL;
+    return PyBool_FromLong(w8a16_amx_ready());
+}
+
+static PyObject *py_w8a16_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_w8(w8a16_amx_gemm, "w8a16_amx_gemm", args, n);
+}
+
 typedef int (*amx_gemm_fn)(const float *, uint16_t *, const uint16_t *, const float *, const float *, float *,
                            int, int, int);
 
@@ -350,6 +359,8 @@ static PyMethodDef METHODS[] = {
     {"panel_gemm_fast", (PyCFunction)(void (*)(void))py_panel_gemm_fast, METH_FASTCALL, NULL},
     {"w8a16_gemm", (PyCFunction)(void (*)(void))py_w8a16_gemm, METH_FASTCALL, NULL},
     {"w8a16_ready", (PyCFunction)(void (*)(void))py_w8a16_ready, METH_FASTCALL, NULL},
+    {"w8a16_amx_gemm", (PyCFunction)(void (*)(void))py_w8a16_amx_gemm, METH_FASTCALL, NULL},
+    {"w8a16_amx_ready", (PyCFunction)(void (*)(void))py_w8a16_amx_ready, METH_FASTCALL, NULL},
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"amx_attention", (PyCFunction)(void (*)(void))py_amx_attention, METH_FASTCALL, NULL},
     {"amx_attention_ready", (PyCFunction)(void (*)(void))py_amx_attention_ready, METH_FASTCALL, NULL},

@@ -16,6 +16,8 @@ from core.engine.model import native_int8, native_kernels
 # flat up to 32 rows: one step's projections, all 30 layers, 5.3 / 12.4 / 16.6 / 21.2 / 30.8 ms at 1 / 8 / 12 / 16 /
 # 24 rows on the FMA kernel against 13.8-14.7 ms on the tiles (bench_int8_gemm.py --only step-rows;
 # benchmarks/README.md, "mixed steps").
+# With a16 (w8a16_gemm's exact integer sums, the CPU default) every row count runs its panels, and from
+# PANEL_MIN_ROWS rows, where the CPU has AMX-INT8, w8a16_amx_gemm: the same sums, the same bits, on int8 tiles.
 AMX_MIN_ROWS = 12
 PANEL_MIN_ROWS = 32
 
@@ -32,7 +34,8 @@ def a16_here(device: torch.device) -> bool:
     exact but their fp32 sums are not in the FMA kernel's order, so a token's K/V moved with the rows it was
     computed beside, and greedy tokens could part cache on from cache off (the capacity lab's random-id prompts
     did, 1 of 6, on an Intel Xeon with AMX); w8a16_gemm's integer sums are the same bits in any batch (and its
-    decode rows were 1.4-1.7x the FMA kernel's there, its prefill 0.6-0.8x the tiles')."""
+    decode rows were 1.4-1.7x the FMA kernel's there). With AMX a prompt chunk's rows run `w8a16_amx_gemm`: the same
+    integer sums on int8 tiles, so the tiles' speed is kept too."""
     return device.type == "cpu" and native_int8.w8a16_enabled()
 
 
@@ -76,7 +79,7 @@ class Linear:
     """
 
     __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles", "panels",
-                 "matrix", "silu_tiles", "a16")
+                 "matrix", "silu_tiles", "a16", "quads")
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], kind: str, one_order: bool = False,
                  a16: bool = False) -> None:
@@ -89,6 +92,7 @@ class Linear:
         self.matrix: Optional[native_int8.Int8Matrix] = None   # int8 on a CPU: what the decode kernel reads
         self.silu_tiles: Optional[tuple] = None   # gate_up, int8 with AMX: interleaved tiles, scales, bias (silu_mul)
         self.a16 = False   # int8 on AVX512-VNNI: every row on w8a16_gemm (int16 activations, exact integer sums)
+        self.quads: Optional[torch.Tensor] = None   # a16 with AMX: the int8 tiles a prompt chunk's rows run on
         if kind == "int8":
             w = weight.float()
             scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -98,6 +102,8 @@ class Linear:
             self.a16 = a16 and a16_fits(self.weight)   # the caller asked where a16_here()
             if self.a16:   # every row count reads these (pack_pairs: the panels with k in pairs), and only these
                 self.panels = native_int8.pack_pairs(self.weight)
+                if native_int8.a16_amx_fits(self.weight):   # and from PANEL_MIN_ROWS rows, these (same bits)
+                    self.quads = native_int8.pack_quads(self.weight)
                 self.weight = None
             elif weight.device.type == "cpu" and one_order and one_order_fits(self.weight):
                 self.panels = native_int8.pack_panels(self.weight)   # every row count reads these, and only
@@ -126,7 +132,9 @@ class Linear:
             return torch.addmm(self.bias, x, self.weight)
         if kind == "bf16":
             return F.linear(x, self.weight, self.bias)
-        if self.a16:
+        if self.a16:   # a prompt chunk's rows on AMX tiles where they are: w8a16_gemm's bits, ~3x its panels' speed
+            if self.quads is not None and x.shape[0] >= PANEL_MIN_ROWS:
+                return native_int8.w8a16_amx_gemm(x, self.quads, self.scales, self.bias)
             return native_int8.w8a16_gemm(x, self.panels, self.scales, self.bias)
         if self.dense is None:
             if native_kernels.available():
@@ -173,5 +181,6 @@ class Linear:
         return native_kernels.silu_mul(self(x))
 
     def nbytes(self) -> int:
-        parts = (self.weight, self.scales, self.bias, self.dense, self.tiles, self.panels, *(self.silu_tiles or ()))
+        parts = (self.weight, self.scales, self.bias, self.dense, self.tiles, self.panels, self.quads,
+                 *(self.silu_tiles or ()))
         return sum(t.numel() * t.element_size() for t in parts if t is not None)

@@ -1,4 +1,4 @@
-/* int8 projections with int16 activations on AVX512-VNNI (CPUs without AMX): exact integer sums.
+/* int8 projections with int16 activations on AVX512-VNNI (and AMX-INT8 tiles for many rows): exact integer sums.
  *
  * Why: on a CPU whose FMA units do 16 fp32 multiply-adds a cycle (AMD Zen 4), `w8_panel_gemm` already runs at the
  * FMA peak, and a 1,024-token prefill of the default model was 1.1x HF's. VPDPWSSD does 32 int16 products a cycle
@@ -229,6 +229,114 @@ static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, 
     }
 }
 #endif
+
+#if A16_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define A16_AMX 1
+#include "native_simd.h"   /* load_full_tiles */
+
+int w8a16_amx_ready(void) { return amx_ready(); }
+
+/* Many rows on AMX tiles, the same exact integer sums: each xq = 256 xh + xl with xh = xq >> 8 (int8, -64 .. 63) and
+ * xl = xq & 255 (uint8), so sum xq q = 256 sum xh q + sum xl q, each an int8 tile product (TDPBSSD, TDPBUSD) summed
+ * exactly in int32 (|sum| < 255 x 127 x K < 2^31 for K < 66,000), then combined in 64 bits and stored by a16_store,
+ * the panels' epilogue: the same bits as w8a16_gemm, on a CPU with AMX at tile speed (a prompt chunk's projections).
+ * The weights as int8 tiles `quads` [N/16][K/64][16 k quads][16 channels][4] (native_int8.pack_quads); a block of
+ * 16 rows x 32 channels takes all 8 tiles (2 x 2 sums, xh and xl, 2 weight tiles). */
+static void split_rows_s8(const int16_t *xq, int8_t *xh, uint8_t *xl, int M, int Mp, int K) {
+    #pragma omp parallel for schedule(static)
+    for (int m = 0; m < Mp; m++) {
+        int8_t *h = xh + (int64_t)m * K;
+        uint8_t *l = xl + (int64_t)m * K;
+        if (m >= M) { memset(h, 0, (size_t)K); memset(l, 0, (size_t)K); continue; }
+        const int16_t *q = xq + (int64_t)m * K;
+        for (int k = 0; k < K; k += 32) {   /* K % 64 == 0 */
+            const __m512i v = _mm512_loadu_si512((const void *)(q + k));
+            _mm256_storeu_si256((__m256i *)(h + k), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+            _mm256_storeu_si256((__m256i *)(l + k), _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(255))));
+        }
+    }
+}
+
+static int a16_amx(const int16_t *xq, const double *sx, const int8_t *quads, const float *scales, const float *bias,
+                   float *y, int M, int N, int K) {
+    const int KB = K / 64, NB = N / 32, MB = (M + 15) / 16;
+    /* 16-row blocks per chunk: a chunk's xh and xl rows (2 K bytes a row) stay in L2 while every channel block runs;
+     * chunks of equal size, so that (chunk, channel block) items deal out evenly (w8_x16.c's amx_gemm) */
+    const int per = (int)((1 << 20) / ((int64_t)2 * K * 16)) > 1 ? (int)((1 << 20) / ((int64_t)2 * K * 16)) : 1;
+    const int MC = (MB + per - 1) / per, BM = (MB + MC - 1) / MC;
+    int8_t *xh = (int8_t *)malloc((size_t)MB * 16 * K);
+    uint8_t *xl = (uint8_t *)malloc((size_t)MB * 16 * K);
+    if (!xh || !xl) { free(xh); free(xl); return -1; }
+    split_rows_s8(xq, xh, xl, M, MB * 16, K);
+    #pragma omp parallel
+    {
+        load_full_tiles();
+        int32_t c[4][16 * 16] __attribute__((aligned(64)));   /* xh x w0, xh x w1, xl x w0, xl x w1 */
+        #pragma omp for collapse(2) schedule(static)
+        for (int mc = 0; mc < MC; mc++) {
+            for (int nb = 0; nb < NB; nb++) {
+                const int8_t *b0 = quads + (int64_t)(2 * nb) * KB * 1024, *b1 = b0 + (int64_t)KB * 1024;
+                const int mb_end = (mc + 1) * BM < MB ? (mc + 1) * BM : MB;
+                for (int mb = mc * BM; mb < mb_end; mb++) {
+                    const int8_t *ah = xh + (int64_t)mb * 16 * K;
+                    const uint8_t *al = xl + (int64_t)mb * 16 * K;
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                    for (int kb = 0; kb < KB; kb++) {
+                        _tile_loadd(6, b0 + (int64_t)kb * 1024, 64);
+                        _tile_loadd(7, b1 + (int64_t)kb * 1024, 64);
+                        _tile_loadd(4, ah + kb * 64, K);
+                        _tile_loadd(5, al + kb * 64, K);
+                        _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7);
+                        _tile_dpbusd(2, 5, 6); _tile_dpbusd(3, 5, 7);
+                    }
+                    _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+                    _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+                    for (int t = 0; t < 2; t++) {
+                        const int n0 = nb * 32 + t * 16;
+                        for (int r = 0; r < 16 && mb * 16 + r < M; r++) {
+                            const int m = mb * 16 + r;
+                            int64_t total[16] __attribute__((aligned(64)));
+                            for (int j = 0; j < 16; j++)
+                                total[j] = 256 * (int64_t)c[t][r * 16 + j] + c[2 + t][r * 16 + j];
+                            a16_store(total, sx[m], scales + n0, bias ? bias + n0 : NULL, y + (int64_t)m * N + n0);
+                        }
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(xh);
+    free(xl);
+    return 0;
+}
+#else
+#define A16_AMX 0
+int w8a16_amx_ready(void) { return 0; }
+#endif
+
+/* y[M, N] = xq @ q^T * (sx * scales) (+ bias) on AMX tiles, q as `quads`; N % 32 == 0, K % 64 == 0 (the wrapper
+ * checks). The same bits as w8a16_gemm. Returns -1 when out of memory, -2 when built without AMX-INT8. */
+int w8a16_amx_gemm(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
+                   int M, int N, int K) {
+#if A16_AMX
+    if (M <= 0) return 0;
+    if (!amx_ready()) return -2;
+    int16_t *xq = (int16_t *)malloc((size_t)M * K * sizeof(int16_t));
+    double *sx = (double *)malloc((size_t)M * sizeof(double));
+    int rc = -1;
+    if (xq && sx) {
+        quantize_rows(x, xq, sx, M, K);
+        rc = a16_amx(xq, sx, quads, scales, bias, y, M, N, K);
+    }
+    free(xq);
+    free(sx);
+    return rc;
+#else
+    (void)x; (void)quads; (void)scales; (void)bias; (void)y; (void)M; (void)N; (void)K;
+    return -2;
+#endif
+}
 
 /* y[M, N] = xq @ q^T * (sx * scales) (+ bias), q in panels; N % 16 == 0, K even. Returns -1 when out of memory (the
  * int16 rows), -2 when built without AVX512-VNNI or AVX2. */

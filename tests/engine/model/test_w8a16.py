@@ -1,7 +1,8 @@
-"""w8a16_gemm (w8a16_gemm.c): int8 weights times int16 activations on AVX512-VNNI, what int8 runs on a CPU with VNNI
-and without AMX. Each row of x is rounded once to int16 with one scale, the integer sums are exact, and one epilogue
-scales them: so the result is a formula, checked here bit for bit against torch's int64 arithmetic, and a row's
-output cannot depend on the batch, the chunk or the kernel path it ran in."""
+"""w8a16_gemm (w8a16_gemm.c): int8 weights times int16 activations on AVX512-VNNI (or AVX2), what int8 runs on a CPU
+with either (and w8a16_amx_gemm, the same sums on AMX-INT8 tiles, for a prompt chunk's rows where the CPU has
+them). Each row of x is rounded once to int16 with one scale, the integer sums are exact, and one epilogue scales
+them: so the result is a formula, checked here bit for bit against torch's int64 arithmetic, and a row's output
+cannot depend on the batch, the chunk or the kernel path it ran in."""
 from __future__ import annotations
 
 import pytest
@@ -109,16 +110,66 @@ def test_w8a16_refuses_what_it_cannot_read_with_what_to_change():
         native_int8.w8a16_gemm(torch.zeros(2, 64), pairs, scales[:16], None)
 
 
-def test_int8_runs_every_projection_on_w8a16_where_the_cpu_has_vnni_and_no_amx(request):
-    """With AMX (set_amx on a CPU that has it) the tiles keep the x16 arithmetic; without it every projection,
-    the LM head included, holds only its pairs, and a decode step's one C call runs them too."""
+@pytest.mark.parametrize("m,k,n", [(32, 576, 960), (33, 1536, 576), (100, 64, 32), (1, 576, 64), (47, 128, 3072)])
+def test_w8a16_amx_gemm_gives_w8a16_gemms_bits_on_int8_tiles(m, k, n):
+    """On AMX-INT8 tiles each int16 row is summed as two int8 parts (256 xh + xl), exactly, and stored by the
+    panels' epilogue: w8a16_gemm's result bit for bit, rows with NaN, zeros or subnormals included, K past the
+    1,024 products of a 32-bit lane, rows past a whole tile. Where the CPU has no AMX-INT8 it refuses and says what
+    to use instead."""
     require_a16()
+    q, scales = weights(n, k, seed=m + n)
+    quads = native_int8.pack_quads(q)
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 10
+    x[:, 3] *= 50
+    if m > 3:
+        x[1, 2], x[2] = float("nan"), 0.0
+        x[3] *= 1e-38
+    bias = torch.randn(n, generator=g)
+    if not native_int8.a16_amx_fits(q):
+        assert not native_kernels.amx_available() or not native_kernels.built().w8a16_amx_ready()
+        with pytest.raises(RuntimeError, match="AMX-INT8 tiles"):
+            native_int8.w8a16_amx_gemm(x, quads, scales, bias)
+        return
+    pairs = native_int8.pack_pairs(q)
+    for b in (bias, None):
+        y = native_int8.w8a16_amx_gemm(x, quads, scales, b)
+        assert torch.equal(y.view(torch.int32), native_int8.w8a16_gemm(x, pairs, scales, b).view(torch.int32))
+    assert torch.equal(native_int8.w8a16_amx_gemm(x[-1:], quads, scales, None),
+                       native_int8.w8a16_amx_gemm(x, quads, scales, None)[-1:])
+
+
+def test_pack_quads_and_w8a16_amx_gemm_refuse_what_they_cannot_read_with_what_to_change():
+    require_a16()
+    q, scales = weights(32, 64, seed=9)
+    with pytest.raises(ValueError, match="K of 64"):
+        native_int8.pack_quads(torch.zeros(32, 96, dtype=torch.int8))
+    with pytest.raises(ValueError, match="K of 64"):
+        native_int8.pack_quads(q.float())
+    with pytest.raises(ValueError, match="pack_quads"):   # pack_pairs' layout is another order of the same bytes
+        native_int8.w8a16_amx_gemm(torch.zeros(2, 64), native_int8.pack_pairs(q), scales, None)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        native_int8.w8a16_amx_gemm(torch.zeros(2, 64), native_int8.pack_quads(q[:16]), scales[:16], None)
+    with pytest.raises(ValueError, match="fp32 CPU rows"):
+        native_int8.w8a16_amx_gemm(torch.zeros(2, 128), native_int8.pack_quads(q), scales, None)
+
+
+def test_int8_runs_every_projection_on_w8a16_where_the_cpu_has_vnni_or_avx2(request):
+    """AMX or not, every projection, the LM head included, holds only its pairs (and, with AMX-INT8, the int8 tiles
+    a prompt chunk's rows run on: the same bits), and a decode step's one C call runs them too. (Before 2026-12-06
+    a CPU with AMX kept the x16 arithmetic, whose tiles summed in another order than the decode kernel.)"""
+    require_a16()
+    native = NativeLlama.from_hf(make_ref(0), dtype="int8")
+    lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)] + [native.lm_head]
+    assert native.a16 and all(lin.a16 and lin.weight is None and lin.matrix is None for lin in lins)
+    amx_int8 = native_kernels.amx_available() and bool(native_kernels.built().w8a16_amx_ready())
+    assert [lin.quads is not None for lin in lins] == [amx_int8] * len(lins)
+    assert native.decode_layers is not None
     previous = native_kernels.set_amx(False)
     request.addfinalizer(lambda: native_kernels.set_amx(previous))
     native = NativeLlama.from_hf(make_ref(0), dtype="int8")
     lins = [lin for L in native.layers for lin in (L.qkv, L.o, L.gate_up, L.down)] + [native.lm_head]
-    assert native.a16 and all(lin.a16 and lin.weight is None and lin.matrix is None for lin in lins)
-    assert native.decode_layers is not None
+    assert native.a16 and all(lin.a16 and lin.quads is None for lin in lins)
     previous_a16 = native_int8.set_w8a16(False)
     try:
         assert not NativeLlama.from_hf(make_ref(0), dtype="int8").a16
