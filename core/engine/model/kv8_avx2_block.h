@@ -186,8 +186,8 @@ static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, c
     else dots_rows(qi, rows, b, keys, D, dots);
 }
 
-/* n (<= RB) query rows' softmax steps over a block: for each row r, the AVX-512 row_weights' contract
- * (kv8_attention.c), 8 keys a step, on dots + r BK, qc[r], seen[r], mx[r], sum[r], o + r D, wq + r BK, ws[r],
+/* n (<= RB) query rows' softmax steps over a block: for each row r, the AVX-512 block_weights' contract
+ * (kv8_avx512_block.h), 8 keys a step, on dots + r BK, qc[r], seen[r], mx[r], sum[r], o + r D, wq + r BK, ws[r],
  * corr[r]; need[r] says whether the row takes a weighted sum of V (a row with seen[r] == 0 is not touched). Only the
  * group holding a row's last seen key is masked (the others are whole); a NaN or inf score or V scale shows in the
  * sums of p and of w (p <= 1 and a V scale is finite or NaN, so a finite w sums finite), checked once a block

@@ -125,77 +125,89 @@ static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, c
     else dots_rows(qi, qsum, rows, b, keys, D, dots);
 }
 
-/* One query row's softmax step over a block, from its exact scores dots [BK], keys 0 .. seen - 1 of it (seen >= 1):
- * its running max and sum updated; returns 1 with the block's weights rounded to int16 (wq [BK], zeros past
- * `seen`), their scale *ws and the factor *corr its output is scaled by first, for block_values and row_output;
- * else (no weight left, or a NaN score or V scale: the row's output NaN, as in fp32) finishes the row's output
- * itself and returns 0. */
+/* n (<= RB) query rows' softmax steps over a block, from their exact scores dots [RB][BK]: for each row r that sees
+ * seen[r] >= 1 keys of it, its running max mx[r] and sum sum[r] updated, and need[r] = 1 with the block's weights
+ * rounded to int16 (wq + r BK, zeros past `seen`), their scale ws[r] and the factor corr[r] its output is scaled by
+ * first, for block_values and row_output; else (no weight left, or a NaN score or V scale: the row's output NaN, as
+ * in fp32) the row's output finished here, need[r] = 0 and zeros in its wq. The rows go phase by phase (scores and
+ * max, exp and sums, the scalar step, int16 weights): a row alone is one chain of dependent steps (block max -> exp
+ * -> sums -> scale), and side by side the rows' chains overlap. Each row's arithmetic is its own, the same whatever
+ * rows share the call. */
 __attribute__((noinline, noclone))
-static int row_weights(const int32_t *dots, float qc, const block8 *b, int seen, int D, float *mx, float *sum,
-                       float *o, int16_t *wq, float *ws, float *corr) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), qcv = _mm512_set1_ps(qc), zero = _mm512_setzero_ps();
-    const float *ksc = b->kscs + b->head * BK, *vsc = b->vscs + b->head * BK;   /* the head's scales */
-    const int groups = (seen + 15) / 16;   /* groups past `seen` hold no key: weight 0, no work */
-    __mmask16 mk[NG];
-    __m512 s[NG], p[NG], w[NG];
-    __mmask16 bad = 0;
-    __m512 top = ninf;
-    for (int h = 0; h < NG; h++) {
-        const int left = seen - 16 * h;
-        mk[h] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
-        if (h >= groups) continue;
-        s[h] = _mm512_mask_mul_ps(ninf, mk[h], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + 16 * h)), qcv),
-                                  _mm512_loadu_ps(ksc + 16 * h));
-        bad |= _mm512_mask_fpclass_ps_mask(mk[h], s[h], 0x81);
-        top = _mm512_max_ps(top, s[h]);
-    }
-    const float bm = _mm512_reduce_max_ps(top);
-    const float mnew = bm > *mx ? bm : *mx;
-    const __m512 mv = _mm512_set1_ps(mnew);
-    __m512 wtop = zero;
-    for (int h = 0; h < NG; h++) {
-        if (h >= groups) { p[h] = w[h] = zero; continue; }
-        p[h] = _mm512_maskz_mov_ps(mk[h], exp512(_mm512_sub_ps(s[h], mv)));
-        /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
-        w[h] = _mm512_maskz_mul_ps(mk[h], p[h], _mm512_loadu_ps(vsc + 16 * h));
-        bad |= _mm512_mask_fpclass_ps_mask(mk[h], w[h], NOT_FINITE);
-        wtop = _mm512_max_ps(wtop, w[h]);
-    }
-    if (bad || mnew != mnew) {
-        if (*mx == -INFINITY) *mx = 0.f;   /* kept by the merge */
-        *sum = NAN;
-        for (int d = 0; d < D; d++) o[d] = NAN;
-        return 0;
-    }
-    /* exp512(0) is exactly 1: a block that does not raise the max (most, past the first) skips the exp */
-    const float c = *mx == -INFINITY ? 0.f : mnew == *mx ? 1.f : _mm512_cvtss_f32(exp512(_mm512_set1_ps(*mx - mnew)));
-    float total = 0.f;
-    for (int h = 0; h < groups; h++) total += _mm512_reduce_add_ps(p[h]);   /* groups in order */
-    *sum = *sum * c + total;
-    *mx = mnew;
-    const float wmax = _mm512_reduce_max_ps(wtop);
-    if (!(wmax > 0.f)) {   /* no weight left after the V scales (zero rows): the output scaled only */
-        const __m512 cv = _mm512_set1_ps(c);
-        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), cv));
-        return 0;
-    }
-    const __m512 inv = _mm512_set1_ps(32767.f / wmax);   /* w x inv <= 32767 (rounding in the order of 1 ulp) */
-    for (int h = 0; h < NG; h++)
-        _mm256_storeu_si256((__m256i *)(wq + 16 * h), _mm512_cvtsepi32_epi16(_mm512_cvt_roundps_epi32(
-            _mm512_mul_ps(w[h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-    *ws = wmax / 32767.f;
-    *corr = c;
-    return 1;
-}
-
-/* n (<= RB) rows' softmax steps over a block, kv8_avx2_block.h's block_weights contract: row_weights for each row
- * that sees a key of it, zeros in wq for a row without weights (adds nothing to the V sums) */
 static void block_weights(const int32_t *dots, const float *qc, const block8 *b, const int *seen, int n, int D,
                           float *mx, float *sum, float *o, int16_t *wq, float *ws, float *corr, int *need) {
-    for (int r = 0; r < n; r++) {
-        need[r] = seen[r] && row_weights(dots + r * BK, qc[r], b, seen[r], D, &mx[r], &sum[r], o + (int64_t)r * D,
-                                         wq + r * BK, &ws[r], &corr[r]);
-        if (!need[r]) memset(wq + r * BK, 0, sizeof(int16_t) * BK);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const float *ksc = b->kscs + b->head * BK, *vsc = b->vscs + b->head * BK;   /* the head's scales */
+    __m512 s[RB][NG], w[RB][NG];
+    __mmask16 mk[RB][NG], bad[RB];
+    float mnew[RB], total[RB], wmax[RB];
+    int groups[RB];
+    for (int r = 0; r < n; r++) {   /* scores, the block max */
+        if (!seen[r]) continue;
+        groups[r] = (seen[r] + 15) / 16;   /* groups past `seen` hold no key: weight 0, no work */
+        const __m512 qcv = _mm512_set1_ps(qc[r]);
+        __m512 top = ninf;
+        bad[r] = 0;
+        for (int h = 0; h < NG; h++) {
+            const int left = seen[r] - 16 * h;
+            mk[r][h] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
+            if (h >= groups[r]) continue;
+            s[r][h] = _mm512_mask_mul_ps(ninf, mk[r][h],
+                                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + r * BK + 16 * h)), qcv),
+                                         _mm512_loadu_ps(ksc + 16 * h));
+            bad[r] |= _mm512_mask_fpclass_ps_mask(mk[r][h], s[r][h], 0x81);
+            top = _mm512_max_ps(top, s[r][h]);
+        }
+        const float bm = _mm512_reduce_max_ps(top);
+        mnew[r] = bm > mx[r] ? bm : mx[r];
+    }
+    for (int r = 0; r < n; r++) {   /* p = exp(s - max), w = p x V scale; the sum of p, the largest w */
+        if (!seen[r]) continue;
+        const __m512 mv = _mm512_set1_ps(mnew[r]);
+        __m512 wtop = zero;
+        float t = 0.f;
+        for (int h = 0; h < NG; h++) {
+            if (h >= groups[r]) { w[r][h] = zero; continue; }
+            const __m512 p = _mm512_maskz_mov_ps(mk[r][h], exp512(_mm512_sub_ps(s[r][h], mv)));
+            /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
+            w[r][h] = _mm512_maskz_mul_ps(mk[r][h], p, _mm512_loadu_ps(vsc + 16 * h));
+            bad[r] |= _mm512_mask_fpclass_ps_mask(mk[r][h], w[r][h], NOT_FINITE);
+            wtop = _mm512_max_ps(wtop, w[r][h]);
+            t += _mm512_reduce_add_ps(p);   /* groups in order */
+        }
+        total[r] = t;
+        wmax[r] = _mm512_reduce_max_ps(wtop);
+    }
+    for (int r = 0; r < n; r++) {   /* the running max, sum and output scale; the weights as int16 */
+        int16_t *wr = wq + r * BK;
+        need[r] = 0;
+        if (!seen[r]) { memset(wr, 0, sizeof(int16_t) * BK); continue; }
+        float *orow = o + (int64_t)r * D;
+        if (bad[r] || mnew[r] != mnew[r]) {
+            if (mx[r] == -INFINITY) mx[r] = 0.f;   /* kept by the merge */
+            sum[r] = NAN;
+            for (int d = 0; d < D; d++) orow[d] = NAN;
+            memset(wr, 0, sizeof(int16_t) * BK);
+            continue;
+        }
+        /* exp512(0) is exactly 1: a block that does not raise the max (most, past the first) skips the exp */
+        const float c = mx[r] == -INFINITY ? 0.f : mnew[r] == mx[r] ? 1.f
+                      : _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx[r] - mnew[r])));
+        sum[r] = sum[r] * c + total[r];
+        mx[r] = mnew[r];
+        if (!(wmax[r] > 0.f)) {   /* no weight left after the V scales (zero rows): the output scaled only */
+            const __m512 cv = _mm512_set1_ps(c);
+            for (int d = 0; d < D; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), cv));
+            memset(wr, 0, sizeof(int16_t) * BK);
+            continue;
+        }
+        const __m512 inv = _mm512_set1_ps(32767.f / wmax[r]);   /* w x inv <= 32767 (rounding in the order of 1 ulp) */
+        for (int h = 0; h < NG; h++)
+            _mm256_storeu_si256((__m256i *)(wr + 16 * h), _mm512_cvtsepi32_epi16(_mm512_cvt_roundps_epi32(
+                _mm512_mul_ps(w[r][h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        ws[r] = wmax[r] / 32767.f;
+        corr[r] = c;
+        need[r] = 1;
     }
 }
 
