@@ -252,25 +252,48 @@ def pack_quads(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4).contiguous()
 
 
+def interleave_quads(quads: torch.Tensor) -> torch.Tensor:
+    """gate_up's int8 tiles (pack_quads of [2I, K]) with gate and up interleaved by 16 channels, as
+    interleave_gate_up orders the rows: a 32-channel block of `w8a16_amx_gemm_silu` then holds a gate tile and its up
+    tile."""
+    groups = quads.shape[0]
+    if groups % 2:
+        raise ValueError(f"gate_up needs its intermediate size a multiple of 16, got {groups * 8}")
+    return torch.stack([quads[:groups // 2], quads[groups // 2:]], dim=1).reshape(quads.shape).contiguous()
+
+
 def w8a16_amx_gemm(x: torch.Tensor, quads: torch.Tensor, scales: torch.Tensor,
                    bias: Optional[torch.Tensor]) -> torch.Tensor:
     """`w8a16_gemm`'s result, the same bits, on AMX tiles (`quads` = pack_quads(w)): each int16 activation split in
     two int8 parts, the tiles' int8 products summed exactly, `w8a16_gemm`'s epilogue. For a prompt chunk's rows on a
     CPU with AMX (its decode rows stay on `w8a16_gemm`'s panels)."""
+    return _a16_amx("w8a16_amx_gemm", x, quads, scales, bias, silu=False)
+
+
+def w8a16_amx_gemm_silu(x: torch.Tensor, quads: torch.Tensor, scales: torch.Tensor,
+                        bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """silu(gate) * up [M, I] of gate_up on AMX tiles, the same bits as `w8a16_gemm` then `silu_mul`, without the
+    [M, 2I] output; `quads`, `scales`, `bias` interleaved (interleave_quads, interleave_gate_up)."""
+    return _a16_amx("w8a16_amx_gemm_silu", x, quads, scales, bias, silu=True)
+
+
+def _a16_amx(name: str, x: torch.Tensor, quads: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor],
+             silu: bool) -> torch.Tensor:
+    """The checks and the call of both AMX-INT8 kernels."""
     if quads.dtype is not torch.int8 or quads.dim() != 5 or quads.shape[2:] != (16, 16, 4) or not quads.is_contiguous():
         raise ValueError(f"weights {tuple(quads.shape)} {quads.dtype} are not int8 tiles; make them with pack_quads")
     n, k = quads.shape[0] * 16, quads.shape[1] * 64
     if n % 32:
-        raise ValueError(f"w8a16_amx_gemm needs the output size a multiple of 32, got {n}")
-    check_rows("w8a16_amx_gemm", x, k)
-    native_kernels.check_channels("w8a16_amx_gemm", n, scales, bias)
+        raise ValueError(f"{name} needs the output size a multiple of 32, got {n}")
+    check_rows(name, x, k)
+    native_kernels.check_channels(name, n, scales, bias)
     if not (native_kernels.amx_available() and native_kernels.built().w8a16_amx_ready()):
-        raise RuntimeError("w8a16_amx_gemm needs AMX-INT8 tiles (this CPU, compiler or kernel setting has none); "
-                           "use w8a16_gemm")
+        raise RuntimeError(f"{name} needs AMX-INT8 tiles (this CPU, compiler or kernel setting has none); "
+                           f"use w8a16_gemm")
     x = x.contiguous()
-    y = torch.empty((x.shape[0], n), dtype=torch.float32)
-    native_kernels.built().w8a16_amx_gemm(x.data_ptr(), quads.data_ptr(), scales.data_ptr(),
-                                         native_kernels.ptr(bias), y.data_ptr(), x.shape[0], n, k)
+    y = torch.empty((x.shape[0], n // 2 if silu else n), dtype=torch.float32)
+    getattr(native_kernels.built(), name)(x.data_ptr(), quads.data_ptr(), scales.data_ptr(),
+                                          native_kernels.ptr(bias), y.data_ptr(), x.shape[0], n, k)
     return y
 
 

@@ -112,6 +112,10 @@ static PyObject *py_w8a16_amx_gemm(PyObject *self, PyObject *const *args, Py_ssi
     return call_w8(w8a16_amx_gemm, "w8a16_amx_gemm", args, n);
 }
 
+static PyObject *py_w8a16_amx_gemm_silu(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return call_w8(w8a16_amx_gemm_silu, "w8a16_amx_gemm_silu", args, n);
+}
+
 typedef int (*amx_gemm_fn)(const float *, uint16_t *, const uint16_t *, const float *, const float *, float *,
                            int, int, int);
 
@@ -360,6 +364,7 @@ static PyMethodDef METHODS[] = {
     {"w8a16_gemm", (PyCFunction)(void (*)(void))py_w8a16_gemm, METH_FASTCALL, NULL},
     {"w8a16_ready", (PyCFunction)(void (*)(void))py_w8a16_ready, METH_FASTCALL, NULL},
     {"w8a16_amx_gemm", (PyCFunction)(void (*)(void))py_w8a16_amx_gemm, METH_FASTCALL, NULL},
+    {"w8a16_amx_gemm_silu", (PyCFunction)(void (*)(void))py_w8a16_amx_gemm_silu, METH_FASTCALL, NULL},
     {"w8a16_amx_ready", (PyCFunction)(void (*)(void))py_w8a16_amx_ready, METH_FASTCALL, NULL},
     {"amx_ready", (PyCFunction)(void (*)(void))py_amx_ready, METH_FASTCALL, NULL},
     {"amx_attention", (PyCFunction)(void (*)(void))py_amx_attention, METH_FASTCALL, NULL},

@@ -42,6 +42,8 @@ int w8a16_gemm(const float *x, const int8_t *panels, const float *scales, const 
 int w8a16_amx_ready(void);
 int w8a16_amx_gemm(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
                    int M, int N, int K);
+int w8a16_amx_gemm_silu(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
+                        int M, int N, int K);
 
 /* amx_attention.c */
 int amx_attention_ready(void);

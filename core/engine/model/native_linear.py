@@ -169,9 +169,15 @@ class Linear:
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for a fused gate_up projection (fp32 rows on a CPU with the C kernels). Prefill-sized
-        int8 batches on AMX tiles do it in the GEMM's epilogue (`w8_amx_gemm_silu`: the same bits, without
-        writing and rereading the [M, 2I] gate_up output, ~1 ms a layer at 1,024 rows); the rest is this
-        projection, then `native_kernels.silu_mul`."""
+        int8 batches on AMX tiles do it in the GEMM's epilogue (`w8a16_amx_gemm_silu` with a16, `w8_amx_gemm_silu`
+        with x16: the same bits, without writing and rereading the [M, 2I] gate_up output, ~1 ms a layer at 1,024
+        rows); the rest is this projection, then `native_kernels.silu_mul`."""
+        if self.a16 and self.quads is not None and x.shape[0] >= PANEL_MIN_ROWS:   # w8a16_amx_gemm's, fused
+            if self.silu_tiles is None:
+                il = native_int8.interleave_gate_up
+                self.silu_tiles = (native_int8.interleave_quads(self.quads), il(self.scales),
+                                   None if self.bias is None else il(self.bias))
+            return native_int8.w8a16_amx_gemm_silu(x, *self.silu_tiles)
         if self.kind == "int8" and self.dense is None and native_kernels.available() and self._on_tiles(x):
             if self.silu_tiles is None:
                 il = native_int8.interleave_gate_up

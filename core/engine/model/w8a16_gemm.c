@@ -257,8 +257,13 @@ static void split_rows_s8(const int16_t *xq, int8_t *xh, uint8_t *xl, int M, int
     }
 }
 
+/* silu: the weights, scales and bias are gate_up's with gate and up interleaved by 16 channels
+ * (native_int8.interleave_quads), so a block's first channel tile is gate channels j..j+16 and its second the up
+ * channels j..j+16; the epilogue stores both as w8a16_gemm would (a16_store) and writes silu(gate) * up to y [M, N/2]
+ * with silu_mul's operations on those fp32 values: the same bits as the GEMM then silu_mul, without writing and
+ * rereading the [M, N] gate_up output. */
 static int a16_amx(const int16_t *xq, const double *sx, const int8_t *quads, const float *scales, const float *bias,
-                   float *y, int M, int N, int K) {
+                   float *y, int M, int N, int K, int silu) {
     const int KB = K / 64, NB = N / 32, MB = (M + 15) / 16;
     /* 16-row blocks per chunk: a chunk's xh and xl rows (2 K bytes a row) stay in L2 while every channel block runs;
      * chunks of equal size, so that (chunk, channel block) items deal out evenly (w8_x16.c's amx_gemm) */
@@ -291,14 +296,23 @@ static int a16_amx(const int16_t *xq, const double *sx, const int8_t *quads, con
                     }
                     _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
                     _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
-                    for (int t = 0; t < 2; t++) {
-                        const int n0 = nb * 32 + t * 16;
-                        for (int r = 0; r < 16 && mb * 16 + r < M; r++) {
-                            const int m = mb * 16 + r;
+                    for (int r = 0; r < 16 && mb * 16 + r < M; r++) {
+                        const int m = mb * 16 + r;
+                        float out[2][16] __attribute__((aligned(64)));   /* silu: gate, up */
+                        for (int t = 0; t < 2; t++) {
+                            const int n0 = nb * 32 + t * 16;
                             int64_t total[16] __attribute__((aligned(64)));
                             for (int j = 0; j < 16; j++)
                                 total[j] = 256 * (int64_t)c[t][r * 16 + j] + c[2 + t][r * 16 + j];
-                            a16_store(total, sx[m], scales + n0, bias ? bias + n0 : NULL, y + (int64_t)m * N + n0);
+                            a16_store(total, sx[m], scales + n0, bias ? bias + n0 : NULL,
+                                      silu ? out[t] : y + (int64_t)m * N + n0);
+                        }
+                        if (silu) {   /* silu_mul's operations (fused_elementwise.c) */
+                            const __m512 g = _mm512_load_ps(out[0]);
+                            const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+                            _mm512_storeu_ps(y + (int64_t)m * (N / 2) + nb * 16,
+                                             _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)),
+                                                           _mm512_load_ps(out[1])));
                         }
                     }
                 }
@@ -315,10 +329,8 @@ static int a16_amx(const int16_t *xq, const double *sx, const int8_t *quads, con
 int w8a16_amx_ready(void) { return 0; }
 #endif
 
-/* y[M, N] = xq @ q^T * (sx * scales) (+ bias) on AMX tiles, q as `quads`; N % 32 == 0, K % 64 == 0 (the wrapper
- * checks). The same bits as w8a16_gemm. Returns -1 when out of memory, -2 when built without AMX-INT8. */
-int w8a16_amx_gemm(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
-                   int M, int N, int K) {
+static int amx_gemm_rows(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
+                         int M, int N, int K, int silu) {
 #if A16_AMX
     if (M <= 0) return 0;
     if (!amx_ready()) return -2;
@@ -327,15 +339,28 @@ int w8a16_amx_gemm(const float *x, const int8_t *quads, const float *scales, con
     int rc = -1;
     if (xq && sx) {
         quantize_rows(x, xq, sx, M, K);
-        rc = a16_amx(xq, sx, quads, scales, bias, y, M, N, K);
+        rc = a16_amx(xq, sx, quads, scales, bias, y, M, N, K, silu);
     }
     free(xq);
     free(sx);
     return rc;
 #else
-    (void)x; (void)quads; (void)scales; (void)bias; (void)y; (void)M; (void)N; (void)K;
+    (void)x; (void)quads; (void)scales; (void)bias; (void)y; (void)M; (void)N; (void)K; (void)silu;
     return -2;
 #endif
+}
+
+/* y[M, N] = xq @ q^T * (sx * scales) (+ bias) on AMX tiles, q as `quads`; N % 32 == 0, K % 64 == 0 (the wrapper
+ * checks). The same bits as w8a16_gemm. Returns -1 when out of memory, -2 when built without AMX-INT8. */
+int w8a16_amx_gemm(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
+                   int M, int N, int K) {
+    return amx_gemm_rows(x, quads, scales, bias, y, M, N, K, 0);
+}
+
+/* gate_up's rows on AMX tiles with silu(gate) * up in the epilogue: y [M, N/2], the weights interleaved (a16_amx) */
+int w8a16_amx_gemm_silu(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
+                        int M, int N, int K) {
+    return amx_gemm_rows(x, quads, scales, bias, y, M, N, K, 1);
 }
 
 /* y[M, N] = xq @ q^T * (sx * scales) (+ bias), q in panels; N % 16 == 0, K even. Returns -1 when out of memory (the

@@ -139,6 +139,29 @@ def test_w8a16_amx_gemm_gives_w8a16_gemms_bits_on_int8_tiles(m, k, n):
                        native_int8.w8a16_amx_gemm(x, quads, scales, None)[-1:])
 
 
+@pytest.mark.parametrize("m,i,k,with_bias", [(32, 1536, 576, False), (33, 256, 192, True), (100, 64, 1536, True)])
+def test_gate_up_on_int8_tiles_with_silu_in_the_epilogue_is_the_gemm_then_silu_mul_bit_for_bit(m, i, k, with_bias):
+    """w8a16_amx_gemm_silu on gate_up's interleaved tiles writes silu(gate) * up with silu_mul's operations on the
+    outputs w8a16_gemm gives: the same bits as the two calls (a NaN row and a zero row included), or, without
+    AMX-INT8, a refusal that says what to use."""
+    require_a16()
+    q, scales = weights(2 * i, k, seed=m + i)
+    g = torch.Generator().manual_seed(i)
+    x = torch.randn(m, k, generator=g) * 3
+    x[1, 3], x[2] = float("nan"), 0.0
+    bias = torch.randn(2 * i, generator=g) if with_bias else None
+    il = native_int8.interleave_gate_up
+    tiles = native_int8.interleave_quads(native_int8.pack_quads(q))
+    args = (il(scales), None if bias is None else il(bias))
+    if not native_int8.a16_amx_fits(q):
+        with pytest.raises(RuntimeError, match="AMX-INT8 tiles"):
+            native_int8.w8a16_amx_gemm_silu(x, tiles, *args)
+        return
+    y = native_int8.w8a16_amx_gemm_silu(x, tiles, *args)
+    ref = native_kernels.silu_mul(native_int8.w8a16_gemm(x, native_int8.pack_pairs(q), scales, bias))
+    assert y.shape == (m, i) and torch.equal(y.view(torch.int32), ref.view(torch.int32))
+
+
 def test_pack_quads_and_w8a16_amx_gemm_refuse_what_they_cannot_read_with_what_to_change():
     require_a16()
     q, scales = weights(32, 64, seed=9)
