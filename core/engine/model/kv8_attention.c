@@ -210,6 +210,20 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
 #include "kv8_avx2_block.h"
 #endif
 
+/* the weighted V sums of a block for R (<= RB) rows: the build's values_rows on the int8 V rows in place (few rows),
+ * or values_d on the block unpacked as key pairs (`transposed`: many rows), specialised for the common shapes */
+static void block_values(const int16_t *wq, int R, const block8 *b, int transposed, int pairs, int D, int32_t *acc) {
+    if (!transposed) {
+        if (R == 3) values_rows(wq, 3, b, pairs, D, acc);
+        else if (R == 4) values_rows(wq, 4, b, pairs, D, acc);
+        else if (R == 2) values_rows(wq, 2, b, pairs, D, acc);
+        else values_rows(wq, 1, b, pairs, D, acc);
+    }
+    else if (D == 64) values_d(wq, R, b, pairs, 64, acc);
+    else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
+    else values_d(wq, R, b, pairs, D, acc);
+}
+
 /* One block for the rows of KV head g (its G query heads at positions pos0 .. pos0 + qn - 1, queries i0 ..: row
  * rr is head g * G + rr / qn at query i0 + rr % qn): their running max, sum and output (st: [rows][D] outputs, then
  * rows maxes, rows sums) updated. */

@@ -328,15 +328,3 @@ static inline __attribute__((always_inline)) void values_rows(const int16_t *wq,
         }
     }
 }
-
-static void block_values(const int16_t *wq, int R, const block8 *b, int transposed, int pairs, int D, int32_t *acc) {
-    if (!transposed) {
-        if (R == 3) values_rows(wq, 3, b, pairs, D, acc);
-        else if (R == 4) values_rows(wq, 4, b, pairs, D, acc);
-        else if (R == 2) values_rows(wq, 2, b, pairs, D, acc);
-        else values_rows(wq, 1, b, pairs, D, acc);
-    }
-    else if (D == 64) values_d(wq, R, b, pairs, 64, acc);
-    else if (D == 128) values_d(wq, R, b, pairs, 128, acc);
-    else values_d(wq, R, b, pairs, D, acc);
-}
