@@ -163,12 +163,12 @@ static inline void prefetch_key(const keys8 *kv, int g, int heads, int64_t j, in
 /* Few rows (a decode step's G query heads, a short chunk's tokens x G): one block's keys for KV heads g0 .. g1 - 1 at
  * once, before their head_block calls. A slot's rows of every head are adjacent, so one pass reads each key's slot
  * once for all heads: its rows' address (head g0's; head g's are (g - g0) D bytes on) and every head's scales. Per
- * head, as many rows still do (the block headers' unpack_block), the slot was read, the addresses computed and the scales'
- * lines asked for again for each head: a decode step's attention at 4,096 tokens (30 layers from DRAM, 2 threads)
- * 4-6 % slower. The block ahead is asked for only where a run of slots starts: asking for every key's lines (and
- * GCC spilling the loop's state around them) was ~100 instructions a key, and on a pool whose slots run in order
- * the CPU streams them itself (decode attention at 4,096 tokens 8-9 % faster, from cache or DRAM; on shuffled
- * slots 3 % faster). */
+ * head, as many rows still do (the block headers' unpack_block), the slot was read, the addresses computed and the
+ * scales' lines asked for again for each head: a decode step's attention at 4,096 tokens (30 layers from DRAM, 2
+ * threads) 4-6 % slower (AMD Zen 3). The block ahead is asked for only where a run of slots starts: asking for every
+ * key's lines (and GCC spilling the loop's state around them) was ~100 instructions a key, and on a pool whose slots
+ * run in order the CPU streams them itself (decode attention at 4,096 tokens 8-9 % faster, from cache or DRAM; on
+ * shuffled slots 3 % faster). */
 static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8 *b) {
     if (!few) return;
     const int D = kv->D, KVH = kv->KVH, heads = g1 - g0, span = heads * D, j0 = kb * BK;

@@ -1,9 +1,9 @@
-/* kv8_attention.c's block kernels on AVX512-VNNI: scores by VPDPBUSD on K + 128 (less 128 x sum q), keys across
- * lanes (16 keys' rows transposed in registers for a few rows, a block transposed once into memory for many), the
- * weighted V sums by VPDPWSSD on key pairs (a few rows widen the int8 V rows as they read them, many read a block
- * unpacked once), the softmax steps on 16 lanes, and the segments' merge. Included by kv8_attention.c (after its types),
- * whose drivers and promise (a row's bits the same however its prompt was chunked, cached, decoded or prefilled)
- * kv8_avx2_block.h shares on 8 lanes. */
+/* kv8_attention.c's block kernels on AVX512-VNNI: scores by VPDPBUSD on K + 128 (less 128 x sum q), keys across lanes
+ * (16 keys' rows transposed in registers for a few rows, a block transposed once into memory for many), the weighted V
+ * sums by VPDPWSSD on key pairs (a few rows widen the int8 V rows as they read them, many read a block unpacked once),
+ * the softmax steps on 16 lanes, and the segments' merge. Included by kv8_attention.c (after its types), whose drivers
+ * and promise (a row's bits the same however its prompt was chunked, cached, decoded or prefilled) kv8_avx2_block.h
+ * shares on 8 lanes. */
 #include "online_softmax_avx512.h"   /* merge, finish */
 
 #define FEW_MAX RB   /* the most rows that read the int8 rows in place; more use the unpacked block */
@@ -152,9 +152,8 @@ static void block_weights(const int32_t *dots, const float *qc, const block8 *b,
             const int left = seen[r] - 16 * h;
             mk[r][h] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
             if (h >= groups[r]) continue;
-            s[r][h] = _mm512_mask_mul_ps(ninf, mk[r][h],
-                                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(dots + r * BK + 16 * h)), qcv),
-                                         _mm512_loadu_ps(ksc + 16 * h));
+            const __m512 d = _mm512_cvtepi32_ps(_mm512_loadu_si512(dots + r * BK + 16 * h));
+            s[r][h] = _mm512_mask_mul_ps(ninf, mk[r][h], _mm512_mul_ps(d, qcv), _mm512_loadu_ps(ksc + 16 * h));
             bad[r] |= _mm512_mask_fpclass_ps_mask(mk[r][h], s[r][h], 0x81);
             top = _mm512_max_ps(top, s[r][h]);
         }

@@ -71,11 +71,11 @@ class Linear:
         bf16 tiles (`tiles`), made on the first prefill (twice the int8 bytes). Without AMX (with AVX-512) the
         prefill-sized batches run `w8_panel_gemm` (FMAs on weight panels, `panels`: the same products again,
         ~2x the GEMV kernel at 1,024 rows). Where the CPU has AVX512-VNNI or AVX2 (AMX or not), NativeLlama asks for
-        `a16` (a16_here says why): every row count then runs `w8a16_gemm` on the panels (int16 activations, one scale a row, exact integer
-        sums: 1.9x the panels' speed at 1,024 rows on AMD Zen 4, and the same bits in any batch). Without the C
-        kernels
-        `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the dequantized
-        weight (bf16(q * scale)) runs every row.
+        `a16` (a16_here says why): every row count then runs `w8a16_gemm` on the panels (int16 activations, one
+        scale a row, exact integer sums: 1.9x the panels' speed at 1,024 rows on AMD Zen 4, and the same bits in any
+        batch), and with AMX-INT8 a prompt chunk's rows `w8a16_amx_gemm` (`quads`: the same sums on int8 tiles).
+        Without the C kernels `_weight_int8pack_mm` runs on bf16 activations; on other devices a bf16 GEMM on the
+        dequantized weight (bf16(q * scale)) runs every row.
     """
 
     __slots__ = ("kind", "weight", "scales", "bias", "dense", "dense_bias", "out_features", "tiles", "panels",
@@ -90,8 +90,9 @@ class Linear:
         self.tiles: Optional[torch.Tensor] = None   # int8: the bf16 AMX tiles, packed on the first prefill
         self.panels: Optional[torch.Tensor] = None  # int8 without AMX: the weight panels, packed likewise
         self.matrix: Optional[native_int8.Int8Matrix] = None   # int8 on a CPU: what the decode kernel reads
-        self.silu_tiles: Optional[tuple] = None   # gate_up, int8 with AMX: interleaved tiles, scales, bias (silu_mul)
-        self.a16 = False   # int8 on AVX512-VNNI: every row on w8a16_gemm (int16 activations, exact integer sums)
+        self.silu_tiles: Optional[tuple] = None   # gate_up, int8 with AMX: interleaved tiles, scales, bias (silu_mul;
+        # with a16 they replace `quads`, which gate_up's prompt rows no longer read)
+        self.a16 = False   # int8 on AVX512-VNNI or AVX2: every row on w8a16_gemm (int16 rows, exact integer sums)
         self.quads: Optional[torch.Tensor] = None   # a16 with AMX: the int8 tiles a prompt chunk's rows run on
         if kind == "int8":
             w = weight.float()
@@ -172,11 +173,12 @@ class Linear:
         int8 batches on AMX tiles do it in the GEMM's epilogue (`w8a16_amx_gemm_silu` with a16, `w8_amx_gemm_silu`
         with x16: the same bits, without writing and rereading the [M, 2I] gate_up output, ~1 ms a layer at 1,024
         rows); the rest is this projection, then `native_kernels.silu_mul`."""
-        if self.a16 and self.quads is not None and x.shape[0] >= PANEL_MIN_ROWS:   # w8a16_amx_gemm's, fused
-            if self.silu_tiles is None:
+        if self.a16 and (self.quads is not None or self.silu_tiles is not None) and x.shape[0] >= PANEL_MIN_ROWS:
+            if self.silu_tiles is None:   # w8a16_amx_gemm's tiles, interleaved (and the plain ones let go: 53 MB)
                 il = native_int8.interleave_gate_up
                 self.silu_tiles = (native_int8.interleave_quads(self.quads), il(self.scales),
                                    None if self.bias is None else il(self.bias))
+                self.quads = None
             return native_int8.w8a16_amx_gemm_silu(x, *self.silu_tiles)
         if self.kind == "int8" and self.dense is None and native_kernels.available() and self._on_tiles(x):
             if self.silu_tiles is None:
