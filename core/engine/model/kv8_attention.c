@@ -204,6 +204,31 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
     }
 }
 
+/* Many rows (`transposed`): one block's keys for head g alone, as a block of one head (g0 = g), before its
+ * unpack_block unpacks them: each key's K and V rows (zrow past the last key) and scales, the rows of the block ahead
+ * asked for a key at a time (prefetch_key), and with `v_to_l1` each key's V row into L1. */
+static void head_keys(const keys8 *kv, int g, int kb, int v_to_l1, block8 *b) {
+    const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
+    const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
+    b->g0 = g;
+    b->head = 0;
+    for (int j = 0; j < BK; j++) {
+        if (j < kn_next) prefetch_key(kv, g, 1, jn + j, (j & 3) == 0);
+        if (j < kn) {
+            const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
+            b->kslot[j] = kv->k + row * D;
+            b->vslot[j] = kv->v + row * D;
+            b->kscs[j] = kv->ks[row];
+            b->vscs[j] = kv->vs[row];
+            if (v_to_l1)
+                for (int d = 0; d < D; d += 64) __builtin_prefetch(b->vslot[j] + d, 0, 3);
+        } else {
+            b->kslot[j] = b->vslot[j] = b->zrow;   /* k = 0, v = 0 */
+            b->kscs[j] = b->vscs[j] = 0.f;
+        }
+    }
+}
+
 #if KV8_AVX512
 #include "kv8_avx512_block.h"
 #else

@@ -43,32 +43,15 @@ static inline void transpose8_epi32(__m256i r[8]) {
 }
 
 /* One block of one KV head: each key's K and V rows and scales (zrow, scales 0, past the last key). Few rows take
- * them from unpack_keys' pass; many rows (`transposed`, the AVX-512 name) read them here and unpack K
- * widened to int16 d pairs [D/2][BK] (in ku's bytes) and V as key pairs (vp), the rows of the block ahead asked for
- * a key at a time (prefetch_key). */
+ * them from unpack_keys' pass; many rows (`transposed`, the AVX-512 name) from head_keys (both in kv8_attention.c),
+ * and unpack K widened to int16 d pairs [D/2][BK] (in ku's bytes) and V as key pairs (vp). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
-    const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
+    const int D = kv->D;
     if (!transposed) {   /* few rows read the int8 rows in place, where unpack_keys found them */
         b->head = g - b->g0;
         return;
     }
-    b->g0 = g;   /* this head's rows and scales, as a block of one head */
-    b->head = 0;
-    const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
-    for (int j = 0; j < BK; j++) {
-        if (j < kn_next) prefetch_key(kv, g, 1, jn + j, (j & 3) == 0);
-        if (j < kn) {
-            const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
-            b->kslot[j] = kv->k + row * D;
-            b->vslot[j] = kv->v + row * D;
-            b->kscs[j] = kv->ks[row];
-            b->vscs[j] = kv->vs[row];
-            for (int d = 0; d < D; d += 64) __builtin_prefetch(b->vslot[j] + d, 0, 3);   /* as unpack_keys */
-        } else {
-            b->kslot[j] = b->vslot[j] = b->zrow;
-            b->kscs[j] = b->vscs[j] = 0.f;
-        }
-    }
+    head_keys(kv, g, kb, 1, b);   /* V's rows into L1, as unpack_keys asks */
     int32_t *kp = (int32_t *)b->ku;
     for (int j0 = 0; j0 < BK; j0 += 8)
         for (int d = 0; d < D; d += 16) {   /* 8 keys x 8 d pairs, transposed: kp[pair][key] */

@@ -13,31 +13,17 @@
 #define FEW_MAX (3 * RB)
 
 /* One block of one KV head. Few rows take its keys' rows and scales from unpack_keys' pass (kv8_attention.c) and
- * read the int8 rows in place; many rows (`transposed`) read them here, the rows of the block ahead asked for a key
- * at a time (prefetch_key), and unpack K + 128 as uint8 [BK][D] transposed to kt [D/4][BK] and V as key pairs
- * (vp). */
+ * read the int8 rows in place; many rows (`transposed`) take them from head_keys (kv8_attention.c) and unpack K + 128
+ * as uint8 [BK][D] transposed to kt [D/4][BK] and V as key pairs (vp). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
-    const int D = kv->D, j0 = kb * BK, kn = kv->m - j0 < BK ? kv->m - j0 : BK;
+    const int D = kv->D;
     if (!transposed) {   /* few rows read the int8 rows in place, where unpack_keys found them */
         b->head = g - b->g0;
         return;
     }
-    b->g0 = g;   /* this head's rows and scales, as a block of one head */
-    b->head = 0;
-    const int jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
+    head_keys(kv, g, kb, 0, b);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int j = 0; j < BK; j++) {
-        if (j < kn_next) prefetch_key(kv, g, 1, jn + j, (j & 3) == 0);
-        if (j < kn) {
-            const int64_t row = kv->slots[j0 + j] * kv->KVH + g;
-            b->kslot[j] = kv->k + row * D;
-            b->vslot[j] = kv->v + row * D;
-            b->kscs[j] = kv->ks[row];
-            b->vscs[j] = kv->vs[row];
-        } else {
-            b->kslot[j] = b->vslot[j] = b->zrow;   /* k = 0, v = 0 */
-            b->kscs[j] = b->vscs[j] = 0.f;
-        }
         uint8_t *ku = b->ku + (int64_t)j * D;
         for (int d = 0; d < D; d += 64)
             _mm512_storeu_si512(ku + d, _mm512_xor_si512(_mm512_loadu_si512(b->kslot[j] + d), flip));

@@ -252,16 +252,6 @@ def pack_quads(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(n // 16, 16, k // 64, 16, 4).permute(0, 2, 3, 1, 4).contiguous()
 
 
-def interleave_quads(quads: torch.Tensor) -> torch.Tensor:
-    """gate_up's int8 tiles (pack_quads of [2I, K]) with gate and up interleaved by 16 channels, as
-    interleave_gate_up orders the rows: a 32-channel block of `w8a16_amx_gemm_silu` then holds a gate tile and its up
-    tile."""
-    groups = quads.shape[0]
-    if groups % 2:
-        raise ValueError(f"gate_up needs its intermediate size a multiple of 16, got {groups * 8}")
-    return torch.stack([quads[:groups // 2], quads[groups // 2:]], dim=1).reshape(quads.shape).contiguous()
-
-
 def w8a16_amx_gemm(x: torch.Tensor, quads: torch.Tensor, scales: torch.Tensor,
                    bias: Optional[torch.Tensor]) -> torch.Tensor:
     """`w8a16_gemm`'s result, the same bits, on AMX tiles (`quads` = pack_quads(w)): each int16 activation split in
@@ -272,8 +262,8 @@ def w8a16_amx_gemm(x: torch.Tensor, quads: torch.Tensor, scales: torch.Tensor,
 
 def w8a16_amx_gemm_silu(x: torch.Tensor, quads: torch.Tensor, scales: torch.Tensor,
                         bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """silu(gate) * up [M, I] of gate_up on AMX tiles, the same bits as `w8a16_gemm` then `silu_mul`, without the
-    [M, 2I] output; `quads`, `scales`, `bias` interleaved (interleave_quads, interleave_gate_up)."""
+    """silu(gate) * up [M, I] of gate_up ([2I, K]: gate rows, then up) on AMX tiles, the same bits as `w8a16_gemm`
+    then `silu_mul`, without the [M, 2I] output; `quads` = pack_quads(w), as `w8a16_amx_gemm` reads."""
     return _a16_amx("w8a16_amx_gemm_silu", x, quads, scales, bias, silu=True)
 
 

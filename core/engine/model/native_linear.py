@@ -90,8 +90,7 @@ class Linear:
         self.tiles: Optional[torch.Tensor] = None   # int8: the bf16 AMX tiles, packed on the first prefill
         self.panels: Optional[torch.Tensor] = None  # int8 without AMX: the weight panels, packed likewise
         self.matrix: Optional[native_int8.Int8Matrix] = None   # int8 on a CPU: what the decode kernel reads
-        self.silu_tiles: Optional[tuple] = None   # gate_up, int8 with AMX: interleaved tiles, scales, bias (silu_mul;
-        # with a16 they replace `quads`, which gate_up's prompt rows no longer read)
+        self.silu_tiles: Optional[tuple] = None   # gate_up, int8 with AMX: interleaved tiles, scales, bias (silu_mul)
         self.a16 = False   # int8 on AVX512-VNNI or AVX2: every row on w8a16_gemm (int16 rows, exact integer sums)
         self.quads: Optional[torch.Tensor] = None   # a16 with AMX: the int8 tiles a prompt chunk's rows run on
         if kind == "int8":
@@ -173,13 +172,8 @@ class Linear:
         int8 batches on AMX tiles do it in the GEMM's epilogue (`w8a16_amx_gemm_silu` with a16, `w8_amx_gemm_silu`
         with x16: the same bits, without writing and rereading the [M, 2I] gate_up output, ~1 ms a layer at 1,024
         rows); the rest is this projection, then `native_kernels.silu_mul`."""
-        if self.a16 and (self.quads is not None or self.silu_tiles is not None) and x.shape[0] >= PANEL_MIN_ROWS:
-            if self.silu_tiles is None:   # w8a16_amx_gemm's tiles, interleaved (and the plain ones let go: 53 MB)
-                il = native_int8.interleave_gate_up
-                self.silu_tiles = (native_int8.interleave_quads(self.quads), il(self.scales),
-                                   None if self.bias is None else il(self.bias))
-                self.quads = None
-            return native_int8.w8a16_amx_gemm_silu(x, *self.silu_tiles)
+        if self.a16 and self.quads is not None and x.shape[0] >= PANEL_MIN_ROWS:   # the quads as they are
+            return native_int8.w8a16_amx_gemm_silu(x, self.quads, self.scales, self.bias)
         if self.kind == "int8" and self.dense is None and native_kernels.available() and self._on_tiles(x):
             if self.silu_tiles is None:
                 il = native_int8.interleave_gate_up

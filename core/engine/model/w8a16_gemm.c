@@ -257,17 +257,16 @@ static void split_rows_s8(const int16_t *xq, int8_t *xh, uint8_t *xl, int M, int
     }
 }
 
-/* silu: the weights, scales and bias are gate_up's with gate and up interleaved by 16 channels
- * (native_int8.interleave_quads), so a block's first channel tile is gate channels j..j+16 and its second the up
- * channels j..j+16; the epilogue stores both as w8a16_gemm would (a16_store) and writes silu(gate) * up to y [M, N/2]
- * with silu_mul's operations on those fp32 values: the same bits as the GEMM then silu_mul, without writing and
- * rereading the [M, N] gate_up output. */
+/* A block's two channel tiles: channels 32 nb .. + 31, or with silu (gate_up: gate channels 0 .. N/2 - 1, then up)
+ * gate channels 16 nb .. + 15 and their up channels N/2 + 16 nb .., whose epilogue stores both as w8a16_gemm would
+ * (a16_store) and writes silu(gate) * up to y [M, N/2] with silu_mul's operations on those fp32 values: the same bits
+ * as the GEMM then silu_mul, without writing and rereading the [M, N] gate_up output. */
 static int a16_amx(const int16_t *xq, const double *sx, const int8_t *quads, const float *scales, const float *bias,
                    float *y, int M, int N, int K, int silu) {
     const int KB = K / 64, NB = N / 32, MB = (M + 15) / 16;
     /* 16-row blocks per chunk: a chunk's xh and xl rows (2 K bytes a row) stay in L2 while every channel block runs;
      * chunks of equal size, so that (chunk, channel block) items deal out evenly (w8_x16.c's amx_gemm) */
-    const int per = (int)((1 << 20) / ((int64_t)2 * K * 16)) > 1 ? (int)((1 << 20) / ((int64_t)2 * K * 16)) : 1;
+    const int fit = (int)((1 << 20) / ((int64_t)2 * K * 16)), per = fit > 1 ? fit : 1;
     const int MC = (MB + per - 1) / per, BM = (MB + MC - 1) / MC;
     int8_t *xh = (int8_t *)malloc((size_t)MB * 16 * K);
     uint8_t *xl = (uint8_t *)malloc((size_t)MB * 16 * K);
@@ -280,7 +279,9 @@ static int a16_amx(const int16_t *xq, const double *sx, const int8_t *quads, con
         #pragma omp for collapse(2) schedule(static)
         for (int mc = 0; mc < MC; mc++) {
             for (int nb = 0; nb < NB; nb++) {
-                const int8_t *b0 = quads + (int64_t)(2 * nb) * KB * 1024, *b1 = b0 + (int64_t)KB * 1024;
+                const int n0[2] = {silu ? nb * 16 : nb * 32, silu ? N / 2 + nb * 16 : nb * 32 + 16};
+                const int8_t *b0 = quads + (int64_t)(n0[0] / 16) * KB * 1024;   /* a channel tile's K/64 tiles */
+                const int8_t *b1 = quads + (int64_t)(n0[1] / 16) * KB * 1024;
                 const int mb_end = (mc + 1) * BM < MB ? (mc + 1) * BM : MB;
                 for (int mb = mc * BM; mb < mb_end; mb++) {
                     const int8_t *ah = xh + (int64_t)mb * 16 * K;
@@ -300,12 +301,11 @@ static int a16_amx(const int16_t *xq, const double *sx, const int8_t *quads, con
                         const int m = mb * 16 + r;
                         float out[2][16] __attribute__((aligned(64)));   /* silu: gate, up */
                         for (int t = 0; t < 2; t++) {
-                            const int n0 = nb * 32 + t * 16;
                             int64_t total[16] __attribute__((aligned(64)));
                             for (int j = 0; j < 16; j++)
                                 total[j] = 256 * (int64_t)c[t][r * 16 + j] + c[2 + t][r * 16 + j];
-                            a16_store(total, sx[m], scales + n0, bias ? bias + n0 : NULL,
-                                      silu ? out[t] : y + (int64_t)m * N + n0);
+                            a16_store(total, sx[m], scales + n0[t], bias ? bias + n0[t] : NULL,
+                                      silu ? out[t] : y + (int64_t)m * N + n0[t]);
                         }
                         if (silu) {   /* silu_mul's operations (fused_elementwise.c) */
                             const __m512 g = _mm512_load_ps(out[0]);
@@ -357,7 +357,7 @@ int w8a16_amx_gemm(const float *x, const int8_t *quads, const float *scales, con
     return amx_gemm_rows(x, quads, scales, bias, y, M, N, K, 0);
 }
 
-/* gate_up's rows on AMX tiles with silu(gate) * up in the epilogue: y [M, N/2], the weights interleaved (a16_amx) */
+/* gate_up's rows on AMX tiles with silu(gate) * up in the epilogue: y [M, N/2] (a16_amx) */
 int w8a16_amx_gemm_silu(const float *x, const int8_t *quads, const float *scales, const float *bias, float *y,
                         int M, int N, int K) {
     return amx_gemm_rows(x, quads, scales, bias, y, M, N, K, 1);

@@ -141,8 +141,8 @@ def test_w8a16_amx_gemm_gives_w8a16_gemms_bits_on_int8_tiles(m, k, n):
 
 @pytest.mark.parametrize("m,i,k,with_bias", [(32, 1536, 576, False), (33, 256, 192, True), (100, 64, 1536, True)])
 def test_gate_up_on_int8_tiles_with_silu_in_the_epilogue_is_the_gemm_then_silu_mul_bit_for_bit(m, i, k, with_bias):
-    """w8a16_amx_gemm_silu on gate_up's interleaved tiles writes silu(gate) * up with silu_mul's operations on the
-    outputs w8a16_gemm gives: the same bits as the two calls (a NaN row and a zero row included), or, without
+    """w8a16_amx_gemm_silu on gate_up's tiles (gate rows, then up) writes silu(gate) * up with silu_mul's operations
+    on the outputs w8a16_gemm gives: the same bits as the two calls (a NaN row and a zero row included), or, without
     AMX-INT8, a refusal that says what to use."""
     require_a16()
     q, scales = weights(2 * i, k, seed=m + i)
@@ -150,9 +150,8 @@ def test_gate_up_on_int8_tiles_with_silu_in_the_epilogue_is_the_gemm_then_silu_m
     x = torch.randn(m, k, generator=g) * 3
     x[1, 3], x[2] = float("nan"), 0.0
     bias = torch.randn(2 * i, generator=g) if with_bias else None
-    il = native_int8.interleave_gate_up
-    tiles = native_int8.interleave_quads(native_int8.pack_quads(q))
-    args = (il(scales), None if bias is None else il(bias))
+    tiles = native_int8.pack_quads(q)
+    args = (scales, bias)
     if not native_int8.a16_amx_fits(q):
         with pytest.raises(RuntimeError, match="AMX-INT8 tiles"):
             native_int8.w8a16_amx_gemm_silu(x, tiles, *args)
