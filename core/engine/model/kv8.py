@@ -1,6 +1,7 @@
 """The int8 KV pool's kernels (kv8_attention.c), checked: kv8_store writes rows of K or V into a pool layer as int8
 and their scales, kv8_attention attends a prompt chunk, kv8_decode decode rows, each reading the int8 rows straight
-out of the pool by slot. Where they run: `kv8_fits` (AVX512-VNNI or AVX2, head_dim a multiple of 64)."""
+out of the pool by slot. Where they run: `kv8_fits` (AVX512-VNNI or AVX2, head_dim a multiple of 64); a prompt chunk's
+many rows on AMX-INT8 tiles where the CPU has them (`tiles_here`)."""
 from __future__ import annotations
 
 import math
@@ -17,6 +18,13 @@ def kv8_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> 
     head_dim a multiple of 64 up to MAX_D, whole groups of query heads per KV head."""
     return (device.type == "cpu" and head_dim % 64 == 0 and 0 < head_dim <= MAX_D and kv_heads > 0
             and heads % kv_heads == 0 and available() and bool(built().kv8_ready()))
+
+
+def tiles_here() -> bool:
+    """Whether a prompt chunk's many rows (more than 12: kv8_avx512_block.h's FEW_MAX) run on AMX-INT8 tiles here
+    (kv8_amx_block.h: the same exact integer sums, the same bits): the kernels built with AMX-INT8, Linux granted the
+    tiles, and native_kernels.set_amx left them on."""
+    return available() and bool(built().kv8_tiles())
 
 
 def why_not(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> str:

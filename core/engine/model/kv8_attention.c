@@ -44,6 +44,18 @@
 #define KV8_AVX2 0
 #endif
 
+#if KV8_AVX512 && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define KV8_AMX 1       /* a prompt chunk's many rows on AMX-INT8 tiles (kv8_amx_block.h), where the CPU has them */
+#else
+#define KV8_AMX 0
+#endif
+
+int kv8_amx = 1;   /* native_kernels.set_amx's switch (set_kv8_amx): 0 keeps many rows on the AVX-512 kernels */
+
+/* whether a prompt chunk's many rows run on AMX tiles here: built with AMX-INT8, Linux granted the tiles, and
+ * set_amx left them on */
+int kv8_tiles(void) { return KV8_AMX && kv8_amx && amx_ready(); }
+
 #if KV8_AVX512 || KV8_AVX2
 
 #define BK 64           /* keys per block (64: a 4,096-token chunk 15-20 % faster than with 32, the per-block
@@ -142,6 +154,7 @@ typedef struct {
     float *kscs, *vscs;   /* heads g0 .. g1 - 1's scales, [g - g0][BK] each (block_buffers; many rows: g0 = g) */
     const int8_t *zrow;   /* KVH rows of zeros: the rows of keys past the last, for every head */
     int g0, head;         /* the block's first head, and the head attended now (its scales' row, its rows' offset) */
+    struct amx8 *amx;     /* many rows' buffers on AMX tiles (kv8_amx_block.h), or NULL: the AVX-512 kernels */
 } block8;
 
 /* ask for key j's K and V rows of heads g .. g + heads - 1 (adjacent in its slot; and their scales, where `scales`:
@@ -234,6 +247,9 @@ static void head_keys(const keys8 *kv, int g, int kb, int v_to_l1, block8 *b) {
 #else
 #include "kv8_avx2_block.h"
 #endif
+#if KV8_AMX
+#include "kv8_amx_block.h"
+#endif
 
 /* the weighted V sums of a block for R (<= RB) rows: the build's values_rows on the int8 V rows in place (few rows),
  * or values_d on the block unpacked as key pairs (`transposed`: many rows), specialised for the common shapes */
@@ -258,6 +274,12 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
     const int transposed = rows > FEW_MAX;   /* many rows: the unpacked copy pays (the block header's FEW_MAX) */
+#if KV8_AMX
+    if (transposed && b->amx) {
+        head_block_amx(kv, g, kb, Q, pos0, i0, qn, b, b->amx, st);
+        return;
+    }
+#endif
     unpack_block(kv, g, kb, transposed, b);
     for (int r0 = 0; r0 < rows; r0 += RB) {
         const int8_t *q[RB];
@@ -314,11 +336,30 @@ static void segment(const keys8 *kv, int g0, int g1, const queries8 *Q, int64_t 
 
 static int shape_ok(int H, int KVH, int D) { return D % 64 == 0 && D > 0 && D <= MAX_D && KVH > 0 && H % KVH == 0; }
 
-/* a thread's block buffers (NULL when out of memory) */
-static void *block_buffers(block8 *b, int D, int KVH) {
+/* whether a call whose items hold up to `rows` rows runs its many rows on AMX tiles (before its parallel region:
+ * amx_ready asks Linux for the tiles once) */
+static int amx_rows(int rows) {
+    return rows > FEW_MAX && kv8_tiles();
+}
+
+/* a thread's block buffers (NULL when out of memory); with `amx` rows (amx_rows said yes) also the tiles' buffers,
+ * and this thread's tiles configured (block_free releases them) */
+static void *block_buffers(block8 *b, int D, int KVH, int amx) {
     const size_t kd = (size_t)BK * D;   /* ku, then vp (2 kd), kt (kd), acc (4 RB D) bytes; AVX2: 2 KVH BK scales */
     const size_t scales = 2 * sizeof(float) * (size_t)KVH * BK + (size_t)KVH * D;   /* kscs, vscs, zrow */
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * kd + 4 * (size_t)RB * D + scales);
+    const size_t base = (4 * kd + 4 * (size_t)RB * D + scales + 63) / 64 * 64;
+    b->amx = NULL;
+#if KV8_AMX
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, base + (amx ? amx8_bytes(amx, D) + sizeof(amx8) : 0));
+    if (buf && amx) {
+        b->amx = (amx8 *)(buf + base + amx8_bytes(amx, D));
+        amx8_carve(b->amx, buf + base, amx, D);
+        load_full_tiles();
+    }
+#else
+    (void)amx;
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, base);
+#endif
     b->ku = buf;   /* AVX2: K widened to int16 d pairs [D/2][BK] (2 kd bytes), then vp; no kt */
     b->vp = buf ? (int16_t *)(buf + (KV8_AVX2 ? 2 : 1) * kd) : NULL;
     b->kt = buf && !KV8_AVX2 ? (int32_t *)(buf + 3 * kd) : NULL;
@@ -327,6 +368,15 @@ static void *block_buffers(block8 *b, int D, int KVH) {
     b->vscs = buf ? b->kscs + (size_t)KVH * BK : NULL;
     b->zrow = buf ? memset(b->vscs + (size_t)KVH * BK, 0, (size_t)KVH * D) : NULL;
     return buf;
+}
+
+/* block_buffers' memory freed, and the tiles released where it configured them */
+static void block_free(block8 *b, void *buf) {
+#if KV8_AMX
+    if (b->amx) _tile_release();
+#endif
+    (void)b;
+    free(buf);
 }
 
 /* Segmented items (decode rows, a short chunk): item it is row r's segment sg (first[r] <= it < first[r + 1]), its
@@ -345,10 +395,11 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
     float *parts = (float *)malloc(sizeof(float) * (size_t)items * KVH * pstride);
     if (!parts) { free(first); return -1; }
     int failed = 0;
+    const int tile_rows = amx_rows(rows) ? rows : 0;
     #pragma omp parallel
     {
         block8 b;
-        void *buf = block_buffers(&b, D, KVH);
+        void *buf = block_buffers(&b, D, KVH, tile_rows);
         float *ao = (float *)malloc(sizeof(float) * (size_t)D);
         if (!buf || !ao) {
             #pragma omp atomic write
@@ -389,7 +440,7 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
             }
             finish(ao, total, out + rq * os + ((int64_t)(rr % qn) * H + g * G + rr / qn) * D, D);
         }
-        free(buf);
+        block_free(&b, buf);
         free(ao);
     }
     free(parts);
@@ -403,10 +454,11 @@ static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
     const int D = kv->D, G = kv->G, H = kv->H, KVH = kv->KVH, nqb = (n + FQ - 1) / FQ, rows_max = G * FQ;
     const int64_t pos0 = (int64_t)kv->m - n;
     int failed = 0;
+    const int tile_rows = amx_rows(rows_max) ? rows_max : 0;
     #pragma omp parallel
     {
         block8 b;
-        void *buf = block_buffers(&b, D, KVH);
+        void *buf = block_buffers(&b, D, KVH, tile_rows);
         float *f = (float *)malloc(sizeof(float) * (size_t)rows_max * (2 * D + 4));
         if (!buf || !f) {
             #pragma omp atomic write
@@ -431,7 +483,7 @@ static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
             for (int rr = 0; rr < rows; rr++)
                 finish(ao + (size_t)rr * D, asum[rr], out + ((int64_t)(i0 + rr % qn) * H + g * G + rr / qn) * D, D);
         }
-        free(buf);
+        block_free(&b, buf);
         free(f);
     }
     return failed ? -1 : 0;

@@ -207,6 +207,11 @@ static PyObject *py_kv8_ready(PyObject *self, PyObject *const *args, Py_ssize_t 
     return PyBool_FromLong(kv8_ready());
 }
 
+static PyObject *py_kv8_tiles(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (!args_ok(n, 0, "kv8_tiles")) return NULL;
+    return PyBool_FromLong(kv8_tiles());
+}
+
 static PyObject *kv8_error(int rc, const char *name) {
     if (rc == -1) return PyErr_NoMemory();
     if (rc == -3) PyErr_Format(PyExc_ValueError, "%s: head_dim must be a multiple of 64 up to 256, heads a multiple of "
@@ -348,11 +353,16 @@ static PyObject *py_set_w8_prefetch(PyObject *self, PyObject *const *args, Py_ss
     return swap_setting(&w8_prefetch, "set_w8_prefetch", args, n);
 }
 
+static PyObject *py_set_kv8_amx(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return swap_setting(&kv8_amx, "set_kv8_amx", args, n);
+}
+
 static PyMethodDef METHODS[] = {
     {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
     {"w8_gemv", (PyCFunction)(void (*)(void))py_w8_gemv, METH_FASTCALL, NULL},
     {"fma_decode", (PyCFunction)(void (*)(void))py_fma_decode, METH_FASTCALL, NULL},
     {"kv8_ready", (PyCFunction)(void (*)(void))py_kv8_ready, METH_FASTCALL, NULL},
+    {"kv8_tiles", (PyCFunction)(void (*)(void))py_kv8_tiles, METH_FASTCALL, NULL},
     {"kv8_store", (PyCFunction)(void (*)(void))py_kv8_store, METH_FASTCALL, NULL},
     {"kv8_attention", (PyCFunction)(void (*)(void))py_kv8_attention, METH_FASTCALL, NULL},
     {"kv8_decode", (PyCFunction)(void (*)(void))py_kv8_decode, METH_FASTCALL, NULL},
@@ -379,6 +389,7 @@ static PyMethodDef METHODS[] = {
     {"decode_attention_fast", (PyCFunction)(void (*)(void))py_decode_attention_fast, METH_FASTCALL, NULL},
     {"set_w8_row_max", (PyCFunction)(void (*)(void))py_set_w8_row_max, METH_FASTCALL, NULL},
     {"set_w8_prefetch", (PyCFunction)(void (*)(void))py_set_w8_prefetch, METH_FASTCALL, NULL},
+    {"set_kv8_amx", (PyCFunction)(void (*)(void))py_set_kv8_amx, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

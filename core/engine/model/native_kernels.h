@@ -60,7 +60,9 @@ int fma_decode(const float *q, int64_t qs, const void *k, const void *v, int kv_
                int64_t Lmax, const int64_t *lens, float *out, int64_t os, int R, int H, int KVH, int D, float scale);
 
 /* kv8_attention.c */
+extern int kv8_amx;   /* native_kernels.set_amx's switch for the int8 pool's tiles (set_kv8_amx) */
 int kv8_ready(void);
+int kv8_tiles(void);
 int kv8_store(const float *src, int64_t ss, int8_t *buf, float *scales, const int64_t *slots, int R, int KVH, int D);
 int kv8_attention(const float *q, int64_t qs, const int8_t *k, const int8_t *v, const float *ks, const float *vs,
                   const int64_t *slots, float *out, int n, int m, int H, int KVH, int D, float scale);

@@ -40,7 +40,8 @@ SOURCES = [SOURCE, *(SOURCE.with_name(f) for f in ("decode_attention.c", "w8_x16
                                                     "fma_attention.c", "kv8_attention.c", "decode_layers.c"))]
 HEADERS = [SOURCE.with_name(f) for f in ("native_simd.h", "native_kernels.h", "w8a16_avx2.h", "kv8_avx2.h",
                                           "kv8_avx2_block.h", "online_softmax_avx2.h", "fma_avx2.h", "kv8_avx512.h",
-                                          "kv8_avx512_block.h", "fma_avx512.h", "online_softmax_avx512.h")]
+                                          "kv8_avx512_block.h", "kv8_amx_block.h", "fma_avx512.h",
+                                          "online_softmax_avx512.h")]
 # Not -ffast-math: linking with it pulls in crtfastmath.o, which turns on flush-to-zero for the whole
 # process at load time (numpy, hypothesis and every float in Python then lose subnormals). These flags
 # give the vectoriser what it needs (reassociated sums, fused multiply-add) without touching FP state.
@@ -124,6 +125,7 @@ def lib():
                 else:
                     try:
                         _lib = _build()
+                        _lib.set_kv8_amx(int(_amx_enabled))   # kv8_attention.c's tiles follow set_amx
                     except Exception as exc:  # no compiler, a failed build: the torch fallbacks run
                         _error = f"{type(exc).__name__}: {exc}"
                         print(f"native kernels unavailable ({_error}); using torch fallbacks", file=sys.stderr)
@@ -304,9 +306,13 @@ _amx_enabled = True
 
 def set_amx(flag: bool) -> bool:
     """Use AMX tiles where they exist (True, the default) or run as a CPU without them (False: prefill rows on
-    `w8_panel_gemm`); returns the previous setting. Tests and benchmarks reach the no-AMX path here with it."""
+    `w8_panel_gemm`, the int8 pool's prompt rows on its AVX-512 kernels); returns the previous setting. Tests and
+    benchmarks reach the no-AMX path here with it. Projections choose at model build, the int8 pool's attention at
+    each call."""
     global _amx_enabled
     previous, _amx_enabled = _amx_enabled, bool(flag)
+    if _lib is not None:
+        _lib.set_kv8_amx(int(_amx_enabled))
     return previous
 
 

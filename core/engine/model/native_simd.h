@@ -141,7 +141,9 @@ static inline void load_full_tiles(void) {
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-    _tile_loadconfig(&cfg);
+    /* not _tile_loadconfig: GCC 12's tells the compiler that LDTILECFG reads 8 bytes of the 64, so it may drop the
+     * stores of the rest (it did, inlined into kv8_attention.c's block_buffers: a #GP, SIGSEGV) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 #endif
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from core.cache.kv_pool import KVPool, quantize_int8
 from core.engine.engine import Engine
 from core.engine.inputs import pool_bytes
-from core.engine.model import kv8
+from core.engine.model import kv8, native_kernels
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.native_llama import NativeLlama
 from core.engine.model.runner import ModelRunner
@@ -128,6 +128,53 @@ def test_a_row_is_the_same_bits_decoded_or_prefilled_whole_or_in_chunks_on_any_t
         lens = torch.arange(m - n + 1, m + 1)
         decoded = kv8.kv8_decode(q, *layer(pool), slots[None].expand(n, m).contiguous(), lens, SCALE)
         assert torch.equal(decoded, whole), threads
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """fp32 values as their bits (NaN payloads included), for equality that holds for NaN rows too"""
+    return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("d,heads,kv_heads,m", [(64, 9, 3, 700), (128, 8, 2, 300), (256, 7, 1, 150), (64, 16, 1, 200),
+                                                (192, 12, 3, 90)])
+def test_a_prompt_chunks_many_rows_are_the_same_bits_on_amx_tiles_as_on_avx512(d, heads, kv_heads, m, request):
+    """Where the CPU has AMX-INT8, a chunk's rows past FEW_MAX (12) run on tiles (kv8_amx_block.h); set_amx(False)
+    runs them on the AVX-512 kernels. Chunks of 1-70 tokens, shuffled slots, a NaN key, a zero value row, a zero
+    query, and decode rows of 16 query heads a group (16 rows a KV head: tiles too): the same bits either way."""
+    require_kv8()
+    request.addfinalizer(lambda: native_kernels.set_amx(True))
+    flags = native_kernels.cpu_flags().split()
+    assert kv8.tiles_here() == ("amx_int8" in flags and "avx512_vnni" in flags
+                                and bool(native_kernels.built().amx_ready()))
+    g = torch.Generator().manual_seed(d + heads + m)
+    pool = KVPool(1, m + 40, kv_heads, d, dtype=torch.int8)
+    slots = torch.randperm(m + 39, generator=g)[:m] + 1
+    k, v = torch.randn(m, kv_heads, d, generator=g) * 2, torch.randn(m, kv_heads, d, generator=g)
+    k[m // 3, 0, 1], v[m // 2] = float("nan"), 0.0
+    pool.set_kv(0, slots, k, v)
+    parts = (pool.k_buffer[0], pool.v_buffer[0], pool.k_scale[0], pool.v_scale[0])
+    n = min(m, 70)
+    q = torch.randn(n, heads, d, generator=g) * 3
+    q[7] = 0.0
+    scale = d ** -0.5
+    cuts = [0, 5, 18, 50, n]
+
+    def run() -> list[torch.Tensor]:
+        outs = [kv8.kv8_attention(q[a:b], *parts, slots[: m - n + b], scale) for a, b in zip(cuts, cuts[1:])]
+        outs.append(kv8.kv8_attention(q, *parts, slots, scale))
+        lens = torch.tensor([m, m // 2, 1])
+        outs.append(kv8.kv8_decode(q[:3], *parts, slots[None].expand(3, m).contiguous(), lens, scale))
+        return outs
+
+    tiles = run()
+    native_kernels.set_amx(False)
+    assert not kv8.tiles_here()
+    fma = run()
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(tiles, fma))
+    whole, group, first = tiles[-2], heads // kv_heads, max(0, m // 3 - (m - n))   # the NaN key's first row
+    assert bool(torch.isnan(whole[first:, :group]).all()) and bool(torch.isfinite(whole[:first]).all())
+    assert bool(torch.isfinite(whole[:, group:]).all())
+    assert torch.equal(bits(torch.cat(tiles[:4])), bits(tiles[4]))   # chunked == whole
 
 
 def test_a_nan_in_one_requests_keys_stays_in_that_request():
