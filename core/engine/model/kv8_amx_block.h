@@ -23,6 +23,8 @@ typedef struct amx8 {
     int32_t (*c)[256];   /* 4 tiles' results [4][16 x 16] */
     float *ws, *corr;    /* per row: its weights' scale, its output's factor (block_weights) */
     int *need;
+    const int8_t *qsrc;  /* whose rows qa holds: the queries (a request's, in a batch of decodes), their KV head, */
+    int qg, qi0, qn;     /* first query and count (qn 0: none yet) */
 } amx8;
 
 static size_t amx8_bytes(int rows, int D) {
@@ -52,6 +54,7 @@ static void amx8_carve(amx8 *a, uint8_t *mem, int rows, int D) {
     a->ws = (float *)mem;
     a->corr = a->ws + r;
     a->need = (int *)(a->corr + r);
+    a->qn = 0;
 }
 
 /* the block's keys for head g (head_keys), then K transposed to d quads as int8 (kt [D/4][BK], no + 128: TDPBSSD
@@ -84,22 +87,30 @@ static void amx8_unpack(const keys8 *kv, int g, int kb, block8 *b, amx8 *a) {
         }
 }
 
-/* scores of `tiles` x 16 rows (qa) against the block's 64 keys (kt): dots [rows][BK] */
+/* scores of `tiles` x 16 rows (qa) against the block's 64 keys (kt), two 16-key tiles at a time: dots [rows][BK]
+ * (with D = 64 the two key tiles load once for every row tile) */
 static void amx8_dots(const block8 *b, amx8 *a, int tiles, int D) {
-    for (int mt = 0; mt < tiles; mt++)
-        for (int h = 0; h < NG; h += 2) {
+    for (int h = 0; h < NG; h += 2) {
+        if (D == 64) {
+            _tile_loadd(4, b->kt + 16 * h, BK * 4);
+            _tile_loadd(5, b->kt + 16 * (h + 1), BK * 4);
+        }
+        for (int mt = 0; mt < tiles; mt++) {
             _tile_zero(2);
             _tile_zero(3);
             for (int d = 0; d < D; d += 64) {
                 _tile_loadd(0, a->qa + (int64_t)mt * 16 * D + d, D);
-                _tile_loadd(4, b->kt + (int64_t)(d / 4) * BK + 16 * h, BK * 4);
-                _tile_loadd(5, b->kt + (int64_t)(d / 4) * BK + 16 * (h + 1), BK * 4);
+                if (D != 64) {
+                    _tile_loadd(4, b->kt + (int64_t)(d / 4) * BK + 16 * h, BK * 4);
+                    _tile_loadd(5, b->kt + (int64_t)(d / 4) * BK + 16 * (h + 1), BK * 4);
+                }
                 _tile_dpbssd(2, 0, 4);
                 _tile_dpbssd(3, 0, 5);
             }
             _tile_stored(2, a->dots + (int64_t)mt * 16 * BK + 16 * h, BK * 4);
             _tile_stored(3, a->dots + (int64_t)mt * 16 * BK + 16 * (h + 1), BK * 4);
         }
+    }
 }
 
 /* the exact weighted sums of V for `rows` rows (wq split into wh, wl first): acc [rows][D] */
@@ -142,8 +153,16 @@ static void head_block_amx(const keys8 *kv, int g, int kb, const queries8 *Q, in
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
     amx8_unpack(kv, g, kb, b, a);
-    for (int rr = 0; rr < rows; rr++)   /* row rr: head g G + rr / qn at query i0 + rr % qn */
-        memcpy(a->qa + (int64_t)rr * D, Q->qi + ((int64_t)(i0 + rr % qn) * H + g * G + rr / qn) * D, (size_t)D);
+    if (a->qsrc != Q->qi || a->qg != g || a->qi0 != i0 || a->qn != qn) {   /* they change with the item, not the block */
+        for (int hh = 0; hh < G; hh++)   /* row hh qn + t: head g G + hh at query i0 + t */
+            for (int t = 0; t < qn; t++)
+                memcpy(a->qa + (int64_t)(hh * qn + t) * D, Q->qi + ((int64_t)(i0 + t) * H + g * G + hh) * D,
+                       (size_t)D);
+        a->qsrc = Q->qi;
+        a->qg = g;
+        a->qi0 = i0;
+        a->qn = qn;
+    }
     amx8_dots(b, a, (rows + 15) / 16, D);
     for (int r0 = 0; r0 < rows; r0 += RB) {
         const int n = rows - r0 < RB ? rows - r0 : RB;
