@@ -5,9 +5,8 @@ side in one process: did the tiles make a prefill faster, and are the outputs th
            N queries over M keys (the chunk's own keys among them), tiles on / off alternating, fastest of --rounds;
            the two outputs compared bit for bit
   engine   the default model's prefill of an uncached P-token prompt (Engine.submit to its first token, as
-           bench_engine.py measures it), the pool attention's tiles on / off alternating (native_kernels.set_amx
-           after the model is built: its projections keep the tiles they chose at build, the pool's attention
-           chooses at each call), fastest of --rounds
+           bench_engine.py measures it), the pool attention's tiles on / off alternating (kv8.set_tiles: the
+           projections keep their AMX tiles), fastest of --rounds
 
     .venv/bin/python benchmarks/bench_kv8_tiles.py --rounds 5 [--prefill 1024,2048,4096]
 
@@ -26,7 +25,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from core.cache.kv_pool import KVPool  # noqa: E402
-from core.engine.model import kv8, native_kernels  # noqa: E402
+from core.engine.model import kv8  # noqa: E402
 
 H, KVH, D = 9, 3, 64
 SHAPES = [(1024, 1024), (4096, 512), (4096, 4096), (2048, 64)]   # (keys, queries): a prompt, a chunk deep in one
@@ -38,12 +37,12 @@ def fastest(fn, rounds: int) -> dict[bool, float]:
     try:
         for _ in range(rounds):
             for on in (True, False):
-                native_kernels.set_amx(on)
+                kv8.set_tiles(on)
                 t = time.perf_counter()
                 fn()
                 best[on] = min(best[on], time.perf_counter() - t)
     finally:
-        native_kernels.set_amx(True)
+        kv8.set_tiles(True)
     return best
 
 
@@ -57,9 +56,9 @@ def kernel(rounds: int) -> None:
         q = torch.randn(n, H, D, generator=g)
         outs = {}
         for on in (True, False):
-            native_kernels.set_amx(on)
+            kv8.set_tiles(on)
             outs[on] = kv8.kv8_attention(q, *parts, slots, D ** -0.5)
-        native_kernels.set_amx(True)
+        kv8.set_tiles(True)
         same = torch.equal(outs[True].view(torch.int32), outs[False].view(torch.int32))
         best = fastest(lambda: kv8.kv8_attention(q, *parts, slots, D ** -0.5), rounds)
         print(f"  {n:5d} queries over {m:5d} keys: tiles {1e3 * best[True]:7.2f} ms   AVX-512 "

@@ -27,6 +27,15 @@ def tiles_here() -> bool:
     return available() and bool(built().kv8_tiles())
 
 
+def set_tiles(flag: bool) -> bool:
+    """Run a prompt chunk's many rows on AMX-INT8 tiles where they exist (True, the default) or on the AVX-512
+    kernels (False), at once, the model's projections untouched (native_kernels.set_amx switches both, and sets this
+    too); returns the previous setting. The same bits either way: benchmarks compare the two with it."""
+    if not available():
+        return False
+    return bool(built().set_kv8_amx(int(bool(flag))))
+
+
 def why_not(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> str:
     """What an int8 pool needs that this model or machine lacks (for the error that refuses it)."""
     if device.type != "cpu":

@@ -139,7 +139,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
                                                 (192, 12, 3, 90)])
 def test_a_prompt_chunks_many_rows_are_the_same_bits_on_amx_tiles_as_on_avx512(d, heads, kv_heads, m, request):
     """Where the CPU has AMX-INT8, a chunk's rows past FEW_MAX (12) run on tiles (kv8_amx_block.h); set_amx(False)
-    runs them on the AVX-512 kernels. Chunks of 1-70 tokens, shuffled slots, a NaN key, a zero value row, a zero
+    or kv8.set_tiles(False) runs them on the AVX-512 kernels. Chunks of 1-70 tokens, shuffled slots, a NaN key, a zero value row, a zero
     query, and decode rows of 16 query heads a group (16 rows a KV head: tiles too): the same bits either way."""
     require_kv8()
     request.addfinalizer(lambda: native_kernels.set_amx(True))
@@ -171,6 +171,10 @@ def test_a_prompt_chunks_many_rows_are_the_same_bits_on_amx_tiles_as_on_avx512(d
     assert not kv8.tiles_here()
     fma = run()
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(tiles, fma))
+    native_kernels.set_amx(True)   # the pool's tiles alone off: the projections' tiles untouched
+    assert kv8.set_tiles(False) is True and not kv8.tiles_here()
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(run(), fma))
+    assert kv8.set_tiles(True) is False
     whole, group, first = tiles[-2], heads // kv_heads, max(0, m // 3 - (m - n))   # the NaN key's first row
     assert bool(torch.isnan(whole[first:, :group]).all()) and bool(torch.isfinite(whole[:first]).all())
     assert bool(torch.isfinite(whole[:, group:]).all())
