@@ -23,7 +23,7 @@ def kv8_fits(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> 
 def tiles_here() -> bool:
     """Whether a prompt chunk's many rows (more than 12: kv8_avx512_block.h's FEW_MAX) run on AMX-INT8 tiles here
     (kv8_amx_block.h: the same exact integer sums, the same bits): the kernels built with AMX-INT8, Linux granted the
-    tiles, and native_kernels.set_amx left them on."""
+    tiles, and neither native_kernels.set_amx nor set_tiles turned them off."""
     return available() and bool(built().kv8_tiles())
 
 

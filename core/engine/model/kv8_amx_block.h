@@ -11,7 +11,7 @@
  * Why: in a 4,096-token prefill on AMX the int8 pool's block_dots and block_values were 21 % of the time, the
  * projections (already on AMX) 20 %. Included by kv8_attention.c after kv8_avx512_block.h. */
 
-/* the AMX buffers of a thread's block8 (block_buffers): rows up to amx_rows, padded to whole tiles of 16 */
+/* the AMX buffers of a thread's block8 (block_buffers): the call's rows at most, padded to whole tiles of 16 */
 typedef struct amx8 {
     int8_t *qa;          /* the rows' int8 queries [rows][D], head_block's row order */
     int32_t *dots;       /* their scores [rows][BK] */
