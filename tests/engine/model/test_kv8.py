@@ -7,6 +7,8 @@ the model's greedy tokens are the same with the radix cache on and off; bad inpu
 change."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -179,6 +181,37 @@ def test_a_prompt_chunks_many_rows_are_the_same_bits_on_amx_tiles_as_on_avx512(d
     assert bool(torch.isnan(whole[first:, :group]).all()) and bool(torch.isfinite(whole[:first]).all())
     assert bool(torch.isfinite(whole[:, group:]).all())
     assert torch.equal(bits(torch.cat(tiles[:4])), bits(tiles[4]))   # chunked == whole
+
+
+def test_many_threads_at_once_get_their_own_rows_bits_while_the_tiles_switch_on_and_off():
+    """Six Python threads (each its own OpenMP team, each thread its own tile configuration) attend chunks of 40-47
+    tokens (tiles where the CPU has them) over their own pools, one of them switching kv8.set_tiles on and off under
+    the others: every output is the bits it has alone."""
+    require_kv8()
+    cases = []
+    for i in range(8):
+        pool, slots = filled(300 + 97 * i, seed=i, pool_slots=1200)
+        q = torch.randn(40 + i, H, D, generator=torch.Generator().manual_seed(i))
+        cases.append((q, layer(pool), slots, kv8.kv8_attention(q, *layer(pool), slots, SCALE)))
+    wrong: list[tuple[int, int]] = []
+
+    def work(k: int) -> None:
+        for r in range(12):
+            q, parts, slots, alone = cases[(k + r) % len(cases)]
+            if k == 0:
+                kv8.set_tiles(r % 2 == 1)
+            if not torch.equal(bits(kv8.kv8_attention(q, *parts, slots, SCALE)), bits(alone)):
+                wrong.append((k, r))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        kv8.set_tiles(True)
+    assert wrong == []
 
 
 def test_a_nan_in_one_requests_keys_stays_in_that_request():
