@@ -27,34 +27,31 @@ typedef struct amx8 {
     int qg, qi0, qn;     /* first query and count (qn 0: none yet) */
 } amx8;
 
-static size_t amx8_bytes(int rows, int D) {
-    const size_t r = (size_t)(rows + 15) / 16 * 16;
-    return r * D + r * BK * 4 + r * BK * 2 + 2 * r * BK + (size_t)BK * D + r * D * 4 + 4 * 1024 + r * 12;
+/* `bytes` of `mem` from offset *at on (NULL while only counting: mem NULL) */
+static void *amx8_take(uint8_t *mem, size_t *at, size_t bytes) {
+    void *p = mem ? mem + *at : NULL;
+    *at += bytes;
+    return p;
 }
 
-/* carve amx8's buffers out of `mem` (amx8_bytes(rows, D), 64-byte aligned) */
-static void amx8_carve(amx8 *a, uint8_t *mem, int rows, int D) {
+/* amx8's buffers for `rows` rows carved out of `mem` (64-byte aligned; every size a multiple of 64), or with mem
+ * NULL only counted: returns the bytes they take, one layout for both */
+static size_t amx8_carve(amx8 *a, uint8_t *mem, int rows, int D) {
     const size_t r = (size_t)(rows + 15) / 16 * 16;
-    a->c = (int32_t (*)[256])mem;
-    mem += 4 * 1024;
-    a->dots = (int32_t *)mem;
-    mem += r * BK * 4;
-    a->acc = (int32_t *)mem;
-    mem += r * D * 4;
-    a->wq = (int16_t *)mem;
-    mem += r * BK * 2;
-    a->qa = (int8_t *)mem;
-    mem += r * D;
-    a->wh = (int8_t *)mem;
-    mem += r * BK;
-    a->wl = (uint8_t *)mem;
-    mem += r * BK;
-    a->vq = (int8_t *)mem;
-    mem += (size_t)BK * D;
-    a->ws = (float *)mem;
-    a->corr = a->ws + r;
-    a->need = (int *)(a->corr + r);
+    size_t at = 0;
+    a->c = (int32_t (*)[256])amx8_take(mem, &at, 4 * 1024);
+    a->dots = (int32_t *)amx8_take(mem, &at, r * BK * 4);
+    a->acc = (int32_t *)amx8_take(mem, &at, r * D * 4);
+    a->wq = (int16_t *)amx8_take(mem, &at, r * BK * 2);
+    a->qa = (int8_t *)amx8_take(mem, &at, r * D);
+    a->wh = (int8_t *)amx8_take(mem, &at, r * BK);
+    a->wl = (uint8_t *)amx8_take(mem, &at, r * BK);
+    a->vq = (int8_t *)amx8_take(mem, &at, (size_t)BK * D);
+    a->ws = (float *)amx8_take(mem, &at, r * 4);
+    a->corr = (float *)amx8_take(mem, &at, r * 4);
+    a->need = (int *)amx8_take(mem, &at, r * 4);
     a->qn = 0;
+    return at;
 }
 
 /* the block's keys for head g (head_keys), then K transposed to d quads as int8 (kt [D/4][BK], no + 128: TDPBSSD
@@ -62,13 +59,7 @@ static void amx8_carve(amx8 *a, uint8_t *mem, int rows, int D) {
 static void amx8_unpack(const keys8 *kv, int g, int kb, block8 *b, amx8 *a) {
     const int D = kv->D;
     head_keys(kv, g, kb, 0, b);
-    for (int j0 = 0; j0 < BK; j0 += 16)
-        for (int d = 0; d < D; d += 64) {
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b->kslot[j0 + i] + d);
-            transpose16(r);   /* r[p]: d quad (d + 4p ..) of the 16 keys */
-            for (int p = 0; p < 16; p++) _mm512_storeu_si512(b->kt + (int64_t)(d / 4 + p) * BK + j0, r[p]);
-        }
+    transpose_keys(b, D, 0);
     for (int p = 0; p < BK / 4; p++)   /* keys 4p .. 4p + 3 */
         for (int d = 0; d < D; d += 64) {
             const __m512i k0 = _mm512_loadu_si512(b->vslot[4 * p] + d), k1 = _mm512_loadu_si512(b->vslot[4 * p + 1] + d);
@@ -116,13 +107,7 @@ static void amx8_dots(const block8 *b, amx8 *a, int tiles, int D) {
 /* the exact weighted sums of V for `rows` rows (wq split into wh, wl first): acc [rows][D] */
 static void amx8_values(amx8 *a, int rows, int D) {
     const int tiles = (rows + 15) / 16;
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < BK; j += 32) {
-            const __m512i w = _mm512_loadu_si512(a->wq + (int64_t)r * BK + j);
-            _mm256_storeu_si256((__m256i *)(a->wh + (int64_t)r * BK + j), _mm512_cvtepi16_epi8(_mm512_srai_epi16(w, 8)));
-            _mm256_storeu_si256((__m256i *)(a->wl + (int64_t)r * BK + j),
-                                _mm512_cvtepi16_epi8(_mm512_and_si512(w, _mm512_set1_epi16(255))));
-        }
+    for (int64_t j = 0; j < (int64_t)rows * BK; j += 32) split_int16(a->wq + j, a->wh + j, a->wl + j);
     for (int mt = 0; mt < tiles; mt++) {
         _tile_loadd(0, a->wh + (int64_t)mt * 16 * BK, BK);
         _tile_loadd(1, a->wl + (int64_t)mt * 16 * BK, BK);
@@ -149,15 +134,13 @@ static void amx8_values(amx8 *a, int rows, int D) {
  * (block_weights), the weighted V sums for all rows, each row's output (row_output). */
 static void head_block_amx(const keys8 *kv, int g, int kb, const queries8 *Q, int64_t pos0, int i0, int qn,
                            block8 *b, amx8 *a, float *st) {
-    const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
+    const int D = kv->D, rows = kv->G * qn;
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
     amx8_unpack(kv, g, kb, b, a);
     if (a->qsrc != Q->qi || a->qg != g || a->qi0 != i0 || a->qn != qn) {   /* they change with the item, not the block */
-        for (int hh = 0; hh < G; hh++)   /* row hh qn + t: head g G + hh at query i0 + t */
-            for (int t = 0; t < qn; t++)
-                memcpy(a->qa + (int64_t)(hh * qn + t) * D, Q->qi + ((int64_t)(i0 + t) * H + g * G + hh) * D,
-                       (size_t)D);
+        for (int rr = 0; rr < rows; rr++)
+            memcpy(a->qa + (int64_t)rr * D, Q->qi + row_at(kv, g, i0, qn, rr) * D, (size_t)D);
         a->qsrc = Q->qi;
         a->qg = g;
         a->qi0 = i0;
@@ -169,10 +152,8 @@ static void head_block_amx(const keys8 *kv, int g, int kb, const queries8 *Q, in
         int seen[RB];
         float qc[RB];
         for (int r = 0; r < n; r++) {
-            const int rr = r0 + r;
-            const int64_t vis = pos0 + rr % qn - j0 + 1;
-            seen[r] = vis > BK ? BK : vis < 0 ? 0 : (int)vis;
-            qc[r] = Q->qc[(int64_t)(i0 + rr % qn) * H + g * G + rr / qn];
+            seen[r] = row_seen(pos0, qn, r0 + r, j0);
+            qc[r] = Q->qc[row_at(kv, g, i0, qn, r0 + r)];
         }
         block_weights(a->dots + (int64_t)r0 * BK, qc, b, seen, n, D, mx + r0, sum + r0, o + (int64_t)r0 * D,
                       a->wq + (int64_t)r0 * BK, a->ws + r0, a->corr + r0, a->need + r0);

@@ -138,14 +138,26 @@ typedef struct {
     const int32_t *qsum;
 } queries8;
 
+/* A KV head g's rows for queries i0 .. i0 + qn - 1 come head by head: row rr is query head g G + rr / qn at query
+ * i0 + rr % qn. Its index in the call's [n][H] query rows: */
+static inline int64_t row_at(const keys8 *kv, int g, int i0, int qn, int rr) {
+    return (int64_t)(i0 + rr % qn) * kv->H + g * kv->G + rr / qn;
+}
+
+/* how many keys of the block starting at key j0 row rr sees (it sits at position pos0 + rr % qn) */
+static inline int row_seen(int64_t pos0, int qn, int rr, int64_t j0) {
+    const int64_t vis = pos0 + rr % qn - j0 + 1;
+    return vis > BK ? BK : vis < 0 ? 0 : (int)vis;
+}
+
 /* One block of one KV head: each key's int8 K and V rows and their scales, found once for the rows that read it
- * (few rows read the int8 rows in place: unpack_keys), and for many rows unpacked once (unpack_block): K + 128 as
- * uint8 [BK][D] and transposed (AVX-512), or widened to int16 d pairs (AVX2), V as key pairs [BK/2][D][2] int16;
- * zeros past the last key. */
+ * (few rows read the int8 rows in place: unpack_keys), and for many rows unpacked once (unpack_block): K transposed
+ * to d quads (AVX-512: + 128, or as int8 for AMX tiles), or widened to int16 d pairs (AVX2), V as key pairs
+ * [BK/2][D][2] int16; zeros past the last key. */
 typedef struct {
-    uint8_t *ku;   /* K + 128 (unsigned, for VPDPBUSD) [BK][D] */
+    uint8_t *ku;   /* AVX2: K widened to int16 d pairs [D/2][BK] (AVX-512: NULL, kt is read from the rows) */
     int16_t *vp;
-    int32_t *kt;   /* ku transposed for many rows: [D/4][BK], each 4 values (d .. d + 3) of one key */
+    int32_t *kt;   /* AVX-512, many rows: K transposed, [D/4][BK], each 4 values (d .. d + 3) of one key */
     int32_t dots[RB * BK];   /* a register block of rows' scores */
     int16_t wq[RB * BK];     /* their softmax weights as int16 */
     int32_t *acc;            /* their exact weighted sums of V: [RB][D] */
@@ -270,7 +282,7 @@ static void block_values(const int16_t *wq, int R, const block8 *b, int transpos
  * rows maxes, rows sums) updated. */
 static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_t pos0, int i0, int qn, block8 *b,
                        float *st) {
-    const int D = kv->D, G = kv->G, H = kv->H, rows = G * qn;
+    const int D = kv->D, G = kv->G, rows = G * qn;
     float *o = st, *mx = st + (size_t)rows * D, *sum = mx + rows;
     const int64_t j0 = (int64_t)kb * BK;
     const int transposed = rows > FEW_MAX;   /* many rows: the unpacked copy pays (the block header's FEW_MAX) */
@@ -287,10 +299,9 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
         int seen[RB], keys = 0;
         for (int r = 0; r < RB; r++) {
             const int rr = r0 + r < rows ? r0 + r : r0;   /* past the last row: the first again, unused */
-            const int64_t vis = r0 + r < rows ? pos0 + rr % qn - j0 + 1 : 0;
-            seen[r] = vis > BK ? BK : vis < 0 ? 0 : (int)vis;
+            seen[r] = r0 + r < rows ? row_seen(pos0, qn, rr, j0) : 0;
             keys = seen[r] > keys ? seen[r] : keys;
-            const int64_t at = (int64_t)(i0 + rr % qn) * H + g * G + rr / qn;
+            const int64_t at = row_at(kv, g, i0, qn, rr);
             q[r] = Q->qi + at * D;
             qsum[r] = Q->qsum[at];
         }
@@ -299,10 +310,7 @@ static void head_block(const keys8 *kv, int g, int kb, const queries8 *Q, int64_
         block_dots(q, qsum, n, b, transposed, (keys + 15) / 16 * 16, D, b->dots);
         int need[RB], pairs = 0;
         float ws[RB], corr[RB], qc[RB];
-        for (int r = 0; r < n; r++) {
-            const int rr = r0 + r;
-            qc[r] = Q->qc[(int64_t)(i0 + rr % qn) * H + g * G + rr / qn];
-        }
+        for (int r = 0; r < n; r++) qc[r] = Q->qc[row_at(kv, g, i0, qn, r0 + r)];
         /* the rows' softmax steps; a row without weights gets zeros in wq (adds nothing below) */
         block_weights(b->dots, qc, b, seen, n, D, mx + r0, sum + r0, o + (int64_t)r0 * D, b->wq, ws, corr, need);
         for (int r = 0; r < n; r++)
@@ -350,9 +358,11 @@ static void *block_buffers(block8 *b, int D, int KVH, int amx) {
     const size_t base = (4 * kd + 4 * (size_t)RB * D + scales + 63) / 64 * 64;
     b->amx = NULL;
 #if KV8_AMX
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, base + (amx ? amx8_bytes(amx, D) + sizeof(amx8) : 0));
+    amx8 count;
+    const size_t tiles = amx ? amx8_carve(&count, NULL, amx, D) : 0;
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, base + (amx ? tiles + sizeof(amx8) : 0));
     if (buf && amx) {
-        b->amx = (amx8 *)(buf + base + amx8_bytes(amx, D));
+        b->amx = (amx8 *)(buf + base + tiles);
         amx8_carve(b->amx, buf + base, amx, D);
         load_full_tiles();
     }
@@ -360,7 +370,7 @@ static void *block_buffers(block8 *b, int D, int KVH, int amx) {
     (void)amx;
     uint8_t *buf = (uint8_t *)aligned_alloc(64, base);
 #endif
-    b->ku = buf;   /* AVX2: K widened to int16 d pairs [D/2][BK] (2 kd bytes), then vp; no kt */
+    b->ku = KV8_AVX2 ? buf : NULL;   /* AVX2: K widened to int16 d pairs [D/2][BK] (2 kd bytes), then vp; no kt */
     b->vp = buf ? (int16_t *)(buf + (KV8_AVX2 ? 2 : 1) * kd) : NULL;
     b->kt = buf && !KV8_AVX2 ? (int32_t *)(buf + 3 * kd) : NULL;
     b->acc = buf ? (int32_t *)(buf + 4 * kd) : NULL;
@@ -438,7 +448,7 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
                 merge(&top, &total, ao, part[(size_t)rows * D + rr], part[(size_t)rows * D + rows + rr],
                       part + (size_t)rr * D, D);
             }
-            finish(ao, total, out + rq * os + ((int64_t)(rr % qn) * H + g * G + rr / qn) * D, D);
+            finish(ao, total, out + rq * os + row_at(base, g, 0, qn, rr) * D, D);
         }
         block_free(&b, buf);
         free(ao);
@@ -451,7 +461,7 @@ static int segmented(const keys8 *base, const int64_t *slots, int64_t Lmax, cons
 /* A long chunk: items (KV head, FQ query positions), the last positions (the most keys) first, each merging its
  * segments as they end (the same segment() and merge() calls a short chunk makes, in the same order). */
 static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
-    const int D = kv->D, G = kv->G, H = kv->H, KVH = kv->KVH, nqb = (n + FQ - 1) / FQ, rows_max = G * FQ;
+    const int D = kv->D, G = kv->G, KVH = kv->KVH, nqb = (n + FQ - 1) / FQ, rows_max = G * FQ;
     const int64_t pos0 = (int64_t)kv->m - n;
     int failed = 0;
     const int tile_rows = amx_rows(rows_max) ? rows_max : 0;
@@ -481,7 +491,7 @@ static int blocked(const keys8 *kv, const queries8 *Q, int n, float *out) {
                     merge(&amx[rr], &asum[rr], ao + (size_t)rr * D, mx[rr], sum[rr], o + (size_t)rr * D, D);
             }
             for (int rr = 0; rr < rows; rr++)
-                finish(ao + (size_t)rr * D, asum[rr], out + ((int64_t)(i0 + rr % qn) * H + g * G + rr / qn) * D, D);
+                finish(ao + (size_t)rr * D, asum[rr], out + row_at(kv, g, i0, qn, rr) * D, D);
         }
         block_free(&b, buf);
         free(f);

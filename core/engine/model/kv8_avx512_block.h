@@ -12,9 +12,22 @@
  * layers as the weights are) */
 #define FEW_MAX (3 * RB)
 
+/* the block's K rows (kslot) transposed to d quads, kt [D/4][BK]: each key's d .. d + 3 as one int32, 16 keys x 16
+ * quads at a time in registers. `flip`: as K + 128 (unsigned, VPDPBUSD's side), else as they are (int8: TDPBSSD's) */
+static inline void transpose_keys(block8 *b, int D, int flip) {
+    const __m512i f = _mm512_set1_epi8(flip ? (char)0x80 : 0);
+    for (int j0 = 0; j0 < BK; j0 += 16)
+        for (int d = 0; d < D; d += 64) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_xor_si512(_mm512_loadu_si512(b->kslot[j0 + i] + d), f);
+            transpose16(r);   /* r[p]: d quad (d + 4p ..) of the 16 keys */
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(b->kt + (int64_t)(d / 4 + p) * BK + j0, r[p]);
+        }
+}
+
 /* One block of one KV head. Few rows take its keys' rows and scales from unpack_keys' pass (kv8_attention.c) and
  * read the int8 rows in place; many rows (`transposed`) take them from head_keys (kv8_attention.c) and unpack K + 128
- * as uint8 [BK][D] transposed to kt [D/4][BK] and V as key pairs (vp). */
+ * as uint8 transposed to kt [D/4][BK] and V as key pairs (vp). */
 static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 *b) {
     const int D = kv->D;
     if (!transposed) {   /* few rows read the int8 rows in place, where unpack_keys found them */
@@ -22,19 +35,7 @@ static void unpack_block(const keys8 *kv, int g, int kb, int transposed, block8 
         return;
     }
     head_keys(kv, g, kb, 0, b);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int j = 0; j < BK; j++) {
-        uint8_t *ku = b->ku + (int64_t)j * D;
-        for (int d = 0; d < D; d += 64)
-            _mm512_storeu_si512(ku + d, _mm512_xor_si512(_mm512_loadu_si512(b->kslot[j] + d), flip));
-    }
-    for (int j0 = 0; j0 < BK; j0 += 16)   /* 16 keys x 16 d quads at a time */
-        for (int p0 = 0; p0 < D / 4; p0 += 16) {
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(b->ku + (int64_t)(j0 + i) * D + 4 * p0);
-            transpose16(r);
-            for (int p = 0; p < 16; p++) _mm512_storeu_si512(b->kt + (int64_t)(p0 + p) * BK + j0, r[p]);
-        }
+    transpose_keys(b, D, 1);
     for (int jp = 0; jp < BK / 2; jp++) {
         const int8_t *va = b->vslot[2 * jp], *vb = b->vslot[2 * jp + 1];
         for (int d = 0; d < D; d += 16) {

@@ -35,6 +35,12 @@ static int args_ok(Py_ssize_t n, Py_ssize_t want, const char *name) {
 #define INT(i) ((int)PyLong_AsLong(args[i]))
 #define I64(i) ((int64_t)PyLong_AsLongLong(args[i]))
 #define FLT(i) ((float)PyFloat_AsDouble(args[i]))
+/* py_NAME: the C question NAME(void) (what this build or CPU runs) as a Python bool, taking no arguments */
+#define FLAG_QUERY(name)                                                                 \
+    static PyObject *py_##name(PyObject *self, PyObject *const *args, Py_ssize_t n) {   \
+        if (!args_ok(n, 0, #name)) return NULL;                                          \
+        return PyBool_FromLong(name());                                                  \
+    }
 /* prefill-sized calls let other threads run; decode-sized ones keep the GIL (cheaper than dropping it) */
 #define UNLOCKED_IF(big, call) do { if (big) { Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS } else { call; } } while (0)
 
@@ -85,28 +91,19 @@ static PyObject *py_w8_gemv(PyObject *self, PyObject *const *args, Py_ssize_t n)
     return call_w8(w8_gemv, "w8_gemv", args, n);
 }
 
-static PyObject *py_panel_gemm_fast(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "panel_gemm_fast")) return NULL;
-    return PyBool_FromLong(panel_gemm_fast());
-}
+FLAG_QUERY(panel_gemm_fast)
 
 static PyObject *py_w8_panel_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return call_w8(w8_panel_gemm, "w8_panel_gemm", args, n);
 }
 
-static PyObject *py_w8a16_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "w8a16_ready")) return NULL;
-    return PyBool_FromLong(w8a16_ready());
-}
+FLAG_QUERY(w8a16_ready)
 
 static PyObject *py_w8a16_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return call_w8(w8a16_gemm, "w8a16_gemm", args, n);
 }
 
-static PyObject *py_w8a16_amx_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "w8a16_amx_ready")) return NULL;
-    return PyBool_FromLong(w8a16_amx_ready());
-}
+FLAG_QUERY(w8a16_amx_ready)
 
 static PyObject *py_w8a16_amx_gemm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return call_w8(w8a16_amx_gemm, "w8a16_amx_gemm", args, n);
@@ -141,10 +138,7 @@ static PyObject *py_w8_amx_gemm_silu(PyObject *self, PyObject *const *args, Py_s
     return call_amx_gemm(w8_amx_gemm_silu, "w8_amx_gemm_silu", args, n);
 }
 
-static PyObject *py_amx_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "amx_attention_ready")) return NULL;
-    return PyBool_FromLong(amx_attention_ready());
-}
+FLAG_QUERY(amx_attention_ready)
 
 typedef int (*prefill_attention_fn)(const float *, int64_t, const void *, const void *, int, const int64_t *, float *,
                                     int, int, int, int, int, float);
@@ -172,10 +166,7 @@ static PyObject *py_amx_attention(PyObject *self, PyObject *const *args, Py_ssiz
     return call_prefill_attention(amx_attention, "amx_attention", "32", "AMX", args, n);
 }
 
-static PyObject *py_fma_attention_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "fma_attention_ready")) return NULL;
-    return PyBool_FromLong(fma_attention_ready());
-}
+FLAG_QUERY(fma_attention_ready)
 
 static PyObject *py_fma_attention(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return call_prefill_attention(fma_attention, "fma_attention", "16", "AVX-512", args, n);
@@ -202,15 +193,9 @@ static PyObject *py_fma_decode(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-static PyObject *py_kv8_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "kv8_ready")) return NULL;
-    return PyBool_FromLong(kv8_ready());
-}
+FLAG_QUERY(kv8_ready)
 
-static PyObject *py_kv8_tiles(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "kv8_tiles")) return NULL;
-    return PyBool_FromLong(kv8_tiles());
-}
+FLAG_QUERY(kv8_tiles)
 
 static PyObject *kv8_error(int rc, const char *name) {
     if (rc == -1) return PyErr_NoMemory();
@@ -300,10 +285,7 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
-static PyObject *py_amx_ready(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (!args_ok(n, 0, "amx_ready")) return NULL;
-    return PyBool_FromLong(amx_ready());
-}
+FLAG_QUERY(amx_ready)
 
 static PyObject *py_add_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!args_ok(n, 7, "add_rms_norm")) return NULL;

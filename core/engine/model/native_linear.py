@@ -133,7 +133,7 @@ class Linear:
         if kind == "bf16":
             return F.linear(x, self.weight, self.bias)
         if self.a16:   # a prompt chunk's rows on AMX tiles where they are: w8a16_gemm's bits, ~3x its panels' speed
-            if self.quads is not None and x.shape[0] >= PANEL_MIN_ROWS:
+            if self._on_quads(x):
                 return native_int8.w8a16_amx_gemm(x, self.quads, self.scales, self.bias)
             return native_int8.w8a16_gemm(x, self.panels, self.scales, self.bias)
         if self.dense is None:
@@ -172,7 +172,7 @@ class Linear:
         int8 batches on AMX tiles do it in the GEMM's epilogue (`w8a16_amx_gemm_silu` with a16, `w8_amx_gemm_silu`
         with x16: the same bits, without writing and rereading the [M, 2I] gate_up output, ~1 ms a layer at 1,024
         rows); the rest is this projection, then `native_kernels.silu_mul`."""
-        if self.a16 and self.quads is not None and x.shape[0] >= PANEL_MIN_ROWS:   # the quads as they are
+        if self._on_quads(x):
             return native_int8.w8a16_amx_gemm_silu(x, self.quads, self.scales, self.bias)
         if self.kind == "int8" and self.dense is None and native_kernels.available() and self._on_tiles(x):
             if self.silu_tiles is None:
@@ -181,6 +181,10 @@ class Linear:
                                    None if self.bias is None else il(self.bias))
             return native_int8.w8_amx_gemm_silu(x, *self.silu_tiles)
         return native_kernels.silu_mul(self(x))
+
+    def _on_quads(self, x: torch.Tensor) -> bool:
+        """Whether rows x run w8a16_amx_gemm: a16 with AMX-INT8 quads, a prompt chunk's PANEL_MIN_ROWS or more."""
+        return self.quads is not None and x.shape[0] >= PANEL_MIN_ROWS
 
     def nbytes(self) -> int:
         parts = (self.weight, self.scales, self.bias, self.dense, self.tiles, self.panels, self.quads,

@@ -145,6 +145,16 @@ static inline void load_full_tiles(void) {
      * stores of the rest (it did, inlined into kv8_attention.c's block_buffers: a #GP, SIGSEGV) */
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
+
+#if defined(__AVX512BW__)
+/* 32 int16 values x as the two int8 parts the tiles multiply exactly, x = 256 hi + lo: hi = x >> 8 (signed), lo =
+ * x & 255 (unsigned) (w8a16_amx_gemm's activations, kv8_amx_block.h's softmax weights) */
+static inline void split_int16(const int16_t *x, int8_t *hi, uint8_t *lo) {
+    const __m512i v = _mm512_loadu_si512((const void *)x);
+    _mm256_storeu_si256((__m256i *)hi, _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+    _mm256_storeu_si256((__m256i *)lo, _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(255))));
+}
+#endif
 #endif
 
 #endif /* NATIVE_SIMD_H */

@@ -232,7 +232,7 @@ static void few_rows(const int16_t *xq, const double *sx, const int8_t *panels, 
 
 #if A16_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define A16_AMX 1
-#include "native_simd.h"   /* load_full_tiles */
+#include "native_simd.h"   /* load_full_tiles, split_int16 */
 
 int w8a16_amx_ready(void) { return amx_ready(); }
 
@@ -248,12 +248,7 @@ static void split_rows_s8(const int16_t *xq, int8_t *xh, uint8_t *xl, int M, int
         int8_t *h = xh + (int64_t)m * K;
         uint8_t *l = xl + (int64_t)m * K;
         if (m >= M) { memset(h, 0, (size_t)K); memset(l, 0, (size_t)K); continue; }
-        const int16_t *q = xq + (int64_t)m * K;
-        for (int k = 0; k < K; k += 32) {   /* K % 64 == 0 */
-            const __m512i v = _mm512_loadu_si512((const void *)(q + k));
-            _mm256_storeu_si256((__m256i *)(h + k), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
-            _mm256_storeu_si256((__m256i *)(l + k), _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(255))));
-        }
+        for (int k = 0; k < K; k += 32) split_int16(xq + (int64_t)m * K + k, h + k, l + k);   /* K % 64 == 0 */
     }
 }
 
