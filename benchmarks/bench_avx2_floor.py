@@ -22,7 +22,7 @@ itself is the bound:
                            FMAs between the VPMADDWD of its scores and V sums)
 
 The loops are inline assembly (what is measured is exactly those instructions), 20 M iterations, fastest of the
-rounds; a cycle is measured by a chain of dependent adds. The kernels run on one thread on [1,024 rows, K] x
+rounds; a cycle is measured by a chain of dependent multiplies. The kernels run on one thread on [1,024 rows, K] x
 [N, K]^T for the default model's projections, each keeping its fastest round, alternating.
 
     .venv/bin/python benchmarks/bench_avx2_floor.py --rounds 3

@@ -12,7 +12,7 @@ This says which phase to work on, and whether the keys coming from memory cost m
          weights stream between two layers' attention, so its K/V come from DRAM all the more.
 
 The shape is SmolLM2-135M's (9 query heads, 3 KV heads, head dim 64), batch 1, slots in one run. Cycles are
-measured, not assumed: a chain of dependent adds gives the nanoseconds of a cycle. The variants alternate, each
+measured, not assumed: a chain of dependent multiplies gives the nanoseconds of a cycle. The variants alternate, each
 keeping its fastest round (a busy neighbour only ever slows a run). A phase left out leaves wrong outputs: only the
 times mean anything.
 
@@ -51,7 +51,7 @@ HARNESS = r"""
 #include "kv8_attention.c"
 CLOCK
 int main(int argc, char **argv) {   /* n keys, L layers, seconds: the fastest pass over the L layers, in seconds */
-    if (argc == 2) {   /* the seconds of a cycle, over argv[1] dependent adds */
+    if (argc == 2) {   /* the seconds of a cycle, over argv[1] cycles of dependent multiplies */
         printf("%.6e\n", seconds_a_cycle(atol(argv[1])));
         return 0;
     }
@@ -107,7 +107,7 @@ int main(int argc, char **argv) {   /* n keys, L layers, seconds: the fastest pa
 def build(folder: Path, leave_out: list[str]) -> Path:
     """The harness over a copy of the kernel with the `leave_out` phases replaced by their stand-ins."""
     folder.mkdir()
-    for f in [KERNELS / "kv8_attention.c", *KERNELS.glob("*.h")]:
+    for f in [KERNELS / "kv8_attention.c", KERNELS / "w8_x16.c", *KERNELS.glob("*.h")]:
         text = f.read_text()
         if f.name == "kv8_attention.c":
             for phase in leave_out:
@@ -119,7 +119,7 @@ def build(folder: Path, leave_out: list[str]) -> Path:
         (folder / f.name).write_text(text)
     (folder / "harness.c").write_text(HARNESS.replace("CLOCK", CLOCK_C, 1))
     flags = [f for f in native_kernels.FLAGS if f not in ("-shared", "-fPIC")]
-    subprocess.run([native_kernels.compiler(), *flags, "-D_GNU_SOURCE", "harness.c", "-o", "harness", "-lm"], cwd=folder, check=True)
+    subprocess.run([native_kernels.compiler(), *flags, "-D_GNU_SOURCE", "harness.c", "w8_x16.c", "-o", "harness", "-lm"], cwd=folder, check=True)
     return folder / "harness"
 
 

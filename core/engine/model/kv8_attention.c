@@ -185,15 +185,26 @@ static inline void prefetch_key(const keys8 *kv, int g, int heads, int64_t j, in
     }
 }
 
+/* whether the n keys at `slots` sit in consecutive slots (a pool allocated in order: the common case) */
+static inline int slot_run(const int64_t *slots, int n) {
+    int64_t off = 0;
+    for (int j = 0; j < n; j++) off |= slots[j] - slots[0] - j;   /* no branch a key: GCC vectorises it */
+    return off == 0;
+}
+
 /* Few rows (a decode step's G query heads, a short chunk's tokens x G): one block's keys for KV heads g0 .. g1 - 1 at
  * once, before their head_block calls. A slot's rows of every head are adjacent, so one pass reads each key's slot
  * once for all heads: its rows' address (head g0's; head g's are (g - g0) D bytes on) and every head's scales. Per
  * head, as many rows still do (the block headers' unpack_block), the slot was read, the addresses computed and the
  * scales' lines asked for again for each head: a decode step's attention at 4,096 tokens (30 layers from DRAM, 2
- * threads) 4-6 % slower (AMD Zen 3). The block ahead is asked for only where a run of slots starts: asking for every
- * key's lines (and GCC spilling the loop's state around them) was ~100 instructions a key, and on a pool whose slots
- * run in order the CPU streams them itself (decode attention at 4,096 tokens 8-9 % faster, from cache or DRAM; on
- * shuffled slots 3 % faster). */
+ * threads) 4-6 % slower (AMD Zen 3).
+ * The block's K and V rows are asked into L1 here, line by line in address order, before the first head's scores
+ * read them: a decode step at 4,096 tokens 4-6 % faster on an Intel Xeon (Emerald Rapids) than with V alone asked for
+ * (K then came from memory as the scores read it, and stalled them), and 2-3 % faster with both asked for in one pass
+ * over the block's lines than K's lines and then V's. The block ahead is asked for only where a run of slots starts:
+ * asking for every key's lines (and GCC spilling the loop's state around them) was ~100 instructions a key, and on a
+ * pool whose slots run in order the CPU streams them itself (decode attention at 4,096 tokens 8-9 % faster, from
+ * cache or DRAM; on shuffled slots 3 % faster); asking for the next block's lines into L2 as well made a step slower. */
 static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8 *b) {
     if (!few) return;
     const int D = kv->D, KVH = kv->KVH, heads = g1 - g0, span = heads * D, j0 = kb * BK;
@@ -202,25 +213,45 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
     const float *ks = kv->ks, *vs = kv->vs;
     const int64_t *slots = kv->slots + j0;
     b->g0 = g0;
-    for (int j = 0; j < kn; j++) {
-        const int64_t row = slots[j] * KVH + g0;   /* key j's row of head g0 */
-        const int8_t *vr = v + row * D;
-        b->kslot[j] = k + row * D;
-        b->vslot[j] = vr;
-        /* V's rows into L1 while K is read: read a key pair at a time, their rows missed L1 (decode at 4,096
-         * tokens 13 % faster) */
-        for (int d = 0; d < span; d += 64) __builtin_prefetch(vr + d, 0, 3);
-        for (int h = 0; h < heads; h++) {
-            b->kscs[h * BK + j] = ks[row + h];
-            b->vscs[h * BK + j] = vs[row + h];
+    if (heads == KVH && slot_run(slots, kn)) {   /* the block's rows of every head: one span of memory */
+        const int64_t row0 = slots[0] * KVH;
+        for (int64_t d = 0; d < (int64_t)kn * span; d += 64) {
+            __builtin_prefetch(k + row0 * D + d, 0, 3);
+            __builtin_prefetch(v + row0 * D + d, 0, 3);
         }
+        for (int j = 0; j < kn; j++) {   /* no load a key: GCC vectorises these */
+            b->kslot[j] = k + (row0 + (int64_t)j * KVH) * D;
+            b->vslot[j] = v + (row0 + (int64_t)j * KVH) * D;
+        }
+        for (int h = 0; h < heads; h++)
+            for (int j = 0; j < kn; j++) {
+                b->kscs[h * BK + j] = ks[row0 + (int64_t)j * KVH + h];
+                b->vscs[h * BK + j] = vs[row0 + (int64_t)j * KVH + h];
+            }
     }
+    else
+        for (int j = 0; j < kn; j++) {
+            const int64_t row = slots[j] * KVH + g0;   /* key j's row of head g0 */
+            b->kslot[j] = k + row * D;
+            b->vslot[j] = v + row * D;
+            for (int d = 0; d < span; d += 64) {
+                __builtin_prefetch(b->kslot[j] + d, 0, 3);
+                __builtin_prefetch(b->vslot[j] + d, 0, 3);
+            }
+            for (int h = 0; h < heads; h++) {
+                b->kscs[h * BK + j] = ks[row + h];
+                b->vscs[h * BK + j] = vs[row + h];
+            }
+        }
     for (int j = kn; j < BK; j++) b->kslot[j] = b->vslot[j] = b->zrow;
     for (int h = 0; h < heads; h++)
         for (int j = kn; j < BK; j++) b->kscs[h * BK + j] = b->vscs[h * BK + j] = 0.f;
-    /* the block ahead: the rows of a key that does not follow the slot before it (where a run of slots starts; within
-     * a run the CPU's own prefetcher streams them) */
+    /* the block ahead: the rows of a key that does not follow the slot before it (where a run of slots starts) */
     const int64_t jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
+    if (kn_next > 0 && slot_run(kv->slots + jn, (int)kn_next)) {   /* one run: its first key alone */
+        prefetch_key(kv, g0, heads, jn, 1);
+        return;
+    }
     int64_t after = -1;
     for (int j = 0; j < kn_next; j++) {
         const int64_t s = kv->slots[jn + j];

@@ -5,7 +5,9 @@
  *
  * Built with -O3 -march=native -fopenmp and fast-math's reassociation and contraction (not -ffast-math itself:
  * native_kernels.py says why). */
+#ifndef _GNU_SOURCE   /* a harness may define it (benchmarks/bench_kv8_phases.py) */
 #define _GNU_SOURCE   /* syscall() (amx_ready) under -std=c11: gcc 14 refuses an implicit declaration */
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
