@@ -16,6 +16,7 @@ A decode's tokens are checked against the same prompt decoded by the working tre
 tokens): where a change keeps the kernels' bits they are the same, and a difference is printed.
 
     .venv/bin/python benchmarks/bench_kernels_ab.py --base 3d2d39a --decode 128,4096 --steps 600
+    .venv/bin/python benchmarks/bench_kernels_ab.py --base HEAD --march haswell   # the AVX2 kernels
 """
 from __future__ import annotations
 
@@ -141,6 +142,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4, help="decode steps before switching builds (default 4)")
     ap.add_argument("--rounds", type=int, default=6, help="prefill requests a build (default 6)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--march", default="native", help="both builds' -march (e.g. haswell: the AVX2 kernels on a CPU "
+                                                      "with AVX-512; default native)")
     args = ap.parse_args()
     if min(args.steps, args.every, args.rounds, args.threads) < 1:
         ap.error("give --steps, --every, --rounds and --threads of at least 1")
@@ -149,6 +152,7 @@ def main() -> None:
         raise SystemExit(f"the Python of core/ differs from {args.base} ({differs.replace(chr(10), ', ')}): this "
                          f"benchmark swaps the C kernels alone; use benchmarks/bench_revisions.py")
     torch.set_num_threads(args.threads)
+    native_kernels.FLAGS[native_kernels.FLAGS.index("-march=native")] = f"-march={args.march}"   # before a build
     runner = ModelRunner("default")
     ids = runner.tokenizer.encode(corpus_text(), add_special_tokens=False)
     settle_heap()

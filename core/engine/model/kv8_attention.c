@@ -154,6 +154,15 @@ static inline int row_seen(int64_t pos0, int qn, int rr, int64_t j0) {
  * (few rows read the int8 rows in place: unpack_keys), and for many rows unpacked once (unpack_block): K transposed
  * to d quads (AVX-512: + 128, or as int8 for AMX tiles), or widened to int16 d pairs (AVX2), V as key pairs
  * [BK/2][D][2] int16; zeros past the last key. */
+/* Few rows: the next block's K and V lines, asked for into L2 a few at a time while this block's scores and V sums
+ * run (ask_ahead, from the block headers' loops). Few rows' keys come from memory (a decode step at 4,096 tokens
+ * reads 47 MB of them, past the caches once the weights have streamed), and the block's own lines asked for at once
+ * (unpack_keys) leave the memory idle while the block's arithmetic runs. */
+typedef struct {
+    const int8_t *k, *v;   /* the next line of each to ask for */
+    int lines;             /* lines of each left */
+} ahead8;
+
 typedef struct {
     uint8_t *ku;   /* AVX2: K widened to int16 d pairs [D/2][BK] (AVX-512: NULL, kt is read from the rows) */
     int16_t *vp;
@@ -167,7 +176,18 @@ typedef struct {
     const int8_t *zrow;   /* KVH rows of zeros: the rows of keys past the last, for every head */
     int g0, head;         /* the block's first head, and the head attended now (its scales' row, its rows' offset) */
     struct amx8 *amx;     /* many rows' buffers on AMX tiles (kv8_amx_block.h), or NULL: the AVX-512 kernels */
+    ahead8 *ahead;        /* &next: the kernels take the block read-only, and move this on */
+    ahead8 next;
 } block8;
+
+/* n of the next block's K and V lines asked for into L2 (none left: nothing) */
+static inline void ask_ahead(const block8 *b, int n) {
+    ahead8 *a = b->ahead;
+    for (; n > 0 && a->lines > 0; n--, a->lines--, a->k += 64, a->v += 64) {
+        __builtin_prefetch(a->k, 0, 2);
+        __builtin_prefetch(a->v, 0, 2);
+    }
+}
 
 /* ask for key j's K and V rows of heads g .. g + heads - 1 (adjacent in its slot; and their scales, where `scales`:
  * a line holds 16 of them) a block before they are unpacked: a key at a time, as a block is unpacked (a burst of a
@@ -201,10 +221,12 @@ static inline int slot_run(const int64_t *slots, int n) {
  * The block's K and V rows are asked into L1 here, line by line in address order, before the first head's scores
  * read them: a decode step at 4,096 tokens 4-6 % faster on an Intel Xeon (Emerald Rapids) than with V alone asked for
  * (K then came from memory as the scores read it, and stalled them), and 2-3 % faster with both asked for in one pass
- * over the block's lines than K's lines and then V's. The block ahead is asked for only where a run of slots starts:
- * asking for every key's lines (and GCC spilling the loop's state around them) was ~100 instructions a key, and on a
- * pool whose slots run in order the CPU streams them itself (decode attention at 4,096 tokens 8-9 % faster, from
- * cache or DRAM; on shuffled slots 3 % faster); asking for the next block's lines into L2 as well made a step slower. */
+ * over the block's lines than K's lines and then V's.
+ * The block ahead: where it is one run of slots of every head, its lines are asked for into L2 a few at a time while
+ * this block's arithmetic runs (ahead8): a decode step at 4,096 tokens 4-6 % faster on that Xeon, where all of them
+ * asked for at once (here, or a head's share after each head) made it no faster or slower. Elsewhere only where a
+ * run of slots starts: asking for every key's lines (and GCC spilling the loop's state around them) was ~100
+ * instructions a key (decode attention at 4,096 tokens 8-9 % faster without, AMD Zen 3; on shuffled slots 3 %). */
 static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8 *b) {
     if (!few) return;
     const int D = kv->D, KVH = kv->KVH, heads = g1 - g0, span = heads * D, j0 = kb * BK;
@@ -246,10 +268,17 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
     for (int j = kn; j < BK; j++) b->kslot[j] = b->vslot[j] = b->zrow;
     for (int h = 0; h < heads; h++)
         for (int j = kn; j < BK; j++) b->kscs[h * BK + j] = b->vscs[h * BK + j] = 0.f;
-    /* the block ahead: the rows of a key that does not follow the slot before it (where a run of slots starts) */
+    /* the block ahead: one run of slots of every head, its lines a few at a time as this block runs (ahead8); else
+     * the rows of a key that does not follow the slot before it (where a run of slots starts) */
     const int64_t jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
-    if (kn_next > 0 && slot_run(kv->slots + jn, (int)kn_next)) {   /* one run: its first key alone */
-        prefetch_key(kv, g0, heads, jn, 1);
+    b->next.lines = 0;
+    if (kn_next > 0 && slot_run(kv->slots + jn, (int)kn_next)) {
+        if (heads == KVH) {
+            b->next.k = k + kv->slots[jn] * KVH * D;
+            b->next.v = v + kv->slots[jn] * KVH * D;
+            b->next.lines = (int)(kn_next * span / 64);
+        }
+        else prefetch_key(kv, g0, heads, jn, 1);   /* its first key alone */
         return;
     }
     int64_t after = -1;
@@ -388,6 +417,8 @@ static void *block_buffers(block8 *b, int D, int KVH, int amx) {
     const size_t scales = 2 * sizeof(float) * (size_t)KVH * BK + (size_t)KVH * D;   /* kscs, vscs, zrow */
     const size_t base = (4 * kd + 4 * (size_t)RB * D + scales + 63) / 64 * 64;
     b->amx = NULL;
+    b->ahead = &b->next;
+    b->next.lines = 0;
 #if KV8_AMX
     amx8 count;
     const size_t tiles = amx ? amx8_carve(&count, NULL, amx, D) : 0;

@@ -85,6 +85,7 @@ static inline __attribute__((always_inline)) void dots_rows(const int8_t *const 
     for (int r = 0; r < R; r++)
         for (int d = 0; d < D; d += 16) qv[r][d / 16] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qi[r] + d)));
     for (int h = 0; h < keys; h += 4) {
+        ask_ahead(b, 2);   /* with one a key pair in values_rows: a block's 192 lines of K (and of V) at head dim 64 */
         __m256i t[2][RB];
         for (int p2 = 0; p2 < 2; p2++) {
             const int8_t *k0p = b->kslot[h + 2 * p2] + off, *k1p = b->kslot[h + 2 * p2 + 1] + off;
@@ -294,6 +295,7 @@ static inline __attribute__((always_inline)) void values_rows(const int16_t *wq,
         __m256i lo[RB], hi[RB];
         for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
         for (int jp = 0; jp < pairs; jp++) {
+            if (d == 0) ask_ahead(b, 1);
             const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vslot[2 * jp] + off + d)));
             const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b->vslot[2 * jp + 1] + off + d)));
             const __m256i pl = _mm256_unpacklo_epi16(a, c), ph = _mm256_unpackhi_epi16(a, c);

@@ -57,6 +57,7 @@ static inline __attribute__((always_inline)) void dots_rows(const int8_t *const 
     const int64_t off = (int64_t)b->head * D;   /* the head's rows in each key's slot (unpack_keys) */
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int h = 0; h < keys; h += 16) {
+        ask_ahead(b, 8);   /* with one a key pair in values_rows: a block's 192 lines of K (and of V) at head dim 64 */
         __m512i acc[RB];
         for (int r = 0; r < R; r++) acc[r] = _mm512_set1_epi32(-128 * qsum[r]);
         for (int d = 0; d < D; d += 64) {
@@ -264,6 +265,7 @@ static inline __attribute__((always_inline)) void values_rows(const int16_t *wq,
         for (int r = 0; r < R; r++)
             for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_si512();
         for (int jp = 0; jp < pairs; jp++) {
+            ask_ahead(b, 1);
             const int8_t *va = b->vslot[2 * jp] + off + d0, *vb = b->vslot[2 * jp + 1] + off + d0;
             __m512i pv[4];
             for (int h = 0; h < 2; h++) {   /* d0 + 32 h .. + 31 */
