@@ -137,6 +137,43 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
+@pytest.mark.parametrize("d,heads,kv_heads", [(64, 9, 3), (128, 8, 2), (64, 4, 1)])
+def test_keys_in_one_run_of_slots_give_the_bits_they_give_at_scattered_slots(d, heads, kv_heads, restore_threads):
+    """A pool allocated in order holds a request's keys in one run of slots: few rows (decode rows, chunks of up to 4
+    tokens) then find a block's rows by arithmetic, ask for them as one span, and ask for the next block's lines
+    while the block runs (unpack_keys, ahead8). The same keys at scattered slots take the per-key path, and at
+    slots in runs broken every few keys both, block by block: the same bits everywhere. Contexts from 1 key to
+    past a segment (512 keys), so a run ends inside a block, at a segment's end and at the context's end; short
+    contexts split work items by head (the run of one head is not one span)."""
+    require_kv8()
+    g = torch.Generator().manual_seed(d + heads)
+    m = 1500
+    k, v = torch.randn(m, kv_heads, d, generator=g) * 2, torch.randn(m, kv_heads, d, generator=g)
+    k[700, 0, 3] = float("nan")   # one NaN key: rows that see it are NaN in every layout
+    run = torch.arange(1, m + 1)
+    scattered = torch.randperm(m + 200, generator=g)[:m] + 1
+    broken = run + torch.arange(m) // 37 * 5   # runs of 37 slots, 5 skipped between
+    q = torch.randn(4, heads, d, generator=g) * 3
+    scale = d ** -0.5
+    outs = {}
+    for name, slots in (("run", run), ("scattered", scattered), ("broken", broken)):
+        pool = KVPool(1, int(slots.max()) + 1, kv_heads, d, dtype=torch.int8)
+        pool.set_kv(0, slots, k, v)
+        parts = (pool.k_buffer[0], pool.v_buffer[0], pool.k_scale[0], pool.v_scale[0])
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            lens = torch.tensor([1, 64, 65, 130, 512, 699, 700, 1100, m])
+            rows = q[torch.arange(lens.numel()) % 4]
+            decode = kv8.kv8_decode(rows, *parts, slots[None].expand(lens.numel(), m).contiguous(), lens, scale)
+            chunks = [kv8.kv8_attention(q[:n], *parts, slots[:c], scale) for n, c in ((4, 600), (2, 65), (3, 1100))]
+            outs[name, threads] = [decode, *chunks]
+    first = outs["run", 1]
+    for key, got in outs.items():
+        assert all(torch.equal(bits(a), bits(b)) for a, b in zip(got, first)), key
+    decode = first[0]
+    assert bool(torch.isnan(decode[7:, :heads // kv_heads]).all()) and bool(torch.isfinite(decode[:7]).all())
+
+
 @pytest.mark.parametrize("d,heads,kv_heads,m", [(64, 9, 3, 700), (128, 8, 2, 300), (256, 7, 1, 150), (64, 16, 1, 200),
                                                 (192, 12, 3, 90)])
 def test_a_prompt_chunks_many_rows_are_the_same_bits_on_amx_tiles_as_on_avx512(d, heads, kv_heads, m, request):
