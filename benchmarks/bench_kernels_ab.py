@@ -21,8 +21,6 @@ tokens): where a change keeps the kernels' bits they are the same, and a differe
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import statistics
 import subprocess
 import sys
@@ -61,21 +59,15 @@ def build_at(rev: str, folder: Path):
     for f in native_kernels.SOURCES + native_kernels.HEADERS:
         res = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNELS}/{f.name}"], capture_output=True)
         if res.returncode:
-            raise SystemExit(f"{rev} has no {KERNELS}/{f.name}: its kernels are not this tree's; use bench_revisions.py")
+            raise SystemExit(f"{rev} has no {KERNELS}/{f.name}: its kernels are not this tree's; use "
+                             f"bench_revisions.py")
         (folder / f.name).write_bytes(res.stdout)
     out = folder / f"base{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
-    flags = native_kernels.FLAGS + ["-DNATIVE_PYMODULE", f"-I{sysconfig.get_paths()['include']}"]
-    res = subprocess.run([native_kernels.compiler(), *flags, *(str(folder / f.name) for f in native_kernels.SOURCES),
-                          "-o", str(out), "-lm"], capture_output=True, text=True)
-    if res.returncode:
-        raise SystemExit(f"{rev}'s kernels did not build here:\n{res.stderr[-2000:]}")
-    # the same module name (its init function's), from another file: a second, separate copy
-    loader = importlib.machinery.ExtensionFileLoader("_radix_native_kernels", str(out))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(loader.name, str(out),
-                                                                                    loader=loader))
-    loader.exec_module(module)
-    module.set_kv8_amx(1)   # as native_kernels.lib() sets the working tree's (set_amx's default)
-    return module
+    try:
+        native_kernels.compile_module([folder / f.name for f in native_kernels.SOURCES], out)
+    except RuntimeError as exc:
+        raise SystemExit(f"{rev}'s kernels did not build here: {exc}")
+    return native_kernels.load_module(out)
 
 
 def decode_ab(runner: ModelRunner, ids: list[int], builds: dict, context: int, steps: int, every: int) -> dict:
@@ -90,7 +82,7 @@ def decode_ab(runner: ModelRunner, ids: list[int], builds: dict, context: int, s
     i = 0
     while not handle.done():
         name = names[(i // every) % 2]
-        native_kernels._lib = builds[name]
+        native_kernels.use_module(builds[name])
         start = time.perf_counter()
         engine.step()
         times[name].append(time.perf_counter() - start)
@@ -100,7 +92,7 @@ def decode_ab(runner: ModelRunner, ids: list[int], builds: dict, context: int, s
 
 def same_tokens(runner: ModelRunner, ids: list[int], head, context: int, tokens: list[int]) -> str:
     """Whether the working tree's build alone decodes the first 64 of `tokens` from the same prompt."""
-    native_kernels._lib = head
+    native_kernels.use_module(head)
     engine = Engine(runner, pool_slots=context + 128, disable_radix_cache=True, max_running_requests=1)
     n = min(64, len(tokens))
     handle = engine.submit(ids[:context], SamplingParams(max_new_tokens=n, ignore_eos=True))
@@ -112,11 +104,12 @@ def same_tokens(runner: ModelRunner, ids: list[int], head, context: int, tokens:
 
 
 def prefill_ab(runner: ModelRunner, ids: list[int], builds: dict, n: int, rounds: int) -> dict:
-    """Each build's seconds from submit to first token of an uncached `n`-token prompt, alternating request by request."""
+    """Each build's seconds from submit to first token of an uncached `n`-token prompt, alternating request by
+    request."""
     names, times = list(builds), {name: [] for name in builds}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            native_kernels._lib = builds[name]
+            native_kernels.use_module(builds[name])
             engine = Engine(runner, pool_slots=n + 64, disable_radix_cache=True, max_running_requests=1)
             start = time.perf_counter()
             handle = engine.submit(ids[:n], SamplingParams(max_new_tokens=1, ignore_eos=True))
@@ -142,15 +135,19 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4, help="decode steps before switching builds (default 4)")
     ap.add_argument("--rounds", type=int, default=6, help="prefill requests a build (default 6)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--python-differs-ok", action="store_true",
+                    help="run although core/'s Python differs from --base's (where you know the C kernels' calls "
+                         "did not change)")
     ap.add_argument("--march", default="native", help="both builds' -march (e.g. haswell: the AVX2 kernels on a CPU "
                                                       "with AVX-512; default native)")
     args = ap.parse_args()
     if min(args.steps, args.every, args.rounds, args.threads) < 1:
         ap.error("give --steps, --every, --rounds and --threads of at least 1")
     differs = python_differs(args.base)
-    if differs:
+    if differs and not args.python_differs_ok:
         raise SystemExit(f"the Python of core/ differs from {args.base} ({differs.replace(chr(10), ', ')}): this "
-                         f"benchmark swaps the C kernels alone; use benchmarks/bench_revisions.py")
+                         f"benchmark swaps the C kernels alone; use benchmarks/bench_revisions.py (or "
+                         f"--python-differs-ok where the kernels' calls did not change)")
     torch.set_num_threads(args.threads)
     native_kernels.FLAGS[native_kernels.FLAGS.index("-march=native")] = f"-march={args.march}"   # before a build
     runner = ModelRunner("default")
@@ -167,7 +164,7 @@ def main() -> None:
                 report(f"decode at {c}", times, 1e3, "ms")
                 print(f"{'':18s} {same_tokens(runner, ids, head, c, tokens)}", flush=True)
         finally:
-            native_kernels._lib = head
+            native_kernels.use_module(head)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,8 @@ def build(folder: Path, leave_out: list[str]) -> Path:
         (folder / f.name).write_text(text)
     (folder / "harness.c").write_text(HARNESS.replace("CLOCK", CLOCK_C, 1))
     flags = [f for f in native_kernels.FLAGS if f not in ("-shared", "-fPIC")]
-    subprocess.run([native_kernels.compiler(), *flags, "-D_GNU_SOURCE", "harness.c", "w8_x16.c", "-o", "harness", "-lm"], cwd=folder, check=True)
+    subprocess.run([native_kernels.compiler(), *flags, "-D_GNU_SOURCE", "harness.c", "w8_x16.c", "-o", "harness",
+                    "-lm"], cwd=folder, check=True)
     return folder / "harness"
 
 

@@ -82,13 +82,32 @@ def compiler() -> str:
     return cc
 
 
-def _build():
-    """Compile SOURCES as one CPython extension module (once per source/flags/CPU) and import it."""
+def compile_module(sources: list[pathlib.Path], out: pathlib.Path) -> None:
+    """Compile `sources` (SOURCES, or another revision's copies of them beside their headers) as one CPython extension
+    module at `out`, with FLAGS (RuntimeError with the compiler's message where it fails)."""
     cc = compiler()
     include = sysconfig.get_paths()["include"]
     if not os.path.isfile(os.path.join(include, "Python.h")):
         raise RuntimeError(f"no Python.h in {include} (install the Python development headers)")
-    flags = FLAGS + ["-DNATIVE_PYMODULE", f"-I{include}"]
+    res = subprocess.run([cc, *FLAGS, "-DNATIVE_PYMODULE", f"-I{include}", *map(str, sources), "-o", str(out), "-lm"],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:2000]}")
+
+
+def load_module(path: pathlib.Path):
+    """The extension module compiled at `path`: a separate copy for each file, so two builds can sit side by side."""
+    loader = importlib.machinery.ExtensionFileLoader("_radix_native_kernels", str(path))
+    spec = importlib.util.spec_from_file_location("_radix_native_kernels", str(path), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _build():
+    """Compile SOURCES as one CPython extension module (once per source/flags/CPU) and import it."""
+    cc = compiler()
+    flags = FLAGS + ["-DNATIVE_PYMODULE", f"-I{sysconfig.get_paths()['include']}"]
     src = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
     key = hashlib.sha256(src + " ".join([cc, sys.version] + flags).encode() + cpu_flags().encode()).hexdigest()[:16]
     folder = _cache_dir()
@@ -98,19 +117,25 @@ def _build():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         try:
-            res = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
-            if res.returncode != 0:
-                raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:2000]}")
+            compile_module(SOURCES, pathlib.Path(tmp))
             os.chmod(tmp, 0o755)
             os.replace(tmp, lib)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    loader = importlib.machinery.ExtensionFileLoader("_radix_native_kernels", str(lib))
-    spec = importlib.util.spec_from_file_location("_radix_native_kernels", str(lib), loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_module(lib)
+
+
+def use_module(module):
+    """Make `module` (load_module's: another build of these kernels, such as another revision's) the one every
+    wrapper calls, with set_amx's setting; returns the one used before (None where none was built yet). For
+    benchmarks that switch two builds within one process (benchmarks/bench_kernels_ab.py)."""
+    global _lib, _tried
+    previous = lib()
+    if hasattr(module, "set_kv8_amx"):
+        module.set_kv8_amx(int(_amx_enabled))
+    _lib, _tried = module, True
+    return previous
 
 
 def lib():

@@ -118,6 +118,35 @@ def test_kernels_turned_off_raise_a_clear_error_rather_than_crash():
     assert native_kernels.silu_mul(torch.zeros(2, 8)).tolist() == [[0.0] * 4] * 2
 
 
+def test_a_second_build_loads_beside_the_first_and_use_module_switches_every_wrapper_to_it(tmp_path):
+    """benchmarks/bench_kernels_ab.py holds two builds (two revisions' sources) in one process and switches the
+    wrappers between them step by step: a second build is a separate module with its own state (set_amx's switch
+    applied to it), the wrappers call whichever use_module made current, and they compute the same."""
+    head = native_kernels.built()
+    out = tmp_path / "second.so"
+    native_kernels.compile_module(native_kernels.SOURCES, out)
+    second = native_kernels.load_module(out)
+    assert second is not head and second.__file__ == str(out)
+    x = data(5, 96, 7)
+    expected = native_kernels.silu_mul(x)
+    tiles = bool(head.kv8_tiles())
+    previous = native_kernels.set_amx(False)
+    try:
+        assert native_kernels.use_module(second) is head
+        assert native_kernels.built() is second and not second.kv8_tiles()   # set_amx(False) reached it
+        assert torch.equal(native_kernels.silu_mul(x), expected)
+        native_kernels.set_amx(True)   # and reaches the current build
+        assert bool(second.kv8_tiles()) == tiles
+    finally:
+        assert native_kernels.use_module(head) is second
+        native_kernels.set_amx(previous)
+    assert native_kernels.built() is head
+    with pytest.raises(RuntimeError, match="failed"):
+        bad = tmp_path / "bad.c"
+        bad.write_text("this is not C")
+        native_kernels.compile_module([bad], tmp_path / "bad.so")
+
+
 def test_decode_attention_refuses_inputs_the_kernel_would_misread():
     q = torch.randn(2, 4, 16)
     k = torch.randn(10, 2, 16)
