@@ -150,10 +150,6 @@ static inline int row_seen(int64_t pos0, int qn, int rr, int64_t j0) {
     return vis > BK ? BK : vis < 0 ? 0 : (int)vis;
 }
 
-/* One block of one KV head: each key's int8 K and V rows and their scales, found once for the rows that read it
- * (few rows read the int8 rows in place: unpack_keys), and for many rows unpacked once (unpack_block): K transposed
- * to d quads (AVX-512: + 128, or as int8 for AMX tiles), or widened to int16 d pairs (AVX2), V as key pairs
- * [BK/2][D][2] int16; zeros past the last key. */
 /* Few rows: the next block's K and V lines, asked for into L2 a few at a time while this block's scores and V sums
  * run (ask_ahead, from the block headers' loops). Few rows' keys come from memory (a decode step at 4,096 tokens
  * reads 47 MB of them, past the caches once the weights have streamed), and the block's own lines asked for at once
@@ -163,6 +159,10 @@ typedef struct {
     int lines;             /* lines of each left */
 } ahead8;
 
+/* One block of one KV head: each key's int8 K and V rows and their scales, found once for the rows that read it
+ * (few rows read the int8 rows in place: unpack_keys), and for many rows unpacked once (unpack_block): K transposed
+ * to d quads (AVX-512: + 128, or as int8 for AMX tiles), or widened to int16 d pairs (AVX2), V as key pairs
+ * [BK/2][D][2] int16; zeros past the last key. */
 typedef struct {
     uint8_t *ku;   /* AVX2: K widened to int16 d pairs [D/2][BK] (AVX-512: NULL, kt is read from the rows) */
     int16_t *vp;

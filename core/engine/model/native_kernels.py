@@ -27,6 +27,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import types
 from typing import Optional
 
 import torch
@@ -95,7 +96,7 @@ def compile_module(sources: list[pathlib.Path], out: pathlib.Path) -> None:
         raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:2000]}")
 
 
-def load_module(path: pathlib.Path):
+def load_module(path: pathlib.Path) -> types.ModuleType:
     """The extension module compiled at `path`: a separate copy for each file, so two builds can sit side by side."""
     loader = importlib.machinery.ExtensionFileLoader("_radix_native_kernels", str(path))
     spec = importlib.util.spec_from_file_location("_radix_native_kernels", str(path), loader=loader)
@@ -126,10 +127,10 @@ def _build():
     return load_module(lib)
 
 
-def use_module(module):
+def use_module(module: types.ModuleType) -> Optional[types.ModuleType]:
     """Make `module` (load_module's: another build of these kernels, such as another revision's) the one every
-    wrapper calls, with set_amx's setting; returns the one used before (None where none was built yet). For
-    benchmarks that switch two builds within one process (benchmarks/bench_kernels_ab.py)."""
+    wrapper calls, with set_amx's setting; returns the one used before (this tree's build first, None where it could
+    not build). For benchmarks that switch two builds within one process (benchmarks/bench_kernels_ab.py)."""
     global _lib, _tried
     previous = lib()
     if hasattr(module, "set_kv8_amx"):
