@@ -132,6 +132,8 @@ def use_module(module: types.ModuleType) -> Optional[types.ModuleType]:
     wrapper calls, with set_amx's setting; returns the one used before (this tree's build first, None where it could
     not build). For benchmarks that switch two builds within one process (benchmarks/bench_kernels_ab.py)."""
     global _lib, _tried
+    if not isinstance(module, types.ModuleType) or not hasattr(module, "decode_layers"):
+        raise TypeError(f"use_module takes a build of these kernels (load_module's, or built()'s), got {module!r}")
     previous = lib()
     if hasattr(module, "set_kv8_amx"):
         module.set_kv8_amx(int(_amx_enabled))

@@ -141,6 +141,10 @@ def test_a_second_build_loads_beside_the_first_and_use_module_switches_every_wra
         assert native_kernels.use_module(head) is second
         native_kernels.set_amx(previous)
     assert native_kernels.built() is head
+    for wrong in (None, "second.so", torch):
+        with pytest.raises(TypeError, match="a build of these kernels"):
+            native_kernels.use_module(wrong)
+    assert native_kernels.built() is head
     with pytest.raises(RuntimeError, match="failed"):
         bad = tmp_path / "bad.c"
         bad.write_text("this is not C")
