@@ -40,7 +40,9 @@
 #define A16_ROWS 6      /* AVX2: 6 rows x 2 halves = 12 sums, 2 weight halves and a broadcast (16 registers) */
 #endif
 #define A16_BLOCK 96    /* rows of xq kept in L2 while every panel passes over them (a multiple of A16_ROWS) */
-#define A16_PREFETCH 1024   /* bytes ahead of a decode row's weight stream (panel_gemm.c's FEW_PREFETCH) */
+#define A16_PREFETCH 8192   /* bytes ahead of a decode row's weight stream: a decode step at 128 tokens 1.09x /
+                             * 1.13x / 1.11x faster with 4,096 / 8,192 / 16,384 than with 1,024 (Intel Xeon, Emerald
+                             * Rapids; bench_kernels_ab.py); 512-4,096 alike on AMD Zen 3 */
 #define A16_FEW 32      /* below this many rows: the decode blocking (rows x panels) */
 #define GROUP 8         /* panels side by side: panel_gemm.c's layout */
 
