@@ -7,8 +7,10 @@ the native module (the working tree's and `--base`'s C sources, compiled with th
 switches between them every `--every` decode steps, so both see the same minutes of the box. Only the C sources may
 differ: the Python of core/ must be the same at both revisions (else use bench_revisions.py).
 
-  decode C       a C-token prompt (radix cache off), then its decode steps alternating between the builds: each
-                 build's median step (ms), and head / base as the ratio of the medians (speed, > 1: faster)
+  decode C       a C-token prompt (radix cache off) for each C, then their decode steps, the builds taking turns
+                 and each context `--every` steps a turn: each build's median step (ms), head / base as the ratio
+                 of the medians (speed, > 1: faster), and each build's flatness (its median step at the shortest
+                 context over its median step at the longest: issue 25's tok/s at 4,096 / at 128)
   prefill N      uncached N-token prompts, submit to first token, the builds alternating request by request: each
                  build's median (s) and the ratio
 
@@ -70,24 +72,32 @@ def build_at(rev: str, folder: Path):
     return native_kernels.load_module(out)
 
 
-def decode_ab(runner: ModelRunner, ids: list[int], builds: dict, context: int, steps: int, every: int) -> dict:
-    """Each build's decode step times (s) over one request of `context` tokens, alternating every `every` steps."""
-    engine = Engine(runner, pool_slots=context + steps + 64, disable_radix_cache=True, max_running_requests=1)
-    handle = engine.submit(ids[:context], SamplingParams(max_new_tokens=steps, ignore_eos=True))
-    while not handle.partial_ids():
-        engine.step()
-    for _ in range(5):
-        engine.step()
-    names, times = list(builds), {name: [] for name in builds}
-    i = 0
-    while not handle.done():
-        name = names[(i // every) % 2]
-        native_kernels.use_module(builds[name])
-        start = time.perf_counter()
-        engine.step()
-        times[name].append(time.perf_counter() - start)
-        i += 1
-    return times, handle.partial_ids()
+def decode_ab(runner: ModelRunner, ids: list[int], builds: dict, contexts: list[int], steps: int,
+              every: int) -> tuple[dict, dict]:
+    """Each build's decode step times (s) at each context ({(build, context): [s]}) and each context's tokens: one
+    request of each context length decoding `steps` tokens, the builds taking turns and, within a turn, the contexts
+    `every` steps each, so every (build, context) sees the same minutes of the box."""
+    handles = {}
+    for c in contexts:
+        engine = Engine(runner, pool_slots=c + steps + 64, disable_radix_cache=True, max_running_requests=1)
+        handle = engine.submit(ids[:c], SamplingParams(max_new_tokens=steps, ignore_eos=True))
+        while not handle.partial_ids():
+            engine.step()
+        for _ in range(5):
+            engine.step()
+        handles[c] = (engine, handle)
+    times = {(name, c): [] for name in builds for c in contexts}
+    while not all(handle.done() for _, handle in handles.values()):
+        for name, module in builds.items():
+            native_kernels.use_module(module)
+            for c, (engine, handle) in handles.items():
+                for _ in range(every):
+                    if handle.done():
+                        break
+                    start = time.perf_counter()
+                    engine.step()
+                    times[name, c].append(time.perf_counter() - start)
+    return times, {c: handle.partial_ids() for c, (_, handle) in handles.items()}
 
 
 def same_tokens(runner: ModelRunner, ids: list[int], head, context: int, tokens: list[int]) -> str:
@@ -159,10 +169,16 @@ def main() -> None:
         try:
             for n in args.prefill:
                 report(f"prefill {n}", prefill_ab(runner, ids, builds, n, args.rounds), 1, "s ")
-            for c in args.decode:
-                times, tokens = decode_ab(runner, ids, builds, c, args.steps, args.every)
-                report(f"decode at {c}", times, 1e3, "ms")
-                print(f"{'':18s} {same_tokens(runner, ids, head, c, tokens)}", flush=True)
+            if args.decode:
+                times, tokens = decode_ab(runner, ids, builds, args.decode, args.steps, args.every)
+                for c in args.decode:
+                    report(f"decode at {c}", {name: times[name, c] for name in builds}, 1e3, "ms")
+                    print(f"{'':18s} {same_tokens(runner, ids, head, c, tokens[c])}", flush=True)
+                if len(args.decode) > 1:   # the step at the shortest context over the step at the longest
+                    short, long = min(args.decode), max(args.decode)
+                    print(f"flatness (step at {short} / step at {long}): " + ",  ".join(
+                        f"{name} {statistics.median(times[name, short]) / statistics.median(times[name, long]):.3f}"
+                        for name in builds), flush=True)
         finally:
             native_kernels.use_module(head)
 
