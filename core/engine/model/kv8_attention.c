@@ -158,6 +158,7 @@ typedef struct {
     const int8_t *k, *v;   /* the next line of each to ask for */
     int lines;             /* lines of each left */
 } ahead8;
+_Static_assert(sizeof(ahead8) <= 64, "block_buffers keeps 64 bytes for ahead8");
 
 /* One block of one KV head: each key's int8 K and V rows and their scales, found once for the rows that read it
  * (few rows read the int8 rows in place: unpack_keys), and for many rows unpacked once (unpack_block): K transposed
@@ -176,8 +177,8 @@ typedef struct {
     const int8_t *zrow;   /* KVH rows of zeros: the rows of keys past the last, for every head */
     int g0, head;         /* the block's first head, and the head attended now (its scales' row, its rows' offset) */
     struct amx8 *amx;     /* many rows' buffers on AMX tiles (kv8_amx_block.h), or NULL: the AVX-512 kernels */
-    ahead8 *ahead;        /* &next: the kernels take the block read-only, and move this on */
-    ahead8 next;
+    ahead8 *ahead;        /* few rows: the next block's lines left to ask for (in block_buffers' memory: the kernels
+                           * take the block read-only and move this on) */
 } block8;
 
 /* n of the next block's K and V lines asked for into L2 (none left: nothing) */
@@ -271,12 +272,12 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
     /* the block ahead: one run of slots of every head, its lines a few at a time as this block runs (ahead8); else
      * the rows of a key that does not follow the slot before it (where a run of slots starts) */
     const int64_t jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
-    b->next.lines = 0;
+    b->ahead->lines = 0;
     if (kn_next > 0 && slot_run(kv->slots + jn, (int)kn_next)) {
         if (heads == KVH) {
-            b->next.k = k + kv->slots[jn] * KVH * D;
-            b->next.v = v + kv->slots[jn] * KVH * D;
-            b->next.lines = (int)(kn_next * span / 64);
+            b->ahead->k = k + kv->slots[jn] * KVH * D;
+            b->ahead->v = v + kv->slots[jn] * KVH * D;
+            b->ahead->lines = (int)(kn_next * span / 64);
         }
         else prefetch_key(kv, g0, heads, jn, 1);   /* its first key alone */
         return;
@@ -415,10 +416,8 @@ static int amx_rows(int rows) {
 static void *block_buffers(block8 *b, int D, int KVH, int amx) {
     const size_t kd = (size_t)BK * D;   /* ku, then vp (2 kd), kt (kd), acc (4 RB D) bytes; AVX2: 2 KVH BK scales */
     const size_t scales = 2 * sizeof(float) * (size_t)KVH * BK + (size_t)KVH * D;   /* kscs, vscs, zrow */
-    const size_t base = (4 * kd + 4 * (size_t)RB * D + scales + 63) / 64 * 64;
+    const size_t base = (4 * kd + 4 * (size_t)RB * D + scales + 63) / 64 * 64 + 64;   /* + ahead8, 64 bytes */
     b->amx = NULL;
-    b->ahead = &b->next;
-    b->next.lines = 0;
 #if KV8_AMX
     amx8 count;
     const size_t tiles = amx ? amx8_carve(&count, NULL, amx, D) : 0;
@@ -439,6 +438,8 @@ static void *block_buffers(block8 *b, int D, int KVH, int amx) {
     b->kscs = buf ? (float *)(buf + 4 * kd + 4 * (size_t)RB * D) : NULL;
     b->vscs = buf ? b->kscs + (size_t)KVH * BK : NULL;
     b->zrow = buf ? memset(b->vscs + (size_t)KVH * BK, 0, (size_t)KVH * D) : NULL;
+    b->ahead = buf ? (ahead8 *)(buf + base - 64) : NULL;
+    if (buf) b->ahead->lines = 0;
     return buf;
 }
 
