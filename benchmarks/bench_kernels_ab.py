@@ -38,6 +38,7 @@ import torch  # noqa: E402
 
 from benchmarks.bench_engine import corpus_text  # noqa: E402
 from benchmarks.bench_revisions import sizes  # noqa: E402
+from benchmarks.engine_sweep import engine_run  # noqa: E402
 from core.engine.engine import Engine  # noqa: E402
 from core.engine.model import native_kernels  # noqa: E402
 from core.engine.model.runner import ModelRunner  # noqa: E402
@@ -120,12 +121,7 @@ def prefill_ab(runner: ModelRunner, ids: list[int], builds: dict, n: int, rounds
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             native_kernels.use_module(builds[name])
-            engine = Engine(runner, pool_slots=n + 64, disable_radix_cache=True, max_running_requests=1)
-            start = time.perf_counter()
-            handle = engine.submit(ids[:n], SamplingParams(max_new_tokens=1, ignore_eos=True))
-            while not handle.partial_ids():
-                engine.step()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(engine_run(runner, [ids[:n]], 1)[0])   # as bench_engine.py times a prefill
     return times
 
 
