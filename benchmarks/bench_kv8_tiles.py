@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_revisions import sizes  # noqa: E402
 from core.cache.kv_pool import KVPool  # noqa: E402
 from core.engine.model import kv8  # noqa: E402
 
@@ -83,21 +84,21 @@ def engine(sizes: list[int], rounds: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--prefill", default="1024,2048,4096", help="prompt lengths of the engine runs ('' for none)")
+    ap.add_argument("--prefill", type=sizes, default=[1024, 2048, 4096],
+                    help="prompt lengths of the engine runs ('' for none)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if args.rounds < 1:
         raise SystemExit("--rounds takes a whole number from 1")
-    sizes = [int(s) for s in args.prefill.split(",") if s.strip()]
     torch.set_num_threads(args.threads)
     if not kv8.kv8_fits(torch.device("cpu"), H, KVH, D):
         raise SystemExit("the int8 pool's kernels do not run here (AVX512-VNNI or AVX2 needed)")
     where = "AMX-INT8 tiles" if kv8.tiles_here() else "no AMX-INT8 here: both columns run the same kernels"
     print(f"kv8_attention, {args.threads} threads, fastest of {args.rounds} ({where})")
     kernel(args.rounds)
-    if sizes:
+    if args.prefill:
         print("engine prefill (the default model, int8)")
-        engine(sizes, args.rounds)
+        engine(args.prefill, args.rounds)
 
 
 if __name__ == "__main__":
