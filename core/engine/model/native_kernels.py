@@ -127,6 +127,13 @@ def _build():
     return load_module(lib)
 
 
+def _follow_set_amx(module: types.ModuleType) -> None:
+    """kv8_attention.c's tiles (its own switch, set_kv8_amx) follow set_amx in `module` (a build from before that
+    switch has none)."""
+    if hasattr(module, "set_kv8_amx"):
+        module.set_kv8_amx(int(_amx_enabled))
+
+
 def use_module(module: types.ModuleType) -> Optional[types.ModuleType]:
     """Make `module` (load_module's: another build of these kernels, such as another revision's) the one every
     wrapper calls, with set_amx's setting; returns the one used before (this tree's build first, None where it could
@@ -135,8 +142,7 @@ def use_module(module: types.ModuleType) -> Optional[types.ModuleType]:
     if not isinstance(module, types.ModuleType) or not hasattr(module, "decode_layers"):
         raise TypeError(f"use_module takes a build of these kernels (load_module's, or built()'s), got {module!r}")
     previous = lib()
-    if hasattr(module, "set_kv8_amx"):
-        module.set_kv8_amx(int(_amx_enabled))
+    _follow_set_amx(module)
     _lib, _tried = module, True
     return previous
 
@@ -153,7 +159,7 @@ def lib():
                 else:
                     try:
                         _lib = _build()
-                        _lib.set_kv8_amx(int(_amx_enabled))   # kv8_attention.c's tiles follow set_amx
+                        _follow_set_amx(_lib)
                     except Exception as exc:  # no compiler, a failed build: the torch fallbacks run
                         _error = f"{type(exc).__name__}: {exc}"
                         print(f"native kernels unavailable ({_error}); using torch fallbacks", file=sys.stderr)
@@ -340,7 +346,7 @@ def set_amx(flag: bool) -> bool:
     global _amx_enabled
     previous, _amx_enabled = _amx_enabled, bool(flag)
     if _lib is not None:
-        _lib.set_kv8_amx(int(_amx_enabled))
+        _follow_set_amx(_lib)
     return previous
 
 
