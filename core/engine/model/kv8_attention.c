@@ -157,6 +157,7 @@ static inline int row_seen(int64_t pos0, int qn, int rr, int64_t j0) {
 typedef struct {
     const int8_t *k, *v;   /* the next line of each to ask for */
     int lines;             /* lines of each left */
+    const int8_t *block;   /* the K row of the block these lines are (its first key's, head 0's), or NULL */
 } ahead8;
 _Static_assert(sizeof(ahead8) <= 64, "block_buffers keeps 64 bytes for ahead8");
 
@@ -206,6 +207,20 @@ static inline void prefetch_key(const keys8 *kv, int g, int heads, int64_t j, in
     }
 }
 
+/* a full block's scales, one run of slots of every head ([BK][KVH] at ks and vs), as the kernels read them: kscs and
+ * vscs [KVH][BK]. By vectors where KVH has a case (split_kvh), 1 then; else 0 and nothing written. One by one, this
+ * was a third of a decode step's bookkeeping a block (segment's samples, hot caches). */
+static int split_scales(const float *ks, const float *vs, int KVH, float *kscs, float *vscs) {
+    switch (KVH) {
+    case 1: split_kvh(ks, vs, kscs, vscs, 1); return 1;
+    case 2: split_kvh(ks, vs, kscs, vscs, 2); return 1;
+    case 3: split_kvh(ks, vs, kscs, vscs, 3); return 1;
+    case 4: split_kvh(ks, vs, kscs, vscs, 4); return 1;
+    case 8: split_kvh(ks, vs, kscs, vscs, 8); return 1;
+    default: return 0;
+    }
+}
+
 /* whether the n keys at `slots` sit in consecutive slots (a pool allocated in order: the common case) */
 static inline int slot_run(const int64_t *slots, int n) {
     int64_t off = 0;
@@ -238,19 +253,21 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
     b->g0 = g0;
     if (heads == KVH && slot_run(slots, kn)) {   /* the block's rows of every head: one span of memory */
         const int64_t row0 = slots[0] * KVH;
-        for (int64_t d = 0; d < (int64_t)kn * span; d += 64) {
-            __builtin_prefetch(k + row0 * D + d, 0, 3);
-            __builtin_prefetch(v + row0 * D + d, 0, 3);
-        }
+        if (b->ahead->block != k + row0 * D)   /* not asked for ahead (a segment's first block) */
+            for (int64_t d = 0; d < (int64_t)kn * span; d += 64) {
+                __builtin_prefetch(k + row0 * D + d, 0, 3);
+                __builtin_prefetch(v + row0 * D + d, 0, 3);
+            }
         for (int j = 0; j < kn; j++) {   /* no load a key: GCC vectorises these */
             b->kslot[j] = k + (row0 + (int64_t)j * KVH) * D;
             b->vslot[j] = v + (row0 + (int64_t)j * KVH) * D;
         }
-        for (int h = 0; h < heads; h++)
-            for (int j = 0; j < kn; j++) {
-                b->kscs[h * BK + j] = ks[row0 + (int64_t)j * KVH + h];
-                b->vscs[h * BK + j] = vs[row0 + (int64_t)j * KVH + h];
-            }
+        if (kn < BK || !split_scales(ks + row0, vs + row0, KVH, b->kscs, b->vscs))
+            for (int h = 0; h < heads; h++)
+                for (int j = 0; j < kn; j++) {
+                    b->kscs[h * BK + j] = ks[row0 + (int64_t)j * KVH + h];
+                    b->vscs[h * BK + j] = vs[row0 + (int64_t)j * KVH + h];
+                }
     }
     else
         for (int j = 0; j < kn; j++) {
@@ -273,9 +290,10 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
      * the rows of a key that does not follow the slot before it (where a run of slots starts) */
     const int64_t jn = j0 + PREFETCH_BLOCKS * BK, kn_next = kv->m - jn < BK ? kv->m - jn : BK;
     b->ahead->lines = 0;
+    b->ahead->block = NULL;
     if (kn_next > 0 && slot_run(kv->slots + jn, (int)kn_next)) {
         if (heads == KVH) {
-            b->ahead->k = k + kv->slots[jn] * KVH * D;
+            b->ahead->k = b->ahead->block = k + kv->slots[jn] * KVH * D;
             b->ahead->v = v + kv->slots[jn] * KVH * D;
             b->ahead->lines = (int)(kn_next * span / 64);
         }
@@ -439,7 +457,10 @@ static void *block_buffers(block8 *b, int D, int KVH, int amx) {
     b->vscs = buf ? b->kscs + (size_t)KVH * BK : NULL;
     b->zrow = buf ? memset(b->vscs + (size_t)KVH * BK, 0, (size_t)KVH * D) : NULL;
     b->ahead = buf ? (ahead8 *)(buf + base - 64) : NULL;
-    if (buf) b->ahead->lines = 0;
+    if (buf) {
+        b->ahead->lines = 0;
+        b->ahead->block = NULL;
+    }
     return buf;
 }
 

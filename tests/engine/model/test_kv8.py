@@ -137,11 +137,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32)
 
 
-@pytest.mark.parametrize("d,heads,kv_heads", [(64, 9, 3), (128, 8, 2), (64, 4, 1)])
+@pytest.mark.parametrize("d,heads,kv_heads", [(64, 9, 3), (128, 8, 2), (64, 4, 1), (64, 8, 4), (64, 16, 8),
+                                            (64, 10, 5)])
 def test_keys_in_one_run_of_slots_give_the_bits_they_give_at_scattered_slots(d, heads, kv_heads, restore_threads):
     """A pool allocated in order holds a request's keys in one run of slots: few rows (decode rows, chunks of up to 4
-    tokens) then find a block's rows by arithmetic, ask for them as one span, and ask for the next block's lines
-    while the block runs (unpack_keys, ahead8). The same keys at scattered slots take the per-key path, and at
+    tokens) then find a block's rows by arithmetic, ask for them as one span, ask for the next block's lines while
+    the block runs (unpack_keys, ahead8), and split a full block's scales into heads by vectors (split_scales: 1, 2,
+    3, 4 and 8 KV heads; 5 copies them one by one). The same keys at scattered slots take the per-key path, and at
     slots in runs broken every few keys both, block by block: the same bits everywhere. Contexts from 1 key to
     past a segment (512 keys), so a run ends inside a block, at a segment's end and at the context's end; short
     contexts split work items by head (the run of one head is not one span)."""
