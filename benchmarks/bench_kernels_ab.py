@@ -57,14 +57,21 @@ def python_differs(rev: str) -> str:
     return res.stdout.strip()
 
 
-def build_at(rev: str, folder: Path):
-    """The native module compiled from `rev`'s C sources (native_kernels' flags), loaded beside the working tree's."""
+def sources_at(rev: str, folder: Path) -> Path:
+    """`rev`'s copies of the C kernels' sources and headers (those the working tree has) written into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
     for f in native_kernels.SOURCES + native_kernels.HEADERS:
         res = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNELS}/{f.name}"], capture_output=True)
         if res.returncode:
             raise SystemExit(f"{rev} has no {KERNELS}/{f.name}: its kernels are not this tree's; use "
                              f"bench_revisions.py")
         (folder / f.name).write_bytes(res.stdout)
+    return folder
+
+
+def build_at(rev: str, folder: Path):
+    """The native module compiled from `rev`'s C sources (native_kernels' flags), loaded beside the working tree's."""
+    sources_at(rev, folder)
     out = folder / f"base{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     try:
         native_kernels.compile_module([folder / f.name for f in native_kernels.SOURCES], out)

@@ -17,6 +17,9 @@ keeping its fastest round (a busy neighbour only ever slows a run). A phase left
 times mean anything.
 
     .venv/bin/python benchmarks/bench_kv8_phases.py --rounds 3
+
+With `--base REV` the whole kernel of another git revision is timed beside the working tree's, in turns, in L2, in L3
+and over the 4,096-key layers on 1 and 2 threads: a change to the kernel seen without the rest of the engine.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_kernels_ab import sources_at  # noqa: E402
 from benchmarks.cycle_clock import CLOCK_C  # noqa: E402
 from core.engine.model import native_kernels  # noqa: E402
 
@@ -104,10 +108,11 @@ int main(int argc, char **argv) {   /* n keys, L layers, seconds: the fastest pa
 """
 
 
-def build(folder: Path, leave_out: list[str]) -> Path:
-    """The harness over a copy of the kernel with the `leave_out` phases replaced by their stand-ins."""
+def build(folder: Path, leave_out: list[str], kernels: Path = KERNELS) -> Path:
+    """The harness over a copy of the kernel (from `kernels`: the working tree's, or another revision's copies) with
+    the `leave_out` phases replaced by their stand-ins."""
     folder.mkdir()
-    for f in [KERNELS / "kv8_attention.c", KERNELS / "w8_x16.c", *KERNELS.glob("*.h")]:
+    for f in [kernels / "kv8_attention.c", kernels / "w8_x16.c", *kernels.glob("*.h")]:
         text = f.read_text()
         if f.name == "kv8_attention.c":
             for phase in leave_out:
@@ -134,11 +139,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    ap.add_argument("--base", help="also time the whole kernel of this git revision, side by side (rounds "
+                                   "alternating): did a change to kv8_attention.c make it faster, and where?")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         exes = {name: build(Path(tmp) / f"v{i}", out) for i, (name, out) in enumerate(VARIANTS.items())}
+        base = None
+        if args.base:
+            base = build(Path(tmp) / "base", [], sources_at(args.base, Path(tmp) / "base_sources"))
         best: dict = {}
         for _ in range(args.rounds):
+            if base is not None:
+                base_round(best, exes["whole"], base, args.seconds)
             best["cycle"] = min([best.get("cycle", INF)] + [run(exes["whole"], 300_000_000) for _ in range(3)])
             for name, exe in exes.items():
                 for n in (576, 1088):
@@ -165,6 +177,23 @@ def main() -> None:
         for threads in (1, 2):
             print(f"  a plain read of the same 4,096 keys' K/V, {threads} thread{'s' * (threads > 1)}: "
                   f"{2 * 4097 * 3 * 64 * 30 / best[('read', threads)] / 1e9:5.1f} GB/s")
+        if base is not None:
+            print(f"\nthe whole kernel against {args.base}'s (fastest of {args.rounds} alternating rounds):")
+            for regime, (n, layers, threads) in AB_REGIMES.items():
+                b, t = best[("base", regime)], best[("tree", regime)]
+                print(f"  {regime:24s} {args.base} {b * 1e3:7.3f} ms   working tree {t * 1e3:7.3f} ms   {b / t:.3f}x")
+
+
+# regime -> (keys, layers, threads) of the side-by-side timing (--base)
+AB_REGIMES = {"L2, 1,088 keys": (1088, 1, 1), "L3, 30 x 1,024 keys": (1024, 30, 1),
+              "30 x 4,096 keys": (4096, 30, 1), "30 x 4,096 keys, 2 threads": (4096, 30, 2)}
+
+
+def base_round(best: dict, tree: Path, base: Path, seconds: float) -> None:
+    """One round of the whole kernel, the base revision's and the working tree's in turn, in each AB_REGIMES regime."""
+    for regime, (n, layers, threads) in AB_REGIMES.items():
+        for name, exe in (("base", base), ("tree", tree)):
+            best[(name, regime)] = min(best.get((name, regime), INF), run(exe, n, layers, seconds, threads=threads))
 
 
 if __name__ == "__main__":
