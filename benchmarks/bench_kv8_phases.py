@@ -20,6 +20,7 @@ times mean anything.
 
 With `--base REV` the whole kernel of another git revision is timed beside the working tree's, in turns, in L2, in L3
 and over the 4,096-key layers on 1 and 2 threads: a change to the kernel seen without the rest of the engine.
+`--march haswell` builds the AVX2 kernels (on a CPU with AVX-512 too).
 """
 from __future__ import annotations
 
@@ -141,7 +142,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
     ap.add_argument("--base", help="also time the whole kernel of this git revision, side by side (rounds "
                                    "alternating): did a change to kv8_attention.c make it faster, and where?")
+    ap.add_argument("--march", default="native", help="the harnesses' -march (e.g. haswell: the AVX2 kernels on a CPU "
+                                                      "with AVX-512)")
     args = ap.parse_args()
+    native_kernels.FLAGS[native_kernels.FLAGS.index("-march=native")] = f"-march={args.march}"
     with tempfile.TemporaryDirectory() as tmp:
         exes = {name: build(Path(tmp) / f"v{i}", out) for i, (name, out) in enumerate(VARIANTS.items())}
         base = None

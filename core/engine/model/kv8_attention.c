@@ -237,7 +237,9 @@ static inline int slot_run(const int64_t *slots, int n) {
  * The block's K and V rows are asked into L1 here, line by line in address order, before the first head's scores
  * read them: a decode step at 4,096 tokens 4-6 % faster on an Intel Xeon (Emerald Rapids) than with V alone asked for
  * (K then came from memory as the scores read it, and stalled them), and 2-3 % faster with both asked for in one pass
- * over the block's lines than K's lines and then V's.
+ * over the block's lines than K's lines and then V's. Only where the block was not asked for ahead (below: a
+ * segment's first block, or a run that starts in it): once it was, the pass was a sixth of the bookkeeping with K/V
+ * in L2 or L3 and bought nothing from memory.
  * The block ahead: where it is one run of slots of every head, its lines are asked for into L2 a few at a time while
  * this block's arithmetic runs (ahead8): a decode step at 4,096 tokens 4-6 % faster on that Xeon, where all of them
  * asked for at once (here, or a head's share after each head) made it no faster or slower. Elsewhere only where a
