@@ -18,8 +18,9 @@ times mean anything.
 
     .venv/bin/python benchmarks/bench_kv8_phases.py --rounds 3
 
-With `--base REV` the whole kernel of another git revision is timed beside the working tree's, in turns, in L2, in L3
-and over the 4,096-key layers on 1 and 2 threads: a change to the kernel seen without the rest of the engine.
+With `--base REV` the whole kernel of another git revision is timed beside the working tree's instead, both in one
+process taking turns, in L2, over 30 layers (in L3 here, or not), and after a weights-sized stream on 1 and 2
+threads: a change to the kernel seen without the rest of the engine, with its outputs compared bit for bit.
 `--march haswell` builds the AVX2 kernels (on a CPU with AVX-512 too).
 """
 from __future__ import annotations
@@ -140,21 +141,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=1.0, help="per measurement")
-    ap.add_argument("--base", help="also time the whole kernel of this git revision, side by side (rounds "
-                                   "alternating): did a change to kv8_attention.c make it faster, and where?")
+    ap.add_argument("--base", help="time the whole kernel of this git revision beside the working tree's instead, in "
+                                   "one process: did a change to kv8_attention.c make it faster, and where?")
+    ap.add_argument("--passes", type=int, default=100, help="--base: passes over the layers a kernel and regime")
     ap.add_argument("--march", default="native", help="the harnesses' -march (e.g. haswell: the AVX2 kernels on a CPU "
                                                       "with AVX-512)")
     args = ap.parse_args()
     native_kernels.FLAGS[native_kernels.FLAGS.index("-march=native")] = f"-march={args.march}"
     with tempfile.TemporaryDirectory() as tmp:
-        exes = {name: build(Path(tmp) / f"v{i}", out) for i, (name, out) in enumerate(VARIANTS.items())}
-        base = None
         if args.base:
-            base = build(Path(tmp) / "base", [], sources_at(args.base, Path(tmp) / "base_sources"))
+            side_by_side(Path(tmp), args.base, args.passes)
+            return
+        exes = {name: build(Path(tmp) / f"v{i}", out) for i, (name, out) in enumerate(VARIANTS.items())}
         best: dict = {}
         for _ in range(args.rounds):
-            if base is not None:
-                base_round(best, exes["whole"], base, args.seconds)
             best["cycle"] = min([best.get("cycle", INF)] + [run(exes["whole"], 300_000_000) for _ in range(3)])
             for name, exe in exes.items():
                 for n in (576, 1088):
@@ -181,23 +181,93 @@ def main() -> None:
         for threads in (1, 2):
             print(f"  a plain read of the same 4,096 keys' K/V, {threads} thread{'s' * (threads > 1)}: "
                   f"{2 * 4097 * 3 * 64 * 30 / best[('read', threads)] / 1e9:5.1f} GB/s")
-        if base is not None:
-            print(f"\nthe whole kernel against {args.base}'s (fastest of {args.rounds} alternating rounds):")
-            for regime, (n, layers, threads) in AB_REGIMES.items():
-                b, t = best[("base", regime)], best[("tree", regime)]
-                print(f"  {regime:24s} {args.base} {b * 1e3:7.3f} ms   working tree {t * 1e3:7.3f} ms   {b / t:.3f}x")
 
 
-# regime -> (keys, layers, threads) of the side-by-side timing (--base)
-AB_REGIMES = {"L2, 1,088 keys": (1088, 1, 1), "L3, 30 x 1,024 keys": (1024, 30, 1),
-              "30 x 4,096 keys": (4096, 30, 1), "30 x 4,096 keys, 2 threads": (4096, 30, 2)}
+# --base: both kernels as shared libraries, opened side by side in one process (dlopen, each its own symbols) and
+# called in turns, a pass over the layers each: the same minutes for both, where separate processes a minute apart
+# read 0.90x and 1.15x for one change on a noisy box. "after a stream": 134 MB read between passes (the int8 weights
+# a decode step reads between two layers' attention), so the K/V do not start in L2.
+AB_HARNESS = r"""
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+typedef int (*decode_fn)(const float *, int64_t, const int8_t *, const int8_t *, const float *, const float *,
+                         const int64_t *, int64_t, const int64_t *, float *, int64_t, int, int, int, int, float);
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static int cmp(const void *a, const void *b) { const double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+int main(int argc, char **argv) {   /* base.so tree.so keys layers passes stream(0/1): medians, and whether the bits match */
+    decode_fn f[2];
+    for (int i = 0; i < 2; i++) {
+        void *h = dlopen(argv[1 + i], RTLD_NOW | RTLD_LOCAL);
+        if (!h || !(f[i] = (decode_fn)dlsym(h, "kv8_decode"))) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    }
+    const int n = atoi(argv[3]), L = atoi(argv[4]), passes = atoi(argv[5]), stream = atoi(argv[6]), H = 9, KVH = 3, D = 64;
+    const size_t rows = (size_t)(n + 1) * KVH, wbytes = (size_t)134 << 20;
+    int8_t *k = malloc(rows * D * L), *v = malloc(rows * D * L), *w = malloc(wbytes);
+    float *ks = malloc(sizeof(float) * rows * L), *vs = malloc(sizeof(float) * rows * L);
+    int64_t *slots = malloc(sizeof(int64_t) * n), lens = n;
+    double *t = malloc(sizeof(double) * 2 * passes);
+    srand(1);
+    for (size_t i = 0; i < rows * D * L; i++) { k[i] = rand() % 255 - 127; v[i] = rand() % 255 - 127; }
+    for (size_t i = 0; i < rows * L; i++) { ks[i] = 0.01f + (rand() % 100) * 1e-4f; vs[i] = 0.01f + (rand() % 50) * 1e-4f; }
+    for (int i = 0; i < n; i++) slots[i] = i + 1;
+    memset(w, 1, wbytes);
+    float q[9 * 64], out[2][9 * 64];
+    for (int i = 0; i < 9 * 64; i++) q[i] = (rand() % 2000 - 1000) * 1e-3f;
+    long sink = 0;
+    for (int p = 0; p < passes; p++)
+        for (int i = 0; i < 2; i++) {
+            if (stream) {
+                #pragma omp parallel for reduction(+ : sink)
+                for (size_t c = 0; c < wbytes; c += 64) sink += w[c];
+            }
+            const double t0 = now();
+            for (int l = 0; l < L; l++)
+                f[i](q, 0, k + rows * D * l, v + rows * D * l, ks + rows * l, vs + rows * l, slots, n, &lens, out[i], 0, 1,
+                     H, KVH, D, 0.125f);
+            t[i * passes + p] = now() - t0;
+        }
+    for (int i = 0; i < 2; i++) qsort(t + i * passes, passes, sizeof(double), cmp);
+    printf("%.6e %.6e %d %ld\n", t[passes / 2], t[passes + passes / 2], !memcmp(out[0], out[1], sizeof out[0]), sink & 0);
+    return 0;
+}
+"""
+# regime -> (keys, layers, threads, stream) of the side-by-side timing (--base)
+AB_REGIMES = {"1,088 keys, in L2": (1088, 1, 1, 0), "30 x 1,024 keys": (1024, 30, 1, 0),
+              "30 x 4,096 keys": (4096, 30, 1, 0), "30 x 4,096 keys, after a stream": (4096, 30, 1, 1),
+              "the same, 2 threads": (4096, 30, 2, 1)}
 
 
-def base_round(best: dict, tree: Path, base: Path, seconds: float) -> None:
-    """One round of the whole kernel, the base revision's and the working tree's in turn, in each AB_REGIMES regime."""
-    for regime, (n, layers, threads) in AB_REGIMES.items():
-        for name, exe in (("base", base), ("tree", tree)):
-            best[(name, regime)] = min(best.get((name, regime), INF), run(exe, n, layers, seconds, threads=threads))
+def shared_kernel(folder: Path, kernels: Path) -> Path:
+    """kv8_attention.c (with w8_x16.c's amx_ready) from `kernels` as a shared library in `folder`."""
+    folder.mkdir()
+    for f in [kernels / "kv8_attention.c", kernels / "w8_x16.c", *kernels.glob("*.h")]:
+        (folder / f.name).write_text(f.read_text())
+    subprocess.run([native_kernels.compiler(), *native_kernels.FLAGS, "-D_GNU_SOURCE", "kv8_attention.c", "w8_x16.c",
+                    "-o", "kv8.so", "-lm"], cwd=folder, check=True)
+    return folder / "kv8.so"
+
+
+def side_by_side(tmp: Path, rev: str, passes: int) -> None:
+    """--base: `rev`'s whole kernel and the working tree's in one process, in turns, in each AB_REGIMES regime."""
+    base = shared_kernel(tmp / "base", sources_at(rev, tmp / "base_sources"))
+    tree = shared_kernel(tmp / "tree", KERNELS)
+    (tmp / "ab.c").write_text(AB_HARNESS)
+    flags = [f for f in native_kernels.FLAGS if f not in ("-shared", "-fPIC")]
+    subprocess.run([native_kernels.compiler(), *flags, "ab.c", "-o", "ab", "-ldl"], cwd=tmp, check=True)
+    print(f"a decode row's attention (9 query heads, 3 KV heads, head dim 64), {rev}'s kernel and the working "
+          f"tree's in turns, medians of {passes} passes:")
+    for regime, (n, layers, threads, stream) in AB_REGIMES.items():
+        reps = max(passes, int(4e6 / (n * layers)) if not stream else passes)
+        out = subprocess.run([str(tmp / "ab"), str(base), str(tree), str(n), str(layers), str(reps), str(stream)],
+                             capture_output=True, text=True, check=True,
+                             env={"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"}).stdout.split()
+        b, t = float(out[0]), float(out[1])
+        print(f"  {regime:32s} {rev} {b * 1e3:7.3f} ms   working tree {t * 1e3:7.3f} ms   {b / t:.3f}x"
+              + ("" if out[2] == "1" else "   OUTPUTS DIFFER"))
 
 
 if __name__ == "__main__":
