@@ -110,9 +110,9 @@ int main(int argc, char **argv) {   /* n keys, L layers, seconds: the fastest pa
 """
 
 
-def build(folder: Path, leave_out: list[str], kernels: Path = KERNELS) -> Path:
-    """The harness over a copy of the kernel (from `kernels`: the working tree's, or another revision's copies) with
-    the `leave_out` phases replaced by their stand-ins."""
+def copy_kernel(folder: Path, leave_out: list[str], kernels: Path = KERNELS) -> None:
+    """kv8_attention.c, w8_x16.c and the headers from `kernels` (the working tree's, or another revision's copies)
+    into a new `folder`, with the `leave_out` phases replaced by their stand-ins."""
     folder.mkdir()
     for f in [kernels / "kv8_attention.c", kernels / "w8_x16.c", *kernels.glob("*.h")]:
         text = f.read_text()
@@ -124,6 +124,11 @@ def build(folder: Path, leave_out: list[str], kernels: Path = KERNELS) -> Path:
                                      f"it; update PHASES")
                 text = text.replace(call, stand_in)
         (folder / f.name).write_text(text)
+
+
+def build(folder: Path, leave_out: list[str]) -> Path:
+    """The harness over a copy of the kernel with the `leave_out` phases replaced by their stand-ins."""
+    copy_kernel(folder, leave_out)
     (folder / "harness.c").write_text(HARNESS.replace("CLOCK", CLOCK_C, 1))
     flags = [f for f in native_kernels.FLAGS if f not in ("-shared", "-fPIC")]
     subprocess.run([native_kernels.compiler(), *flags, "-D_GNU_SOURCE", "harness.c", "w8_x16.c", "-o", "harness",
@@ -243,9 +248,7 @@ AB_REGIMES = {"1,088 keys, in L2": (1088, 1, 1, 0), "30 x 1,024 keys": (1024, 30
 
 def shared_kernel(folder: Path, kernels: Path) -> Path:
     """kv8_attention.c (with w8_x16.c's amx_ready) from `kernels` as a shared library in `folder`."""
-    folder.mkdir()
-    for f in [kernels / "kv8_attention.c", kernels / "w8_x16.c", *kernels.glob("*.h")]:
-        (folder / f.name).write_text(f.read_text())
+    copy_kernel(folder, [], kernels)
     subprocess.run([native_kernels.compiler(), *native_kernels.FLAGS, "-D_GNU_SOURCE", "kv8_attention.c", "w8_x16.c",
                     "-o", "kv8.so", "-lm"], cwd=folder, check=True)
     return folder / "kv8.so"

@@ -33,8 +33,7 @@ static inline int32_t round_to_int8(const float *x, int D, float s, int8_t *dst)
 
 /* A run of BK keys' scales [BK][KVH] (a slot's heads adjacent) as [KVH][BK] (a head's keys adjacent, as the block
  * kernels load them): 16 keys of a head gathered from KVH loaded vectors by masked permutes, KVH a constant in each
- * case (the masks and indices then constants). Returns 0 for a KVH it has no case for (the caller copies them one by
- * one: the same values). */
+ * of split_scales' cases (the masks and indices then constants; KVH <= 8). */
 static inline __attribute__((always_inline)) void split_kvh(const float *ks, const float *vs, float *kscs,
                                                             float *vscs, const int KVH) {
     for (int j0 = 0; j0 < BK; j0 += 16) {
