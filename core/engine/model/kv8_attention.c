@@ -209,14 +209,15 @@ static inline void prefetch_key(const keys8 *kv, int g, int heads, int64_t j, in
 
 /* a full block's scales, one run of slots of every head ([BK][KVH] at ks and vs), as the kernels read them: kscs and
  * vscs [KVH][BK]. By vectors where KVH has a case (split_kvh), 1 then; else 0 and nothing written. One by one, this
- * was a third of a decode step's bookkeeping a block (segment's samples, hot caches). */
+ * was a third of a decode step's bookkeeping a block (segment's samples, hot caches). By vectors it is faster for 1-4
+ * KV heads and slower for 8 (a permute for each output vector from each input vector), which keeps the copy
+ * (benchmarks/README.md, "Run (2026-12-07, thirteenth)"). */
 static int split_scales(const float *ks, const float *vs, int KVH, float *kscs, float *vscs) {
     switch (KVH) {
     case 1: split_kvh(ks, vs, kscs, vscs, 1); return 1;
     case 2: split_kvh(ks, vs, kscs, vscs, 2); return 1;
     case 3: split_kvh(ks, vs, kscs, vscs, 3); return 1;
     case 4: split_kvh(ks, vs, kscs, vscs, 4); return 1;
-    case 8: split_kvh(ks, vs, kscs, vscs, 8); return 1;
     default: return 0;
     }
 }

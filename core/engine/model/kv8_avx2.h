@@ -25,11 +25,11 @@ static inline int32_t round_to_int8(const float *x, int D, float s, int8_t *dst)
 }
 
 /* A run of BK keys' scales [BK][KVH] as [KVH][BK] (kv8_avx512.h's split_kvh on 8 lanes: 8 keys of a head gathered
- * from KVH loaded vectors by permutes and blends, KVH a constant in each of split_scales' cases; KVH <= 8) */
+ * from KVH loaded vectors by permutes and blends, KVH a constant in each of split_scales' cases; KVH <= 4) */
 static inline __attribute__((always_inline)) void split_kvh(const float *ks, const float *vs, float *kscs,
                                                             float *vscs, const int KVH) {
     for (int j0 = 0; j0 < BK; j0 += 8) {
-        __m256 kin[8], vin[8];
+        __m256 kin[4], vin[4];
         for (int t = 0; t < KVH; t++) {
             kin[t] = _mm256_loadu_ps(ks + j0 * KVH + 8 * t);
             vin[t] = _mm256_loadu_ps(vs + j0 * KVH + 8 * t);

@@ -33,11 +33,11 @@ static inline int32_t round_to_int8(const float *x, int D, float s, int8_t *dst)
 
 /* A run of BK keys' scales [BK][KVH] (a slot's heads adjacent) as [KVH][BK] (a head's keys adjacent, as the block
  * kernels load them): 16 keys of a head gathered from KVH loaded vectors by masked permutes, KVH a constant in each
- * of split_scales' cases (the masks and indices then constants; KVH <= 8). */
+ * of split_scales' cases (the masks and indices then constants; KVH <= 4). */
 static inline __attribute__((always_inline)) void split_kvh(const float *ks, const float *vs, float *kscs,
                                                             float *vscs, const int KVH) {
     for (int j0 = 0; j0 < BK; j0 += 16) {
-        __m512 kin[8], vin[8];
+        __m512 kin[4], vin[4];
         for (int t = 0; t < KVH; t++) {
             kin[t] = _mm512_loadu_ps(ks + j0 * KVH + 16 * t);
             vin[t] = _mm512_loadu_ps(vs + j0 * KVH + 16 * t);

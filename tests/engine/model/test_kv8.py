@@ -143,7 +143,7 @@ def test_keys_in_one_run_of_slots_give_the_bits_they_give_at_scattered_slots(d, 
     """A pool allocated in order holds a request's keys in one run of slots: few rows (decode rows, chunks of up to 4
     tokens) then find a block's rows by arithmetic, ask for them as one span, ask for the next block's lines while
     the block runs (unpack_keys, ahead8), and split a full block's scales into heads by vectors (split_scales: 1, 2,
-    3, 4 and 8 KV heads; 5 copies them one by one). The same keys at scattered slots take the per-key path, and at
+    3 and 4 KV heads; 5 and 8 copy them one by one). The same keys at scattered slots take the per-key path, and at
     slots in runs broken every few keys both, block by block: the same bits everywhere. Contexts from 1 key to
     past a segment (512 keys), so a run ends inside a block, at a segment's end and at the context's end; short
     contexts split work items by head (the run of one head is not one span)."""
