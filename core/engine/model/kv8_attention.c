@@ -207,19 +207,31 @@ static inline void prefetch_key(const keys8 *kv, int g, int heads, int64_t j, in
     }
 }
 
-/* a full block's scales, one run of slots of every head ([BK][KVH] at ks and vs), as the kernels read them: kscs and
- * vscs [KVH][BK]. By vectors where KVH has a case (split_kvh), 1 then; else 0 and nothing written. One by one, this
- * was a third of a decode step's bookkeeping a block (segment's samples, hot caches). By vectors it is faster for 1-4
- * KV heads and slower for 8 (a permute for each output vector from each input vector), which keeps the copy
+/* the scales of kn keys in a run of slots of every head ([kn][KVH] at ks and vs), as the kernels read them: kscs
+ * and vscs [KVH][BK] */
+static inline __attribute__((always_inline)) void copy_scales(const float *ks, const float *vs, int kn, int KVH,
+                                                              float *kscs, float *vscs) {
+    for (int h = 0; h < KVH; h++)
+        for (int j = 0; j < kn; j++) {
+            kscs[h * BK + j] = ks[(int64_t)j * KVH + h];
+            vscs[h * BK + j] = vs[(int64_t)j * KVH + h];
+        }
+}
+
+/* copy_scales, with the block's size and KVH constants where a full block has 1-4 KV heads: GCC then moves them by
+ * vectors (permutes), where one by one this was a third of a decode step's bookkeeping a block (segment's samples,
+ * hot caches). For 8 KV heads the AVX2 build's permutes were slower than the copy, which they keep
  * (benchmarks/README.md, "Run (2026-12-07, thirteenth)"). */
-static int split_scales(const float *ks, const float *vs, int KVH, float *kscs, float *vscs) {
-    switch (KVH) {
-    case 1: split_kvh(ks, vs, kscs, vscs, 1); return 1;
-    case 2: split_kvh(ks, vs, kscs, vscs, 2); return 1;
-    case 3: split_kvh(ks, vs, kscs, vscs, 3); return 1;
-    case 4: split_kvh(ks, vs, kscs, vscs, 4); return 1;
-    default: return 0;
-    }
+static void split_scales(const float *ks, const float *vs, int kn, int KVH, float *kscs, float *vscs) {
+    if (kn == BK)
+        switch (KVH) {
+        case 1: copy_scales(ks, vs, BK, 1, kscs, vscs); return;
+        case 2: copy_scales(ks, vs, BK, 2, kscs, vscs); return;
+        case 3: copy_scales(ks, vs, BK, 3, kscs, vscs); return;
+        case 4: copy_scales(ks, vs, BK, 4, kscs, vscs); return;
+        default: break;
+        }
+    copy_scales(ks, vs, kn, KVH, kscs, vscs);
 }
 
 /* whether the n keys at `slots` sit in consecutive slots (a pool allocated in order: the common case) */
@@ -265,12 +277,7 @@ static void unpack_keys(const keys8 *kv, int g0, int g1, int kb, int few, block8
             b->kslot[j] = k + (row0 + (int64_t)j * KVH) * D;
             b->vslot[j] = v + (row0 + (int64_t)j * KVH) * D;
         }
-        if (kn < BK || !split_scales(ks + row0, vs + row0, KVH, b->kscs, b->vscs))
-            for (int h = 0; h < heads; h++)
-                for (int j = 0; j < kn; j++) {
-                    b->kscs[h * BK + j] = ks[row0 + (int64_t)j * KVH + h];
-                    b->vscs[h * BK + j] = vs[row0 + (int64_t)j * KVH + h];
-                }
+        split_scales(ks + row0, vs + row0, kn, KVH, b->kscs, b->vscs);
     }
     else
         for (int j = 0; j < kn; j++) {

@@ -23,35 +23,3 @@ static inline int32_t round_to_int8(const float *x, int D, float s, int8_t *dst)
     for (int i = 0; i < 8; i++) sum += lanes[i];
     return sum;
 }
-
-/* A run of BK keys' scales [BK][KVH] as [KVH][BK] (kv8_avx512.h's split_kvh on 8 lanes: 8 keys of a head gathered
- * from KVH loaded vectors by permutes and blends, KVH a constant in each of split_scales' cases; KVH <= 4) */
-static inline __attribute__((always_inline)) void split_kvh(const float *ks, const float *vs, float *kscs,
-                                                            float *vscs, const int KVH) {
-    for (int j0 = 0; j0 < BK; j0 += 8) {
-        __m256 kin[4], vin[4];
-        for (int t = 0; t < KVH; t++) {
-            kin[t] = _mm256_loadu_ps(ks + j0 * KVH + 8 * t);
-            vin[t] = _mm256_loadu_ps(vs + j0 * KVH + 8 * t);
-        }
-        for (int h = 0; h < KVH; h++) {
-            __m256 ko = _mm256_setzero_ps(), vo = _mm256_setzero_ps();
-            for (int t = 0; t < KVH; t++) {   /* lane i: element i KVH + h of the 8 KVH loaded, in vector t */
-                int at[8], take[8], any = 0;
-                for (int i = 0; i < 8; i++) {
-                    at[i] = (i * KVH + h) & 7;
-                    take[i] = (i * KVH + h) >> 3 == t ? -1 : 0;
-                    any |= take[i];
-                }
-                if (!any) continue;
-                const __m256i idx = _mm256_setr_epi32(at[0], at[1], at[2], at[3], at[4], at[5], at[6], at[7]);
-                const __m256 sel = _mm256_castsi256_ps(_mm256_setr_epi32(take[0], take[1], take[2], take[3], take[4],
-                                                                         take[5], take[6], take[7]));
-                ko = _mm256_blendv_ps(ko, _mm256_permutevar8x32_ps(kin[t], idx), sel);
-                vo = _mm256_blendv_ps(vo, _mm256_permutevar8x32_ps(vin[t], idx), sel);
-            }
-            _mm256_storeu_ps(kscs + h * BK + j0, ko);
-            _mm256_storeu_ps(vscs + h * BK + j0, vo);
-        }
-    }
-}
