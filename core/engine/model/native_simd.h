@@ -62,24 +62,38 @@ static inline __m512 reduce16(__m512 a[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
-/* r[j][i] -> r[i][j] for a 16 x 16 block of dwords (unpacks then 128-bit lane shuffles: ~64 shuffles, where
- * 16 scatters of 16 dwords each cost ~4x that) */
-static inline void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16], v[16];
+/* transpose16's first two steps alone (32 shuffles of its 64): in each 128-bit lane L, r[4 a + c]'s dword k becomes
+ * r[4 a + k]'s dword c, so r[4 a + c] holds quad 4 L + c of rows 4 a .. 4 a + 3 (no dword leaves its lane) */
+static inline void transpose4x4(__m512i r[16]) {
+    __m512i t[16];
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
     }
     for (int i = 0; i < 4; i++) {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
     }
+}
+
+/* a[0 .. 3]'s four 128-bit lanes added: dword 4 b + k of the result is the sum of a[b]'s dword k over its lanes */
+static inline __m512i lane_sums(const __m512i a[4]) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(a[0], a[1], 0x44), _mm512_shuffle_i32x4(a[0], a[1], 0xEE));
+    const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(a[2], a[3], 0x44), _mm512_shuffle_i32x4(a[2], a[3], 0xEE));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(s01, s23, 0x88), _mm512_shuffle_i32x4(s01, s23, 0xDD));
+}
+
+/* r[j][i] -> r[i][j] for a 16 x 16 block of dwords (unpacks then 128-bit lane shuffles: ~64 shuffles, where
+ * 16 scatters of 16 dwords each cost ~4x that) */
+static inline void transpose16(__m512i r[16]) {
+    __m512i v[16];
+    transpose4x4(r);   /* r[4 a + c]: quad 4 L + c of rows 4 a .. 4 a + 3, in 128-bit lane L */
     for (int h = 0; h < 2; h++)
         for (int i = 0; i < 4; i++) {
-            v[8 * h + i] = _mm512_shuffle_i32x4(u[8 * h + i], u[8 * h + i + 4], 0x88);
-            v[8 * h + i + 4] = _mm512_shuffle_i32x4(u[8 * h + i], u[8 * h + i + 4], 0xDD);
+            v[8 * h + i] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
+            v[8 * h + i + 4] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0xDD);
         }
     for (int i = 0; i < 8; i++) {
         r[i] = _mm512_shuffle_i32x4(v[i], v[i + 8], 0x88);
