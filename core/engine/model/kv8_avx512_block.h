@@ -131,14 +131,25 @@ static void block_dots(const int8_t *const *qi, const int32_t *qsum, int rows, c
     else dots_rows(qi, qsum, rows, b, keys, D, dots);
 }
 
+/* four groups' sums at once (dword 4 h of the result: p[h]'s), each added in the pairs _mm512_reduce_add_ps adds
+ * (the 256-bit halves, then the 128-bit ones, then dwords 2 apart, then 1): the same bits as four of those, in 13
+ * instructions instead of ~32 */
+static inline __m512 group_sums(const __m512 p[4]) {
+    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(p[0], p[1], 0xEE), _mm512_shuffle_f32x4(p[0], p[1], 0x44));
+    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(p[2], p[3], 0xEE), _mm512_shuffle_f32x4(p[2], p[3], 0x44));
+    const __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0xDD), _mm512_shuffle_f32x4(u01, u23, 0x88));
+    const __m512 x = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));   /* dword i + dword i ^ 2 */
+    return _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));              /* dword i + dword i ^ 1 */
+}
+
 /* n (<= RB) query rows' softmax steps over a block, from their exact scores dots [RB][BK]: for each row r that sees
  * seen[r] >= 1 keys of it, its running max mx[r] and sum sum[r] updated, and need[r] = 1 with the block's weights
  * rounded to int16 (wq + r BK, zeros past `seen`), their scale ws[r] and the factor corr[r] its output is scaled by
  * first, for block_values and row_output; else (no weight left, or a NaN score or V scale: the row's output NaN, as
  * in fp32) the row's output finished here, need[r] = 0 and zeros in its wq. The rows go phase by phase (scores and
  * max, exp and sums, the scalar step, int16 weights): a row alone is one chain of dependent steps (block max -> exp
- * -> sums -> scale), and side by side the rows' chains overlap. Each row's arithmetic is its own, the same whatever
- * rows share the call. */
+ * -> sums -> scale), and side by side the rows' chains overlap; a row's four group sums are reduced together
+ * (group_sums). Each row's arithmetic is its own, the same whatever rows share the call. */
 __attribute__((noinline, noclone))
 static void block_weights(const int32_t *dots, const float *qc, const block8 *b, const int *seen, int n, int D,
                           float *mx, float *sum, float *o, int16_t *wq, float *ws, float *corr, int *need) {
@@ -169,18 +180,21 @@ static void block_weights(const int32_t *dots, const float *qc, const block8 *b,
     for (int r = 0; r < n; r++) {   /* p = exp(s - max), w = p x V scale; the sum of p, the largest w */
         if (!seen[r]) continue;
         const __m512 mv = _mm512_set1_ps(mnew[r]);
-        __m512 wtop = zero;
-        float t = 0.f;
+        __m512 wtop = zero, p[NG];
         for (int h = 0; h < NG; h++) {
-            if (h >= groups[r]) { w[r][h] = zero; continue; }
-            const __m512 p = _mm512_maskz_mov_ps(mk[r][h], exp512(_mm512_sub_ps(s[r][h], mv)));
+            if (h >= groups[r]) { w[r][h] = p[h] = zero; continue; }
+            p[h] = _mm512_maskz_mov_ps(mk[r][h], exp512(_mm512_sub_ps(s[r][h], mv)));
             /* masked: a later key's V scale (NaN for a NaN row) must not reach this row's weights */
-            w[r][h] = _mm512_maskz_mul_ps(mk[r][h], p, _mm512_loadu_ps(vsc + 16 * h));
+            w[r][h] = _mm512_maskz_mul_ps(mk[r][h], p[h], _mm512_loadu_ps(vsc + 16 * h));
             bad[r] |= _mm512_mask_fpclass_ps_mask(mk[r][h], w[r][h], NOT_FINITE);
             wtop = _mm512_max_ps(wtop, w[r][h]);
-            t += _mm512_reduce_add_ps(p);   /* groups in order */
         }
-        total[r] = t;
+        const __m512 g = group_sums(p);   /* dword 4 h: group h's sum */
+        float t = _mm512_cvtss_f32(g) + _mm_cvtss_f32(_mm512_extractf32x4_ps(g, 1));   /* groups in order (the asm: */
+        __asm__("" : "+v"(t));                                   /* GCC, free to reassociate here, would pair them) */
+        t += _mm_cvtss_f32(_mm512_extractf32x4_ps(g, 2));
+        __asm__("" : "+v"(t));
+        total[r] = t + _mm_cvtss_f32(_mm512_extractf32x4_ps(g, 3));
         wmax[r] = _mm512_reduce_max_ps(wtop);
     }
     for (int r = 0; r < n; r++) {   /* the running max, sum and output scale; the weights as int16 */
