@@ -27,7 +27,7 @@ from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
 from core.engine.request import ABORTED, Completion, Request, RequestHandle
 from core.engine.request_table import RequestTable
-from core.engine.sampling import SamplingParams, sample_isolated
+from core.engine.sampling import ParamError, SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
 from core.engine.step_budget import FLOOR_FACTOR, StepBudget
 from core.observe import snapshot as snap
@@ -104,6 +104,10 @@ class Engine:
         elif not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params = params.frozen()
+        vocab = self.runner.vocab_size
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise ParamError("logit_bias", f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab - 1})")
         inputs.check_rid(rid)
         inputs.check_extra_key(extra_key)
         ids, text = self.tokenize(prompt)
@@ -194,28 +198,37 @@ class Engine:
                                            prompt=[it.req.computed < len(it.req.prompt_ids) for it in items])
                 logits = self.runner.forward(batch, self.pool)
                 self._record_kv(batch)
-            except Exception as exc:  # a model failure fails this batch, not the engine
+            except BaseException as exc:  # a model failure fails this batch, not the engine; so does Ctrl-C
                 for it in items:
                     sched.drop(it)
                     self._fail(it.req, exc)
                 self._after_step()
+                if not isinstance(exc, Exception):
+                    raise
                 return True
             prefill = sum(max(0, min(len(it.req.prompt_ids), it.req.computed + len(it.tokens)) - it.req.computed)
                           for it in items)
             to_sample: list[tuple[int, Request]] = []
-            for i, it in enumerate(items):
-                try:
-                    if sched.commit(it):
-                        to_sample.append((i, it.req))
-                except Exception as exc:
-                    self._fail(it.req, exc)
-            decodes = 0
-            for req, tok in self._sample(logits, to_sample):
-                try:
-                    self._append_token(req, tok)
-                    decodes += 1
-                except Exception as exc:
-                    self._fail(req, exc)
+            committed, decodes = 0, 0
+            got: set[int] = set()   # id() of the requests this step gave their token
+            try:
+                for i, it in enumerate(items):
+                    try:
+                        if sched.commit(it):
+                            to_sample.append((i, it.req))
+                    except Exception as exc:
+                        self._fail(it.req, exc)
+                    committed = i + 1
+                for req, tok in self._sample(logits, to_sample):
+                    try:
+                        self._append_token(req, tok)
+                        decodes += 1
+                    except Exception as exc:
+                        self._fail(req, exc)
+                    got.add(id(req))
+            except BaseException as exc:
+                self._interrupted(items, committed, {id(r) for _, r in to_sample} - got, exc)
+                raise
             self.metrics.on_step(prefill, decodes)
             singles = sum(1 for it in items if len(it.tokens) == 1)
             self.step_budget.observe(time.perf_counter() - started, batch.num_tokens - singles, singles)
@@ -242,6 +255,21 @@ class Engine:
         if not req.done.is_set():
             self.metrics.requests_aborted += 1
             self._complete(req, "abort")
+
+    def _interrupted(self, items: list, committed: int, unsampled: set[int], exc: BaseException) -> None:
+        """Something escaped a step between its forward and its tokens (Ctrl-C: step runs on the CLI's main
+        thread): each request the step left half done ends with an error and gives back its slots, so none is
+        left with nothing to compute and no token, and no slot is lost. `committed`: how many items were
+        committed; `unsampled`: id() of committed requests still owed their token."""
+        for i, it in enumerate(items):
+            if it.req.done.is_set():
+                continue
+            if i >= committed:
+                self.scheduler.drop(it)
+                self._fail(it.req, exc)
+            elif id(it.req) in unsampled:
+                self._fail(it.req, exc)
+        self._after_step()
 
     def _after_step(self) -> None:
         self.step_count += 1

@@ -26,6 +26,7 @@ import torch
 # As SGLang: a temperature this small is greedy (dividing logits by 1e-40 would overflow to inf).
 SAMPLING_EPS = 1e-6
 MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 256             # characters of one stop string (each is matched against the text's end at every token)
 MAX_LOGIT_BIAS = 1024            # entries of one logit_bias
 LOGIT_BIAS_RANGE = 100.0         # OpenAI's [-100, 100]
 
@@ -105,6 +106,10 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in stop) or len(stop) > MAX_STOP_STRINGS:
             raise ParamError("stop", f"stop must be a list of at most {MAX_STOP_STRINGS} non-empty strings, "
                                      f"got {stop!r}")
+        long = [s for s in stop if len(s) > MAX_STOP_CHARS]
+        if long:
+            raise ParamError("stop", f"a stop string may have at most {MAX_STOP_CHARS:,} characters; one has "
+                                     f"{len(long[0]):,}: shorten it")
         self._validate_processors()
         if not self.__dict__.get("_frozen"):
             self.stop = tuple(stop)

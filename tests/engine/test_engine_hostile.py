@@ -145,6 +145,72 @@ def test_bad_stop_is_refused(pair, stop):
     still_serves(e, ref)
 
 
+def test_a_stop_string_over_256_characters_is_refused_and_one_of_256_runs(pair):
+    """Each stop string is matched against the text's end at every token, so its length is capped."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match="at most 256 characters; one has 257: shorten it"):
+        e.submit([1, 2], SamplingParams(stop=["ok", "x" * 257]))
+    assert not e.requests.queued()
+    got = e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, stop=["x" * 256]))[0]
+    assert got.error is None and got.token_ids == reference_greedy(ref, PROMPTS[0], 4)
+    still_serves(e, ref)
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_is_refused_at_submit(pair):
+    """As a prompt token outside the vocabulary is: a ValueError at submit, nothing queued (it used to be
+    queued, prefilled, and then aborted when its first token was sampled)."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    vocab = runner.vocab_size
+    with pytest.raises(ValueError, match=rf"logit_bias names token {vocab}, outside the vocabulary \(0..{vocab - 1}\)"):
+        e.submit([1, 2], SamplingParams(logit_bias={3: 1.0, vocab: 1.0}))
+    assert not e.requests.queued() and not e.has_work()
+    got = e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, logit_bias={vocab - 1: -100.0}))[0]
+    assert got.error is None and len(got.token_ids) == 4
+    still_serves(e, ref)
+
+
+def _raise_once(obj, name: str, monkeypatch) -> None:
+    """obj.name raises KeyboardInterrupt (Ctrl-C) on its next call, then is itself again."""
+    real = getattr(obj, name)
+
+    def interrupted(*args, **kwargs):
+        monkeypatch.setattr(obj, name, real)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(obj, name, interrupted)
+
+
+def test_ctrl_c_during_a_steps_forward_loses_no_slot(pair, monkeypatch):
+    """The CLI steps on its main thread, so Ctrl-C lands inside a step: the step's fresh slots (held by
+    its work items only) go back, its requests end as aborted, and the interrupt still propagates."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200, max_prefill_tokens=4)
+    h = e.submit(list(range(20, 40)), SamplingParams(max_new_tokens=4))
+    assert e.step()                                   # a first chunk of 4 cached, the rest to come
+    _raise_once(runner, "forward", monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        e.step()
+    c = h.result(0)
+    assert c.finish_reason == "abort" and c.error.startswith("KeyboardInterrupt")
+    still_serves(e, ref)
+
+
+def test_ctrl_c_between_the_forward_and_the_token_leaves_no_request_stuck(pair, monkeypatch):
+    """Interrupted after its chunk was committed but before its token: the request used to stay running
+    with nothing left to compute and no token, forever. Now it ends as aborted, its slots given back."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    h = e.submit(PROMPTS[1], SamplingParams(max_new_tokens=4))
+    _raise_once(e, "_sample", monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        e.step()
+    assert not e.has_work()
+    c = h.result(0)
+    assert c.finish_reason == "abort" and c.token_ids == []
+    still_serves(e, ref)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("seed", -1, "seed must be None or an integer"), ("seed", 1.5, "seed must be None or an integer"),
     ("top_k", 2.0, "top_k must be an integer"), ("top_p", float("nan"), r"top_p must be in \(0, 1\]"),
