@@ -78,6 +78,7 @@ class Engine:
         # lock (request_table.py) is held only for a few dict/list operations, always after `_lock`.
         self.requests = RequestTable()
         self._lock = threading.RLock()
+        self._abort_count_lock = threading.Lock()
         self.loop = EngineLoop(self.step, self.requests, on_error=self._loop_error)
         self._version = 0
         # Publication: at the end of every step the engine publishes its gauges, and while someone read a
@@ -150,16 +151,33 @@ class Engine:
             raise
 
     def abort(self, rid: str) -> bool:
-        """Release everything request `rid` holds, at any stage. False if it is unknown or done."""
+        """Release everything request `rid` holds, at any stage. False if it is unknown or done.
+
+        A request still in the inbox holds nothing yet: it ends at once, without waiting for a running step
+        (which holds the engine lock for its whole forward)."""
+        req = self.requests.withdraw_queued(rid)
+        if req is not None:
+            self._count_abort()
+            self._complete(req, "abort")
+            if self._lock.acquire(blocking=False):   # the gauges now if no step runs; else that step's end
+                try:
+                    self._publish()
+                finally:
+                    self._lock.release()
+            return True
         with self._lock:
             req = self.requests.withdraw(rid)
             if req is None:
                 return False
             self.scheduler.abort(req)
-            self.metrics.requests_aborted += 1
+            self._count_abort()
             self._complete(req, "abort")
             self._publish()
             return True
+
+    def _count_abort(self) -> None:
+        with self._abort_count_lock:   # abort of a queued request counts without the engine lock
+            self.metrics.requests_aborted += 1
 
     # ----- stepping ----------------------------------------------------------------------------
     def _drain_inbox(self) -> None:
@@ -253,7 +271,7 @@ class Engine:
                 self.last_error += "; releasing it failed: " + traceback.format_exc(limit=2)
         req.error = self.last_error
         if not req.done.is_set():
-            self.metrics.requests_aborted += 1
+            self._count_abort()
             self._complete(req, "abort")
 
     def _interrupted(self, items: list, committed: int, unsampled: set[int], exc: BaseException) -> None:

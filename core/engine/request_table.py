@@ -59,6 +59,16 @@ class RequestTable:
                 self._inbox.remove(req)
             return req
 
+    def withdraw_queued(self, rid: str) -> Optional[Request]:
+        """The request `rid` taken out of the inbox if it is still there (submitted, not yet scheduled), else
+        None: such a request holds nothing, so aborting it needs no step to end first."""
+        with self._wake:
+            req = self._requests.get(rid)
+            if req is None or req not in self._inbox:
+                return None
+            self._inbox.remove(req)
+            return req
+
     def finished(self, rid: str) -> None:
         """`rid` is done: it stays in the table among the last `keep_finished` finished ones."""
         with self._wake:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import threading
+import time
 
 import pytest
 import torch
@@ -168,6 +169,36 @@ def test_a_logit_bias_token_outside_the_vocabulary_is_refused_at_submit(pair):
     assert not e.requests.queued() and not e.has_work()
     got = e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=4, logit_bias={vocab - 1: -100.0}))[0]
     assert got.error is None and len(got.token_ids) == 4
+    still_serves(e, ref)
+
+
+def test_aborting_a_queued_request_does_not_wait_for_the_running_step(pair, monkeypatch):
+    """A request still in the inbox holds nothing, so abort ends it at once; it used to wait for the engine
+    lock, which a step holds for its whole forward (here made to take 1.5 s)."""
+    ref, runner = pair
+    real = runner.forward
+    in_forward = threading.Event()
+
+    def slow_forward(*args, **kwargs):
+        in_forward.set()
+        time.sleep(1.5)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(runner, "forward", slow_forward)
+    e = Engine(runner, pool_slots=200).start()
+    try:
+        first = e.submit(PROMPTS[0], SamplingParams(max_new_tokens=1))
+        assert in_forward.wait(30)
+        queued = e.submit(PROMPTS[1], SamplingParams(max_new_tokens=4))
+        started = time.perf_counter()
+        assert e.abort(queued.rid)
+        waited = time.perf_counter() - started
+        c = queued.result(0)
+        assert waited < 0.5 and c.finish_reason == "abort" and c.token_ids == []
+        assert first.result(60).token_ids == reference_greedy(ref, PROMPTS[0], 1)
+        assert e.metrics.requests_aborted == 1 and not e.abort(queued.rid)
+    finally:
+        e.stop()
+        monkeypatch.setattr(runner, "forward", real)
     still_serves(e, ref)
 
 
