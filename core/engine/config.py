@@ -77,6 +77,10 @@ class EngineConfig:
         if self.pool_slots < self.page_size:
             raise ValueError(f"pool_slots must be an integer of at least one page ({self.page_size}), got "
                              f"{self.pool_slots!r}; raise pool_slots")
+        if self.pool_slots % self.page_size:
+            fit = self.pool_slots - self.pool_slots % self.page_size
+            raise ValueError(f"pool_slots={self.pool_slots:,} is not a multiple of page_size={self.page_size}; "
+                             f"use pool_slots={fit:,} or {fit + self.page_size:,}")
         return self
 
     def replace(self, **changes: Any) -> "EngineConfig":

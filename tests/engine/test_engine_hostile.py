@@ -321,6 +321,7 @@ def test_item9_bytes_and_odd_prompts_are_refused(pair, prompt, message):
     (dict(page_size="2"), "page_size must be an integer"),
     (dict(disable_radix_cache="no"), "disable_radix_cache must be True or False"),
     (dict(pool_slots=10 ** 12), "lower pool_slots"),
+    (dict(pool_slots=100, page_size=16), "pool_slots=100 is not a multiple of page_size=16; use pool_slots=96 or 112"),
 ])
 def test_item9_bad_engine_settings(pair, kwargs, message):
     _, runner = pair
