@@ -28,6 +28,7 @@ SAMPLING_EPS = 1e-6
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 256             # characters of one stop string (each is matched against the text's end at every token)
 MAX_LOGIT_BIAS = 1024            # entries of one logit_bias
+MIN_REPETITION_PENALTY = 0.01    # a seen token's positive logit is divided by it: 1e-300 is 0 in fp32 (logits inf)
 LOGIT_BIAS_RANGE = 100.0         # OpenAI's [-100, 100]
 
 
@@ -53,7 +54,13 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+    """A finite real number (an integer past fp64's range, as JSON may carry one, is not)."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
 
 
 @dataclass
@@ -68,7 +75,7 @@ class SamplingParams:
     priority: int = 0               # used by the "priority" eviction policy
     frequency_penalty: float = 0.0  # [-2, 2]: minus penalty x times the token appeared in the output
     presence_penalty: float = 0.0   # [-2, 2]: minus penalty once the token appeared in the output
-    repetition_penalty: float = 1.0  # (0, 2]: 1 = off; a token that appeared is made less (>1) likely
+    repetition_penalty: float = 1.0  # [0.01, 2]: 1 = off; a token that appeared is made less (>1) likely
     min_new_tokens: int = 0         # no EOS and no stop string before this many output tokens
     logit_bias: Optional[dict] = None  # token id -> [-100, 100] added to its logit
 
@@ -121,9 +128,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_real(value) or not -2.0 <= value <= 2.0:
                 raise ParamError(name, f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
-        if not _is_real(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 2.0:
-            raise ParamError("repetition_penalty", f"repetition_penalty must be in (0, 2] (1 = off), got "
-                                                   f"{self.repetition_penalty!r}")
+        if not _is_real(self.repetition_penalty) or not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2.0:
+            raise ParamError("repetition_penalty", f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 2] "
+                                                   f"(1 = off), got {self.repetition_penalty!r}")
         if not _is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ParamError("min_new_tokens", f"min_new_tokens must be an integer in [0, max_new_tokens "
                                                f"({self.max_new_tokens})], got {self.min_new_tokens!r}")

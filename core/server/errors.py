@@ -76,6 +76,11 @@ def install(app: FastAPI) -> None:
             message = f"{request.method} is not allowed on {request.url.path}; use {allow or 'another method'}"
         return error_response(exc.status_code, message, headers=exc.headers)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # a bug, not the client's fault: still OpenAI's JSON (the trace goes to the server's log, not the client)
+        return error_response(500, f"internal error ({type(exc).__name__}); the server's log has the details")
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()

@@ -44,8 +44,11 @@ class ModelRoots:
             raise APIError(400, f"model must be a non-empty string, got {model!r}", "model")
         if model in ("default", self.served_model, current):
             return
-        path = os.path.realpath(os.path.expanduser(model))
-        if any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in self.roots):
+        try:
+            path = os.path.realpath(os.path.expanduser(model))
+        except ValueError:   # a NUL byte: no path at all, refused as any model outside the roots is
+            path = ""
+        if path and any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in self.roots):
             return
         raise APIError(400, f"model {model!r} is not one this server may load: a rebuild loads 'default', the "
                             f"served model, or a model under the server's model roots (--model-roots)", "model",

@@ -116,7 +116,7 @@ class SamplingFields(BaseModel):
     extra_key: Optional[str] = Field(None, description="SGLang's name for a cache namespace")
     frequency_penalty: _schema(_nullable({**Number, "minimum": -2, "maximum": 2})) = None
     presence_penalty: _schema(_nullable({**Number, "minimum": -2, "maximum": 2})) = None
-    repetition_penalty: _schema(_nullable({**Number, "exclusiveMinimum": 0, "maximum": 2}), "SGLang's") = None
+    repetition_penalty: _schema(_nullable({**Number, "minimum": 0.01, "maximum": 2}), "SGLang's") = None
     min_tokens: _schema(_nullable({**Int, "minimum": 0}), "SGLang's min_new_tokens") = None
     logit_bias: LogitBias = None
     return_cached_tokens_details: Optional[StrictBool] = Field(None, description="SGLang's sglext details")
@@ -180,7 +180,7 @@ class SamplingFields(BaseModel):
         return "max_tokens"
 
     def sampling_params(self, max_tokens: Any, default_max_tokens: int, choice: int = 0) -> SamplingParams:
-        """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i,
+        """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i mod 2**63,
         so the n samples differ and the request stays reproducible); 400 naming the OpenAI field."""
         stop = self.stop
         if stop is None:
@@ -189,7 +189,7 @@ class SamplingFields(BaseModel):
             stop = tuple(stop)
         seed = self.seed
         if seed is not None and choice and isinstance(seed, int) and not isinstance(seed, bool):
-            seed = seed + choice
+            seed = (seed + choice) % 2 ** 63   # within seed's range whatever seed the client sent
         top_k = self.top_k
         if top_k == -1 and not isinstance(top_k, bool):    # SGLang's and vLLM's "off"
             top_k = 0

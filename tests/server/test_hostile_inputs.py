@@ -138,7 +138,7 @@ def test_rebuild_loads_only_models_under_the_roots_and_says_the_same_whether_a_p
                  settings=settings) as s:
         answers = set()
         for model in (str(outside), str(tmp_path / "missing"), "/etc", str(roots / "link"),
-                      str(roots / ".." / "elsewhere")):
+                      str(roots / ".." / "elsewhere"), str(roots) + "/\x00"):   # NUL: was a 500
             r = httpx.post(s.url + "/state/rebuild", json={"model": model})
             assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_allowed", model
             answers.add(r.json()["error"]["message"].replace(repr(model), "M"))

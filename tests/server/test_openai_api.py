@@ -98,3 +98,25 @@ def test_client_disconnect_mid_stream_gives_every_slot_back(tiny):
     assert snap.requests[-1].state == "aborted" and snap.requests[-1].output_tokens < 200
     e.check_invariants()
     assert e.allocator.available() + snap.cache.evictable_size == e.allocator.num_slots
+
+
+def test_n_choices_from_the_largest_seed_wrap_to_seed_0(tiny):
+    """Choice i samples with seed + i; from the largest seed that wraps to 0 instead of a 400 naming a
+    seed the client never sent."""
+    c = tiny.client()
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=6, temperature=1.0, extra_body={"ignore_eos": True})
+    both = sorted(c.completions.create(n=2, seed=2 ** 63 - 1, **kw).choices, key=lambda ch: ch.index)
+    assert both[0].text == c.completions.create(seed=2 ** 63 - 1, **kw).choices[0].text
+    assert both[1].text == c.completions.create(seed=0, **kw).choices[0].text
+
+
+def test_an_unexpected_exception_is_a_500_in_openai_json(tiny, monkeypatch):
+    """A bug (here a fault injected into the engine's submit) still leaves as OpenAI's error JSON, without
+    its message (which could quote another tenant's data)."""
+    def fault(*args, **kwargs):
+        raise RuntimeError("secret detail")
+    monkeypatch.setattr(tiny.engine, "submit", fault)
+    r = httpx.post(f"{tiny.url}/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2})
+    assert r.status_code == 500 and "secret" not in r.text
+    assert r.json()["error"] == {"message": "internal error (RuntimeError); the server's log has the details",
+                                 "type": "server_error", "param": None, "code": "internal_error"}
