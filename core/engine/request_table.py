@@ -67,6 +67,7 @@ class RequestTable:
             if req is None or req not in self._inbox:
                 return None
             self._inbox.remove(req)
+            req.state = ABORTED   # now, under this lock: a second abort (withdraw) finds it ended
             return req
 
     def finished(self, rid: str) -> None:

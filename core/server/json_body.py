@@ -67,7 +67,8 @@ def parse_object(raw: bytes, allow_empty: bool = False) -> dict[str, Any]:
     except (UnicodeDecodeError, ValueError) as exc:
         raise APIError(400, f"the body is not valid JSON ({exc}); send a JSON object") from None
     if not isinstance(data, dict):
-        raise APIError(400, f"the body must be a JSON object, got a JSON {type(data).__name__}")
+        kind = {type(None): "null", bool: "boolean", list: "array", str: "string"}.get(type(data), "number")
+        raise APIError(400, f"the body must be a JSON object, got a JSON {kind}")
     check_text(data)
     return data
 

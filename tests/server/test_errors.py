@@ -47,6 +47,9 @@ def test_bad_bodies_and_prompts_are_400(tiny):
     r = httpx.post(f"{tiny.url}/v1/completions", content=b"\xff\xfe\x00garbage",
                    headers={"content-type": "application/json"})
     assert r.status_code == 400
+    for body, kind in ((b"null", "null"), (b"[1]", "array"), (b"true", "boolean"), (b'"x"', "string"), (b"3", "number")):
+        r = httpx.post(f"{tiny.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and _error(r)["message"] == f"the body must be a JSON object, got a JSON {kind}"
     r = httpx.post(f"{tiny.url}/v1/chat/completions", json={"model": "tiny", "messages": "hello"})
     assert r.status_code == 400 and "messages" in _error(r)["message"]
     # nothing was queued by any of these
