@@ -265,12 +265,18 @@ def sample_isolated(logits: torch.Tensor, rows: list[int], owners: list,
     if not rows:
         return [], []
     index = torch.tensor(rows, device=logits.device)
+    # the seeded rows' generator states: a batch that fails part way has drawn from some of them already,
+    # and the rows sampled again below must draw what they would have (the same tokens as alone)
+    states = [None if o.generator is None else o.generator.get_state() for o in owners]
     try:
         toks = sample(logits[index], [o.params for o in owners], [o.generator for o in owners],
                       [o.output_ids for o in owners], stop_ids)
         return list(zip(owners, toks)), []
     except Exception:
         pass
+    for o, state in zip(owners, states):
+        if state is not None:
+            o.generator.set_state(state)
     got, failed = [], []
     for r, o in zip(rows, owners):  # find the culprit(s): one row at a time
         try:

@@ -64,6 +64,26 @@ def test_item1_a_request_the_model_poisons_fails_alone(pair):
     still_serves(e, poisoned_ref)
 
 
+def test_a_poisoned_row_leaves_its_seeded_batch_mates_tokens_as_they_are_alone():
+    """The batch's sampling fails at the poisoned row after the seeded rows before it drew from their
+    generators; they are sampled again one by one from the states they had, so they draw the tokens they
+    draw alone (they used to draw the next ones)."""
+    poisoned_ref, _ = tiny_pair("llama")
+    with torch.no_grad():
+        poisoned_ref.model.embed_tokens.weight[99] = float("nan")
+    runner = ModelRunner.from_hf(copy.deepcopy(poisoned_ref), device="cpu")
+    seeded = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
+    alone = Engine(runner, pool_slots=300).generate([PROMPTS[0]], seeded)[0].token_ids
+    e = Engine(runner, pool_slots=300)
+    mate = e.submit(PROMPTS[0], seeded)
+    bad = e.submit([5, 99, 6], SamplingParams(max_new_tokens=4, temperature=0.8, seed=1))
+    while e.has_work():
+        e.step()
+    assert bad.result(0).finish_reason == "abort" and "non-finite" in bad.result(0).error
+    assert mate.result(0).error is None and mate.result(0).token_ids == alone
+    still_serves(e, poisoned_ref)
+
+
 @pytest.mark.parametrize("priority", [None, "high", 1.5, True, 2 ** 70])
 def test_item2_bad_priority_is_refused(pair, priority):
     ref, runner = pair
