@@ -18,7 +18,7 @@ import torch
 
 from core.cache.allocator import SlotAllocator
 from core.cache.radix_cache import RadixCache
-from core.engine import engine_snapshot, inputs
+from core.engine import engine_snapshot, generate, inputs
 from core.engine.config import EngineConfig
 from core.engine.engine_loop import EngineLoop
 from core.engine.engine_metrics import EngineGauges, EngineMetrics
@@ -27,7 +27,7 @@ from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
 from core.engine.request import ABORTED, Completion, Request, RequestHandle
 from core.engine.request_table import RequestTable
-from core.engine.sampling import ParamError, SamplingParams, sample_isolated
+from core.engine.sampling import SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
 from core.engine.step_budget import FLOOR_FACTOR, StepBudget
 from core.observe import snapshot as snap
@@ -78,7 +78,6 @@ class Engine:
         # lock (request_table.py) is held only for a few dict/list operations, always after `_lock`.
         self.requests = RequestTable()
         self._lock = threading.RLock()
-        self._abort_count_lock = threading.Lock()
         self.loop = EngineLoop(self.step, self.requests, on_error=self._loop_error)
         self._version = 0
         # Publication: at the end of every step the engine publishes its gauges, and while someone read a
@@ -105,10 +104,7 @@ class Engine:
         elif not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params = params.frozen()
-        vocab = self.runner.vocab_size
-        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if bad:
-            raise ParamError("logit_bias", f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab - 1})")
+        inputs.check_logit_bias(params, self.runner.vocab_size)
         inputs.check_rid(rid)
         inputs.check_extra_key(extra_key)
         ids, text = self.tokenize(prompt)
@@ -129,26 +125,8 @@ class Engine:
 
     def generate(self, prompts: Sequence[Prompt], params: Optional[SamplingParams] = None,
                  timeout: Optional[float] = None) -> list[Completion]:
-        """Submit all, wait for all. All or nothing: a bad prompt, a timeout or an interrupt aborts
-        the ones already queued, so nothing is left running without a handle."""
-        if isinstance(prompts, (str, bytes, dict)):
-            raise ValueError("generate takes a list of prompts; wrap a single prompt in a list")
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        handles: list[RequestHandle] = []
-        try:
-            for p in prompts:
-                handles.append(self.submit(p, params))
-            while not self.running and not all(h.done() for h in handles):
-                if deadline is not None and time.perf_counter() > deadline:
-                    raise TimeoutError(f"generate did not finish within {timeout} s; the requests were aborted")
-                if not self.step() and not all(h.done() for h in handles):
-                    raise RuntimeError("engine is idle but requests are unfinished")
-            return [h.result(None if deadline is None else max(0.0, deadline - time.perf_counter()))
-                    for h in handles]
-        except BaseException:
-            for h in handles:
-                self.abort(h.rid)
-            raise
+        """Submit all, wait for all, all or nothing (generate.py)."""
+        return generate.generate(self, prompts, params, timeout)
 
     def abort(self, rid: str) -> bool:
         """Release everything request `rid` holds, at any stage. False if it is unknown or done.
@@ -156,28 +134,19 @@ class Engine:
         A request still in the inbox holds nothing yet: it ends at once, without waiting for a running step
         (which holds the engine lock for its whole forward)."""
         req = self.requests.withdraw_queued(rid)
-        if req is not None:
-            self._count_abort()
+        if req is not None:   # viewers see it through the table (gauges count the inbox; version its changes)
+            self.metrics.on_abort()
             self._complete(req, "abort")
-            if self._lock.acquire(blocking=False):   # the gauges now if no step runs; else that step's end
-                try:
-                    self._publish()
-                finally:
-                    self._lock.release()
             return True
         with self._lock:
             req = self.requests.withdraw(rid)
             if req is None:
                 return False
             self.scheduler.abort(req)
-            self._count_abort()
+            self.metrics.on_abort()
             self._complete(req, "abort")
             self._publish()
             return True
-
-    def _count_abort(self) -> None:
-        with self._abort_count_lock:   # abort of a queued request counts without the engine lock
-            self.metrics.requests_aborted += 1
 
     # ----- stepping ----------------------------------------------------------------------------
     def _drain_inbox(self) -> None:
@@ -271,14 +240,13 @@ class Engine:
                 self.last_error += "; releasing it failed: " + traceback.format_exc(limit=2)
         req.error = self.last_error
         if not req.done.is_set():
-            self._count_abort()
+            self.metrics.on_abort()
             self._complete(req, "abort")
 
     def _interrupted(self, items: list, committed: int, unsampled: set[int], exc: BaseException) -> None:
-        """Something escaped a step between its forward and its tokens (Ctrl-C: step runs on the CLI's main
-        thread): each request the step left half done ends with an error and gives back its slots, so none is
-        left with nothing to compute and no token, and no slot is lost. `committed`: how many items were
-        committed; `unsampled`: id() of committed requests still owed their token."""
+        """Ctrl-C (step runs on the CLI's main thread) between a step's forward and its tokens: each request
+        left half done (items from `committed` on; committed ones in `unsampled`, owed a token) ends with an
+        error and gives back its slots."""
         for i, it in enumerate(items):
             if it.req.done.is_set():
                 continue

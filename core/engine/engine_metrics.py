@@ -1,6 +1,7 @@
 """Engine metrics: hit rate (cumulative and recent), prefill computed vs skipped, throughput, TTFT."""
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class EngineGauges:
 class EngineMetrics:
     def __init__(self, window: int = 20) -> None:
         self.window = window
+        self._abort_lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
@@ -44,6 +46,10 @@ class EngineMetrics:
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached_tokens
         self._recent.append((cached_tokens, prompt_tokens))
+
+    def on_abort(self) -> None:
+        with self._abort_lock:   # an abort of a queued request counts without the engine lock
+            self.requests_aborted += 1
 
     def on_step(self, prefill_tokens: int, decode_tokens: int) -> None:
         self.prefill_computed += prefill_tokens

@@ -12,6 +12,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from core.engine.sampling import ParamError, SamplingParams
+
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 MAX_PROMPT_CHARS = 20_000_000    # refuse before the tokenizer spends minutes on it
 
@@ -90,13 +92,6 @@ def pool_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.d
     return 2 * num_layers * slots * num_kv_heads * (head_dim * itemsize + scales)
 
 
-def check_pool_slots(pool_slots: Any, page_size: int) -> int:
-    if isinstance(pool_slots, bool) or not isinstance(pool_slots, numbers.Integral) or pool_slots < page_size:
-        raise ValueError(f"pool_slots must be an integer of at least one page ({page_size}), got {pool_slots!r}; "
-                         f"raise pool_slots")
-    return int(pool_slots)
-
-
 def make_pool(runner, pool_slots: int, page_size: int):
     """The KV pool, refused with a clear error (not an out-of-memory crash) when it cannot fit."""
     check_pool_fits(runner, pool_slots, page_size)
@@ -124,6 +119,15 @@ def check_extra_key(extra_key: Any) -> Optional[str]:
         raise ValueError(f"extra_key must be None or a string (a namespace such as a tenant or adapter "
                          f"name), got {type(extra_key).__name__} {extra_key!r}")
     return extra_key
+
+
+def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
+    """ParamError unless every logit_bias token is in the vocabulary (SamplingParams checks only that keys are
+    token ids >= 0: the vocabulary is the model's)."""
+    bad = [t for t in (params.logit_bias or {}) if int(t) >= vocab_size]
+    if bad:
+        raise ParamError("logit_bias", f"logit_bias names token {bad[0]}, outside the vocabulary "
+                                       f"(0..{vocab_size - 1})")
 
 
 def check_rid(rid: Any) -> Optional[str]:

@@ -266,8 +266,10 @@ def sample_isolated(logits: torch.Tensor, rows: list[int], owners: list,
         return [], []
     index = torch.tensor(rows, device=logits.device)
     # the seeded rows' generator states: a batch that fails part way has drawn from some of them already,
-    # and the rows sampled again below must draw what they would have (the same tokens as alone)
-    states = [None if o.generator is None else o.generator.get_state() for o in owners]
+    # and the rows sampled again below must draw what they would have (the same tokens as alone); unseeded
+    # rows draw at random either way, so their states (~5 KB each, every step) are not copied
+    states = [o.generator.get_state() if o.generator is not None and o.params.seed is not None else None
+              for o in owners]
     try:
         toks = sample(logits[index], [o.params for o in owners], [o.generator for o in owners],
                       [o.output_ids for o in owners], stop_ids)

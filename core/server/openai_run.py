@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from fastapi import Request
 
+from core.engine import inputs
 from core.engine.request import Completion, RequestHandle
 from core.engine.sampling import ParamError, SamplingParams
 from core.server.auth import Caller
@@ -38,11 +39,10 @@ class Choice:
 def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prompt_param: str,
               max_param: str) -> Optional[APIError]:
     """Why `n_ids` prompt tokens plus max_new_tokens cannot run on `engine` (naming the field to change)."""
-    vocab = engine.runner.vocab_size
-    bad = [t for t in (params.logit_bias or {}) if int(t) >= vocab]
-    if bad:
-        return APIError(400, f"logit_bias names token {bad[0]}, outside the vocabulary (0..{vocab - 1})",
-                        "logit_bias", "invalid_value")
+    try:
+        inputs.check_logit_bias(params, engine.runner.vocab_size)
+    except ParamError as exc:
+        return APIError(400, str(exc), exc.field, "invalid_value")
     pool, ps = engine.allocator.num_slots, engine.allocator.page_size
     context = engine.runner.max_context_len
     if n_ids > pool:
