@@ -8,7 +8,7 @@ admin key (`--admin-key`: flush, rebuild, step mode, everyone's prompts and requ
 
 `Authorization: Bearer KEY` is read with the scheme in any case and surrounding spaces ignored.
 A caller's `identity` owns the requests it submits: only it (or the admin) may abort them or read
-their tokens. Keys are compared in constant time and never stored or logged: identities are
+their tokens; keyless callers all share "anonymous", so they own nothing (EngineHost.owned). Keys are compared in constant time and never stored or logged: identities are
 "admin", "anonymous" or "key:" plus the first 12 hex digits of the key's SHA-256.
 """
 from __future__ import annotations

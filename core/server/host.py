@@ -178,7 +178,11 @@ class EngineHost:
 
     def owned(self, caller: Caller, rid: str) -> list[str]:
         """The engine requests `rid` names (a request id, or an OpenAI response id: all its choices) that
-        `caller` may act on; [] when there are none, whether or not someone else's exist."""
+        `caller` may act on; [] when there are none, whether or not someone else's exist. A caller without
+        a key owns nothing: every keyless caller has the one identity "anonymous", so owning by it would let
+        each read and abort the others' requests (a snapshot lists their ids)."""
+        if not (caller.admin or caller.authenticated):
+            return []
         with self._lock:
             names = [rid] if rid in self.owners else [r for r in self.owners if r.startswith(rid + "-")]
             return [r for r in names if caller.admin or self.owners[r] == caller.identity]

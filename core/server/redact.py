@@ -3,6 +3,8 @@
 Token ids are text too (any copy of the model's tokenizer decodes them), so a redacted snapshot
 keeps every count, size, slot state and timing but carries no prompt or output text, no token id
 (each becomes 0, so lengths stay right) and no namespace name; cache events lose theirs the same way.
+The heatmap's K norms go too: layer 0's K is the token's embedding through fixed weights, and RoPE
+keeps its norm, so a table made from the public weights reads a slot's token back from its norm.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def snapshot(snap: EngineSnapshot) -> EngineSnapshot:
     requests = tuple(dataclasses.replace(r, prompt_text="", output_text="",
                                          error=None if r.error is None else HIDDEN) for r in snap.requests)
     slot_tokens = np.where(snap.pool.slot_tokens >= 0, 0, -1).astype(snap.pool.slot_tokens.dtype)
-    pool = dataclasses.replace(snap.pool, slot_tokens=frozen_array(slot_tokens))
+    pool = dataclasses.replace(snap.pool, slot_tokens=frozen_array(slot_tokens), k_norms=None)
     return dataclasses.replace(snap, cache=dataclasses.replace(cache, nodes=nodes), pool=pool,
                                requests=requests, token_text={})
 

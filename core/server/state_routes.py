@@ -54,6 +54,16 @@ class SnapshotCache:
 
 
 
+def _not_yours(caller: Caller, rid: str, where: str) -> APIError:
+    """The 404 for a request the caller may not touch, whether or not it exists (EngineHost.owned)."""
+    if caller.admin or caller.authenticated:
+        return APIError(404, f"no request {rid!r} of yours {where}", code="request_not_found")
+    return APIError(404, f"no request {rid!r} of yours {where}: requests sent without a key belong to no one "
+                         f"(every keyless caller looks the same), so only the admin key may read or abort them; "
+                         f"start the server with --api-key to let clients act on their own requests",
+                    code="request_not_found")
+
+
 def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIRouter:
     r = APIRouter(prefix="/state")
     snapshots = SnapshotCache(host)
@@ -126,8 +136,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
     async def request_tokens(rid: str, caller: Caller = Depends(inference)):
         toks = host.engine.request_tokens(rid) if host.owned(caller, rid) == [rid] else None
         if toks is None:
-            raise APIError(404, f"no request {rid!r} of yours in the engine's table (it keeps the last finished "
-                                f"ones)", code="request_not_found")
+            raise _not_yours(caller, rid, "in the engine's table (it keeps the last finished ones)")
         return toks
 
     @r.post("/token_bytes", operation_id="state_token_bytes", response_model=api_schema.TokenBytes,
@@ -147,7 +156,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
         own, or any with the admin key. 404 for a request that is not the caller's, as for one that never was."""
         aborted = await pool.run(host.abort_owned, caller, rid)
         if aborted is None:
-            raise APIError(404, f"no request {rid!r} of yours to abort", code="request_not_found")
+            raise _not_yours(caller, rid, "to abort")
         return {"aborted": aborted}
 
     @r.get("/config", operation_id="state_config", response_model=api_schema.OpenObject)

@@ -294,7 +294,8 @@ def kv_heatmap(pool: PoolView, lo: Optional[int] = None, hi: Optional[int] = Non
     if b.k_max is None:
         annotations.append(dict(xref="paper", yref="paper", x=0.5, y=0.4, showarrow=False,
                                 font=dict(size=13, color="#6b7280"),
-                                text="no KV buffer in this pool (simulator): slot states only"))
+                                text="no K norms in this snapshot (a simulator's pool, or a server read "
+                                     "without the admin key): slot states only"))
     layout = dict(
         height=height, margin=dict(l=50, r=10, t=64 if title else 40, b=56),
         plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",

@@ -63,6 +63,9 @@ def test_without_the_admin_key_a_snapshot_and_the_events_carry_no_prompt_text(tw
         assert [len(n.token_ids) for n in hidden.cache.nodes] == [len(n.token_ids) for n in full.cache.nodes]
         assert "tenant-secret" not in httpx.get(s.url + "/state/snapshot", headers=bearer(A)).text
         assert hidden.token_text == {} and set(hidden.pool.slot_tokens.tolist()) <= {-1, 0}
+        # layer 0's K norm is a function of the token alone (RoPE keeps norms): the heatmap is the admin's
+        assert full.pool.k_norms is not None and float(full.pool.k_norms.max()) > 0 and hidden.pool.k_norms is None
+        assert httpx.get(s.url + "/state/snapshot", headers=bearer(A)).json()["pool"]["k_norms"] is None
         events = httpx.get(s.url + "/state/events", headers=bearer(A), params={"limit": 10_000}).json()["events"]
         inserts = [e for e in events if e["kind"] == "insert"]
         assert inserts and all(set(e["token_ids"]) == {0} for e in inserts)
@@ -231,3 +234,22 @@ def test_with_only_the_inference_key_the_dashboard_disables_its_admin_controls_w
                 assert two_keys.engine.running            # and nothing changed the engine
     finally:
         st.cache_resource.clear()
+
+
+def test_requests_sent_without_a_key_belong_to_no_one_but_the_admin(tiny_runner):
+    """With only --admin-key the inference routes are open, and every keyless caller looks the same: so
+    none of them owns a request, and one cannot read or abort another's by its id (a snapshot lists ids)."""
+    with serving(Engine(tiny_runner, pool_slots=64), settings=ServerSettings(model="tiny", admin_key=B)) as s:
+        s.engine.stop()
+        try:
+            victim = httpx.post(s.url + "/state/requests", json={"prompt": PROMPT, "params": {"max_new_tokens": 4}})
+            rid = victim.json()["rid"]
+            assert rid in [r.rid for r in HttpClient(s.url, admin_key="").snapshot().requests]   # the id is listed
+            for r in (httpx.get(f"{s.url}/state/requests/{rid}/tokens"),
+                      httpx.post(f"{s.url}/state/requests/{rid}/abort")):
+                assert r.status_code == 404, r.text
+                assert "without a key" in r.json()["error"]["message"] and "--api-key" in r.json()["error"]["message"]
+            assert rid in s.host.inflight                                                  # still running
+            assert httpx.post(f"{s.url}/state/requests/{rid}/abort", headers=bearer(B)).json()["aborted"] is True
+        finally:
+            s.engine.start()

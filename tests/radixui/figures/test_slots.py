@@ -183,7 +183,7 @@ def test_heatmap_without_kv_shows_states_only():
     fig = kv_heatmap(pool)
     validate(fig)
     assert [t.name for t in fig.data if t.type == "heatmap"] == ["states"]
-    assert "no KV buffer" in " ".join(a.text for a in fig.layout.annotations)
+    assert "no K norms in this snapshot" in " ".join(a.text for a in fig.layout.annotations)
 
 
 def test_state_colours_cover_every_state_and_are_far_apart():
