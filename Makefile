@@ -23,7 +23,7 @@ $(STAMP): requirements.txt
 run: $(STAMP)
 	PORT=$(PORT) SERVER_PORT=$(SERVER_PORT) $(BIN)/python -m core.server.launch
 
-# the engine server alone (e.g. on a GPU box): make serve ARGS="--host 0.0.0.0 --api-key KEY"
+# the engine server alone (e.g. on a GPU box): RADIX_API_KEY=KEY make serve ARGS="--host 0.0.0.0"
 serve: $(STAMP)
 	$(BIN)/python -m core.server --port $(SERVER_PORT) $(ARGS)
 
