@@ -40,12 +40,12 @@ def render() -> None:
     follower = None
     if mode == "Live endpoint":
         env_endpoint, env_replay, env_topic = env.kv_events()
-        # the typed address lives in the URL too (?kv_endpoint=...), so a reload keeps it
+        # the typed address lives in the URL too (?kv_endpoint=...), so a reload keeps it; "Bind here" does
+        # not: a link must not make this machine listen (the subscriber is one for every tab, and what
+        # connects to a bound socket feeds it), so a person ticks it in each session
         for key, default in (("kv_endpoint", env_endpoint), ("kv_replay", env_replay), ("kv_topic", env_topic)):
             if key not in st.session_state:
                 st.session_state[key] = st.query_params.get(key, default or "")
-        if "kv_bind" not in st.session_state:
-            st.session_state.kv_bind = st.query_params.get("kv_bind") == "1"
         c1, c2, c3, c4 = st.columns([3, 3, 1, 1], vertical_alignment="bottom")
         endpoint = c1.text_input("Endpoint (the engine's PUB socket)", key="kv_endpoint", placeholder="tcp://HOST:5557")
         replay = c2.text_input("Replay endpoint (optional: catch up, fill gaps)", key="kv_replay",
@@ -53,7 +53,7 @@ def render() -> None:
         topic = c3.text_input("Topic", key="kv_topic")
         bind = c4.checkbox("Bind here", key="kv_bind", help=BIND_HELP)
         remember_in_url({"kv_endpoint": endpoint.strip(), "kv_replay": replay.strip(), "kv_topic": topic,
-                         "kv_bind": "1" if bind else ""})
+                         "kv_bind": ""})       # removes the parameter from links made before it was ignored
         if not endpoint.strip():
             st.info("Type the engine's KV event address (or start the dashboard with RADIX_KV_EVENTS=tcp://HOST:5557).")
             st.stop()

@@ -134,3 +134,18 @@ def test_the_typed_address_is_kept_in_the_query_string_across_a_reload():
                    for t in _texts(reloaded)), _texts(reloaded)
     finally:
         _close_source()
+
+
+def test_a_link_with_kv_bind_connects_and_never_makes_the_page_listen():
+    port = _free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    try:
+        at = _page(kv_endpoint=endpoint, kv_bind="1")           # a crafted link opened in a fresh session
+        from radixui.connect.kv_source import get_holder
+        sub = get_holder().sub
+        assert at.checkbox(key="kv_bind").value is False and "kv_bind" not in at.query_params
+        assert sub.endpoint == endpoint and not sub.bind
+        with socket.socket() as probe:                          # the port is still free: nothing listens
+            probe.bind(("127.0.0.1", port))
+    finally:
+        _close_source()
