@@ -92,7 +92,8 @@ class BlockTree:
         medium = medium_name(ev.medium)
         bs = ev.block_size if ev.block_size > 0 else 1
         new = 0
-        for i, h in enumerate(ev.block_hashes):
+        above: Optional[set] = None   # _ancestors(parent) while known: one walk up an event's chain, not one
+        for i, h in enumerate(ev.block_hashes):   # an adoption (a long chain adopting many orphans was quadratic)
             key = (group, h)
             tokens = tuple(t if isinstance(t, int) else tuple(t) for t in ev.token_ids[i * bs:(i + 1) * bs])
             b = self.blocks.get(key)
@@ -102,9 +103,14 @@ class BlockTree:
                           last_ts=ts)
                 self.blocks[key] = b
                 self._link(b)
-                for child in self._waiting.pop(key, ()):  # a late parent adopts its children
-                    if child in self._ancestors(key):   # A under B, then B under A: no chain reaches a root
-                        continue                         # (a publisher's bug): the child stays an orphan
+                if above is not None:
+                    above.add(key)               # a new block's chain is its parent's, one longer
+                waiting = self._waiting.pop(key, ())
+                if waiting and above is None:
+                    above = self._ancestors(key)
+                for child in waiting:            # a late parent adopts its children
+                    if child in above:           # A under B, then B under A: no chain reaches a root
+                        continue                 # (a publisher's bug): the child stays an orphan
                     self.orphans.discard(child)
                     b.children.add(child)
                 new += 1
@@ -112,6 +118,10 @@ class BlockTree:
             else:
                 b.restores += 1
                 b.last_ts = ts
+                if b.parent != parent:           # stored before under another parent: its own chain
+                    above = None
+                elif above is not None:
+                    above.add(key)
             b.media.add(medium)
             parent = key
         self.stored_total += new
