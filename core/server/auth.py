@@ -28,6 +28,13 @@ class Caller:
     admin: bool
     identity: str
     authenticated: bool     # presented a key the server knows
+    namespace: Optional[str] = None   # the cache namespace all its requests live in (Keys.caller)
+
+    def cache_key(self, extra_key: Optional[str]) -> Optional[str]:
+        """The radix cache's namespace for a request of this caller that asked for `extra_key`."""
+        if self.namespace is None:
+            return extra_key
+        return self.namespace if extra_key is None else f"{self.namespace}/{extra_key}"
 
 
 def bearer_token(header: str) -> Optional[str]:
@@ -48,6 +55,11 @@ class Keys:
                              "engine and read everyone's prompts")
         self.api_key, self.admin_key = api_key or None, admin_key or None
         self._api_identity = "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:12] if api_key else ""
+        # The admin's prompts share no cache with the inference role's: a shared prefix shows in
+        # cached_tokens, so another caller could read them back a guessed token at a time. The name is
+        # secret, so no client can join it by sending it as its cache_salt; the inference role's requests
+        # stay in the namespaces they ask for, and their KV-event hashes stay SGLang's and vLLM's.
+        self._admin_namespace = "admin-" + secrets.token_hex(8)
 
     @property
     def open(self) -> bool:
@@ -59,7 +71,7 @@ class Keys:
             return Caller(admin=True, identity="admin", authenticated=False)
         token = bearer_token(request.headers.get("authorization", ""))
         if token is not None and self.admin_key is not None and _same(token, self.admin_key):
-            return Caller(admin=True, identity="admin", authenticated=True)
+            return Caller(admin=True, identity="admin", authenticated=True, namespace=self._admin_namespace)
         if token is not None and self.api_key is not None and _same(token, self.api_key):
             return Caller(admin=False, identity=self._api_identity, authenticated=True)
         if self.api_key is None:

@@ -141,12 +141,13 @@ class EngineHost:
 
     # ----- requests ----------------------------------------------------------------------------
     def submit(self, engine: Engine, ids: list[int], params: SamplingParams, extra_key: Optional[str],
-               owner: str, rid: str, on_piece: OnPiece = None, on_done: OnDone = None) -> RequestHandle:
-        """Queue token ids on `engine` under a reserved position (ValueError: the engine's verdict)."""
-        handle = engine.submit(ids, params, rid=rid, extra_key=extra_key)
+               caller: Caller, rid: str, on_piece: OnPiece = None, on_done: OnDone = None) -> RequestHandle:
+        """Queue token ids on `engine` under a reserved position (ValueError: the engine's verdict), in the
+        caller's cache namespace, owned by the caller."""
+        handle = engine.submit(ids, params, rid=rid, extra_key=caller.cache_key(extra_key))
         with self._lock:
             self.inflight[handle.rid] = handle
-            self.owners[handle.rid] = owner
+            self.owners[handle.rid] = caller.identity
             while len(self.owners) > KEEP_OWNERS:
                 self.owners.popitem(last=False)
         threading.Thread(target=self._watch, args=(handle, on_piece, on_done), daemon=True,

@@ -135,7 +135,7 @@ class ChoiceRun:
         on_piece = (lambda t, i=c.index: self._post((i, t, None, None))) if self.stream else None
         on_done = lambda comp, reason, i=c.index: self._post((i, None, comp, reason))   # noqa: E731
         try:
-            h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, self.key, self.caller.identity,
+            h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, self.key, self.caller,
                                     rid, on_piece, on_done)
         except ParamError as exc:
             raise self.body.param_error(exc) from None

@@ -120,7 +120,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
             err = fit_error(host, engine, n, params, "prompt", "max_new_tokens")
             if err is not None:
                 raise err
-            h = await pool.run(host.submit, engine, ids, params, key, caller.identity, new_id("req"), None, release)
+            h = await pool.run(host.submit, engine, ids, params, key, caller, new_id("req"), None, release)
         except ParamError as exc:
             release()
             raise APIError(400, str(exc), exc.field, "invalid_value") from None

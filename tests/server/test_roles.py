@@ -253,3 +253,30 @@ def test_requests_sent_without_a_key_belong_to_no_one_but_the_admin(tiny_runner)
             assert httpx.post(f"{s.url}/state/requests/{rid}/abort", headers=bearer(B)).json()["aborted"] is True
         finally:
             s.engine.start()
+
+
+def _cached(s, key: str, prompt: list, **extra) -> int:
+    r = httpx.post(s.url + "/v1/completions", headers=bearer(key), timeout=30,
+                   json={"model": "tiny", "prompt": prompt, "max_tokens": 1, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_the_inference_key_cannot_read_the_admins_prompts_back_through_cached_tokens(two_keys):
+    """A shared prefix shows in cached_tokens: with the admin's prompts in the inference role's cache, the
+    inference key read them back a guessed token at a time. The admin's requests live in a namespace of
+    their own, whose name no client can send (cache_salt); each role still hits its own prefixes."""
+    s = two_keys
+    secret = PROMPT + [40, 41, 42, 43, 44, 45, 46, 47]
+    assert _cached(s, B, secret) == 0
+    assert _cached(s, A, secret) == 0                                    # the admin's prefix is not shared
+    assert _cached(s, A, secret) == len(secret) - 1                      # its own is
+    assert _cached(s, B, secret) == len(secret) - 1
+    salted = PROMPT + [50, 51, 52, 53]
+    assert _cached(s, B, salted, cache_salt="x") == 0
+    assert _cached(s, A, salted, cache_salt="x") == 0                    # the same salt does not join them
+    for guess in ("admin", "admin/x"):
+        assert _cached(s, A, salted, cache_salt=guess) == 0
+    spaces = {n.extra_key for n in HttpClient(s.url, admin_key=B).snapshot().cache.nodes} - {None}
+    admin_spaces = {k for k in spaces if k.startswith("admin-")}
+    assert len({k.split("/")[0] for k in admin_spaces}) == 1 and len(next(iter(admin_spaces)).split("/")[0]) == 22
