@@ -99,13 +99,16 @@ class DecodeLayers:
 
     def _layer_table(self, pool: KVPool) -> torch.Tensor:
         """The address table with this pool's K/V layers. Read once and replaced whole: another engine stepping on
-        this model with another pool at the same time never gets a table of the wrong pool."""
-        key = (pool.k_buffer.data_ptr(), pool.v_buffer.data_ptr(), pool.k_buffer.shape, pool.k_buffer.dtype)
+        this model with another pool at the same time never gets a table of the wrong pool. Keyed on every
+        address it holds: a new pool can get a freed pool's K/V addresses but not its scales', and a table
+        keyed on K/V alone then had C read and write the freed scales (wrong tokens, a corrupted heap)."""
+        ks, vs = pool.k_scale, pool.v_scale
+        key = (pool.k_buffer.data_ptr(), pool.v_buffer.data_ptr(), pool.k_buffer.shape, pool.k_buffer.dtype,
+               None if ks is None else (ks.data_ptr(), ks.shape), None if vs is None else (vs.data_ptr(), vs.shape))
         cached_key, table = self._tables
         if key != cached_key:
             kb, vb = pool.k_buffer, pool.v_buffer
             m = self.model
-            ks, vs = pool.k_scale, pool.v_scale
             scales_ok = (ks is None) if kb.dtype is not torch.int8 else (
                 ks is not None and vs is not None and ks.shape == vs.shape == kb.shape[:3] and ks.is_contiguous()
                 and vs.is_contiguous() and ks.dtype is vs.dtype is torch.float32)

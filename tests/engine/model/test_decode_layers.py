@@ -85,6 +85,42 @@ def test_one_call_decode_step_gives_the_python_loops_logits_and_kv_bit_for_bit(k
     assert bool((pool_c.k_buffer[:, batch.out_slots].abs().sum(-1) > 0).all())   # the step's own K/V written
 
 
+def test_an_int8_pool_one_call_gives_the_loops_logits_kv_and_scales_bit_for_bit():
+    native = NativeLlama.from_hf(make_ref(hidden_size=384), dtype="int8", kv_dtype="int8")   # head_dim 64
+    assert native.decode_layers is not None and native.kv8
+    make = lambda m: m.make_pool(512)   # noqa: E731
+    pool_c, batch = prefilled(native, make)
+    pool_py, _ = prefilled(native, make)
+    calls = counted(native)
+    fused = native.forward(batch, pool_c)
+    layers, native.decode_layers = native.decode_layers, None
+    loop = native.forward(batch, pool_py)
+    native.decode_layers = layers
+    assert calls == [3] and torch.equal(fused, loop)
+    for name in ("k_buffer", "v_buffer", "k_scale", "v_scale"):
+        assert torch.equal(getattr(pool_c, name), getattr(pool_py, name)), name
+    assert bool((pool_c.k_scale[:, batch.out_slots] > 0).all())       # the step's own scales written
+
+
+def test_a_new_int8_pool_at_a_freed_pools_kv_addresses_gets_its_own_scales():
+    """The one call's address table was keyed on the K/V buffers' addresses alone: a pool allocated where a
+    freed one's K/V had been, with its scales elsewhere, had C read and write the freed scales (wrong tokens,
+    then a corrupted heap). Here the second pool shares the first's K/V buffers outright."""
+    native = NativeLlama.from_hf(make_ref(hidden_size=384), dtype="int8", kv_dtype="int8")
+    make = lambda m: m.make_pool(512)   # noqa: E731
+    pool_a, batch = prefilled(native, make)
+    pool_b, _ = prefilled(native, make)
+    pool_b.k_buffer, pool_b.v_buffer = pool_a.k_buffer, pool_a.v_buffer
+    calls = counted(native)
+    native.forward(batch, pool_a)                                      # the table now names pool_a's addresses
+    pool_a.k_scale.zero_()
+    pool_a.v_scale.zero_()
+    native.forward(batch, pool_b)
+    assert calls == [3, 3]
+    assert bool((pool_b.k_scale[:, batch.out_slots] > 0).all()) and bool((pool_b.v_scale[:, batch.out_slots] > 0).all())
+    assert not pool_a.k_scale.any() and not pool_a.v_scale.any()      # the first pool's scales untouched
+
+
 def test_greedy_decoding_through_the_engine_is_the_same_tokens_either_way():
     outs = {}
     for on in (True, False):
