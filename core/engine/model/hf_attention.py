@@ -27,6 +27,31 @@ ATTN_IMPLEMENTATION = "radix_pool"
 __all__ = ["ATTN_IMPLEMENTATION", "ForwardBatch", "radix_pool_attention"]
 
 
+# keyword arguments of a model's attention call that change the result and that this hook does not apply
+UNAPPLIED_KWARGS = {"softcap": "attention logit softcapping (Gemma 2's attn_logit_softcapping)",
+                    "s_aux": "attention sinks (GPT-OSS's sinks)"}
+
+
+def hf_unsupported_reason(hf_model: torch.nn.Module) -> Optional[str]:
+    """Why the radix_pool hook cannot run this model exactly (so it is refused), or None.
+
+    - longrope picks its short or long factors from the largest position in the whole forward; a forward
+      here is a batch of requests and prompt chunks, so a request's RoPE would depend on its batch-mates
+      and on the chunk size (its tokens then differ from the model's, and cache on from cache off);
+    - softcapping and sinks arrive as keyword arguments this hook does not apply."""
+    cfg = hf_model.config.get_text_config()
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        return UNAPPLIED_KWARGS["softcap"] + " is not applied by the radix_pool attention"
+    for name, module in hf_model.named_modules():
+        if getattr(module, "rope_type", None) == "longrope":
+            return ("rope type 'longrope' picks its frequencies from the largest position of a whole forward, and "
+                    "this engine's forwards batch requests and chunk prompts, so a request's tokens would depend on "
+                    "its batch")
+        if isinstance(getattr(module, "sinks", None), torch.Tensor):
+            return UNAPPLIED_KWARGS["s_aux"] + f" ({name}.sinks) are not applied by the radix_pool attention"
+    return None
+
+
 def radix_pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor, attention_mask: Optional[torch.Tensor],
                          scaling: Optional[float] = None, dropout: float = 0.0,
@@ -40,6 +65,10 @@ def radix_pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     if query.shape[0] != 1 or query.shape[2] != batch.num_tokens:
         raise ValueError(f"radix_pool attention expects batch size 1 with {batch.num_tokens} flattened tokens, "
                          f"got query of shape {tuple(query.shape)}")
+    for name, what in UNAPPLIED_KWARGS.items():
+        if kwargs.get(name) is not None:   # a model the load-time check (hf_unsupported_reason) did not know
+            raise ValueError(f"this model asks its attention for {what}, which the radix_pool attention does not "
+                             f"apply; its tokens would not be the model's")
     layer = module.layer_idx
     pool.set_kv(layer, batch.out_slots, key[0].transpose(0, 1), value[0].transpose(0, 1))
     k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]

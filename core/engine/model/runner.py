@@ -11,7 +11,7 @@ import torch
 
 from core.cache.kv_pool import KVPool
 from core.engine.config import DTYPES, KV_CACHE_DTYPES, MODEL_IMPLS   # the choices, kept with the settings
-from core.engine.model.hf_attention import ATTN_IMPLEMENTATION, ForwardBatch
+from core.engine.model.hf_attention import ATTN_IMPLEMENTATION, ForwardBatch, hf_unsupported_reason
 from core.engine.model.loader import resolve_model
 from core.engine.model.native_int8 import A16_ROW_BLOCK, GEMV_BLOCK_ROWS, GEMV_ROW_MAX, gemv_blocks
 from core.engine.model.native_linear import many_rows
@@ -148,6 +148,9 @@ class ModelRunner:
             self.dtype = self.native.kv_dtype   # the pool holds what the native model writes
             hf_model.to("meta")                 # its weights live on in the native model's own layout only
         else:
+            reason = hf_unsupported_reason(hf_model)
+            if reason is not None:
+                raise ValueError(f"this model cannot run here: {reason}")
             hf_model = hf_model.to(TORCH_DTYPES[self.numerics])
             self.dtype = next(hf_model.parameters()).dtype
         self.kv_cache_dtype = KV_NAMES[self.dtype]   # the pool's dtype as the setting names it

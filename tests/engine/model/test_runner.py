@@ -111,6 +111,48 @@ def test_unsupported_family_is_rejected():
         ModelRunner.from_hf(_tiny_bloom(), device="cpu")
 
 
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=128, max_position_embeddings=512, pad_token_id=0)
+
+
+def _longrope_llama():
+    from transformers import LlamaConfig
+    half = 8   # head_dim 16
+    return LlamaConfig(**SMALL, rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                 "short_factor": [1.0] * half, "long_factor": [1.0 + 3 * i for i in range(half)],
+                                                 "original_max_position_embeddings": 64})
+
+
+def _softcapped_gemma2():
+    from transformers import Gemma2Config
+    return Gemma2Config(**SMALL, head_dim=16, sliding_window=8, attn_logit_softcapping=5.0)
+
+
+def _gpt_oss_with_sinks():
+    from transformers import GptOssConfig
+    return GptOssConfig(**{**SMALL, "intermediate_size": 64}, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                        sliding_window=8)
+
+
+@pytest.mark.parametrize("make, words", [(_longrope_llama, "longrope"), (_softcapped_gemma2, "softcapping"),
+                                         (_gpt_oss_with_sinks, "sinks")], ids=["longrope", "softcap", "sinks"])
+def test_a_model_the_hook_would_run_wrong_is_refused_with_the_reason(make, words):
+    """longrope picked its factors from a whole forward's largest position (a batch-mate's, or a chunk's), and the
+    hook dropped softcap and sinks: each ran, with other greedy tokens than the model's own generate."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make())
+    with pytest.raises(ValueError, match=f"cannot run here: .*{words}"):
+        ModelRunner.from_hf(model, device="cpu", numerics="fp32")
+
+
+def test_the_hook_refuses_a_call_asking_for_what_it_does_not_apply():
+    from core.engine.model.hf_attention import radix_pool_attention
+    q = torch.zeros(1, 4, 1, 16)
+    batch = ForwardBatch.build([([1], [], torch.tensor([1]))])
+    with pytest.raises(ValueError, match="softcapping"):
+        radix_pool_attention(torch.nn.Module(), q, q, q, None, softcap=5.0, radix_batch=batch, radix_pool=object())
+
+
 def test_unsupported_family_is_rejected_before_loading_weights(tmp_path: pathlib.Path):
     _tiny_bloom().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="tested family: llama"):
