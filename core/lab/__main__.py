@@ -102,8 +102,12 @@ def _load(args) -> "Workload":  # noqa: F821
     if args.trace:
         if args.param:
             raise ValueError("--param applies to --workload, not to --trace")
-        return load_trace(args.trace, args.format, _tokenizer(args.tokenizer),
-                          "skip" if args.skip_bad_lines else "raise", args.limit)
+        workload = load_trace(args.trace, args.format, _tokenizer(args.tokenizer),
+                              "skip" if args.skip_bad_lines else "raise", args.limit, args.block_size)
+        if workload.params.get("reordered"):
+            print(f"{workload.params['reordered']:,} requests were out of timestamp order in the file: replayed in "
+                  f"timestamp order")
+        return workload
     return make_workload(args.workload, **_params(args.param))
 
 

@@ -164,6 +164,8 @@ def add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto", choices=["auto", "mooncake", "jsonl"], help="trace format")
     p.add_argument("--tokenizer", metavar="NAME_OR_PATH", help="Hugging Face tokenizer for text traces")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed trace lines and count them")
+    p.add_argument("--block-size", type=int, default=512,
+                   help="tokens a hash id stands for in a Mooncake-format trace (Alibaba's blksz_16 traces: 16)")
     p.add_argument("--limit", type=int, help="read only the first N requests of the trace")
 
 

@@ -13,6 +13,7 @@ Texts need a `tokenizer(text) -> list[int]` passed in: the lab never loads a mod
 
 Malformed lines (bad JSON, bad fields, bytes that are not UTF-8) raise ValueError naming the file and
 line number; with on_error="skip" they are skipped and counted in `Workload.skipped_lines` instead.
+Requests that all carry timestamps are replayed in timestamp order (`in_time_order`).
 A file starting with the gzip magic is read through gzip, whatever its name (the bundled trace is
 data/mooncake/synthetic_trace.jsonl.gz).
 
@@ -44,6 +45,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 # A line longer than this is not a trace line (a binary file, /dev/zero): stop instead of running out of memory.
 MAX_LINE_BYTES = 64 << 20
 GZIP_MAGIC = b"\x1f\x8b"
+OTHER_COMPRESSION = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+BOM = b"\xef\xbb\xbf"
 
 
 def _open(path: PathLike) -> tuple[BinaryIO, BinaryIO]:
@@ -53,8 +56,14 @@ def _open(path: PathLike) -> tuple[BinaryIO, BinaryIO]:
     except OSError as e:
         raise ValueError(f"cannot read trace {os.fspath(path)!r}: {e.strerror or e}") from None
     try:
-        if f.peek(2)[:2] == GZIP_MAGIC:
+        head = f.peek(6)[:6]
+        if head[:2] == GZIP_MAGIC:
             return gzip.GzipFile(fileobj=f, mode="rb"), f   # closing the GzipFile leaves f open
+        kind = next((k for magic, k in OTHER_COMPRESSION.items() if head.startswith(magic)), None)
+        if kind is not None:
+            f.close()
+            raise ValueError(f"trace {os.fspath(path)!r} is {kind}-compressed; the lab reads plain or gzipped "
+                             f"JSONL: decompress it (or gzip it) first")
     except OSError as e:
         f.close()
         raise ValueError(f"cannot read trace {os.fspath(path)!r}: {e.strerror or e}") from None
@@ -76,6 +85,8 @@ def _lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
             if not line:
                 return
             lineno += 1
+            if lineno == 1 and line.startswith(BOM):   # editors on Windows write one; JSON has no place for it
+                line = line[len(BOM):]
             if len(line) > MAX_LINE_BYTES:
                 raise ValueError(f"{name}, line {lineno}: longer than {MAX_LINE_BYTES >> 20} MiB without a line "
                                  f"break; this is not a JSONL trace (one JSON request per line)")
@@ -158,6 +169,17 @@ def _parse(path: PathLike, on_error: str, parse_line: Callable[[Any], TraceReque
     return reqs, skipped
 
 
+def in_time_order(reqs: list[TraceRequest]) -> tuple[list[TraceRequest], dict[str, int]]:
+    """Requests that all have timestamps, in timestamp order (stable: ties keep the file's order), and
+    {"reordered": how many moved} when the file had them otherwise. Merged logs are often unsorted, and
+    a replay without --overlap follows the list: file order would be a workload that never happened."""
+    if any(r.timestamp is None for r in reqs):
+        return reqs, {}
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].timestamp)
+    moved = sum(1 for k, i in enumerate(order) if k != i)
+    return ([reqs[i] for i in order], {"reordered": moved}) if moved else (reqs, {})
+
+
 def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] = None,
                   block_size: int = MOONCAKE_BLOCK) -> Workload:
     """Read a Mooncake JSONL trace into a block-trace workload (hash id h -> ids h*512 .. h*512+511).
@@ -179,13 +201,15 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
         want = -(-n_in // block_size)
         if len(ids) != want:
             raise ValueError(f"input_length {n_in} needs ceil({n_in}/{block_size}) = {want} hash_ids, "
-                             f"the line has {len(ids)}")
+                             f"the line has {len(ids)}; if this trace's blocks are not {block_size} tokens "
+                             f"(Alibaba's blksz_16 traces: 16), give their size (--block-size)")
         ids = [dense.setdefault(h, len(dense)) for h in ids]
         return TraceRequest(None, n_out, ts, hash_ids=ids, input_len=n_in, block_size=block_size)
 
     reqs, skipped = _parse(path, on_error, parse, "Mooncake", limit)
+    reqs, moved = in_time_order(reqs)
     return Workload(os.path.basename(os.fspath(path)), reqs,
-                    {"format": "mooncake", "block_size": block_size}, skipped)
+                    {"format": "mooncake", "block_size": block_size, **moved}, skipped)
 
 
 def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: str = "raise",
@@ -197,7 +221,16 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
             raise ValueError(f"{name} must be a non-empty string")
         if tokenizer is None:
             raise ValueError(f"the line holds text in {name!r}; pass a tokenizer (text -> token ids) to read texts")
-        return _int_list(list(tokenizer(text)), f"tokenized {name}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:   # JSON's "\ud800" alone (a truncated emoji): no tokenizer takes it
+            raise ValueError(f"{name} holds a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character "
+                             f"{e.start + 1}, which is no text; fix or drop that line") from None
+        try:
+            ids = tokenizer(text)
+        except Exception as e:   # a tokenizer's own failure is this line's, not the run's
+            raise ValueError(f"the tokenizer could not read {name} ({type(e).__name__}: {e})") from None
+        return _int_list(list(ids), f"tokenized {name}")
 
     def parse(obj: Any) -> TraceRequest:
         if isinstance(obj, list):
@@ -232,7 +265,8 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
                        output, extra_key=extra)
 
     reqs, skipped = _parse(path, on_error, parse, "JSONL", limit)
-    return Workload(os.path.basename(os.fspath(path)), reqs, {"format": "jsonl"}, skipped)
+    reqs, moved = in_time_order(reqs)
+    return Workload(os.path.basename(os.fspath(path)), reqs, {"format": "jsonl", **moved}, skipped)
 
 
 DETECT_LINES = 100
@@ -253,12 +287,15 @@ def detect_format(path: PathLike) -> str:
 
 
 def load_trace(path: PathLike, fmt: str = "auto", tokenizer: Optional[Tokenizer] = None,
-               on_error: str = "raise", limit: Optional[int] = None) -> Workload:
-    """Read a trace; fmt "auto" picks Mooncake when the first valid line has hash_ids, else plain JSONL."""
+               on_error: str = "raise", limit: Optional[int] = None, block_size: int = MOONCAKE_BLOCK) -> Workload:
+    """Read a trace; fmt "auto" picks Mooncake when the first valid line has hash_ids, else plain JSONL.
+    `block_size`: the tokens a hash id stands for in a Mooncake-format trace."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"the block size must be a positive number of tokens (a hash id's block), got {block_size!r}")
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "mooncake":
-        return load_mooncake(path, on_error, limit)
+        return load_mooncake(path, on_error, limit, block_size)
     if fmt == "jsonl":
         return load_jsonl(path, tokenizer, on_error, limit)
     raise ValueError(f"unknown trace format {fmt!r}; choose one of: auto, mooncake, jsonl")

@@ -92,6 +92,9 @@ def workload_section() -> WorkloadChoice:
             st.session_state.cap_upload_parsed = (digest, workload)
         if workload.skipped_lines:
             st.warning(f"{workload.skipped_lines:,} malformed line(s) skipped.")
+        if workload.params.get("reordered"):
+            st.info(f"{workload.params['reordered']:,} requests were out of timestamp order in the file: "
+                    f"replayed in timestamp order.")
         source_key = f"upload_{digest[0][:12]}"
         default_ps = li.MOONCAKE_PAGE_SIZE if workload.is_block_trace else 1
     else:

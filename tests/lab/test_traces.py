@@ -170,3 +170,62 @@ def test_bundled_trace_is_the_published_file(mooncake_path):
     digest = hashlib.sha256(gzip.decompress(mooncake_path.read_bytes())).hexdigest()
     assert digest == "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"
     assert "Apache License" in (mooncake_path.parent / "LICENSE").read_text()
+
+
+def test_a_utf8_bom_on_the_first_line_is_read_past(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(MC).encode() + b"\n" + json.dumps({**MC, "timestamp": 1}).encode() + b"\n")
+    wl = load_trace(p)
+    assert wl.params["format"] == "mooncake" and len(wl) == 2 and wl.requests[0].prompt_len == 600
+
+
+@pytest.mark.parametrize("magic, kind", [(b"BZh91AY&SY", "bzip2"), (b"\xfd7zXZ\x00\x00", "xz"),
+                                         (b"\x28\xb5\x2f\xfd\x00\x00", "zstd"), (b"PK\x03\x04\x14\x00", "zip")])
+def test_a_trace_compressed_other_than_gzip_is_named(tmp_path, magic, kind):
+    p = tmp_path / "t.jsonl.x"
+    p.write_bytes(magic + b"\x00" * 64)
+    with pytest.raises(ValueError, match=f"is {kind}-compressed.*decompress it"):
+        load_trace(p)
+
+
+def test_a_lone_surrogate_or_a_failing_tokenizer_is_a_malformed_line(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"text": "fine"}\n{"text": "a lone surrogate \\ud800 here"}\n{"text": "boom"}\n')
+
+    def tok(text):
+        if text == "boom":
+            raise TypeError("this tokenizer cannot")
+        return [ord(c) for c in text]
+    with pytest.raises(ValueError, match=r"line 2: .*lone UTF-16 surrogate \(\\ud800\) at character 18"):
+        load_jsonl(p, tok)
+    wl = load_jsonl(p, tok, on_error="skip")
+    assert len(wl) == 1 and wl.skipped_lines == 2                     # the tokenizer's TypeError: line 3, skipped
+    boom = tmp_path / "boom.jsonl"
+    boom.write_text('{"text": "boom"}\n')
+    with pytest.raises(ValueError, match=r"line 1: .*the tokenizer could not read text \(TypeError: this tokenizer"):
+        load_jsonl(boom, tok)
+
+
+def test_requests_with_timestamps_replay_in_timestamp_order_and_say_how_many_moved(tmp_path):
+    lines = [{"input_ids": [1, 2, 3], "timestamp": t, "output_len": 1} for t in (0, 20, 10, 30, 10)]
+    for i, line in enumerate(lines):
+        line["input_ids"] = [i + 1] * 3
+    wl = load_jsonl(write(tmp_path, lines))
+    assert [r.timestamp for r in wl.requests] == [0, 10, 10, 20, 30]
+    assert [r.prompt_ids().tolist()[0] for r in wl.requests] == [1, 3, 5, 2, 4]    # ties keep the file's order
+    assert wl.params["reordered"] == 4                                              # places that changed
+    assert "reordered" not in load_jsonl(write(tmp_path, [{"input_ids": [1], "timestamp": t} for t in (0, 1)])).params
+    mixed = load_jsonl(write(tmp_path, [{"input_ids": [1], "timestamp": 5}, {"input_ids": [2]}]))
+    assert [r.prompt_ids().tolist() for r in mixed.requests] == [[1], [2]]          # not all timed: file order
+
+
+def test_a_hash_id_trace_of_other_blocks_reads_with_its_block_size(tmp_path):
+    p = write(tmp_path, [{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [7, 8, 9]},
+                         {"timestamp": 1, "input_length": 20, "output_length": 2, "hash_ids": [7, 8]}])
+    with pytest.raises(ValueError, match="--block-size"):
+        load_trace(p)
+    wl = load_trace(p, block_size=16)
+    assert wl.params["block_size"] == 16 and [r.prompt_len for r in wl.requests] == [40, 20]
+    assert wl.requests[1].prompt_ids().tolist() == wl.requests[0].prompt_ids().tolist()[:20]
+    with pytest.raises(ValueError, match="block size must be a positive"):
+        load_trace(p, block_size=0)
