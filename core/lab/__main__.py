@@ -10,7 +10,7 @@
     python -m core.lab workloads          # the generators and their parameters
 
 Every bad input is one line on stderr ("error: ...", exit 2) before any work is done, never a traceback;
-Ctrl-C stops the workers at once (exit 130, nothing written).
+Ctrl-C stops the workers at once (exit 130, nothing written); SIGTERM too (exit 143).
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--ms-per-output-token", type=float, default=20.0,
                     help="with --overlap: modeled decode time per output token")
     sw.add_argument("--ms-per-prompt-token", type=float, default=0.0, help="with --overlap: modeled prefill time")
-    sw.add_argument("--workers", type=int, default=2, help="parallel processes (1 = in this process)")
+    sw.add_argument("--workers", type=int, default=2,
+                    help="parallel processes (1 = in this process; at most one a point and one a CPU)")
     sw.add_argument("--backend", default="local", choices=["local", "ray"],
                     help="local processes, or one Ray task per point (a private local Ray instance, or --address)")
     sw.add_argument("--address", metavar="HOST:PORT", help="with --backend ray: the Ray cluster to join")
@@ -244,9 +245,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted: the workers were stopped and nothing was written", file=sys.stderr)
-        return 130
+        return 143 if isinstance(e, Terminated) else 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a supervisor, a CI cancel): unwinds as Ctrl-C does, so the workers are stopped; exit 143.
+    Before, the CLI died at once and its workers stayed blocked on their queues under PID 1."""
+
+
+def _terminate(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise Terminated
 
 
 def _first_ctrl_c_only(signum, frame) -> None:
@@ -260,8 +272,10 @@ def run() -> None:
     """`python -m core.lab` and the `radix-lab` command: main(), then exit with its code."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # not where SIGINT was left ignored
         signal.signal(signal.SIGINT, _first_ctrl_c_only)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     code = main()
-    if code == 130:   # Ctrl-C: stop now, without seconds of interpreter teardown
+    if code in (130, 143):   # Ctrl-C or SIGTERM: stop now, without seconds of interpreter teardown
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

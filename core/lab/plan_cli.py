@@ -181,7 +181,8 @@ def add_size_parser(sub) -> None:
     sz.add_argument("--overlap", action="store_true", help="overlap requests by timestamp (see sweep --help)")
     sz.add_argument("--ms-per-output-token", type=float, default=20.0, help="with --overlap: modeled decode time")
     sz.add_argument("--tolerance", type=float, default=0.01, help="relative width of the answer's bracket")
-    sz.add_argument("--workers", type=int, default=2, help="policies searched in parallel processes")
+    sz.add_argument("--workers", type=int, default=2,
+                    help="policies searched in parallel processes (at most one a CPU)")
     sz.add_argument("--out", metavar="DIR", help="write size.json here")
     add_unit_flags(sz)
 

@@ -21,7 +21,6 @@ not "nothing smaller reaches it".
 """
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -30,6 +29,7 @@ from core.lab.page_trace import Overlap
 from core.lab.replay import check_policy, pool_pages_needed, replay
 from core.lab.units import ModelKV, fmt_capacity
 from core.lab.workloads import Workload
+from core.lab.worker_pool import pool_size, worker_pool
 
 OPTIMAL = "optimal"
 
@@ -138,15 +138,19 @@ def _answer(name, target, goal, bounds: Bounds, found, lower, probes, note="") -
 
 
 def size_optimal(bounds: Bounds, target: float = 0.9, hi_max: Optional[int] = None, rel_tol: float = 0.01) -> SizeAnswer:
-    """The optimum's smallest pool reaching target x the infinite rate."""
+    """The optimum's smallest pool reaching target x the infinite rate. Never below the smallest request: a
+    smaller pool rejects every request under every policy (Bounds.anything_fits), whatever hits the page-level
+    optimum would claim there (sweep blanks those points)."""
     check_goal(target, rel_tol)
     inf = bounds.infinite().hit_tokens
     goal = target * inf
-    hi_max = hi_max or bounds.distinct_pages + 1
+    floor = max(1, bounds.smallest_request_pages)
+    hi_max = max(hi_max or bounds.distinct_pages + 1, floor)
     ps = bounds.page_size
     if inf == 0:
         return _answer(OPTIMAL, target, goal, bounds, None, 0, {}, "no prompt token repeats: no pool hits anything")
-    found, lower, probes = search(lambda p: bounds.optimal(p * ps).hit_tokens, goal, hi_max, 1, 0, rel_tol)
+    found, lower, probes = search(lambda p: bounds.optimal(p * ps).hit_tokens, goal, hi_max, floor, floor - 1,
+                                  rel_tol)
     return _answer(OPTIMAL, target, goal, bounds, found, lower, probes)
 
 
@@ -192,6 +196,6 @@ def size(workload: Workload, policies: Sequence[str] = ("lru",), target: float =
     if workers <= 1 or len(tasks) <= 1:
         out = [size_policy(workload, p, bounds, target, overlap, rel_tol, start) for p in policies]
     else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+        with worker_pool(pool_size(workers, len(tasks))) as pool:
             out = list(pool.map(_size_one, tasks))
     return ([opt] if with_optimal else []) + out

@@ -23,7 +23,7 @@ import math
 import os
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
@@ -34,6 +34,7 @@ from core.lab.optimal import BoundResult, Bounds, capacity_pages
 from core.lab.page_trace import Overlap
 from core.lab.replay import ReplayResult, check_policy
 from core.lab.sweep_worker import OPTIMAL, PointProgress
+from core.lab.worker_pool import pool_size, worker_pool
 from core.lab.workloads import Workload
 
 Progress = Callable[[int, int, dict], None]
@@ -266,8 +267,7 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         finally:
             sweep_worker.clear()
     else:
-        # no more processes than points: the pool forks every worker up front (--workers 100000 forked hundreds)
-        _run_pool(tasks, min(workers, len(tasks)), mp_context, (workload, page_size, overlap, bounds.trace, level),
+        _run_pool(tasks, pool_size(workers, len(tasks)), mp_context, (workload, page_size, overlap, bounds.trace, level),
                   done, point_progress)
     points = sorted((r for r in results if isinstance(r, ReplayResult)),
                     key=lambda r: (pols.index(r.policy), r.capacity_tokens))
@@ -282,43 +282,30 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
 
 def _run_pool(tasks: list, workers: int, mp_context: Optional[str], initargs: tuple, done: Callable,
               point_progress: Optional[PointProgress]) -> None:
-    """The tasks in a process pool; running points report through a queue. On any exit but success
-    (Ctrl-C included) the workers are terminated at once instead of finishing their points."""
+    """The tasks in a process pool (worker_pool: terminated on any exit but success, Ctrl-C included);
+    running points report through a queue."""
     import multiprocessing as mp
     import queue as queue_mod
     ctx = mp.get_context(mp_context) if mp_context else mp.get_context()
     q = ctx.Queue()
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=sweep_worker.init_worker,
-                               initargs=(*initargs, q))
-    ok = False
     try:
-        def drain(timeout: float) -> None:
-            while True:
-                try:
-                    policy, capacity, fraction = q.get(timeout=timeout) if timeout else q.get_nowait()
-                except queue_mod.Empty:
-                    return
-                if point_progress is not None:
-                    point_progress({"policy": policy, "capacity_tokens": capacity}, fraction)
+        with worker_pool(workers, ctx, sweep_worker.init_worker, (*initargs, q)) as pool:
+            def drain(timeout: float) -> None:
+                while True:
+                    try:
+                        policy, capacity, fraction = q.get(timeout=timeout) if timeout else q.get_nowait()
+                    except queue_mod.Empty:
+                        return
+                    if point_progress is not None:
+                        point_progress({"policy": policy, "capacity_tokens": capacity}, fraction)
 
-        pending = {pool.submit(sweep_worker.run_point, *t) for t in tasks}
-        while pending:
-            finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            drain(0)
-            for f in finished:
-                done(f.result())
-        drain(0.05)     # a worker's last reports can trail its result
-        ok = True
+            pending = {pool.submit(sweep_worker.run_point, *t) for t in tasks}
+            while pending:
+                finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                drain(0)
+                for f in finished:
+                    done(f.result())
+            drain(0.05)     # a worker's last reports can trail its result
     finally:
-        if ok:
-            pool.shutdown(wait=True)
-        else:
-            procs = list((getattr(pool, "_processes", None) or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join(timeout=5)
         q.close()
         q.join_thread()

@@ -6,7 +6,6 @@ backend runs them, by construction.
 """
 from __future__ import annotations
 
-import signal
 from typing import Any, Callable, Optional
 
 from core.lab.optimal import Bounds
@@ -21,12 +20,9 @@ _state: dict[str, Any] = {}   # this worker process's workload, page trace, boun
 
 def init_worker(workload: Workload, page_size: int, overlap: Optional[Overlap], trace: Optional[PageTrace],
                 level: str = "auto", queue=None, bounds: Optional[Bounds] = None) -> None:
-    """Keep what every point of a sweep shares. With a `queue` (a pool worker) Ctrl-C is the parent's
-    to handle: it terminates the worker."""
+    """Keep what every point of a sweep shares (a pool worker's Ctrl-C and parent: worker_pool.py)."""
     import torch
     torch.set_num_threads(1)
-    if queue is not None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _state.clear()
     _state.update(workload=workload, page_size=page_size, overlap=overlap, trace=trace, bounds=bounds,
                   queue=queue, level=level)

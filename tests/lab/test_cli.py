@@ -257,6 +257,67 @@ def test_ctrl_c_with_two_workers_stops_at_once_without_a_traceback(mooncake_path
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+def _children(pid: int) -> list[int]:
+    import pathlib
+    out = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    import pathlib
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_signal_to_the_sweep_process_alone_takes_its_workers_with_it(mooncake_path, tmp_path, sig):
+    """`kill PID` (a supervisor, a CI cancel) reaches the main process only: its workers stayed, blocked on the
+    pool's queues under PID 1, for ever. SIGTERM now unwinds as Ctrl-C does (exit 143); after SIGKILL, which
+    nothing can catch, the workers die with their parent (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "core.lab", "sweep", "--trace", str(mooncake_path),
+                          "--capacities", "1000p,2000p,4000p,6000p,12000p,24000p", "--policies", "lru,lfu,fifo,slru",
+                          "--workers", "2", "--out", str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    workers: list[int] = []
+    try:
+        assert "page size 512" in p.stdout.readline()
+        deadline = time.time() + 60
+        while len(workers) < 2:                           # the pool's workers (and its resource tracker)
+            assert time.time() < deadline and p.poll() is None
+            time.sleep(0.2)
+            workers = _children(p.pid)
+        time.sleep(1.0)
+        os.kill(p.pid, getattr(signal, sig))
+        out, err = p.communicate(timeout=60)
+        deadline = time.time() + 10
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not [w for w in workers if _alive(w)], workers
+    finally:
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    if sig == "SIGTERM":
+        assert p.returncode == 143 and "Traceback" not in err, err
+        assert err.rstrip().endswith("interrupted: the workers were stopped and nothing was written")
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
 def test_with_a_model_the_csv_keeps_its_integer_columns_whole(tmp_path, capsys):
     """The bytes columns were added by rereading results.csv, which turned evictions 48 into 48.0."""
     assert main(["sweep", *GSP, "--capacities", "64,128", "--policies", "lru", "--workers", "1", "--quiet",

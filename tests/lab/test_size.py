@@ -131,3 +131,16 @@ def test_size_on_a_block_trace_defaults_to_its_block_size(mooncake_path, mooncak
     assert main(["size", "--workload", "few-shot", "--out", str(tmp_path / "f"), "--workers", "1"]) == 2
     cap = capsys.readouterr()
     assert "is a file; give a directory" in cap.err and "workload" not in cap.out     # before any work
+
+
+def test_the_optimum_is_never_sized_below_the_smallest_request():
+    """Six identical 10-token prompts (+4 output): a pool under 13 tokens rejects every request, and sweep blanks
+    the optimum there; size answered "optimal: 5 tokens" from the page-level optimum's hits at 5 tokens."""
+    from core.lab.workloads import TraceRequest, Workload
+    w = Workload("same10", [TraceRequest(list(range(1, 11)), 4) for _ in range(6)])
+    b = Bounds(w, 1)
+    assert b.smallest_request_pages == 13 and b.optimal(5).hit_tokens > 0       # what the old answer stood on
+    answers = {a.name: a for a in size(w, ["lru"], 0.5, 1)}
+    opt, lru = answers[OPTIMAL], answers["lru"]
+    assert opt.capacity_pages == 13 and opt.lower_pages == 12 and min(opt.probes) == 13
+    assert lru.capacity_pages == 13
