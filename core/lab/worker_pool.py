@@ -28,14 +28,15 @@ def pool_size(workers: int, tasks: int) -> int:
 
 
 def die_with_parent() -> None:
-    """In a worker: SIGTERM when the parent process dies; at once if it already has."""
+    """In a worker (SIGTERM at its default, see _init): SIGTERM when the parent process dies; at once if it
+    already has."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         except (OSError, AttributeError):   # no prctl in this libc: the parent's own cleanup still runs
             pass
-    if os.getppid() == 1:
-        os._exit(1)
+    if os.getppid() == 1:                          # the parent was gone before prctl: SIGTERM now (SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
 
 
 def _init(initializer: Optional[Callable], initargs: tuple) -> None:
