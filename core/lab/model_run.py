@@ -11,8 +11,9 @@ Every request generates `max_new_tokens` tokens greedily (EOS ignored), so the o
 
 The prediction is a cache-only replay of exactly what the engines receive: the folded prompts, each
 followed by `max_new_tokens` fresh output tokens (the model's own answers, not the workload's, go
-into the cache). One known difference: the engine always computes a prompt's last token (it needs
-its logits), so a prompt that is cached whole counts one token less than in the replay.
+into the cache). The replay matches as the engine does: never a prompt's last token (whose logits the
+engine needs), so a prompt cached whole hits one token less (a whole page less at pages of P when its
+length is a multiple of P): replay.matchable_units.
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ identified by the whole prefix up to and including it, exactly as a node path in
 Two requests share page k only when their first (k+1)*page_size tokens are equal.
 
 Each request touches its pages at two moments, which is also what the replay does:
-- on arrival, the whole pages of its prompt (these accesses count: a cached page is a hit);
+- on arrival, the whole pages of its prompt; those before its last token count (a cached page is a hit),
+  as the engine matches (replay.matchable_units: it always computes a prompt's last token);
 - on finish, the further whole pages of prompt + output - 1 (what `cache_finished_req` inserts);
   these do not count as hits, they only make the pages available to later requests.
 
@@ -79,7 +80,7 @@ class PageTrace:
 
     page_size: int
     pages: np.ndarray        # int64 page id of each access
-    counted: np.ndarray      # bool: a prompt page on arrival (its hit counts)
+    counted: np.ndarray      # bool: a matchable prompt page on arrival (its hit counts)
     depth: np.ndarray        # int64 position of the page in its request (0 = first page)
     prompt_tokens: int       # all prompt tokens of the workload (the hit-rate denominator)
     num_distinct: int        # distinct pages touched
@@ -167,11 +168,13 @@ def page_trace(workload: Workload, page_size: int, overlap: Optional[Overlap] = 
         ids, n_prompt = per_req[i]
         if kind == ARRIVE:
             sel, lo = ids[:n_prompt], 0
+            counted = np.arange(sel.shape[0]) < (max(0, workload.requests[i].prompt_len - 1) // page_size)
         else:
             sel, lo = ids[n_prompt:], n_prompt
+            counted = np.zeros(sel.shape[0], dtype=bool)
         if sel.shape[0]:
             chunks_p.append(sel)
-            chunks_c.append(np.full(sel.shape[0], kind == ARRIVE))
+            chunks_c.append(counted)
             chunks_d.append(np.arange(lo, lo + sel.shape[0], dtype=np.int64))
     cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt))
     pages = cat(chunks_p, np.int64)

@@ -205,14 +205,15 @@ class _Replayer:
         if slots.numel():
             self.alloc.free(slots)
 
-    def _host_hits(self, i: int, keys: np.ndarray, hit: int, n_prompt: int) -> int:
-        """Seam: tell the host of the device's `hit`; prompt pages after it that the host serves (0 without one)."""
+    def _host_hits(self, i: int, keys: np.ndarray, hit: int, n_match: int) -> int:
+        """Seam: tell the host of the device's `hit`; matchable prompt pages after it that the host serves (0
+        without one)."""
         if self.host is None:
             return 0
         self.host.on_arrive(i, keys[:hit])
-        if hit >= n_prompt:
+        if hit >= n_match:
             return 0
-        return min(int(self.host.match(keys[hit:n_prompt])), n_prompt - hit)
+        return min(int(self.host.match(keys[hit:n_match])), n_match - hit)
 
     def _inserted(self, i: int, keys: np.ndarray, lo: int, hi: int) -> None:
         """Seam: pages [lo, hi) of request i entered the device tree."""
@@ -223,9 +224,10 @@ class _Replayer:
         cache, r = self.cache, self.workload.requests[i]
         keys, n_prompt, n_cached, need = self._units(i, r)
         prompt = RadixKey.wrap(keys[:n_prompt], r.extra_key)
-        m = cache.match_prefix(prompt)
+        n_match = matchable_units(r.prompt_len, self.page_size, self.page_level)
+        m = cache.match_prefix(RadixKey.wrap(keys[:n_match], r.extra_key))
         hit = int(m.indices.numel())
-        extra = self._host_hits(i, keys, hit, n_prompt)
+        extra = self._host_hits(i, keys, hit, n_match)
         cache.inc_lock_ref(m.last_node)
         slots = self._alloc(need - hit)
         if slots is None:
@@ -280,6 +282,15 @@ class _Replayer:
         if self.check:
             held = [v[t:] for _, v, t in self.running.values()]
             check_cache_invariants(self.cache, torch.cat(held) if held else self._empty)
+
+
+def matchable_units(prompt_len: int, page_size: int, page_level: bool) -> int:
+    """Units of a prompt that a prefix match may cover: its whole pages before its last token. The engine, as
+    SGLang (`max_prefix_len = len(fill_ids) - 1`), always computes a prompt's last token, whose logits it
+    samples from, so a prompt cached whole hits one token less, and at pages of P a whole page less when
+    its length is a multiple of P. Pages at the page level, tokens (a whole number of pages) at the token one."""
+    pages = max(0, prompt_len - 1) // page_size
+    return pages if page_level else pages * page_size
 
 
 def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_size: int = 1,

@@ -2,7 +2,8 @@
 core.lab beyond the TraceRequest fields: pages are named by the tuple of every token (or hash id) up to their end,
 the pool is an OrderedDict, the optimum is Belady's MIN by scanning.
 
-- `accesses`: a sequential workload as page accesses: on arrival the whole prompt pages (counted), on finish
+- `accesses`: a sequential workload as page accesses: on arrival the whole prompt pages, counted when they end
+  before the prompt's last token (the engine always computes that token, as SGLang: `matchable`), on finish
   the further whole pages of prompt + output - 1 (not counted: they only make pages available).
 - `reference_infinite`: counted accesses of pages seen before.
 - `reference_lru`: a plain page-level LRU: the longest cached prefix of the prompt hits and is touched, the
@@ -29,11 +30,17 @@ def page_keys(r, page_size: int) -> tuple[list, int]:
     return [(r.extra_key, tuple(toks[:(k + 1) * page_size])) for k in range(n_cached)], n_prompt
 
 
+def matchable(r, page_size: int) -> int:
+    """Whole pages of the prompt before its last token: what a prefix match may cover."""
+    return (r.prompt_len - 1) // page_size
+
+
 def accesses(workload, page_size: int) -> list[tuple[object, bool]]:
     out = []
     for r in workload.requests:
         keys, n_prompt = page_keys(r, page_size)
-        out += [(k, True) for k in keys[:n_prompt]] + [(k, False) for k in keys[n_prompt:]]
+        m = matchable(r, page_size)
+        out += [(k, i < m) for i, k in enumerate(keys[:n_prompt])] + [(k, False) for k in keys[n_prompt:]]
     return out
 
 
@@ -53,8 +60,8 @@ def reference_lru(workload, capacity_pages: int, page_size: int) -> int:
         need = -(-r.cached_len // page_size)
         if need > capacity_pages:
             continue
-        h = 0
-        while h < n_prompt and keys[h] in cache:
+        h, m = 0, matchable(r, page_size)
+        while h < m and keys[h] in cache:
             h += 1
         for k in keys[:h]:
             cache.move_to_end(k)
@@ -65,6 +72,7 @@ def reference_lru(workload, capacity_pages: int, page_size: int) -> int:
             del cache[victim]
         for k in keys[h:]:
             cache[k] = None
+            cache.move_to_end(k)     # a page still cached past the match is used again (the insert finds it)
     return hits
 
 

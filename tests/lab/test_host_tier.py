@@ -104,15 +104,16 @@ def reference(w: Workload, cap: int, host_pages: int, policy: str, ps: int, writ
         t += 1
         seq = r.cached_ids()
         n_prompt = r.prompt_len - r.prompt_len % ps
+        n_match = (r.prompt_len - 1) // ps * ps           # never the prompt's last token: the engine computes it
         n_cached = r.cached_len - r.cached_len % ps
         page = (lambda k: (r.extra_key, tuple(seq[:(k + 1) * ps].tolist())))
-        m = cache.match_prefix(RadixKey(seq[:n_prompt], r.extra_key))
+        m = cache.match_prefix(RadixKey(seq[:n_match], r.extra_key))
         hit = int(m.indices.numel())
         for k in range(hit // ps):
             last[page(k)] = (t, -k)
             use(page(k))
         j, loaded = hit // ps, []
-        while j < n_prompt // ps and page(j) in host and page(j) not in on_dev:
+        while j < n_match // ps and page(j) in host and page(j) not in on_dev:
             last[page(j)] = (t, -j)
             on_dev.add(page(j))
             loaded.append(page(j))

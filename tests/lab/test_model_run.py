@@ -68,3 +68,14 @@ def test_block_traces_are_refused():
     wl = Workload("mc", [TraceRequest(None, 2, 0.0, hash_ids=[1, 2], input_len=600)])
     with pytest.raises(ValueError, match="block trace"):
         check_model_run(wl)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_prompts_cached_whole_are_predicted_as_the_engine_hits_them(runner, page_size):
+    """Four identical 16-token prompts: the engine computes each prompt's last token (it needs its logits), so a
+    repeat hits 15 tokens, or at pages of 4 three pages (12); the replay predicted 16 and overstated the hit rate
+    by a whole page a request at page size 4 (0.75 against 0.5625)."""
+    from core.lab.workloads import TraceRequest, Workload
+    same = Workload("same", [TraceRequest(list(range(1, 17)), 2) for _ in range(4)])
+    rep = run_through_model(runner, same, 400, "lru", page_size, max_new_tokens=2)
+    assert rep.on.cached_tokens == rep.predicted.hit_tokens == 3 * (15 if page_size == 1 else 12)

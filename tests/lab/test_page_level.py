@@ -115,8 +115,8 @@ def test_property_page_level_equals_token_level(w, pages, policy, page_size, ove
 
 
 def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
-    """The seam for a second tier: on_arrive gets the device's hit pages, match() is asked for the prompt pages
-    after it, on_insert gets the pages entering the tree, on_reject a request that found no room, on_evict the
+    """The seam for a second tier: on_arrive gets the device's hit pages, match() is asked for the matchable
+    prompt pages after it (never the page of the prompt's last token, which the engine computes), on_insert gets the pages entering the tree, on_reject a request that found no room, on_evict the
     trie ids of every evicted page; what it serves counts apart, and the device flow does not change."""
     class Host:
         def __init__(self):
@@ -148,8 +148,8 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
     r = replay(w, 8, "lru", 4, host=host)     # a pool of 2 pages of 4: b evicts a, a comes back
     plain = replay(w, 8, "lru", 4)
     assert numbers(r) == numbers(plain) and (r.hit_tokens, r.evictions, r.evicted_tokens) == (0, 2, 16)
-    assert sorted(host.held) == [0, 1, 2, 3] and r.host_hit_tokens == 8   # a's 2 pages, then b's (ids 2, 3)
-    assert host.asked == [[0, 1], [2, 3], [0, 1]]
+    assert sorted(host.held) == [0, 1, 2, 3] and r.host_hit_tokens == 4   # a's 2 pages, then b's (ids 2, 3)
+    assert host.asked == [[0], [2], [0]]                                    # a's first page comes back from host
     assert host.calls == [("arrive", 0, []), ("insert", 0, [0, 1], 0),
                           ("arrive", 1, []), ("evict", [0, 1]), ("insert", 1, [2, 3], 0),
                           ("arrive", 2, []), ("evict", [2, 3]), ("insert", 2, [0, 1], 0)]
@@ -166,7 +166,7 @@ def test_the_host_tier_seam_sees_evicted_pages_and_serves_later_misses():
     r = replay(w, 16, "lru", 4, host=host)
     assert numbers(r) == numbers(replay(w, 16, "lru", 4))
     assert (r.hit_tokens, r.rejected, r.evictions, r.evicted_tokens, r.host_hit_tokens) == (8, 1, 3, 16, 0)
-    assert host.asked == [[0, 1], [2], [4, 5, 6, 7, 8]]
+    assert host.asked == [[0], [4, 5, 6, 7]]       # the second's 2 matchable pages are on the device: not asked
     assert host.calls == [("arrive", 0, []), ("insert", 0, [0, 1], 0),
                           ("arrive", 1, [0, 1]), ("insert", 1, [2], 2), ("insert", 1, [3], 3),
                           ("arrive", 2, []), ("evict", [3]), ("evict", [2]), ("evict", [0, 1]), ("reject", 2)]
