@@ -56,7 +56,12 @@ def _tokenizer(name: Optional[str]):
     if not name:
         return None
     from transformers import AutoTokenizer  # only to read text traces; the model is never loaded
-    tok = AutoTokenizer.from_pretrained(name)
+    try:   # local files only: offline, a hub name the cache lacks retried for about a minute before failing
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--tokenizer {name!r}: no tokenizer there ({type(e).__name__}); give a folder holding a "
+                         f"model's tokenizer files (tokenizer.json / tokenizer_config.json), or a hub name already in "
+                         f"the local Hugging Face cache") from None
     return lambda text: tok(text, add_special_tokens=False)["input_ids"]
 
 

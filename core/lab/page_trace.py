@@ -48,6 +48,16 @@ class Overlap:
         return self.fixed_ms + self.ms_per_prompt_token * prompt_len + self.ms_per_output_token * output_len
 
 
+def require_timestamps(workload: Workload) -> None:
+    """ValueError unless every request has a timestamp (what an overlap replay orders by), saying how many lack
+    one and where a timestamp comes from."""
+    missing = sum(r.timestamp is None for r in workload.requests)
+    if missing:
+        raise ValueError(f"overlap replay needs a timestamp on every request; {missing:,} of {len(workload):,} have "
+                         f"none (a trace: a \"timestamp\" on every line; a generated workload: a request_rate), or "
+                         f"replay without overlap")
+
+
 def event_order(workload: Workload, overlap: Optional[Overlap]) -> list[tuple[int, int]]:
     """(kind, request index) in time order; kind is ARRIVE or FINISH.
 
@@ -58,10 +68,7 @@ def event_order(workload: Workload, overlap: Optional[Overlap]) -> list[tuple[in
     n = len(workload)
     if overlap is None:
         return [(k, i) for i in range(n) for k in (ARRIVE, FINISH)]
-    if not workload.has_timestamps:
-        missing = sum(r.timestamp is None for r in workload.requests)
-        raise ValueError(f"overlap replay needs a timestamp on every request; {missing} of {n} have none "
-                         f"(give the generator a request_rate, or replay without overlap)")
+    require_timestamps(workload)
     starts = np.array([r.timestamp for r in workload.requests], dtype=np.float64)
     ends = starts + np.array([overlap.duration_ms(r.prompt_len, r.output_len) for r in workload.requests])
     times = np.concatenate([ends, starts])

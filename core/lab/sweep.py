@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 from core.cache.eviction.registry import POLICIES
 from core.lab import sweep_worker, units
 from core.lab.optimal import BoundResult, Bounds, capacity_pages
-from core.lab.page_trace import Overlap
+from core.lab.page_trace import Overlap, require_timestamps
 from core.lab.replay import ReplayResult, check_policy
 from core.lab.sweep_worker import OPTIMAL, PointProgress
 from core.lab.worker_pool import pool_size, worker_pool
@@ -238,9 +238,8 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
     caps = parse_capacities(capacities, page_size)
     pols = parse_policies(policies)
-    if overlap is not None and not workload.has_timestamps:
-        raise ValueError("overlap replay needs a timestamp on every request; this workload has none "
-                         "(give the generator a request_rate, or turn overlap off)")
+    if overlap is not None:
+        require_timestamps(workload)
     bounds = Bounds(workload, page_size, overlap)
     unfit = [c for c in caps if not bounds.anything_fits(c)]
     tasks: list[tuple[str, int, Optional[str]]] = []

@@ -192,9 +192,9 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
             raise ValueError("expected a JSON object with timestamp, input_length, output_length, hash_ids")
         n_in = _int(obj, "input_length", 1)
         n_out = _int(obj, "output_length", 0)
+        if obj.get("timestamp") is None:   # Mooncake's lines all carry one; null read as "none" and
+            raise ValueError("missing field 'timestamp'")   # left the trace half timed
         ts = _number(obj, "timestamp")
-        if "timestamp" not in obj:
-            raise ValueError("missing field 'timestamp'")
         if "hash_ids" not in obj:
             raise ValueError("missing field 'hash_ids'")
         ids = _int_list(obj["hash_ids"], "hash_ids")
@@ -253,9 +253,14 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
             output = _int_list(obj["output_ids"], "output_ids", allow_empty=True)
         elif isinstance(obj.get("output"), str):
             output = tokenize(obj["output"], "output")
+        elif obj.get("output") is not None:   # it was ignored, and the request ran with the default output
+            raise ValueError(f"output must be text, got {type(obj['output']).__name__}; token ids go in output_ids")
         n_out = _int(obj, "output_len", 0, required=False)
+        other = _int(obj, "output_length", 0, required=False)
+        if n_out is not None and other is not None and n_out != other:
+            raise ValueError(f"output_len {n_out} and output_length {other} disagree; give one")
         if n_out is None:
-            n_out = _int(obj, "output_length", 0, required=False)
+            n_out = other
         if output is not None and n_out is not None and n_out != len(output):
             raise ValueError(f"output_len {n_out} differs from the {len(output)} output tokens given")
         extra = obj.get("extra_key")

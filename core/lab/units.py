@@ -20,6 +20,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Optional, Union
 
@@ -147,12 +148,14 @@ def load_model_config(path_or_name: Union[str, os.PathLike], kv_dtype: Optional[
                      f"shipped names: {', '.join(shipped)}")
 
 
-_CAP = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*")
+_CAP = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
 def _byte_unit(unit: str) -> Optional[int]:
     """Bytes per unit for 'GiB', 'GB', 'B' ... (case-insensitive); None for token units (k, M, G) and pages."""
     if unit == "B" or (len(unit) > 1 and unit.lower() in _BYTE_UNITS):
+        if unit.endswith("b"):
+            raise ValueError(f"{unit!r} is bits; write bytes: {unit[:-1]}B (10^9) or {unit[:-1].upper()}iB (2^30)")
         return _BYTE_UNITS[unit.lower()]
     return None
 
@@ -200,15 +203,16 @@ def _parse_tokens(text: Union[str, int], page_size: int) -> int:
     if isinstance(text, int):
         tokens = text
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]|p|pages?)?\s*", str(text))
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([kKmMgG]|p|pages?)?\s*", str(text))
         if not m:
             raise ValueError(f"cannot read capacity {text!r}: use tokens (3072000, 3M, 512k) or pages (6000p)")
-        num, unit = float(m.group(1)), (m.group(2) or "")
-        scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}.get(unit.lower(), page_size)
-        tokens = int(round(num * scale))
+        unit = m.group(2) or ""
+        scale = {"": 1, "k": 1000, "m": 10 ** 6, "g": 10 ** 9}.get(unit.lower(), page_size)
+        tokens = math.floor(Decimal(m.group(1)) * scale)   # down, as bytes and pages are (4.35k: 4,350, not 4,349)
     if tokens < 1:   # before the page is known (a block trace sets it) "below one page of 1 tokens" misled
+        hint = " (capacities are separated by commas: write 1000, not 1,000)" if re.fullmatch(r"\s*0\d\d\s*", str(text)) else ""
         raise ValueError(f"capacity {text!r} holds no tokens: give a positive number of tokens (3072000, 3M) or "
-                         f"pages (6000p)")
+                         f"pages (6000p){hint}")
     if tokens < page_size:
         raise ValueError(f"capacity of {tokens} tokens is below one page of {page_size} tokens; "
                          f"give at least {page_size}")

@@ -359,3 +359,18 @@ def test_flags_the_trace_does_not_decide_fail_fast_naming_the_flag(capsys):
     assert main(["route", *GSP, "--capacity", "4k", "--concurrency", "0"]) == 2
     cap = capsys.readouterr()
     assert cap.err == "error: --concurrency must be at least 1 (requests in flight), got 0\n" and cap.out == ""
+
+
+def test_a_tokenizer_that_is_not_on_this_machine_fails_at_once_with_what_to_give(tmp_path, capsys):
+    """Offline, a hub name took 57 s of retries to fail; a folder without tokenizer files gave transformers'
+    message about sentencepiece and tiktoken."""
+    import time
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"text": "hello"}\n')
+    for name in ("nobody/no-such-model-xyz", str(tmp_path)):
+        t0 = time.perf_counter()
+        assert main(["sweep", "--trace", str(trace), "--tokenizer", name, "--capacities", "8", "--workers", "1",
+                     "--quiet"]) == 2
+        assert time.perf_counter() - t0 < 20
+        err = capsys.readouterr().err
+        assert "no tokenizer there" in err and "tokenizer files" in err, err

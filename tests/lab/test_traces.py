@@ -230,3 +230,21 @@ def test_a_hash_id_trace_of_other_blocks_reads_with_its_block_size(tmp_path):
     assert wl.requests[1].prompt_ids().tolist() == wl.requests[0].prompt_ids().tolist()[:20]
     with pytest.raises(ValueError, match="block size must be a positive"):
         load_trace(p, block_size=0)
+
+
+def test_a_mooncake_line_with_a_null_timestamp_is_malformed_and_overlap_says_what_is_missing(tmp_path):
+    from core.lab.page_trace import Overlap
+    from core.lab.sweep import run_sweep
+    with pytest.raises(ValueError, match="line 2: .*missing field 'timestamp'"):
+        load_mooncake(write(tmp_path, [MC, {**MC, "timestamp": None}]))
+    half = load_jsonl(write(tmp_path, [{"input_ids": [1, 2], "timestamp": 0}, {"input_ids": [1, 3]}]))
+    with pytest.raises(ValueError, match='1 of 2 have none \\(a trace: a "timestamp" on every line'):
+        run_sweep(half, [4], ["lru"], 1, Overlap(), workers=1)
+
+
+@pytest.mark.parametrize("line, msg", [({"input_ids": [1], "output": [5, 6]}, "output must be text, got list"),
+                                       ({"input_ids": [1], "output_len": 2, "output_length": 99}, "disagree")])
+def test_an_output_field_that_was_silently_ignored_is_named(tmp_path, line, msg):
+    with pytest.raises(ValueError, match=msg):
+        load_jsonl(write(tmp_path, [line]))
+    assert load_jsonl(write(tmp_path, [{"input_ids": [1], "output_len": 3, "output_length": 3}])).requests[0].output_len == 3

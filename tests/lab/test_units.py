@@ -176,3 +176,19 @@ def test_a_config_whose_name_is_not_a_string_is_named_after_its_folder(tmp_path)
                                                     "num_attention_heads": 1, "hidden_size": 64}))
     kv = load_model_config(str(folder))
     assert kv.name == "my-model" and kv.num_layers == 1
+
+
+def test_capacities_round_down_exactly_and_read_exponents_and_say_what_is_wrong():
+    """Tokens rounded half up (2.7 -> 3) while bytes and pages round down; 1e3 was refused while 1e3GiB was
+    read (and 1E3GiB refused); 4Gb (gigabits) was read as gigabytes; "1,000" said only "'000' holds no tokens"."""
+    from core.lab.units import parse_capacity
+    assert [parse_capacity(t) for t in ("2.7", "4.35k", "1e3", "1E3", "0.5M")] == [2, 4350, 1000, 1000, 500_000]
+    assert parse_capacity("1.5p", 4) == 6
+    with pytest.raises(ValueError, match="holds no tokens"):
+        parse_capacity("0.6")
+    with pytest.raises(ValueError, match="write 1000, not 1,000"):
+        parse_capacity("000")
+    with pytest.raises(ValueError, match="'Gb' is bits; write bytes: GB .* or GiB"):
+        parse_capacity("4Gb")
+    with pytest.raises(ValueError, match="is in bytes: give a model"):
+        parse_capacity("1E3GiB")
