@@ -115,8 +115,8 @@ class SweepResult:
         df = pd.DataFrame(rows, columns=[c for c in cols if c not in ("gap_to_optimal", "fraction_of_infinite")])
         df["gap_to_optimal"] = df["optimal_hit_rate"] - df["hit_rate"]
         df["fraction_of_infinite"] = df["hit_rate"] / inf if inf > 0 else math.nan
-        for c in ("evictions", "evicted_tokens", "rejected", "requests"):
-            df[c] = df[c].astype("Int64")     # integers, empty on the optimum's rows
+        for c in ("evictions", "evicted_tokens", "rejected", "requests", "hit_tokens", "tokens_saved"):
+            df[c] = df[c].astype("Int64")     # integers, empty on the optimum's rows (and where nothing fits)
         order = {p: i for i, p in enumerate(self.policies + [OPTIMAL])}
         df = df.assign(_o=df["policy"].map(order)).sort_values(["_o", "capacity_tokens"]).drop(columns="_o")
         return df[cols].reset_index(drop=True)

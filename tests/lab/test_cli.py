@@ -319,8 +319,9 @@ def test_a_signal_to_the_sweep_process_alone_takes_its_workers_with_it(mooncake_
 
 
 def test_with_a_model_the_csv_keeps_its_integer_columns_whole(tmp_path, capsys):
-    """The bytes columns were added by rereading results.csv, which turned evictions 48 into 48.0."""
-    assert main(["sweep", *GSP, "--capacities", "64,128", "--policies", "lru", "--workers", "1", "--quiet",
+    """The bytes columns were added by rereading results.csv, which turned evictions 48 into 48.0; the
+    optimum's blank hit_tokens where nothing fits turned every hit_tokens and tokens_saved into 50.0."""
+    assert main(["sweep", *GSP, "--capacities", "8,64,128", "--policies", "lru", "--workers", "1", "--quiet",
                  "--model-config", "llama-3.1-8b", "--out", str(tmp_path)]) == 0
     lines = (tmp_path / "results.csv").read_text().splitlines()
     head = lines[0].split(",")
@@ -330,6 +331,8 @@ def test_with_a_model_the_csv_keeps_its_integer_columns_whole(tmp_path, capsys):
         assert row["capacity_tokens"].isdigit() and row["capacity_pages"].isdigit(), row
         if row["policy"] == "lru":
             assert all(row[c].isdigit() for c in ("evictions", "evicted_tokens", "rejected", "requests")), row
+        assert all(row[c].isdigit() or row[c] == "" for c in ("hit_tokens", "tokens_saved")), row
+    assert any(line.startswith("optimal,8,") and ",,," in line for line in lines)      # nothing fits at 8: blank
 
 
 def test_a_second_ctrl_c_while_the_first_unwinds_is_ignored():
