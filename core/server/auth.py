@@ -8,8 +8,10 @@ admin key (`--admin-key`: flush, rebuild, step mode, everyone's prompts and requ
 
 `Authorization: Bearer KEY` is read with the scheme in any case and surrounding spaces ignored.
 A caller's `identity` owns the requests it submits: only it (or the admin) may abort them or read
-their tokens; keyless callers all share "anonymous", so they own nothing (EngineHost.owned). Keys are compared in constant time and never stored or logged: identities are
-"admin", "anonymous" or "key:" plus the first 12 hex digits of the key's SHA-256.
+their tokens; keyless callers all share "anonymous", so they own nothing (EngineHost.owned). Keys
+are compared in constant time and never stored or logged: identities are "admin", "anonymous" or
+"key:" plus the first 12 hex digits of the key's SHA-256. With an admin key set, the admin's
+requests live in a cache namespace of their own (Caller.cache_key).
 """
 from __future__ import annotations
 
