@@ -266,7 +266,8 @@ def run_sweep(workload: Workload, capacities: Sequence[Union[int, str]], policie
         finally:
             sweep_worker.clear()
     else:
-        _run_pool(tasks, pool_size(workers, len(tasks)), mp_context, (workload, page_size, overlap, bounds.trace, level),
+        _run_pool(tasks, pool_size(workers, len(tasks)), mp_context,
+                  (workload, page_size, overlap, bounds.trace, level),
                   done, point_progress)
     points = sorted((r for r in results if isinstance(r, ReplayResult)),
                     key=lambda r: (pols.index(r.policy), r.capacity_tokens))

@@ -210,7 +210,8 @@ def _parse_tokens(text: Union[str, int], page_size: int) -> int:
         scale = {"": 1, "k": 1000, "m": 10 ** 6, "g": 10 ** 9}.get(unit.lower(), page_size)
         tokens = math.floor(Decimal(m.group(1)) * scale)   # down, as bytes and pages are (4.35k: 4,350, not 4,349)
     if tokens < 1:   # before the page is known (a block trace sets it) "below one page of 1 tokens" misled
-        hint = " (capacities are separated by commas: write 1000, not 1,000)" if re.fullmatch(r"\s*0\d\d\s*", str(text)) else ""
+        comma = re.fullmatch(r"\s*0\d\d\s*", str(text))     # "1,000" split at its comma
+        hint = " (capacities are separated by commas: write 1000, not 1,000)" if comma else ""
         raise ValueError(f"capacity {text!r} holds no tokens: give a positive number of tokens (3072000, 3M) or "
                          f"pages (6000p){hint}")
     if tokens < page_size:
