@@ -17,7 +17,7 @@ REF = "#/components/schemas/{model}"
 ERROR_STATUSES = {400: "Bad request: the message names the field", 401: "Missing or wrong key",
                   403: "Not allowed: admin key needed, foreign Host or Origin", 404: "Not found",
                   405: "Method not allowed (see the Allow header)", 408: "The request stopped arriving",
-                  409: "Conflict with the engine's state", 413: "Too large for the body limit or the pool",
+                  409: "Conflict with the engine's state", 413: "Too large for the body limit",
                   415: "A POST body must be JSON", 500: "The engine failed the request",
                   503: "Queue full, rebuilding or shutting down (see Retry-After)"}
 _REQUEST_MODELS: list[type[BaseModel]] = []

@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",   # OpenAI's
+         404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
          409: "conflict_error", 413: "invalid_request_error", 415: "invalid_request_error",
          503: "service_unavailable"}
 CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",

@@ -124,13 +124,14 @@ class EngineHost:
         return self._char_limits[key]
 
     def prepare(self, engine: Engine, prompt: Any, prompt_param: str = "prompt") -> tuple[list[int], int]:
-        """(token ids, prompt length) of `prompt`, tokenized without any lock; 413 when its text alone
-        proves it can never fit, 400 (naming `prompt_param`) when the engine refuses it."""
+        """(token ids, prompt length) of `prompt`, tokenized without any lock; 400 context_length_exceeded
+        when its text alone proves it can never fit (as OpenAI answers a prompt over the context), 400 (naming
+        `prompt_param`) when the engine refuses it."""
         limit = self.char_limit(engine)
         if limit is not None:
             chars = prompt_chars(prompt)
             if chars > limit:
-                raise APIError(413, f"the {prompt_param} has {chars:,} characters, more than any prompt this engine "
+                raise APIError(400, f"the {prompt_param} has {chars:,} characters, more than any prompt this engine "
                                     f"can hold ({limit:,} at most: {engine.allocator.num_slots:,} slots); shorten it",
                                prompt_param, "context_length_exceeded")
         try:

@@ -23,7 +23,8 @@ from core.server.errors import APIError, describe_validation, first_field
 MAX_N = 16
 MAX_CHOICES = 2048                    # prompts x n in one request
 DEFAULT_COMPLETION_MAX_TOKENS = 16    # OpenAI's documented default for /v1/completions
-DEFAULT_CHAT_MAX_TOKENS = 128         # chat has no limit in OpenAI's API; SGLang's default is 128
+DEFAULT_CHAT_MAX_TOKENS = 128         # a placeholder: a chat without max_tokens runs to the end of the room
+                                      # (open_ended; SGLang's chat sends None and clamps to the context)
 MAX_TEMPERATURE = 2.0                 # OpenAI's range is [0, 2]
 
 
@@ -59,7 +60,7 @@ class ResponseFormat(BaseModel):
 
 # field -> (its no-op values, what to tell a client that sent another value)
 NOT_HONOURED: dict[str, tuple[tuple, str]] = {
-    "logprobs": ((None, False, 0), "logprobs are not supported by this server; drop the logprobs field"),
+    "logprobs": ((None, False), "logprobs are not supported by this server; drop the logprobs field"),
     "top_logprobs": ((None, 0), "top_logprobs are not supported by this server (no logprobs)"),
     "best_of": ((None, 1), "best_of is not supported; send n requests instead"),
     "echo": ((None, False), "echo is not supported by this server; drop the echo field"),
@@ -179,6 +180,11 @@ class SamplingFields(BaseModel):
     def max_tokens_param(self) -> str:
         return "max_tokens"
 
+    def open_ended(self) -> bool:
+        """Whether the client set no limit, so a choice may run to the end of the context (chat only:
+        /v1/completions has OpenAI's documented default of 16)."""
+        return False
+
     def sampling_params(self, max_tokens: Any, default_max_tokens: int, choice: int = 0) -> SamplingParams:
         """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i mod 2**63,
         so the n samples differ and the request stays reproducible); 400 naming the OpenAI field."""
@@ -266,6 +272,9 @@ class ChatMessage(BaseModel):
     def as_engine(self) -> dict[str, str]:
         c = self.content
         if c is None:
+            if self.role in ("user", "system", "developer"):   # an assistant turn may carry only tool calls
+                raise APIError(400, f"a {self.role} message needs its content (a string or text parts)",
+                               "messages", "invalid_value")
             c = ""
         elif isinstance(c, list):
             texts = []
@@ -321,6 +330,9 @@ class ChatCompletionRequest(SamplingFields):
 
     def max_tokens_param(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def open_ended(self) -> bool:
+        return self.max_tokens is None and self.max_completion_tokens is None
 
     def params(self, choice: int = 0) -> SamplingParams:
         mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

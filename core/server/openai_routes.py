@@ -73,6 +73,9 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
     rid = run.response_id
     k = len(run.choices)
     sent = [""] * k
+    with_usage = run.body.include_usage(usage_by_default)
+    # with include_usage OpenAI gives every chunk a usage field, null but on the last one
+    nulls = {"usage": None} if with_usage else {}
 
     def chunk(i: int, text: Optional[str], finish: Optional[str]) -> dict:
         if chat:
@@ -80,7 +83,7 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
             choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+        return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], **nulls}
 
     def head(extra: dict) -> dict:
         return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], **extra}
@@ -90,7 +93,7 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
             for i in range(k):
                 yield _sse({"id": rid, "object": obj, "created": created, "model": model,
                             "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]})
+                                         "logprobs": None, "finish_reason": None}], **nulls})
         while len(run.done) < k:
             try:
                 i, text, c, reason = await run.next_event()
@@ -109,7 +112,7 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
             ext = sglext(run.body, run.done.get(0)) if len(run.done) == k else None
             yield _sse({**last, "sglext": ext} if ext is not None else last)
         done = [run.done[i] for i in range(k)]
-        if run.body.include_usage(usage_by_default):
+        if with_usage:
             yield _sse(head({"usage": usage(done, run.body.choices_per_prompt)}))
         yield "data: [DONE]\n\n"
     finally:  # the client left (the task is cancelled here) or we finished: nothing stays running

@@ -11,6 +11,7 @@ error, not 200 with finish_reason "abort" (which is not an OpenAI finish reason)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -46,10 +47,10 @@ def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prom
     pool, ps = engine.allocator.num_slots, engine.allocator.page_size
     context = engine.runner.max_context_len
     if n_ids > pool:
-        return APIError(413, f"prompt of {n_ids:,} tokens does not fit a pool of {pool:,} slots; shorten the "
+        return APIError(400, f"prompt of {n_ids:,} tokens does not fit a pool of {pool:,} slots; shorten the "
                              f"{prompt_param}", prompt_param, "context_length_exceeded")
     if n_ids >= context:
-        return APIError(413, f"prompt of {n_ids:,} tokens does not fit the model's context of {context:,} tokens; "
+        return APIError(400, f"prompt of {n_ids:,} tokens does not fit the model's context of {context:,} tokens; "
                              f"shorten the {prompt_param}", prompt_param, "context_length_exceeded")
     m = params.max_new_tokens
     need = n_ids + m - 1
@@ -62,6 +63,12 @@ def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prom
                              f"{context:,} tokens; lower {max_param} to at most {context - n_ids:,}", max_param,
                         "context_length_exceeded")
     return None
+
+
+def room(engine, n_ids: int) -> int:
+    """The most new tokens a prompt of `n_ids` may ask for: to the end of the model's context and of the pool
+    (fit_error's two limits), as SGLang clamps an unset max_tokens to the context."""
+    return min(engine.runner.max_context_len - n_ids, engine.allocator.num_slots - n_ids + 1)
 
 
 def abort_error(rid: str, reason: Optional[str], c: Optional[Completion]) -> APIError:
@@ -112,10 +119,13 @@ class ChoiceRun:
             max_param = self.body.max_tokens_param()
             for pi, ids in enumerate(tokenized):
                 for j in range(n):
-                    err = fit_error(self.host, self.engine, len(ids), params[j], prompt_param, max_param)
+                    p = params[j]
+                    if self.body.open_ended():
+                        p = dataclasses.replace(p, max_new_tokens=max(1, room(self.engine, len(ids))))
+                    err = fit_error(self.host, self.engine, len(ids), p, prompt_param, max_param)
                     if err is not None:
                         raise err
-                    self.choices.append(Choice(len(self.choices), pi, ids, params[j]))
+                    self.choices.append(Choice(len(self.choices), pi, ids, p))
             self.key = key
             for _ in range(self.reserved):
                 await self._submit_next()

@@ -60,7 +60,7 @@ def test_unknown_model_and_route_are_404(tiny):
     with pytest.raises(openai.NotFoundError, match="model 'gpt-4' not found; this server serves 'tiny'"):
         tiny.client().completions.create(model="gpt-4", prompt=PROMPT)
     r = httpx.get(f"{tiny.url}/v1/nowhere")
-    assert r.status_code == 404 and _error(r)["type"] == "not_found_error"
+    assert r.status_code == 404 and _error(r)["type"] == "invalid_request_error"     # OpenAI's type for it
 
 
 def test_api_key_guards_every_route_but_health(tiny_runner):
@@ -79,21 +79,23 @@ def test_api_key_guards_every_route_but_health(tiny_runner):
         assert ok.usage.completion_tokens == 2
 
 
-def test_body_over_the_limit_and_prompt_over_the_pool_are_413(tiny_runner):
+def test_a_body_over_the_limit_is_413_and_a_prompt_over_the_pool_is_400_context_length_exceeded(tiny_runner):
+    """A prompt too long is OpenAI's (and SGLang's) 400 context_length_exceeded, which clients catch as
+    BadRequestError; it was 413, which the openai client raises as a bare APIStatusError."""
     with serving(Engine(tiny_runner, pool_slots=64),
                  settings=ServerSettings(model="tiny", max_body_bytes=2000)) as s:
         r = httpx.post(f"{s.url}/v1/completions", json={"model": "tiny", "prompt": [1] * 1000})
         assert r.status_code == 413 and "limit of 2,000" in _error(r)["message"]
         def chunks():   # no Content-Length: the limit is enforced while reading
             yield b'{"model": "tiny", "prompt": ['
-            for _ in range(500):
-                yield b"1, "
+            for _ in range(800):    # 2,400 bytes: over the limit (500 were 1,530 bytes, under it: the 413
+                yield b"1, "        # then came from the pool check)
             yield b"1]}"
         r = httpx.post(f"{s.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"})
-        assert r.status_code == 413
-        with pytest.raises(openai.APIStatusError, match="does not fit a pool of 64 slots") as exc:
+        assert r.status_code == 413 and "over the server's limit of 2,000 bytes" in _error(r)["message"]
+        with pytest.raises(openai.BadRequestError, match="does not fit a pool of 64 slots") as exc:
             s.client().completions.create(model="tiny", prompt=[3] * 80, max_tokens=2)
-        assert exc.value.status_code == 413
+        assert exc.value.status_code == 400 and exc.value.body["code"] == "context_length_exceeded"
         # the prompt fits; max_tokens is what to change: 400 naming it (not 413 naming the prompt)
         with pytest.raises(openai.BadRequestError, match="more than the pool's 64; lower max_tokens") as exc:
             s.client().completions.create(model="tiny", prompt=[3] * 40, max_tokens=40)

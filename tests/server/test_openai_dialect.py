@@ -86,7 +86,9 @@ def test_every_parameter_not_honoured_is_400_naming_it(tiny, field, value):
 
 
 def test_completions_refuse_what_they_cannot_do_naming_it(tiny):
-    for field, value in (("echo", True), ("suffix", "end"), ("best_of", 3), ("logprobs", 2), ("user_id", "x")):
+    # logprobs 0 asks for the sampled token's logprob ("the API will always return" it): refused as 2 is
+    for field, value in (("echo", True), ("suffix", "end"), ("best_of", 3), ("logprobs", 2), ("logprobs", 0),
+                         ("user_id", "x")):
         r = post(tiny, {"prompt": PROMPT, field: value})
         assert r.status_code == 400 and error_of(r)["param"] == field, (field, r.text)
 
@@ -124,7 +126,7 @@ def test_no_op_values_and_peers_fields_are_accepted(tiny):
                     "user": "u", "metadata": {"k": "v"}, "top_k": -1, "seed": 3})
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
     r = post(tiny, {"prompt": PROMPT, "max_tokens": 2, "stream_options": None, "n": None, "service_tier": "auto",
-                    "store": False, "logprobs": 0, "suffix": None})
+                    "store": False, "suffix": None})
     assert r.status_code == 200, r.text
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 
 from core.engine.engine import Engine
@@ -119,3 +120,22 @@ def test_state_snapshot_polled_every_quarter_second_shows_a_40_token_request_run
     # rising from poll to poll (a step of this model takes well under the 0.25 s between polls; on a box so
     # loaded that a step takes longer, two polls may see one step, but never most of them)
     assert len(set(counts)) >= max(2, (len(counts) + 1) // 2), polls
+
+
+def test_a_chat_without_max_tokens_runs_to_the_end_of_the_room_and_null_content_is_refused(smollm2_runner):
+    """A chat with neither max_tokens nor max_completion_tokens stopped at 128 tokens (and near the context end
+    failed naming a max_tokens the client never sent); SGLang's chat clamps an unset limit to the context, and
+    OpenAI's has none. Here the room is the pool's: 160 slots hold the prompt and 161 - prompt new tokens."""
+    with serving(Engine(smollm2_runner, pool_slots=160), settings=ServerSettings(model="default")) as s:
+        c = s.client()
+        r = c.chat.completions.create(model="default", temperature=0, messages=[{"role": "user", "content": "Hi"}],
+                                      extra_body={"ignore_eos": True})
+        n = r.usage.prompt_tokens
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 160 - n + 1 > 128
+        with pytest.raises(openai.BadRequestError, match="a user message needs its content"):
+            c.chat.completions.create(model="default", messages=[{"role": "user", "content": None}])
+        chunks = list(c.chat.completions.create(model="default", temperature=0, max_tokens=3, stream=True,
+                                                stream_options={"include_usage": True},
+                                                messages=[{"role": "user", "content": "Hi"}]))
+        raw = [ch.to_dict() for ch in chunks]
+        assert all("usage" in d for d in raw) and [d["usage"] is None for d in raw][:-1] == [True] * (len(raw) - 1)
