@@ -106,6 +106,8 @@ def _decode(line: bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg})") from None
+    except RecursionError:   # [[[[... a hundred thousand deep: json's recursion, not a trace line
+        raise ValueError("JSON nested too deeply to be a request") from None
 
 
 def _int(obj: dict, name: str, minimum: int, required: bool = True) -> Optional[int]:

@@ -113,13 +113,15 @@ def read_uploaded_trace(data: bytes, filename: str, tokenizer: Optional[Callable
 
 
 def suggest_capacities(workload: Workload, page_size: int = 1, points: int = 5) -> str:
-    """Capacities for an unknown trace: halvings down from the tokens the whole workload would cache."""
+    """Capacities for an unknown trace: halvings down from the tokens the whole workload would cache, never
+    below what the longest request holds, in whole pages rounded up (rounded down, a trace of two 1,031-token
+    requests at pages of 512 got 2p, where nothing fits)."""
     total = sum(r.cached_len for r in workload.requests)
     longest = max(r.cached_len for r in workload.requests)
     caps = []
     for k in range(points):
         c = max(total >> k, longest, page_size)
-        c = max(page_size, c - c % page_size)
+        c = -(-c // page_size) * page_size
         if c not in caps:
             caps.append(c)
     caps.sort()

@@ -108,6 +108,8 @@ def results_section(settings: SweepSettings) -> SweepResult:
     m[3].metric("Sweep time", f"{res.seconds:.1f} s")
     if res.capped_note():
         st.info(f"Note: {res.capped_note()}.")
+    if res.nothing_fits_note():
+        st.warning(f"Note: {res.nothing_fits_note()}.")
     st.plotly_chart(sweep_figure(res, kv), width="stretch", key="cap_chart")
     kept_section(res, kv)
 

@@ -248,3 +248,11 @@ def test_an_output_field_that_was_silently_ignored_is_named(tmp_path, line, msg)
     with pytest.raises(ValueError, match=msg):
         load_jsonl(write(tmp_path, [line]))
     assert load_jsonl(write(tmp_path, [{"input_ids": [1], "output_len": 3, "output_length": 3}])).requests[0].output_len == 3
+
+
+def test_json_nested_too_deeply_is_a_malformed_line_not_a_recursion_error(tmp_path):
+    p = tmp_path / "deep.jsonl"
+    p.write_text("[" * 100_000 + "]" * 100_000 + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match="line 1: malformed JSONL line: JSON nested too deeply"):
+        load_jsonl(p)
+    assert load_jsonl(p, on_error="skip").skipped_lines == 1

@@ -349,3 +349,21 @@ def test_model_run_is_refused_for_a_large_workload_with_a_clear_message():
     info = " ".join(i.value for i in at.info)
     assert "the workload has 60 requests; the model run takes at most 48" in info
     assert not [b for b in at.button if b.key == "cap_m_run"]
+
+
+def test_suggested_capacities_fit_the_longest_request_and_a_pool_that_fits_none_says_so():
+    """Two 1,024-token Mooncake requests (1,031 tokens with their output) at pages of 512: the page suggested
+    "2p, 4p" (rounded down below the request), and a sweep at 2p showed 0 % with no word why (3 pages are
+    1,536 tokens)."""
+    line = {"timestamp": 0, "input_length": 1024, "output_length": 8, "hash_ids": [7, 8]}
+    data = "\n".join(json.dumps({**line, "timestamp": t}) for t in (0, 1)).encode()
+    wl = li.read_uploaded_trace(data, "two.jsonl")
+    assert li.suggest_capacities(wl, 512) == "3p, 5p"
+    at = _page()
+    _upload(at, "two.jsonl", data)
+    key = next(t.key for t in at.text_input if t.key.startswith("cap_caps_upload_"))
+    at.text_input(key=key).input("2p, 3p")
+    at.button(key="cap_run").click()
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert any("at 1,024 tokens nothing fits: the smallest request holds 1,536 tokens" in w.value for w in at.warning)
