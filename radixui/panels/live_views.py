@@ -330,6 +330,18 @@ def log_view(store, tt, fresh: bool) -> None:
     st.dataframe(df, hide_index=True, width="stretch", height=420, key="log_table")
 
 
+def _held_end(first: int, last: int) -> int:
+    """The time-travel slider's end: held while the chosen event lies before it, the newest event while the
+    slider sits at its end. A slider's identity includes its range, so a new end made a new widget that went
+    back to the newest event: on a busy engine (a rerun every 0.25 s) no past event could be held."""
+    ss = st.session_state
+    hi, cur = ss.get("_tt_end"), ss.get("tt_seq")
+    if hi is None or cur is None or not first <= cur < hi or hi > last:
+        hi = last
+    ss["_tt_end"] = hi
+    return hi
+
+
 def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
     events = store.events
     if not events:
@@ -339,7 +351,10 @@ def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
         st.warning("The event ring has dropped older events; time travel covers only the cache since a reset.")
         return
     first, last = int(ev_get(events[0], "seq")), int(ev_get(events[-1], "seq"))
-    seq = st.slider("After event", first, last, last, key="tt_seq") if last > first else last
+    hi = _held_end(first, last)
+    seq = st.slider("After event", first, hi, hi, key="tt_seq") if hi > first else hi
+    if hi < last:
+        st.caption(f"{last - hi:,} newer event(s) since you picked this one; drag to the end to follow the newest")
     ev = events[seq - first]
     st.markdown(f"**Event {seq}** at time {ev_get(ev, 'time'):g}: {ev_kind(ev)}")
     note = replay_note(snap.cache.policy)

@@ -361,3 +361,27 @@ def test_with_live_refresh_off_a_send_draws_its_branch_in_its_own_run(app):
         assert any("Ibexes idle on ice" in t for t in edge_text)
     finally:
         live().set_value(True).run()
+
+
+def test_time_travel_holds_a_past_event_while_new_events_arrive(app):
+    """The slider went back to the newest event whenever one arrived (a new range made a new widget), so on a
+    busy engine no past event could be held; it now keeps its end until the slider is dragged back to it."""
+    before = row_count(app)
+    send(app, "Once upon a time", max_new=2)
+    wait_rows(app, before + 1)
+    slider = next(s for s in app.slider if s.label == "After event")
+    first, end = int(slider.min), int(slider.max)
+    slider.set_value(first + 1)
+    app.run()
+    before = row_count(app)
+    send(app, "A second story begins", max_new=2)
+    wait_rows(app, before + 1)
+    slider = next(s for s in app.slider if s.label == "After event")
+    assert (slider.value, slider.max) == (first + 1, end), (first, end, slider.value, slider.max)
+    assert any(m.value.startswith(f"**Event {first + 1}**") for m in app.markdown), ([m.value[:40] for m in app.markdown if "Event" in m.value], first, end)
+    assert any("newer event(s) since you picked this one" in c.value for c in app.caption)
+    slider.set_value(end)        # back at the end: follow the newest again
+    app.run()
+    app.run()
+    slider = next(s for s in app.slider if s.label == "After event")
+    assert slider.max > end and slider.value == slider.max
