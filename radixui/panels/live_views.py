@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+import zlib
 from typing import Optional
 
 import pandas as pd
@@ -96,13 +97,26 @@ def chunked_prefill_note(snap: EngineSnapshot, max_prefill_tokens: int) -> Optio
             f"tree as it finishes, so the prompt shows as {chunks} nodes in a chain (chunked prefill).")
 
 
+def table_key(rids: list) -> str:
+    """The request table's widget key, one for each order of its rows. The table keeps its ticked row by index
+    and lists the newest first, so a new request moved the tick to the row above the clicked request while
+    the tree still showed it; a new order is a new widget, with no tick, and the ◀ mark still names it."""
+    return "req_table_" + format(zlib.crc32("\x00".join(rids).encode()), "08x")
+
+
 def _selected_rid(ss) -> Optional[str]:
     """The rid the user clicked, from the table drawn last run (row indexes refer to it)."""
+    key = ss.get("_table_key", "req_table")
     try:
-        rows = list(ss["req_table"]["selection"]["rows"])
+        rows = list(ss[key]["selection"]["rows"])
     except (KeyError, TypeError):
         rows = []
     shown = ss.get("_table_rids", [])
+    if key != ss.get("_last_table_key"):   # a table drawn anew (rows moved): its empty tick is no click
+        ss["_last_table_key"] = key
+        if not rows:
+            ss["_last_rows"] = rows
+            return ss.get("_selected_rid")
     if rows != ss.get("_last_rows"):
         ss["_last_rows"] = rows
         ss["_selected_rid"] = shown[rows[0]] if rows and rows[0] < len(shown) else None
@@ -150,12 +164,13 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
         pending = ss.setdefault("my_requests", {})
         df = request_table(snap, pending, selected)
         ss["_table_rids"] = list(df["request"])
+        ss["_table_key"] = table_key(ss["_table_rids"])
         with st.expander(f"Requests ({len(df)}) · click a row to show its path in the tree", expanded=True):
             if df.empty:
                 st.caption("No requests yet: type a prompt and press Send, or run a preset.")
             else:
                 st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 5 + 3),
-                             on_select="rerun", selection_mode="single-row", key="req_table",
+                             on_select="rerun", selection_mode="single-row", key=ss["_table_key"],
                              column_config=TABLE_CONFIG)
             if stepping:
                 st.caption("Step mode: TTFT counts from submit, so it includes the wait for your Step clicks.")
