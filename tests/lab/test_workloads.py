@@ -156,3 +156,35 @@ def test_every_generator_runs_with_defaults_listed():
         n, lengths = expect[name](params)
         assert len(w) == n and {r.prompt_len for r in w.requests} == lengths, name
         assert all(w.params[k] == v for k, v in params.items() if k in w.params), name
+
+
+@pytest.mark.parametrize("name, params, words", [
+    ("tree-of-thought", dict(branching=10, depth=9), "make at least"),
+    ("tree-of-thought", dict(branching=10, depth=10**9), "make at least"),
+    ("generated-shared-prefix", dict(num_groups=20_000, prompts_per_group=100), "make 2,000,000 requests"),
+    ("multi-turn-chat", dict(num_sessions=100, turns=1000), "prompt tokens in all"),
+    ("few-shot", dict(num_requests=10**6, examples_len=4096), "prompt tokens in all"),
+])
+def test_a_workload_too_big_to_hold_is_refused_before_it_is_built(name, params, words):
+    """A form field has no natural limit: tree-of-thought at branching 10, depth 9 ran out of memory after 26 s
+    (and depth 6, 126 M tokens, took 14 s at every rerun of the page)."""
+    import time
+    from core.lab.workloads import make_workload
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"{words}.*holds at most 1,000,000 requests and 100,000,000 tokens"):
+        make_workload(name, **params)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_the_size_estimate_is_exact_for_the_defaults(monkeypatch):
+    """Each generator's estimate is what it builds: at exactly its tokens it builds, one token less it refuses."""
+    from core.lab import workloads as wl
+    for name in wl.GENERATORS:
+        monkeypatch.setattr(wl, "MAX_GENERATED_TOKENS", 10 ** 9)
+        w = wl.make_workload(name)
+        tokens = w.prompt_tokens + ((w.params["num_tasks"] * w.params["examples_len"]) if name == "few-shot" else 0)
+        monkeypatch.setattr(wl, "MAX_GENERATED_TOKENS", tokens)
+        assert len(wl.make_workload(name)) == len(w)
+        monkeypatch.setattr(wl, "MAX_GENERATED_TOKENS", tokens - 1)
+        with pytest.raises(ValueError, match=f"make {len(w):,} requests of {tokens:,} prompt tokens"):
+            wl.make_workload(name)
