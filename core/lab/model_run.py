@@ -13,7 +13,7 @@ The prediction is a cache-only replay of exactly what the engines receive: the f
 followed by `max_new_tokens` fresh output tokens (the model's own answers, not the workload's, go
 into the cache). The replay matches as the engine does: never a prompt's last token (whose logits the
 engine needs), so a prompt cached whole hits one token less (a whole page less at pages of P when its
-length is a multiple of P): replay.matchable_units.
+length is a multiple of P): page_trace.matchable_pages.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Two requests share page k only when their first (k+1)*page_size tokens are equal
 
 Each request touches its pages at two moments, which is also what the replay does:
 - on arrival, the whole pages of its prompt; those before its last token count (a cached page is a hit),
-  as the engine matches (replay.matchable_units: it always computes a prompt's last token);
+  as the engine matches (matchable_pages: it always computes a prompt's last token);
 - on finish, the further whole pages of prompt + output - 1 (what `cache_finished_req` inserts);
   these do not count as hits, they only make the pages available to later requests.
 
@@ -46,6 +46,14 @@ class Overlap:
 
     def duration_ms(self, prompt_len: int, output_len: int) -> float:
         return self.fixed_ms + self.ms_per_prompt_token * prompt_len + self.ms_per_output_token * output_len
+
+
+def matchable_pages(prompt_len: int, page_size: int) -> int:
+    """Whole pages of a prompt that a prefix match may cover: those before its last token. The engine, as SGLang
+    (`max_prefix_len = len(fill_ids) - 1`), always computes a prompt's last token, whose logits it samples from,
+    so a prompt cached whole hits one token less, and at pages of P a whole page less when its length is a
+    multiple of P."""
+    return max(0, prompt_len - 1) // page_size
 
 
 def require_timestamps(workload: Workload) -> None:
@@ -175,7 +183,7 @@ def page_trace(workload: Workload, page_size: int, overlap: Optional[Overlap] = 
         ids, n_prompt = per_req[i]
         if kind == ARRIVE:
             sel, lo = ids[:n_prompt], 0
-            counted = np.arange(sel.shape[0]) < (max(0, workload.requests[i].prompt_len - 1) // page_size)
+            counted = np.arange(sel.shape[0]) < matchable_pages(workload.requests[i].prompt_len, page_size)
         else:
             sel, lo = ids[n_prompt:], n_prompt
             counted = np.zeros(sel.shape[0], dtype=bool)

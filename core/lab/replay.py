@@ -57,7 +57,7 @@ from core.cache.eviction.registry import POLICIES, is_stateful
 from core.cache.radix_cache import RadixCache, RadixKey
 from core.lab.lab_cache import LabCache
 from core.lab.optimal import capacity_pages
-from core.lab.page_trace import ARRIVE, Overlap, PageTrace, event_order, request_pages
+from core.lab.page_trace import ARRIVE, Overlap, PageTrace, event_order, matchable_pages, request_pages
 from core.lab.workloads import TraceRequest, Workload
 from core.observe.invariants import check_cache_invariants
 
@@ -224,7 +224,7 @@ class _Replayer:
         cache, r = self.cache, self.workload.requests[i]
         keys, n_prompt, n_cached, need = self._units(i, r)
         prompt = RadixKey.wrap(keys[:n_prompt], r.extra_key)
-        n_match = matchable_units(r.prompt_len, self.page_size, self.page_level)
+        n_match = matchable_pages(r.prompt_len, self.page_size) * (1 if self.page_level else self.page_size)
         m = cache.match_prefix(RadixKey.wrap(keys[:n_match], r.extra_key))
         hit = int(m.indices.numel())
         extra = self._host_hits(i, keys, hit, n_match)
@@ -282,15 +282,6 @@ class _Replayer:
         if self.check:
             held = [v[t:] for _, v, t in self.running.values()]
             check_cache_invariants(self.cache, torch.cat(held) if held else self._empty)
-
-
-def matchable_units(prompt_len: int, page_size: int, page_level: bool) -> int:
-    """Units of a prompt that a prefix match may cover: its whole pages before its last token. The engine, as
-    SGLang (`max_prefix_len = len(fill_ids) - 1`), always computes a prompt's last token, whose logits it
-    samples from, so a prompt cached whole hits one token less, and at pages of P a whole page less when
-    its length is a multiple of P. Pages at the page level, tokens (a whole number of pages) at the token one."""
-    pages = max(0, prompt_len - 1) // page_size
-    return pages if page_level else pages * page_size
 
 
 def replay(workload: Workload, capacity_tokens: int, policy: str = "lru", page_size: int = 1,

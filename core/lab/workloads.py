@@ -22,6 +22,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from core.lab.workload_size import check_counts, check_size, tree_size
+
 # Fresh output ids live far above any vocabulary and any expanded block id, one range per request.
 OUTPUT_ID_BASE = 1 << 50
 OUTPUT_ID_STRIDE = 1 << 24
@@ -211,27 +213,6 @@ class _Tokens:
         return self.rng.integers(0, self.vocab_size, size=int(n), dtype=np.int64)
 
 
-def _check_counts(**kw: Any) -> None:
-    for name, v in kw.items():
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-
-
-# What a generated workload may hold: its prompts live in memory as int64 token arrays (8 bytes a token), and
-# a form field has no natural limit (tree-of-thought at branching 10, depth 9 ran out of memory after 26 s).
-MAX_GENERATED_TOKENS = 100_000_000
-MAX_GENERATED_REQUESTS = 1_000_000
-
-
-def _check_size(name: str, requests: int, prompt_tokens: int, at_least: bool = False) -> None:
-    """ValueError before anything is built when the parameters ask for more than MAX_GENERATED_*."""
-    if requests > MAX_GENERATED_REQUESTS or prompt_tokens > MAX_GENERATED_TOKENS:
-        more = "at least " if at_least else ""
-        raise ValueError(f"these {name} parameters make {more}{requests:,} requests of {prompt_tokens:,} prompt "
-                         f"tokens in all; a generated workload holds at most {MAX_GENERATED_REQUESTS:,} requests and "
-                         f"{MAX_GENERATED_TOKENS:,} tokens (its prompts are kept in memory): make it smaller")
-
-
 def _timestamps(n: int, request_rate: Optional[float], seed: int) -> list[Optional[float]]:
     """Poisson arrivals at `request_rate` requests per second, in ms; None when no rate is given."""
     if request_rate is None:
@@ -252,12 +233,12 @@ def generated_shared_prefix(num_groups: int = 64, prompts_per_group: int = 16, s
 
     order="grouped" sends each group's prompts back to back; "shuffled" mixes all prompts.
     """
-    _check_counts(num_groups=num_groups, prompts_per_group=prompts_per_group,
+    check_counts(num_groups=num_groups, prompts_per_group=prompts_per_group,
                   system_prompt_len=system_prompt_len, question_len=question_len, output_len=output_len)
     if order not in ("shuffled", "grouped"):
         raise ValueError(f"order must be 'shuffled' or 'grouped', got {order!r}")
     n = num_groups * prompts_per_group
-    _check_size("generated-shared-prefix", n, n * (system_prompt_len + question_len))
+    check_size("generated-shared-prefix", n, n * (system_prompt_len + question_len))
     tok = _Tokens(seed, vocab_size)
     prompts = []
     for g in range(num_groups):
@@ -282,12 +263,12 @@ def multi_turn_chat(num_sessions: int = 16, turns: int = 6, system_prompt_len: i
     order="interleaved" sends turn t of every session before turn t+1 (sessions in a random order
     each round); "sequential" runs each session to its end before the next starts.
     """
-    _check_counts(num_sessions=num_sessions, turns=turns, system_prompt_len=system_prompt_len,
+    check_counts(num_sessions=num_sessions, turns=turns, system_prompt_len=system_prompt_len,
                   user_len=user_len, output_len=output_len)
     if order not in ("interleaved", "sequential"):
         raise ValueError(f"order must be 'interleaved' or 'sequential', got {order!r}")
     per_session = turns * (system_prompt_len + user_len) + (user_len + output_len) * turns * (turns - 1) // 2
-    _check_size("multi-turn-chat", num_sessions * turns, num_sessions * per_session)
+    check_size("multi-turn-chat", num_sessions * turns, num_sessions * per_session)
     tok = _Tokens(seed, vocab_size)
     system = tok(system_prompt_len)        # one system prompt shared by every session
     sessions = []
@@ -318,9 +299,9 @@ def few_shot(num_requests: int = 256, num_tasks: int = 4, examples_len: int = 30
 
     Requests pick a task at random, so the example blocks compete for the pool.
     """
-    _check_counts(num_requests=num_requests, num_tasks=num_tasks, examples_len=examples_len,
+    check_counts(num_requests=num_requests, num_tasks=num_tasks, examples_len=examples_len,
                   question_len=question_len, output_len=output_len)
-    _check_size("few-shot", num_requests, num_requests * (examples_len + question_len) + num_tasks * examples_len)
+    check_size("few-shot", num_requests, num_requests * (examples_len + question_len) + num_tasks * examples_len)
     tok = _Tokens(seed, vocab_size)
     examples = [tok(examples_len) for _ in range(num_tasks)]
     tasks = np.random.default_rng(seed + 3).integers(0, num_tasks, size=num_requests)
@@ -341,20 +322,12 @@ def tree_of_thought(num_problems: int = 8, branching: int = 3, depth: int = 3, p
     a thought of `thought_len` tokens. order="bfs" explores level by level, "dfs" branch by branch;
     problems run one after another.
     """
-    _check_counts(num_problems=num_problems, branching=branching, depth=depth, problem_len=problem_len,
+    check_counts(num_problems=num_problems, branching=branching, depth=depth, problem_len=problem_len,
                   step_len=step_len, thought_len=thought_len)
     if order not in ("bfs", "dfs"):
         raise ValueError(f"order must be 'bfs' or 'dfs', got {order!r}")
-    nodes = tokens = 0
-    partial = False
-    for level in range(depth):               # branching**level nodes, each prompt level x (thought + step) longer
-        count = branching ** level
-        nodes += count
-        tokens += count * (problem_len + step_len + level * (thought_len + step_len))
-        if nodes > MAX_GENERATED_REQUESTS or tokens > MAX_GENERATED_TOKENS:
-            partial = level + 1 < depth      # already too big: no need to count on (10**9 levels would take long)
-            break
-    _check_size("tree-of-thought", num_problems * nodes, num_problems * tokens, partial)
+    nodes, tokens, partial = tree_size(branching, depth, problem_len + step_len, thought_len + step_len)
+    check_size("tree-of-thought", num_problems * nodes, num_problems * tokens, partial)
     tok = _Tokens(seed, vocab_size)
     pairs = []
     for _ in range(num_problems):

@@ -32,6 +32,11 @@ class Caller:
     authenticated: bool     # presented a key the server knows
     namespace: Optional[str] = None   # the cache namespace all its requests live in (Keys.caller)
 
+    @property
+    def owns_requests(self) -> bool:
+        """Whether requests it submits are its own: not for keyless callers, who all share "anonymous"."""
+        return self.admin or self.authenticated
+
     def cache_key(self, extra_key: Optional[str]) -> Optional[str]:
         """The radix cache's namespace for a request of this caller that asked for `extra_key`."""
         if self.namespace is None:

@@ -183,7 +183,7 @@ class EngineHost:
         `caller` may act on; [] when there are none, whether or not someone else's exist. A caller without
         a key owns nothing: every keyless caller has the one identity "anonymous", so owning by it would let
         each read and abort the others' requests (a snapshot lists their ids)."""
-        if not (caller.admin or caller.authenticated):
+        if not caller.owns_requests:
             return []
         with self._lock:
             names = [rid] if rid in self.owners else [r for r in self.owners if r.startswith(rid + "-")]

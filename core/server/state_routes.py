@@ -56,7 +56,7 @@ class SnapshotCache:
 
 def _not_yours(caller: Caller, rid: str, where: str) -> APIError:
     """The 404 for a request the caller may not touch, whether or not it exists (EngineHost.owned)."""
-    if caller.admin or caller.authenticated:
+    if caller.owns_requests:
         return APIError(404, f"no request {rid!r} of yours {where}", code="request_not_found")
     return APIError(404, f"no request {rid!r} of yours {where}: requests sent without a key belong to no one "
                          f"(every keyless caller looks the same), so only the admin key may read or abort them; "

@@ -178,13 +178,14 @@ def test_a_workload_too_big_to_hold_is_refused_before_it_is_built(name, params, 
 
 def test_the_size_estimate_is_exact_for_the_defaults(monkeypatch):
     """Each generator's estimate is what it builds: at exactly its tokens it builds, one token less it refuses."""
+    from core.lab import workload_size
     from core.lab import workloads as wl
     for name in wl.GENERATORS:
-        monkeypatch.setattr(wl, "MAX_GENERATED_TOKENS", 10 ** 9)
+        monkeypatch.setattr(workload_size, "MAX_GENERATED_TOKENS", 10 ** 9)
         w = wl.make_workload(name)
         tokens = w.prompt_tokens + ((w.params["num_tasks"] * w.params["examples_len"]) if name == "few-shot" else 0)
-        monkeypatch.setattr(wl, "MAX_GENERATED_TOKENS", tokens)
+        monkeypatch.setattr(workload_size, "MAX_GENERATED_TOKENS", tokens)
         assert len(wl.make_workload(name)) == len(w)
-        monkeypatch.setattr(wl, "MAX_GENERATED_TOKENS", tokens - 1)
+        monkeypatch.setattr(workload_size, "MAX_GENERATED_TOKENS", tokens - 1)
         with pytest.raises(ValueError, match=f"make {len(w):,} requests of {tokens:,} prompt tokens"):
             wl.make_workload(name)
