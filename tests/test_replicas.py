@@ -140,6 +140,25 @@ def test_cache_aware_sends_a_group_to_the_replica_that_cached_it(cluster):
     assert after[first]["cached_tokens_total"] - before[first]["cached_tokens_total"] == sum(cached)
 
 
+def test_sglang_s_native_generate_goes_through_the_router_to_the_replica_that_cached_it(cluster):
+    """bench_serving's default backend and SGLang's own scripts post /generate: the router forwards it, matching
+    its text against the prompts it routed before (the previous test's, on the router's first worker)."""
+    base = cluster["base"]
+    first = router_order(base)[0]
+    before = counters(first)
+    body = json.dumps({"text": SYSTEM + "Question 9: what is a tree?", "stream": False,
+                       "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{base}/generate", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    out = json.loads(urllib.request.urlopen(req, timeout=120).read())
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 4} and len(out["output_ids"]) == 4
+    assert meta["cached_tokens"] >= 35
+    after = counters(first)
+    assert after["num_requests_total"] - before["num_requests_total"] == 1
+    assert after["cached_tokens_total"] - before["cached_tokens_total"] == meta["cached_tokens"]
+
+
 def test_round_robin_alternates_and_each_replica_hits_its_own_copy(cluster):
     workers = cluster["workers"]
     for w in workers:

@@ -6,7 +6,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterator, Optional, Sequence
+from typing import Callable, Collection, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -30,6 +30,7 @@ class Completion:
     ttft: Optional[float]       # seconds from submit to the first token
     total_time: float
     error: Optional[str] = None
+    matched_stop: Union[str, int, None] = None   # what ended it: the stop string, or the EOS token id (SGLang's)
 
 
 class Request:
@@ -50,6 +51,7 @@ class Request:
         self.streamed_text = ""     # the prefix of output_text already sent to stream()
         self.state = WAITING
         self.finish_reason: Optional[str] = None
+        self.matched_stop: Union[str, int, None] = None
         self.error: Optional[str] = None
         self.generator: Optional[torch.Generator] = None
         self.kv_slots = torch.empty(0, dtype=SLOT_DTYPE)
@@ -90,14 +92,14 @@ class Request:
         reason = None
         early = len(self.output_ids) < self.params.min_new_tokens
         if tok in eos_token_ids and not self.params.ignore_eos and not early:
-            reason = "eos"
+            reason, self.matched_stop = "eos", tok
         if self._text is None:
             self._text = IncrementalText(decode)
         text = self._text.extend(self.output_ids)
         for s in () if early else self.params.stop:
             at = text.find(s, max(0, len(before) - len(s) + 1) if self.params.min_new_tokens else 0)
             if at >= 0:
-                text, reason = text[:at], "stop"
+                text, reason, self.matched_stop = text[:at], "stop", s
         if reason is None and len(self.output_ids) >= self.params.max_new_tokens:
             reason = "length"
         self.output_text = text
@@ -116,7 +118,8 @@ class Request:
         return Completion(rid=self.rid, text=self.output_text, token_ids=list(self.output_ids),
                           prompt_tokens=len(self.prompt_ids), cached_tokens=self.cached_tokens or 0,
                           finish_reason=self.finish_reason, ttft=ttft, total_time=end - self.submit_time,
-                          error=self.error)
+                          error=self.error, matched_stop=self.matched_stop if self.finish_reason in ("eos", "stop")
+                          else None)
 
 
 def stream_safe_len(text: str, stop: Sequence[str], finished: bool) -> int:
@@ -165,6 +168,10 @@ class RequestHandle:
     def partial_ids(self) -> list[int]:
         """The token ids generated so far (a copy): how far a running request got."""
         return list(self._req.output_ids)
+
+    def cached_tokens(self) -> int:
+        """Prompt tokens its (first) admission found in the radix cache; 0 before it is admitted."""
+        return self._req.cached_tokens or 0
 
     def result(self, timeout: Optional[float] = None) -> Completion:
         if not self._req.done.wait(timeout):

@@ -6,7 +6,7 @@ the schema (schemathesis, a client generator) sees exactly what the server accep
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -91,6 +91,33 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     sglext: Optional[SglExt] = None
+
+
+class FinishReason(BaseModel):
+    type: str                                    # "length" or "stop"
+    length: Optional[int] = None                 # "length": the tokens generated
+    matched: Union[str, int, None] = None        # "stop": the stop string, or the EOS token id
+
+
+class GenerateMeta(BaseModel):
+    id: str
+    finish_reason: Optional[FinishReason]        # null until the last chunk of a stream
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: str
+    e2e_latency: Optional[float] = None          # seconds, on a finished answer
+
+
+class GenerateOutput(BaseModel):
+    text: str
+    output_ids: list[int]
+    meta_info: GenerateMeta
+    prompt_token_ids: Optional[list[int]] = None   # with return_prompt_token_ids
+    index: Optional[int] = None                    # a batch's or n's stream chunks: which answer
+
+
+GenerateResponse = Union[GenerateOutput, list[GenerateOutput]]   # one prompt with n = 1: an object
 
 
 class ModelCard(BaseModel):

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 from fastapi import Depends, FastAPI, Response
-from fastapi.responses import JSONResponse
 
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.model.model_files import tokenizer_folder
-from core.server import api_schema, errors, openai_routes, state_routes
+from core.server import api_schema, errors, native_routes, openai_routes, state_routes
 from core.server.auth import Caller, Keys
 from core.server.browser_guard import BrowserGuard, HostPolicy
 from core.server.cpu_pool import DEFAULT_WORKERS, CpuPool
@@ -81,6 +80,7 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
     read_body = make_body_reader(s.max_body_bytes, s.read_timeout)
     inference, admin = keys.inference_dependency(), keys.admin_dependency()
     app.include_router(openai_routes.router(host, pool, read_body, inference, s.stream_usage_by_default))
+    app.include_router(native_routes.router(host, pool, read_body, inference))
     app.include_router(state_routes.router(host, pool, read_body, inference, admin))
 
     @app.get("/metrics", operation_id="metrics", response_class=Response,
@@ -132,13 +132,7 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
     async def health():
         """200 while the engine serves; 503 in step mode (inference parked until someone steps) or while
         draining for shutdown, so a router stops sending traffic here."""
-        e = host.engine
-        state = "draining" if host.draining else ("running" if e.running else "stepping")
-        body = {"status": "ok" if state == "running" else state, "engine_loop": "running" if e.running else
-                "stepping", "model": host.served_model_name}
-        if state == "running":
-            return body
-        return JSONResponse(body, status_code=503, headers={"Retry-After": str(errors.RETRY_AFTER_S)})
+        return native_routes.health_response(*host.health())
 
     api_schema.install(app, secured=not keys.open)
     app.add_middleware(BrowserGuard, policy=HostPolicy(s.bind, s.allowed_hosts, s.allowed_origins))

@@ -31,7 +31,7 @@ from core.server.model_store import ModelRoots, default_roots, release_memory
 from core.server.prometheus import ServerMetrics
 
 EngineFactory = Callable[[EngineConfig], Engine]
-OnPiece = Optional[Callable[[str], None]]
+OnPiece = Optional[Callable[[str, RequestHandle], None]]   # (text piece, the request it came from)
 OnDone = Optional[Callable[[Optional[Completion], Optional[str]], None]]   # (completion, why it was aborted)
 KEEP_OWNERS = 4096           # owners remembered for finished requests (the engine keeps its last 200)
 BYTES_MARGIN = 2             # a prompt is refused unread only past twice what could ever fit
@@ -160,7 +160,7 @@ class EngineHost:
         try:
             for piece in handle.stream():
                 if on_piece is not None:
-                    on_piece(piece)
+                    on_piece(piece, handle)
             completion = handle.result()
         finally:
             with self._lock:
@@ -199,6 +199,17 @@ class EngineHost:
     def abort_all(self, reason: str = SHUTDOWN) -> None:
         for rid in list(self.inflight):
             self.abort(rid, reason)
+
+    def health(self, failing: Optional[str] = None) -> tuple[int, dict[str, str]]:
+        """(status code, body) of a health check: 200 while the engine serves; 503 in step mode (inference parked
+        until someone steps), while draining for shutdown, or with `failing` (what a deeper check found)."""
+        e = self.engine
+        state = "draining" if self.draining else ("running" if e.running else "stepping")
+        if state == "running" and failing:
+            state = failing
+        body = {"status": "ok" if state == "running" else state, "engine_loop": "running" if e.running else
+                "stepping", "model": self.served_model_name}
+        return (200 if state == "running" else 503), body
 
     # ----- draining (SIGTERM) --------------------------------------------------------------------
     def begin_drain(self) -> None:

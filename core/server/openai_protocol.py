@@ -97,6 +97,16 @@ NOT_HONOURED: dict[str, tuple[tuple, str]] = {
 }
 
 
+def check_noops(body: BaseModel, table: dict[str, tuple[tuple, str]], prefix: str = "") -> None:
+    """A 400 for the first field of `table` that `body` sets to a value other than its no-op values (the
+    field named as `prefix` + name)."""
+    for name, (noop, why) in table.items():
+        value = getattr(body, name, None)
+        if value is not None and not any(value == v and type(value) is type(v) for v in noop):
+            raise APIError(400, f"{why or name + ' is not supported'} (got {prefix}{name}={value!r})",
+                           prefix + name, "unsupported_parameter")
+
+
 class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -143,11 +153,7 @@ class SamplingFields(BaseModel):
     json_schema: Optional[str] = None
 
     def check_unsupported(self) -> None:
-        for name, (noop, why) in NOT_HONOURED.items():
-            value = getattr(self, name, None)
-            if value is not None and not any(value == v and type(value) is type(v) for v in noop):
-                raise APIError(400, f"{why or name + ' is not supported'} (got {name}={value!r})", name,
-                               "unsupported_parameter")
+        check_noops(self, NOT_HONOURED)
         n = 1 if self.n is None else self.n
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be an integer from 1 to {MAX_N}, got {self.n!r}", "n", "invalid_value")
@@ -180,7 +186,7 @@ class SamplingFields(BaseModel):
     def max_tokens_param(self) -> str:
         return "max_tokens"
 
-    def open_ended(self) -> bool:
+    def open_ended(self, prompt: int = 0) -> bool:
         """Whether the client set no limit, so a choice may run to the end of the context (chat only:
         /v1/completions has OpenAI's documented default of 16)."""
         return False
@@ -252,7 +258,7 @@ class CompletionRequest(SamplingFields):
             return [list(p)]
         return list(p)
 
-    def params(self, choice: int = 0) -> SamplingParams:
+    def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams:
         return self.sampling_params(self.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, choice)
 
 
@@ -331,10 +337,10 @@ class ChatCompletionRequest(SamplingFields):
     def max_tokens_param(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
-    def open_ended(self) -> bool:
+    def open_ended(self, prompt: int = 0) -> bool:
         return self.max_tokens is None and self.max_completion_tokens is None
 
-    def params(self, choice: int = 0) -> SamplingParams:
+    def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams:
         mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return self.sampling_params(mt, DEFAULT_CHAT_MAX_TOKENS, choice)
 

@@ -15,12 +15,11 @@ rides on the last choice's finishing chunk: SGLang 0.5.23 sends it in a chunk of
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Optional
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from core.engine.request import Completion
 from core.server import api_schema
@@ -31,6 +30,7 @@ from core.server.host import EngineHost, new_id
 from core.server.json_body import parse_object
 from core.server.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, parse
 from core.server.openai_run import ChoiceRun
+from core.server.sse import DONE, ClosingStream, sse
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -47,25 +47,6 @@ def sglext(body: SamplingFields, first: Optional[Completion]) -> Optional[dict]:
     if not body.return_cached_tokens_details or first is None or first.cached_tokens <= 0:
         return None
     return {"cached_tokens_details": {"device": first.cached_tokens, "host": 0}}
-
-
-class _ClosingStream(StreamingResponse):
-    """A stream that closes its run however it ends, even when the client leaves before the first
-    chunk (an async generator that never started runs no `finally`)."""
-
-    def __init__(self, run: ChoiceRun, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._run = run
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._run.close()
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
 async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_default: bool):
@@ -91,30 +72,31 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
     try:
         if chat:
             for i in range(k):
-                yield _sse({"id": rid, "object": obj, "created": created, "model": model,
+                yield sse({"id": rid, "object": obj, "created": created, "model": model,
                             "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}], **nulls})
         while len(run.done) < k:
             try:
-                i, text, c, reason = await run.next_event()
-                if text is not None:
-                    sent[i] += text
-                    yield _sse(chunk(i, text, None))
+                e = await run.next_event()
+                i = e.choice
+                if e.is_piece:
+                    sent[i] += e.text
+                    yield sse(chunk(i, e.text, None))
                     continue
-                c = run.finished(i, c, reason)
+                c = run.finished(i, e.completion, e.reason)
             except APIError as err:
-                yield _sse(error_body(err.status, err.message, err.param, err.code))
-                yield "data: [DONE]\n\n"
+                yield sse(error_body(err.status, err.message, err.param, err.code))
+                yield DONE
                 return
             if c.text.startswith(sent[i]) and len(c.text) > len(sent[i]):   # never lose a tail
-                yield _sse(chunk(i, c.text[len(sent[i]):], None))
+                yield sse(chunk(i, c.text[len(sent[i]):], None))
             last = chunk(i, None, FINISH.get(c.finish_reason, c.finish_reason))
             ext = sglext(run.body, run.done.get(0)) if len(run.done) == k else None
-            yield _sse({**last, "sglext": ext} if ext is not None else last)
+            yield sse({**last, "sglext": ext} if ext is not None else last)
         done = [run.done[i] for i in range(k)]
         if with_usage:
-            yield _sse(head({"usage": usage(done, run.body.choices_per_prompt)}))
-        yield "data: [DONE]\n\n"
+            yield sse(head({"usage": usage(done, run.body.choices_per_prompt)}))
+        yield DONE
     finally:  # the client left (the task is cancelled here) or we finished: nothing stays running
         run.close()
 
@@ -140,7 +122,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, usage_by_defau
         await run.start(prompts, "messages" if chat else "prompt")
         if body.stream:
             obj = "chat.completion.chunk" if chat else "text_completion"
-            return _ClosingStream(run, _stream(run, obj, model, chat, usage_by_default),
+            return ClosingStream(run, _stream(run, obj, model, chat, usage_by_default),
                                   media_type="text/event-stream",
                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:

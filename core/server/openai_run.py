@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
 
 from fastapi import Request
 
@@ -24,9 +24,25 @@ from core.server.auth import Caller
 from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
 from core.server.host import CLIENT_ABORT, DISCONNECT, SHUTDOWN, EngineHost
-from core.server.openai_protocol import MAX_CHOICES, SamplingFields
+from core.server.openai_protocol import MAX_CHOICES
 
 DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class Event:
+    """What happened to one choice: a text piece (with the token ids generated and the prompt tokens found cached
+    when it was sent), or its end (the completion, None if it never finished, and why it was aborted)."""
+    choice: int
+    text: Optional[str] = None
+    ids: list[int] = field(default_factory=list)
+    cached: int = 0
+    completion: Optional[Completion] = None
+    reason: Optional[str] = None
+
+    @property
+    def is_piece(self) -> bool:
+        return self.text is not None
 
 
 @dataclass
@@ -85,8 +101,20 @@ def abort_error(rid: str, reason: Optional[str], c: Optional[Completion]) -> API
     return APIError(500, "the request ended without a result; see the server log", code="engine_error")
 
 
+class RunBody(Protocol):
+    """What a run reads of a request body: openai_protocol's SamplingFields, native_protocol's GenerateRequest."""
+
+    @property
+    def choices_per_prompt(self) -> int: ...
+    def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams: ...
+    def open_ended(self, prompt: int = 0) -> bool: ...
+    def namespace(self) -> Optional[str]: ...
+    def max_tokens_param(self) -> str: ...
+    def param_error(self, exc: ParamError) -> APIError: ...
+
+
 class ChoiceRun:
-    def __init__(self, host: EngineHost, pool: CpuPool, caller: Caller, body: SamplingFields, response_id: str,
+    def __init__(self, host: EngineHost, pool: CpuPool, caller: Caller, body: RunBody, response_id: str,
                  stream: bool) -> None:
         self.host, self.pool, self.caller, self.body = host, pool, caller, body
         self.response_id, self.stream = response_id, stream
@@ -110,7 +138,7 @@ class ChoiceRun:
         if total > MAX_CHOICES:
             raise APIError(400, f"{len(prompts):,} prompts x n={n} is {total:,} choices, more than {MAX_CHOICES:,} in "
                                 f"one request; split it", prompt_param, "invalid_value")
-        params = [self.body.params(j) for j in range(n)]
+        params = [[self.body.params(j, pi) for j in range(n)] for pi in range(len(prompts))]
         key = self.body.namespace()
         self.engine = self.host.reserve(min(total, self.host.max_request_share))
         self.reserved = min(total, self.host.max_request_share)
@@ -119,8 +147,8 @@ class ChoiceRun:
             max_param = self.body.max_tokens_param()
             for pi, ids in enumerate(tokenized):
                 for j in range(n):
-                    p = params[j]
-                    if self.body.open_ended():
+                    p = params[pi][j]
+                    if self.body.open_ended(pi):
                         p = dataclasses.replace(p, max_new_tokens=max(1, room(self.engine, len(ids))))
                     err = fit_error(self.host, self.engine, len(ids), p, prompt_param, max_param)
                     if err is not None:
@@ -142,8 +170,9 @@ class ChoiceRun:
         c = self.choices[self.next]
         self.next += 1
         rid = f"{self.response_id}-{c.index}"
-        on_piece = (lambda t, i=c.index: self._post((i, t, None, None))) if self.stream else None
-        on_done = lambda comp, reason, i=c.index: self._post((i, None, comp, reason))   # noqa: E731
+        on_piece = (lambda t, h, i=c.index: self._post(Event(i, t, h.partial_ids(), h.cached_tokens()))) \
+            if self.stream else None
+        on_done = lambda comp, reason, i=c.index: self._post(Event(i, completion=comp, reason=reason))   # noqa: E731
         try:
             h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, self.key, self.caller,
                                     rid, on_piece, on_done)
@@ -164,7 +193,7 @@ class ChoiceRun:
     def _refilled(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            self._post((-1, None, None, task.exception()))
+            self._post(task.exception())
 
     def _post(self, item) -> None:
         try:
@@ -173,9 +202,9 @@ class ChoiceRun:
             pass
 
     # ----- consuming ---------------------------------------------------------------------------------
-    async def next_event(self, request: Optional[Request] = None) -> tuple[int, Optional[str], Any, Any]:
-        """(choice, text piece, None, None) or (choice, None, completion, abort reason); raises the error a
-        refill met. With `request`, polls for a client that went away (-> 499, everything aborted)."""
+    async def next_event(self, request: Optional[Request] = None) -> Event:
+        """The next piece or end of a choice; raises the error a refill met. With `request`, polls for a client
+        that went away (-> 499, everything aborted)."""
         while True:
             try:
                 item = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S) if request else \
@@ -185,11 +214,10 @@ class ChoiceRun:
                     self.close()
                     raise APIError(499, "the client closed the connection; its requests were aborted") from None
                 continue
-            i, text, comp, reason = item
-            if i < 0:
-                raise reason
-            if text is None:
-                self.done[i] = comp
+            if isinstance(item, BaseException):
+                raise item
+            if not item.is_piece:
+                self.done[item.choice] = item.completion
                 self._refill()
             return item
 
@@ -200,8 +228,8 @@ class ChoiceRun:
 
     async def wait_all(self, request: Request) -> list[Completion]:
         while len(self.done) < len(self.choices):
-            i, _, c, reason = await self.next_event(request)
-            self.finished(i, c, reason)
+            e = await self.next_event(request)
+            self.finished(e.choice, e.completion, e.reason)
         return [self.done[i] for i in range(len(self.choices))]
 
     def close(self) -> None:

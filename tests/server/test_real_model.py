@@ -1,6 +1,7 @@
 """The official openai client against a live server on the real default model (SmolLM2-135M)."""
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -139,3 +140,33 @@ def test_a_chat_without_max_tokens_runs_to_the_end_of_the_room_and_null_content_
                                                 messages=[{"role": "user", "content": "Hi"}]))
         raw = [ch.to_dict() for ch in chunks]
         assert all("usage" in d for d in raw) and [d["usage"] is None for d in raw][:-1] == [True] * (len(raw) - 1)
+
+
+def test_sglang_s_generate_answers_the_completion_s_text_and_names_what_stopped_it(real):
+    """/generate (SGLang's native API) on the real model: the same greedy text as /v1/completions, a stream whose
+    cumulative text and ids grow to the same answer, and finish reasons as SGLang writes them."""
+    prompt = "The capital of France is"
+    want = real.client().completions.create(model="default", prompt=prompt, max_tokens=8, temperature=0)
+    out = httpx.post(f"{real.url}/generate", timeout=60, json={"text": prompt, "sampling_params": {
+        "max_new_tokens": 8, "temperature": 0}}).json()
+    assert out["text"] == want.choices[0].text and real.engine.tokenizer.decode(out["output_ids"]) == out["text"]
+    assert out["meta_info"]["prompt_tokens"] == want.usage.prompt_tokens
+    with httpx.stream("POST", f"{real.url}/generate", timeout=60, json={"text": prompt, "stream": True,
+                                                                       "sampling_params": {"max_new_tokens": 8,
+                                                                                           "temperature": 0}}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln and ln != "data: [DONE]"]
+    assert len(chunks) >= 4 and chunks[-1]["text"] == out["text"] and chunks[-1]["output_ids"] == out["output_ids"]
+    for a, b in zip(chunks, chunks[1:]):
+        assert b["text"].startswith(a["text"]) and b["output_ids"][:len(a["output_ids"])] == a["output_ids"]
+    assert all(c["meta_info"]["completion_tokens"] == len(c["output_ids"]) for c in chunks)
+    assert [c["meta_info"]["finish_reason"] is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+    stopped = httpx.post(f"{real.url}/generate", timeout=60, json={"text": prompt, "sampling_params": {
+        "max_new_tokens": 12, "temperature": 0, "stop": ["."]}}).json()
+    assert stopped["text"] == " Paris" and stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": "."}
+    tok = real.engine.tokenizer
+    chat = tok.apply_chat_template([{"role": "user", "content": QUESTIONS[2]}], tokenize=False,
+                                   add_generation_prompt=True)
+    eos = httpx.post(f"{real.url}/generate", timeout=60, json={"text": chat, "sampling_params": {
+        "max_new_tokens": 64, "temperature": 0}}).json()
+    assert eos["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos["output_ids"][-1]}
+    assert eos["output_ids"][-1] in real.engine.runner.eos_token_ids and "4" in eos["text"]
