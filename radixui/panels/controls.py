@@ -1,4 +1,4 @@
-"""Sidebar controls of the Live page: engine settings (rebuild), reset, refresh and step mode.
+"""Sidebar controls of the Live page: engine settings (rebuild), abort all, reset, refresh and step mode.
 Everything goes through the EngineClient, so the same sidebar drives a local or a remote engine."""
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import streamlit as st
 
 from core.engine.config import FORM_FIELDS, describe_choice, form_options
 from radixui.connect.client import EngineClient
+from radixui.panels.abort import abort_all_button
 
 
-ADMIN_NOTE = ("Signed in with the inference key (RADIX_API_KEY): the engine settings, step mode and reset "
-              "cache change the engine for everyone and need the admin key. Start the dashboard with "
+ADMIN_NOTE = ("Signed in with the inference key (RADIX_API_KEY): the engine settings, step mode, abort all and "
+              "reset cache change the engine for everyone and need the admin key. Start the dashboard with "
               "RADIX_ADMIN_KEY set to use them.")
 
 
@@ -120,6 +121,7 @@ def live_controls(client: EngineClient, admin: bool = True) -> tuple[bool, float
                 st.session_state.flash = ("info", "Nothing to do: no request is waiting or running.")
         except PermissionError as exc:
             _refused(exc)
+    abort_all_button(client, admin)
     if sb.button("Reset cache", width="stretch", disabled=not admin,
                  help=None if admin else "Needs the admin key"):
         err = client.reset_cache()

@@ -22,6 +22,7 @@ from radixui.figures.hit_chart import hit_rate_figure
 from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.slots import kv_heatmap, slot_row_figure, written_range
 from radixui.figures.tree import tree_figure, tree_overview
+from radixui.panels.abort import abort_selected_button
 from radixui.panels.live_data import cached_figure, decoder, event_store
 from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
@@ -172,6 +173,7 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
                 st.dataframe(df, hide_index=True, width="stretch", height=min(35 * (len(df) + 1) + 3, 35 * 5 + 3),
                              on_select="rerun", selection_mode="single-row", key=ss["_table_key"],
                              column_config=TABLE_CONFIG)
+            abort_selected_button(client, snap, selected)
             if stepping:
                 st.caption("Step mode: TTFT counts from submit, so it includes the wait for your Step clicks.")
     with form_box:
