@@ -16,7 +16,7 @@ from core.kv_events.view import block_snapshot
 from radixui.connect.kv_source import get_source
 from radixui.connect.resources import DEFAULT_MODEL, get_runner
 from radixui.figures.tree import Highlights, tree_figure, tree_overview
-from radixui.panels.kv_link import BIND_HELP, waiting_message
+from radixui.panels.kv_link import BIND_HELP, unresolved_host, waiting_message
 from radixui.panels.kv_panels import event_log_table, evictions_table, gap_panel, kpi_tiles, rates_figure, tiers_figure
 
 
@@ -113,8 +113,10 @@ def render() -> None:
             gaps = list(follower.gaps)
         waiting = None
         if source is not None:       # a live endpoint: nothing is "Exact" before a live batch came
+            refused = source.link == "refused" and not source.bind and not source.received
             waiting = waiting_message(source.endpoint, source.bind, source.link, source.received,
-                                      time.time() - source.started, status["last_seq"])
+                                      time.time() - source.started, status["last_seq"],
+                                      unresolved_host(source.endpoint) if refused else None)
         if waiting is not None:
             getattr(st, waiting[0])(waiting[1])
         else:

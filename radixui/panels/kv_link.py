@@ -7,21 +7,47 @@ and without this check the page would show an empty tree as if the engine had ca
 """
 from __future__ import annotations
 
+import functools
+import socket
 from typing import Optional
+from urllib.parse import urlsplit
 
 BIND_HELP = ("SGLang's rule: an engine endpoint with a wildcard host (tcp://*:5557) binds, one naming a host "
              "(tcp://HOST:5557) connects. When the engine connects, this page must bind: tick this and type "
              "the address the engine connects to (this machine's, or tcp://*:PORT).")
 
 
+@functools.lru_cache(maxsize=32)
+def unresolved_host(endpoint: str) -> Optional[str]:
+    """The host of a tcp:// endpoint when no address can be found for it (ZeroMQ reports a name that does not
+    resolve as it reports a refused connection: both are retried), else None. Asked once per endpoint."""
+    try:
+        host = urlsplit(endpoint).hostname
+    except ValueError:
+        return None
+    if not endpoint.startswith("tcp://") or not host or host == "*":
+        return None
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return host
+    return None
+
+
 def waiting_message(endpoint: str, bind: bool, link: str, received: int, waited_s: float,
-                    caught_up_to: Optional[int] = None) -> Optional[tuple[str, str]]:
+                    caught_up_to: Optional[int] = None,
+                    unresolved: Optional[str] = None) -> Optional[tuple[str, str]]:
     """(level, text) to show instead of the stream's status, or None when the stream is flowing (a
     live batch came, or the replay socket's catch-up applied some on a live link). `link`: the
     subscriber's socket state ("connecting", "connected", "refused", "disconnected", "listening");
-    `received`: live batches; level is "info", "warning" or "error"."""
+    `received`: live batches; `unresolved`: the endpoint's host when it does not resolve (unresolved_host);
+    level is "info", "warning" or "error"."""
     caught = (f" The replay socket's catch-up applied batches up to seq {caught_up_to:,}, but no live batch "
               f"can follow." if caught_up_to is not None else "")
+    if not bind and link == "refused" and unresolved and not received:
+        return ("error", f"No address found for {unresolved!r} (the host in {endpoint}), so this page cannot connect. "
+                         f"Check the name (a typo? a machine this one cannot see?) or use the engine's IP address."
+                         f"{caught}")
     if not bind and link == "refused":
         if received:
             return ("warning", f"Nothing listens at {endpoint} any more (the engine stopped or moved?): the tree is "

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from core.cache.allocator import SlotAllocator
 from core.cache.radix_cache import RadixCache, RadixKey
 from core.kv_events.publisher import KVEventPublisher, should_bind
-from radixui.panels.kv_link import waiting_message
+from radixui.panels.kv_link import unresolved_host, waiting_message
 from tests.kv_events.helpers import LOCAL
 
 APP = str(pathlib.Path(__file__).resolve().parents[2] / "app.py")
@@ -57,6 +57,19 @@ def test_a_refused_link_says_no_one_binds_and_what_to_change():
     assert text.startswith(f"Nothing listens at {EP}, so no batch can arrive.")
     assert "no one binds" in text and "tcp://*:PORT (it binds)" in text and '"Bind here"' in text
     assert text.endswith("applied batches up to seq 0, but no live batch can follow.")
+
+
+def test_a_host_that_does_not_resolve_is_named_not_called_a_refusal():
+    """ZeroMQ retries an unresolvable name as it retries a refused connection (link "refused")."""
+    assert unresolved_host("tcp://no-such-host.invalid:5557") == "no-such-host.invalid"
+    assert unresolved_host("tcp://127.0.0.1:5557") is None and unresolved_host("tcp://localhost:5557") is None
+    assert unresolved_host("tcp://*:5557") is None and unresolved_host("ipc:///tmp/kv") is None
+    ep = "tcp://no-such-host.invalid:5557"
+    level, text = waiting_message(ep, False, "refused", 0, 3.0, unresolved=unresolved_host(ep))
+    assert level == "error" and text.startswith(f"No address found for 'no-such-host.invalid' (the host in {ep})")
+    assert "Nothing listens" not in text
+    # once batches came, the host resolved then: the link is gone, not misnamed
+    assert waiting_message(ep, False, "refused", 3, 3.0, unresolved="x")[1].startswith("Nothing listens at")
 
 
 def test_a_bound_page_nobody_connected_to_says_so_even_after_a_replay():
