@@ -48,6 +48,11 @@ class Overlap:
         return self.fixed_ms + self.ms_per_prompt_token * prompt_len + self.ms_per_output_token * output_len
 
 
+# why no pool hits anything when the infinite pool hits nothing: the counting rule of matchable_pages
+NO_HITS_NOTE = ("no whole page before a prompt's last token repeats (the rule the engine counts hits by): "
+                "no pool hits anything")
+
+
 def matchable_pages(prompt_len: int, page_size: int) -> int:
     """Whole pages of a prompt that a prefix match may cover: those before its last token. The engine, as SGLang
     (`max_prefix_len = len(fill_ids) - 1`), always computes a prompt's last token, whose logits it samples from,

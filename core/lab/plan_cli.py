@@ -20,6 +20,7 @@ from core.lab.host_tier import (
     check_write_policy,
     replay_with_host,
 )
+from core.lab.page_trace import NO_HITS_NOTE
 from core.lab.units import ModelKV, add_bytes_columns, fmt_capacity, load_model_config, parse_capacity, shipped_models
 
 CAPACITY_HELP = ("comma-separated pool sizes: bytes of KV memory with --model-config (80GiB, 40GB), tokens "
@@ -86,7 +87,7 @@ def print_sweep(args, res, kv: Optional[ModelKV]) -> None:
             print(f"note: {note}")
     print(f"smallest swept capacity reaching {args.target:.0%} of it (python -m core.lab size searches between "
           f"the swept points):")
-    why = " (no prompt token repeats: no pool hits anything)" if res.infinite_hit_rate <= 0 else ""
+    why = f" ({NO_HITS_NOTE})" if res.infinite_hit_rate <= 0 else ""
     for name, cap in res.capacity_to_reach(args.target).items():
         print(f"  {name:>9}: {'not reached' + why if cap is None else fmt_capacity(cap, res.page_size, kv)}")
 

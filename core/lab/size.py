@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from core.lab.optimal import Bounds
-from core.lab.page_trace import Overlap
+from core.lab.page_trace import NO_HITS_NOTE, Overlap
 from core.lab.replay import check_policy, pool_pages_needed, replay
 from core.lab.units import ModelKV, fmt_capacity
 from core.lab.workloads import Workload
@@ -148,7 +148,7 @@ def size_optimal(bounds: Bounds, target: float = 0.9, hi_max: Optional[int] = No
     hi_max = max(hi_max or bounds.distinct_pages + 1, floor)
     ps = bounds.page_size
     if inf == 0:
-        return _answer(OPTIMAL, target, goal, bounds, None, 0, {}, "no prompt token repeats: no pool hits anything")
+        return _answer(OPTIMAL, target, goal, bounds, None, 0, {}, NO_HITS_NOTE)
     found, lower, probes = search(lambda p: bounds.optimal(p * ps).hit_tokens, goal, hi_max, floor, floor - 1,
                                   rel_tol)
     return _answer(OPTIMAL, target, goal, bounds, found, lower, probes)
@@ -165,7 +165,7 @@ def size_policy(workload: Workload, policy: str, bounds: Bounds, target: float =
     goal = target * inf
     hi_max = hi_max or pool_pages_needed(workload, ps, overlap, bounds.distinct_pages)
     if inf == 0:
-        return _answer(policy, target, goal, bounds, None, 0, {}, "no prompt token repeats: no pool hits anything")
+        return _answer(policy, target, goal, bounds, None, 0, {}, NO_HITS_NOTE)
     lower, first = 0, 1
     if start is not None and start.capacity_pages is not None:
         lower, first = start.lower_pages, start.capacity_pages   # the optimum misses below: so does the policy

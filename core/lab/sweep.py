@@ -124,7 +124,7 @@ class SweepResult:
     def capacity_to_reach(self, fraction: float = 0.9) -> dict[str, Optional[int]]:
         """Per policy (and the optimum): the smallest swept capacity whose hit rate reaches
         `fraction` of the infinite-capacity rate; None when no swept capacity does, and for every one when that
-        rate is 0 (no prompt token repeats: a 0 hit rate "reaches" 90 % of 0 at any size, which answers nothing)."""
+        rate is 0 (no whole page repeats: a 0 hit rate "reaches" 90 % of 0 at any size, which answers nothing)."""
         target = fraction * self.infinite_hit_rate
         out: dict[str, Optional[int]] = {}
         if self.infinite_hit_rate <= 0:

@@ -8,6 +8,7 @@ import pytest
 
 from core.lab.__main__ import main
 from core.lab.optimal import Bounds
+from core.lab.page_trace import NO_HITS_NOTE
 from core.lab.replay import pool_pages_needed, replay
 from core.lab.size import OPTIMAL, SizeAnswer, _violations, search, size
 from core.lab.workloads import few_shot, generated_shared_prefix, multi_turn_chat
@@ -82,7 +83,15 @@ def test_non_monotone_probes_are_reported():
 def test_a_workload_with_nothing_to_hit_says_so():
     w = few_shot(num_requests=1, num_tasks=1, examples_len=8, question_len=2)
     out = size(w, ["lru"], TARGET, 1)
-    assert all(a.capacity_pages is None and "no prompt token repeats" in a.note for a in out)
+    assert all(a.capacity_pages is None and a.note == NO_HITS_NOTE for a in out)
+
+
+def test_tokens_that_repeat_inside_a_page_are_still_nothing_to_hit():
+    """Two requests share 3 examples tokens, less than a page of 4: tokens repeat, no whole page does."""
+    w = few_shot(num_requests=2, num_tasks=1, examples_len=3, question_len=2)
+    assert list(w.requests[0].prompt_ids()[:3]) == list(w.requests[1].prompt_ids()[:3])
+    out = size(w, ["lru"], TARGET, 4)
+    assert all(a.capacity_pages is None and a.note == NO_HITS_NOTE for a in out)
 
 
 @pytest.mark.parametrize("target", [0, 1.5, float("nan"), True])
