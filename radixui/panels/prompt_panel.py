@@ -5,7 +5,8 @@ the form (max new tokens, temperature, ...) as they are on screen, not as they w
 Send. Both submit in the buttons' callback, before the page's script runs, so the page can send
 the request table ahead of the form's widgets: the new row is the first thing the browser draws.
 Number fields have no browser-side limits: an out-of-range value reaches `form_params`, which
-names the field and the range, instead of the browser silently refusing the click.
+names the field and the range, instead of the browser silently refusing the click. (Past 2**53, where
+JavaScript's numbers stop being exact integers, Streamlit's field itself keeps the last value.)
 """
 from __future__ import annotations
 
