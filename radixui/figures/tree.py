@@ -41,8 +41,8 @@ from radixui.figures.palette import (
 )
 from radixui.figures.plot import figure
 from radixui.figures.tree_marks import (
-    LABEL_MARKER,
     LABEL_RADIUS_PX,
+    MARKER_SIZE,
     Frame,
     collect_nodes,
     ghost_colour,
@@ -67,6 +67,10 @@ __all__ = ["Highlights", "step_highlights", "node_state", "tree_figure", "tree_o
 
 LEVEL_PX = 118     # pixels from one level to the next
 CHAR_PX = 6.8      # average width of one character of the 12 px label font
+# A level holds the child's label, its circle and its slot text: two label lines need this many pixels, and
+# below TIGHT_LEVEL_PX the labels shrink to the 10 px font (a squeezed tree: the Live page's height cap).
+TWO_LINE_LEVEL_PX = 80
+TIGHT_LEVEL_PX = 62
 
 
 # ----- figure ----------------------------------------------------------------------------------
@@ -138,10 +142,12 @@ def _frame_geometry(pos: dict, width: int, height: Optional[int], title: Optiona
         height = int(level_px * (depth + 1.0)) + margin["t"] + margin["b"]
     plot_h = max(1.0, height - margin["t"] - margin["b"])
     col_px = (width - margin["l"] - margin["r"]) / n_cols
-    font = 12 if col_px >= 70 else 10
+    level_px = plot_h / (depth + 1.0)
+    font = 12 if col_px >= 70 and level_px >= TIGHT_LEVEL_PX else 10
     chars = int(min(30, (col_px - 8) / (CHAR_PX * font / 12)))
     return Frame(height=height, margin=margin, depth=depth, n_cols=n_cols, units_per_px=(depth + 1.0) / plot_h,
-                  font=font, chars=chars, labels=chars >= 3)
+                  font=font, chars=chars, labels=chars >= 3, label_lines=2 if level_px >= TWO_LINE_LEVEL_PX else 1,
+                  tight=level_px < TIGHT_LEVEL_PX)
 
 
 def _edge_text(shown, pos: dict, tt: TokenText, ghost_age: dict, frame: Frame) -> tuple[dict, dict]:
@@ -157,7 +163,7 @@ def _edge_text(shown, pos: dict, tt: TokenText, ghost_age: dict, frame: Frame) -
                           f"subtree{'s' if box['subtrees'] != 1 else ''}, {box['tokens']:,} tokens")
         else:
             view = shown.nodes[child]["view"]
-            texts.append(edge_label(view.token_ids, tt, frame.chars) if frame.labels else "")
+            texts.append(edge_label(view.token_ids, tt, frame.chars, frame.label_lines) if frame.labels else "")
             hovers.append(("evicted " if child in ghost_age else "") + f"node {view.id}: "
                           + html_escape(shorten(clean(tt(view.token_ids)), 300)))
         colours.append(ghost_colour(ghost_age[child]) if child in ghost_age else "#111827")
@@ -166,7 +172,7 @@ def _edge_text(shown, pos: dict, tt: TokenText, ghost_age: dict, frame: Frame) -
         ys.append(y)
     trace = dict(type="scatter", x=xs, y=ys, mode="markers+text", text=texts, textposition="top center",
                  textfont=dict(size=frame.font, color=colours), hovertext=hovers, hoverinfo="text",
-                 marker=dict(size=LABEL_MARKER, opacity=0), showlegend=False, name="edge text")
+                 marker=dict(size=frame.label_marker, opacity=0), showlegend=False, name="edge text")
     return trace, lines
 
 
@@ -181,10 +187,15 @@ def _edge_strokes(shown, pos: dict, root, label_lines: dict, ghost_age: dict, fr
     ghost_y: list = []
     for parent, child in shown.edges:
         (px, py), (cx, cy) = pos[parent], pos[child]
-        top = py - (LABEL_RADIUS_PX + (4 if parent == root else 4 + 1.25 * font + 4)
-                    + (1.25 * font + 4 if parent == victim else 0)) * u
-        bar = py - 0.40
-        bottom = cy + (LABEL_RADIUS_PX + 4 + 1.25 * font * label_lines[child]) * u
+        if frame.tight:      # under the parent's circle (its slots are beside it), over the child's one-line label
+            top = py - (MARKER_SIZE / 2 + 2) * u
+            bottom = cy + (frame.label_marker / 2 + 2 + 1.25 * font * label_lines[child]) * u
+            bar = (top + bottom) / 2 if bottom < top else top
+        else:
+            top = py - (LABEL_RADIUS_PX + (4 if parent == root else 4 + 1.25 * font + 4)
+                        + (1.25 * font + 4 if parent == victim else 0)) * u
+            bar = py - 0.40
+            bottom = cy + (LABEL_RADIUS_PX + 4 + 1.25 * font * label_lines[child]) * u
         xs, ys = (ghost_x, ghost_y) if child in ghost_age else (live_x, live_y)
         xs += [px, px, cx, cx, None]
         ys += [top, bar, bar, min(bottom, bar - 0.02), None]
@@ -251,13 +262,14 @@ def tree_figure(snapshot: CacheSnapshot, token_text: Optional[TokenText] = None,
     edge_text, label_lines = _edge_text(shown, pos, tt, ghost_age, frame)
     traces = _edge_strokes(shown, pos, root, label_lines, ghost_age, frame, victim) + [edge_text]
     marks = collect_nodes(shown, pos, tt, h, ghost_age, ghosts, victim, snapshot.policy, frame)
-    traces += node_traces(marks, frame.font)
+    traces += node_traces(marks, frame)
     traces += _legend_traces(bool(ghost_age))
     annotations = []
     if marks.victim_xy is not None:
-        cross, note = victim_marker(marks.victim_xy, frame.font)
+        cross, note = victim_marker(marks.victim_xy, frame)
         traces.append(cross)
-        annotations.append(note)
+        if note is not None:
+            annotations.append(note)
     footer = footer_lines(footer_notes(snapshot, focus, views, tt, h, shown, frame.labels), width)
     if footer:
         annotations.append(footer_annotation(footer))

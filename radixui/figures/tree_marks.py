@@ -15,6 +15,7 @@ from radixui.figures.tree_text import node_hover, node_label
 MARKER_SIZE = 20
 LABEL_MARKER = 28  # labels keep the distance of a marker this big: clear of the dashed split ring
 LABEL_RADIUS_PX = LABEL_MARKER / 2   # labels start this far from a node's centre
+TIGHT_LABEL_MARKER = 22   # the same on a tight frame (levels too close for the ring's clearance)
 GHOST_OPACITY = (0.95, 0.6, 0.35)
 
 
@@ -34,6 +35,18 @@ class Frame:
     font: int
     chars: int             # label characters that fit in one column
     labels: bool           # whether labels fit at all
+    label_lines: int = 2   # lines an edge label may take: 1 where levels are too close for 2
+    tight: bool = False    # levels too close for a slot label under each node: it goes to the node's right
+
+    @property
+    def label_marker(self) -> int:
+        """The invisible marker edge labels sit on: how far above a node its label starts."""
+        return TIGHT_LABEL_MARKER if self.tight else LABEL_MARKER
+
+    @property
+    def slot_chars(self) -> int:
+        """Characters of a slot label: the column's, or half of it beside the node."""
+        return max(4, self.chars // 2) if self.tight else self.chars
 
 
 def _group() -> dict:
@@ -69,7 +82,7 @@ def _add_box(group: dict, box: dict, node: tuple, frame: Frame) -> None:
 
 def _add_ghost(group: dict, view: NodeView, ghost: Ghost, age: int, tt: TokenText, frame: Frame) -> None:
     """An evicted node: slots struck through (they are free now), faded by age."""
-    group["text"].append(f"<s>{html_escape(node_label(view.slots, frame.chars))}</s>" if frame.labels else "")
+    group["text"].append(f"<s>{html_escape(node_label(view.slots, frame.slot_chars))}</s>" if frame.labels else "")
     group["hover"].append(f"<b>node {view.id}, evicted</b> at time {fmt_time(ghost.evicted_at)} · "
                           f"{len(view.token_ids)} tokens<br>"
                           f"text: {html_escape(shorten(clean(tt(view.token_ids)), 200))}"
@@ -84,7 +97,7 @@ def _add_ghost(group: dict, view: NodeView, ghost: Ghost, age: int, tt: TokenTex
 def _add_live(group: dict, view: NodeView, state: str, tt: TokenText, highlights: Highlights, victim,
               policy: str, frame: Frame) -> None:
     """A node of the tree: its slot runs under it, a red outline when it is an evictable leaf."""
-    slots = html_escape(node_label(view.slots, frame.chars)) if frame.labels else ""
+    slots = html_escape(node_label(view.slots, frame.slot_chars)) if frame.labels else ""
     group["text"].append("root" if view.parent is None else slots)
     group["hover"].append(node_hover(view, tt, state, view.id == victim, view.id in highlights.split, policy))
     group["line"].append(EVICTABLE_OUTLINE if view.evictable else OUTLINE)
@@ -125,8 +138,10 @@ def collect_nodes(shown, pos: dict, tt: TokenText, highlights: Highlights, ghost
     return marks
 
 
-def node_traces(marks: NodeMarks, font: int) -> list:
-    """One marker trace per fill state, then the slot labels and the node ids that sit on them."""
+def node_traces(marks: NodeMarks, frame: Frame) -> list:
+    """One marker trace per fill state, then the slot labels (under each node, or beside it on a tight frame)
+    and the node ids that sit on them."""
+    font = frame.font
     traces = []
     slot_x, slot_y, slot_text = [], [], []
     for state in ("root", "collapsed", "evicted", *reversed(STATE_ORDER)):
@@ -148,8 +163,9 @@ def node_traces(marks: NodeMarks, font: int) -> list:
             slot_text += group["text"]
     # slot labels under the nodes, from a wider invisible marker so they clear the split ring
     traces.append(dict(type="scatter", x=slot_x, y=slot_y, mode="markers+text", text=slot_text,
-                       textposition="bottom center", textfont=dict(size=font - 1, color="#374151", family="monospace"),
-                       hoverinfo="skip", marker=dict(size=LABEL_MARKER, opacity=0), showlegend=False, name="slots"))
+                       textposition="middle right" if frame.tight else "bottom center",
+                       textfont=dict(size=font - 1, color="#374151", family="monospace"), hoverinfo="skip",
+                       marker=dict(size=frame.label_marker, opacity=0), showlegend=False, name="slots"))
     ids = marks.ids
     traces.append(dict(type="scatter", x=ids["x"], y=ids["y"], mode="text", text=ids["text"],
                        textposition="middle center", textfont=dict(size=9 if font >= 12 else 8, color=ids["colour"]),
@@ -166,11 +182,15 @@ def split_rings(split_xy: list) -> list:
             for x, y in split_xy]
 
 
-def victim_marker(victim_xy: tuple, font: int) -> tuple[dict, dict]:
-    """A red ✕ on the leaf the eviction heap gives up first, and "next victim" under its slot label."""
+def victim_marker(victim_xy: tuple, frame: Frame) -> tuple[dict, Optional[dict]]:
+    """A red ✕ on the leaf the eviction heap gives up first, and "next victim" under its slot label (on a tight
+    frame there is no room under it: the legend's ✕ names it)."""
     x, y = victim_xy
+    font = frame.font
     cross = dict(type="scatter", x=[x], y=[y], mode="markers", hoverinfo="skip", showlegend=False,
                  marker=dict(size=9, symbol="x-thin", color=VICTIM, line=dict(color=VICTIM, width=3)))
+    if frame.tight:
+        return cross, None
     note = dict(x=x, y=y, xref="x", yref="y", text="next victim", showarrow=False, yanchor="top",
                 yshift=-(LABEL_RADIUS_PX + 1.25 * font + 6), font=dict(color=VICTIM, size=font - 1))
     return cross, note

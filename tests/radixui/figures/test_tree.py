@@ -327,3 +327,41 @@ def test_a_ghost_under_the_next_victim_starts_below_its_note(walk):
     note_bottom = note.y - (LABEL_RADIUS_PX + 1.25 * font + 6 + 1.25 * font) * per_px
     stroke = trace(fig, "ghost edges")
     assert stroke.x[0] == note.x and stroke.y[0] <= note_bottom, (stroke.y[0], note_bottom)
+
+
+def _deep_chain(depth: int):
+    """A chain `depth` levels deep with a one-page sibling at every level (a long chat, turn by turn)."""
+    from core.cache.allocator import SlotAllocator
+    from core.cache.radix_cache import RadixCache
+    cache = RadixCache(SlotAllocator(4096))
+    seq: list[int] = []
+    for d in range(depth):
+        seq = seq + [200 + d * 10 + j for j in range(6)]
+        run_request(cache, seq)
+        run_request(cache, seq + [900 + d])
+    return snapshot_cache(cache)
+
+
+def test_a_tree_squeezed_into_the_live_page_keeps_every_bar_between_a_circle_and_a_label():
+    """Ten levels in the Live page's 580 px left 42 px a level: two-line labels ran through the bars and the
+    slot labels under the deepest nodes were cut off. A tight frame gives one-line labels, slots beside each
+    node, and bars in the gap between a parent's circle and its children's labels."""
+    snap = _deep_chain(10)
+    loose = tree_figure(snap, width=900)
+    assert loose.layout.height > 580 and trace(loose, "slots").textposition == "bottom center"
+    fig = tree_figure(snap, width=900, height=580)
+    assert trace(fig, "slots").textposition == "middle right"
+    assert all("<br>" not in t for t in trace(fig, "edge text").text)
+    assert not [a for a in fig.layout.annotations if a.text == "next victim"]     # the legend's ✕ names it
+    _, xs, ys = line_segments(fig)
+    plot_px = 580 - fig.layout.margin.t - fig.layout.margin.b
+    u = (-fig.layout.yaxis.range[0] + fig.layout.yaxis.range[1] - 1) / plot_px   # data units per pixel
+    font_px = 1.25 * trace(fig, "edge text").textfont.size
+    for i in range(0, len(ys), 5):          # each elbow: parent stub top, bar, bar, child stub bottom, gap
+        top, bar, bottom = ys[i], ys[i + 1], ys[i + 3]
+        py = round(top)                      # levels sit on whole numbers: the parent's, and the child's under it
+        cy = py - 1
+        assert (py - top) / u >= 10          # the stroke starts under the parent's circle (20 px)
+        assert top > bar > bottom            # the bar in the gap
+        assert (bottom - cy) / u >= 11 + font_px   # and the stroke stops above the child's one-line label
+    validate(fig)
