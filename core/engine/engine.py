@@ -202,7 +202,10 @@ class Engine:
                 for i, it in enumerate(items):
                     try:
                         if sched.commit(it):
-                            to_sample.append((i, it.req))
+                            if it.req.params.max_new_tokens == 0:
+                                self._finish(it.req, "length")    # prefill only (SGLang's cache_prefix)
+                            else:
+                                to_sample.append((i, it.req))
                     except Exception as exc:
                         self._fail(it.req, exc)
                     committed = i + 1
@@ -284,9 +287,12 @@ class Engine:
             self.metrics.on_first_token(req.first_token_time - req.submit_time)
         reason = req.append_token(tok, self.runner.eos_token_ids, self._decode)
         if reason is not None:
-            self.scheduler.finish(req)
-            self.metrics.requests_finished += 1
-            self._complete(req, reason)
+            self._finish(req, reason)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self.scheduler.finish(req)
+        self.metrics.requests_finished += 1
+        self._complete(req, reason)
 
     def _decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

@@ -137,18 +137,19 @@ def check_rid(rid: Any) -> Optional[str]:
 
 
 def tokenize(tokenizer, vocab_size: int, prompt: Prompt) -> tuple[list[int], str]:
-    """Raw text (no special tokens added), token ids, or chat messages (the chat template)."""
+    """Raw text (with the special tokens its tokenizer adds: a BOS for Llama 3 or Mistral, none for SmolLM2, as
+    SGLang, vLLM and HF `tokenizer(text)` read text), token ids, or chat messages (the chat template)."""
     if isinstance(prompt, (bytes, bytearray, memoryview)):
         raise ValueError("a prompt is text, not bytes: decode it first (e.g. data.decode('utf-8'))")
     if isinstance(prompt, str):
-        if not prompt.strip():
+        if not prompt:
             raise ValueError("empty prompt: type some text")
         if len(prompt) > MAX_PROMPT_CHARS:
             raise ValueError(f"prompt of {len(prompt):,} characters is too long; shorten it")
         if tokenizer is None:
             raise ValueError("this engine's model has no tokenizer; submit token ids")
         _check_unicode(prompt)
-        return list(tokenizer.encode(prompt, add_special_tokens=False)), prompt
+        return list(tokenizer.encode(prompt)), prompt
     if isinstance(prompt, dict) or not isinstance(prompt, (list, tuple, np.ndarray)):
         raise ValueError(f"a prompt is a string, a list of token ids, or a list of chat messages "
                          f"{{'role','content'}}, got {type(prompt).__name__}")

@@ -31,6 +31,7 @@ class Completion:
     total_time: float
     error: Optional[str] = None
     matched_stop: Union[str, int, None] = None   # what ended it: the stop string, or the EOS token id (SGLang's)
+    retractions: int = 0        # times the scheduler took it back out to free memory (SGLang's num_retractions)
 
 
 class Request:
@@ -119,7 +120,7 @@ class Request:
                           prompt_tokens=len(self.prompt_ids), cached_tokens=self.cached_tokens or 0,
                           finish_reason=self.finish_reason, ttft=ttft, total_time=end - self.submit_time,
                           error=self.error, matched_stop=self.matched_stop if self.finish_reason in ("eos", "stop")
-                          else None)
+                          else None, retractions=max(0, len(self.admissions) - 1))
 
 
 def stream_safe_len(text: str, stop: Sequence[str], finished: bool) -> int:

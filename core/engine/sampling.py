@@ -65,7 +65,7 @@ def _is_real(x: Any) -> bool:
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 32
+    max_new_tokens: int = 32        # 0: prefill only (the prompt is cached, nothing is generated), as SGLang
     temperature: float = 0.0        # 0 = greedy
     top_k: int = 0                  # 0 = no top-k cut
     top_p: float = 1.0
@@ -88,9 +88,9 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise ParamError (a ValueError) naming the field and what to change; normalises `stop` to a tuple
         and logit_bias keys to ints."""
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ParamError("max_new_tokens", f"max_new_tokens must be an integer >= 1, got "
-                                               f"{self.max_new_tokens!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise ParamError("max_new_tokens", f"max_new_tokens must be an integer >= 0 (0: prefill the prompt "
+                                               f"into the cache, generate nothing), got {self.max_new_tokens!r}")
         if not _is_real(self.temperature) or self.temperature < 0:
             raise ParamError("temperature", f"temperature must be >= 0 (0 = greedy) and finite, got "
                                             f"{self.temperature!r}")

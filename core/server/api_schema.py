@@ -94,9 +94,11 @@ class ChatCompletionResponse(BaseModel):
 
 
 class FinishReason(BaseModel):
-    type: str                                    # "length" or "stop"
+    type: str                                    # "length", "stop" or "abort"
     length: Optional[int] = None                 # "length": the tokens generated
     matched: Union[str, int, None] = None        # "stop": the stop string, or the EOS token id
+    message: Optional[str] = None                # "abort": why
+    model_config = ConfigDict(extra="allow")     # "abort" also carries SGLang's status_code and err_type (null)
 
 
 class GenerateMeta(BaseModel):
@@ -105,6 +107,8 @@ class GenerateMeta(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning_tokens: int                        # 0: no reasoning model
+    num_retractions: int                         # times the scheduler took it out to free memory
     weight_version: str
     e2e_latency: Optional[float] = None          # seconds, on a finished answer
 
@@ -118,6 +122,10 @@ class GenerateOutput(BaseModel):
 
 
 GenerateResponse = Union[GenerateOutput, list[GenerateOutput]]   # one prompt with n = 1: an object
+
+
+class AbortedCount(BaseModel):
+    aborted: int                                 # requests that were still running
 
 
 class ModelCard(BaseModel):
@@ -206,7 +214,7 @@ def generation_responses(model: type[BaseModel]) -> dict:
                   "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", "/health_generate")   # no key, as SGLang's health routes
 
 
 def install(app: FastAPI, secured: bool = False) -> None:

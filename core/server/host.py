@@ -159,7 +159,7 @@ class EngineHost:
         completion: Optional[Completion] = None
         try:
             for piece in handle.stream():
-                if on_piece is not None:
+                if on_piece is not None and not handle.done():   # once done, the completion carries the text
                     on_piece(piece, handle)
             completion = handle.result()
         finally:
@@ -195,6 +195,13 @@ class EngineHost:
         if not names:
             return None
         return any([self.abort(r, CLIENT_ABORT) for r in names])
+
+    def abort_every_owned(self, caller: Caller) -> int:
+        """Abort every request in flight that `caller` may act on (the admin: all); how many were still running."""
+        with self._lock:
+            rids = [r for r in self.inflight if caller.owns_requests
+                    and (caller.admin or self.owners.get(r) == caller.identity)]
+        return sum(bool(self.abort(r, CLIENT_ABORT)) for r in rids)
 
     def abort_all(self, reason: str = SHUTDOWN) -> None:
         for rid in list(self.inflight):

@@ -2,9 +2,11 @@
 field by field and mapped onto the engine's SamplingParams.
 
 The rule of openai_protocol.py holds here too: every field is honoured, accepted only at its no-op value, or refused
-with a 400 that names it (`sampling_params.top_k`, `input_ids`). An unknown field is refused: SGLang refuses unknown
-sampling keys but ignores unknown top-level ones, and a field dropped in silence is an answer the client did not ask
-for. Names and defaults are SGLang's: `max_new_tokens` (128 when left out; null runs to the end of the context, as
+with a 400 that names it (`sampling_params.top_k`, `input_ids`). Every field of SGLang's GenerateReqInput is known
+here; an unknown one is refused (SGLang refuses unknown sampling keys but ignores unknown top-level ones: a field
+dropped in silence is an answer the client did not ask for). As SGLang reads them: a list of no-op values (one per
+prompt) is a no-op, an empty `extra_key` / `cache_salt` is none, `model` is ignored (the native API serves the model
+it has). Names and defaults are SGLang's: `max_new_tokens` (128 when left out; null runs to the end of the context, as
 SGLang's scheduler does), `min_new_tokens`, `sampling_seed`, `n` inside `sampling_params`, `top_k` -1 or 2**30 for
 off. A batch is a list of texts (or of token-id lists), with one sampling_params for all or one each.
 """
@@ -21,20 +23,21 @@ from core.server.openai_protocol import MAX_N, check_noops, parse
 DEFAULT_MAX_NEW_TOKENS = 128          # SGLang's SamplingParams default
 TOP_K_OFF = 1 << 30                   # SGLang's default top_k: every token
 WEIGHT_VERSION = "default"            # SGLang's meta_info.weight_version when no weights were updated
+OPEN_ENDED = 2 ** 31 - 1              # max_new_tokens: null, until the room is known
 
 SAMPLING_NOT_HONOURED: dict[str, tuple[tuple, str]] = {
     "stop_token_ids": ((None, []), "stop_token_ids are not supported; use stop strings"),
     "stop_regex": ((None, [], ""), "stop_regex is not supported; use stop strings"),
     "min_p": ((None, 0, 0.0), "min_p is not supported by this server"),
-    "json_schema": ((None,), "constrained decoding (json_schema) is not supported by this server"),
-    "regex": ((None,), "constrained decoding (regex) is not supported by this server"),
-    "ebnf": ((None,), "constrained decoding (ebnf) is not supported by this server"),
-    "structural_tag": ((None,), "constrained decoding (structural_tag) is not supported by this server"),
+    "json_schema": ((None, ""), "constrained decoding (json_schema) is not supported by this server"),
+    "regex": ((None, ""), "constrained decoding (regex) is not supported by this server"),
+    "ebnf": ((None, ""), "constrained decoding (ebnf) is not supported by this server"),
+    "structural_tag": ((None, ""), "constrained decoding (structural_tag) is not supported by this server"),
     "choice": ((None, []), "constrained decoding (choice) is not supported by this server"),
     "skip_special_tokens": ((None, True), "special tokens are always skipped in the output"),
     "spaces_between_special_tokens": ((None, True), "spaces_between_special_tokens can only be true"),
     "no_stop_trim": ((None, False), "no_stop_trim is not supported: stop strings are always trimmed"),
-    "custom_params": ((None,), "custom_params need a custom logit processor, which this server does not run"),
+    "custom_params": ((None, {}), "custom_params need a custom logit processor, which this server does not run"),
     "beam_width": ((None, 0, 1), "beam search is not supported by this server"),
     "watermark": ((None,), "watermarking is not supported by this server"),
 }
@@ -69,6 +72,31 @@ NOT_HONOURED: dict[str, tuple[tuple, str]] = {
     "background": ((None, False), "background requests are not supported by this server"),
     "return_bytes": ((None, False), "output bytes are not returned by this server"),
     "return_entropy": ((None, False), "entropies are not returned by this server"),
+    "watermark": ((None,), "watermarking is not supported by this server"),
+    "mm_hashes": ((None, []), "only text inputs are supported by this server"),
+    "mm_content_hashes": ((None, []), "only text inputs are supported by this server"),
+    "use_audio_in_video": ((None, False), "only text inputs are supported by this server"),
+    "video_config": ((None,), "only text inputs are supported by this server"),
+    "images_config": ((None,), "only text inputs are supported by this server"),
+    "mm_processor_kwargs": ((None, {}), "only text inputs are supported by this server"),
+    "need_wait_for_mm_inputs": ((None, False), "only text inputs are supported by this server"),
+    "num_items_assigned": ((None,), "only text inputs are supported by this server"),
+    "encoder_urls": ((None, []), "only text inputs are supported by this server"),
+    "max_dynamic_patch": ((None,), "only text inputs are supported by this server"),
+    "min_dynamic_patch": ((None,), "only text inputs are supported by this server"),
+    "image_max_dynamic_patch": ((None,), "only text inputs are supported by this server"),
+    "video_max_dynamic_patch": ((None,), "only text inputs are supported by this server"),
+    "sampling_logprobs_mode": ((None,), "logprobs are not supported by this server"),
+    "return_flat_raw_top_logprobs": ((None, False), "logprobs are not supported by this server"),
+    "return_flat_raw_output_top_logprobs": ((None, False), "logprobs are not supported by this server"),
+    "return_flat_raw_top_logprobs_b64": ((None, False), "logprobs are not supported by this server"),
+    "return_indexer_topk": ((None, False), "indexer top-k is not returned by this server"),
+    "positional_embed_overrides": ((None,), "positional embedding overrides are not supported by this server"),
+    "decode_tp_size": ((None,), "prefill/decode disaggregation is not supported by this server"),
+    "disagg_prefill_dp_rank": ((None,), "prefill/decode disaggregation is not supported by this server"),
+    "multi_item_delimiter_indices": ((None,), "multi-item scoring is not supported by this server"),
+    "token_indices_to_pool": ((None,), "pooling is not supported by this server (no embeddings)"),
+    "http_worker_ipc": ((None,), "http_worker_ipc is internal to SGLang's server; drop it"),
 }
 
 
@@ -119,10 +147,10 @@ class GenerateRequest(BaseModel):
     input_ids: Union[list[StrictInt], list[list[StrictInt]], None] = None
     sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None
     stream: Optional[StrictBool] = False
-    model: Optional[str] = None                   # sglang-router sends null; a name must be this server's
+    model: Optional[str] = None                   # ignored, as SGLang ignores it (sglang-router sends null)
     priority: Any = None
-    extra_key: Optional[str] = None
-    cache_salt: Optional[str] = None
+    extra_key: Union[str, list[str], None] = None     # one for all prompts, or one each
+    cache_salt: Union[str, list[str], None] = None
     return_prompt_token_ids: Optional[StrictBool] = None
     # accepted and ignored: they change nothing about the answer
     log_metrics: Optional[StrictBool] = None
@@ -132,6 +160,9 @@ class GenerateRequest(BaseModel):
     logprob_start_len: Optional[StrictInt] = None          # without logprobs it selects nothing
     return_text_in_logprobs: Optional[StrictBool] = None
     routed_experts_start_len: Optional[StrictInt] = None
+    conversation_id: Optional[str] = None
+    external_trace_header: Optional[dict[str, Any]] = None
+    received_time: Optional[float] = None
     # accepted only at their no-op values (NOT_HONOURED)
     rid: Any = None
     return_logprob: Any = None
@@ -162,6 +193,31 @@ class GenerateRequest(BaseModel):
     background: Any = None
     return_bytes: Any = None
     return_entropy: Any = None
+    watermark: Any = None
+    mm_hashes: Any = None
+    mm_content_hashes: Any = None
+    use_audio_in_video: Any = None
+    video_config: Any = None
+    images_config: Any = None
+    mm_processor_kwargs: Any = None
+    need_wait_for_mm_inputs: Any = None
+    num_items_assigned: Any = None
+    encoder_urls: Any = None
+    max_dynamic_patch: Any = None
+    min_dynamic_patch: Any = None
+    image_max_dynamic_patch: Any = None
+    video_max_dynamic_patch: Any = None
+    sampling_logprobs_mode: Any = None
+    return_flat_raw_top_logprobs: Any = None
+    return_flat_raw_output_top_logprobs: Any = None
+    return_flat_raw_top_logprobs_b64: Any = None
+    return_indexer_topk: Any = None
+    positional_embed_overrides: Any = None
+    decode_tp_size: Any = None
+    disagg_prefill_dp_rank: Any = None
+    multi_item_delimiter_indices: Any = None
+    token_indices_to_pool: Any = None
+    http_worker_ipc: Any = None
 
     _sampling: list[NativeSampling] = PrivateAttr(default_factory=list)   # parsed by check()
 
@@ -169,7 +225,7 @@ class GenerateRequest(BaseModel):
     def check(self) -> None:
         """400 for an unsupported value, a body that names no prompt (or two), or sampling params that do not
         match the batch; parses sampling_params."""
-        check_noops(self, NOT_HONOURED)
+        check_noops(self, NOT_HONOURED, per_item=True)
         if (self.text is None) == (self.input_ids is None):
             both = "both" if self.text is not None else "neither"
             raise APIError(400, f"send text (a string or a list of strings) or input_ids (token ids or lists of "
@@ -187,9 +243,16 @@ class GenerateRequest(BaseModel):
         if len(ns) > 1:
             raise APIError(400, "every prompt of a batch needs the same sampling_params.n", "sampling_params.n",
                            "invalid_value")
-        if self.cache_salt is not None and self.extra_key is not None and self.cache_salt != self.extra_key:
-            raise APIError(400, "cache_salt and extra_key name the same cache namespace; send one of them",
-                           "cache_salt", "invalid_value")
+        for name in ("extra_key", "cache_salt"):
+            keys = getattr(self, name)
+            if isinstance(keys, list) and len(keys) != self.batch_size:
+                raise APIError(400, f"{name} has {len(keys)} entries for {self.batch_size} prompts; send one per "
+                                    f"prompt, or one string for all", name, "invalid_value")
+        for p in range(self.batch_size):
+            salt, extra = _key(self.cache_salt, p), _key(self.extra_key, p)
+            if salt is not None and extra is not None and salt != extra:
+                raise APIError(400, "cache_salt and extra_key name the same cache namespace here; send one of them "
+                                    "(or the same value in both)", "cache_salt", "invalid_value")
 
     @property
     def is_batch(self) -> bool:
@@ -217,11 +280,10 @@ class GenerateRequest(BaseModel):
     def choices_per_prompt(self) -> int:
         return _n(self._sampling[0])
 
-    def namespace(self) -> Optional[str]:
-        key = self.cache_salt if self.cache_salt is not None else self.extra_key
-        if key is not None and not key:
-            raise APIError(400, "extra_key must be a non-empty string (or left out)", "extra_key", "invalid_value")
-        return key
+    def namespace(self, prompt: int = 0) -> Optional[str]:
+        """The cache namespace of prompt `prompt`: its cache_salt or extra_key; "" is none (SGLang's reading)."""
+        salt = _key(self.cache_salt, prompt)
+        return salt if salt is not None else _key(self.extra_key, prompt)
 
     def max_tokens_param(self) -> str:
         return "sampling_params.max_new_tokens"
@@ -244,7 +306,8 @@ class GenerateRequest(BaseModel):
         bias = s.logit_bias
         if isinstance(bias, dict):
             bias = {token_id_key(k): v for k, v in bias.items()}
-        max_new = DEFAULT_MAX_NEW_TOKENS if s.max_new_tokens is None else s.max_new_tokens
+        # null: ChoiceRun sets the room left once the prompt is tokenized; validated against no limit until then
+        max_new = OPEN_ENDED if s.max_new_tokens is None else s.max_new_tokens
 
         def pick(value: Any, default: Any) -> Any:
             return default if value is None else value
@@ -273,6 +336,11 @@ class GenerateRequest(BaseModel):
         return self._sampling[prompt if len(self._sampling) > 1 else 0]
 
 
+def _key(keys: Union[str, list[str], None], prompt: int) -> Optional[str]:
+    key = keys[prompt] if isinstance(keys, list) else keys
+    return key or None
+
+
 def _sampling(raw: dict) -> NativeSampling:
     try:
         s = parse(NativeSampling, raw)
@@ -289,6 +357,18 @@ def _n(s: NativeSampling) -> int:
         raise APIError(400, f"sampling_params.n must be an integer from 1 to {MAX_N}, got {s.n!r}",
                        "sampling_params.n", "invalid_value")
     return n
+
+
+class AbortRequest(BaseModel):
+    """SGLang's /abort_request body (AbortReq)."""
+    model_config = ConfigDict(extra="forbid")
+
+    rid: Optional[str] = ""                      # a meta_info.id, or the response id before its "-<i>"
+    abort_all: StrictBool = False
+    abort_message: Optional[str] = None          # accepted and ignored: the answer says it was aborted
+    finished_reason: Optional[dict[str, Any]] = None
+    weight_versions: Any = None
+    http_worker_ipc: Any = None
 
 
 def parse_generate(data: dict) -> GenerateRequest:

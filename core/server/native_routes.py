@@ -1,20 +1,27 @@
-"""SGLang's native routes: POST (or PUT) /generate and GET /health_generate, answered as SGLang 0.5.23 answers them,
-so SGLang's own clients (`bench_serving --backend sglang`, the default; sglang-router forwarding /generate; scripts
-written against SGLang's docs) run unchanged.
+"""SGLang's native routes: POST (or PUT) /generate, POST /abort_request and GET /health_generate, answered as SGLang
+0.5.23 answers them, so SGLang's own clients (`bench_serving --backend sglang`, the default; its frontend language;
+sglang-router forwarding /generate; scripts written against SGLang's docs) run unchanged.
 
 /generate takes `text` or `input_ids` (one prompt, or a list for a batch) and `sampling_params`
 (native_protocol.py). One prompt with n = 1 answers one object, anything else a list, prompt by prompt and sample
 by sample:
 
     {"text": ..., "output_ids": [...], "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens",
-     "cached_tokens", "weight_version", "e2e_latency"}}
+     "cached_tokens", "reasoning_tokens", "num_retractions", "weight_version", "e2e_latency"}}
 
-`finish_reason` is SGLang's object: {"type": "length", "length": n}, or {"type": "stop", "matched": the stop string,
-or the EOS token id}. A stream (`"stream": true`) sends that object after each piece of text, its text and
-output_ids cumulative (SGLang's default, not incremental) and finish_reason null until the last, then
-`data: [DONE]`; in a batch each carries its `index`. `meta_info.id` is the engine request's id, which the abort
-route takes. Errors are this server's JSON errors (SGLang's shape: {"error": {"message", ...}}), in a stream as an
-event before [DONE]; a request aborted or drained at shutdown is an error, not a result with an "abort" reason.
+`finish_reason` is SGLang's object: {"type": "length", "length": n}, {"type": "stop", "matched": the stop string,
+or the EOS token id}, or {"type": "abort", "message": ...} for a request its owner aborted (/abort_request, the
+dashboard), which answers what it had generated, as SGLang does. `max_new_tokens` 0 prefills the prompt into the
+cache and generates nothing (SGLang's frontend caches prefixes this way). A stream (`"stream": true`) sends that
+object after each piece of text, its text and output_ids cumulative (SGLang's default, not incremental) and
+finish_reason null until the last, then `data: [DONE]`; in a batch each carries its `index`. `meta_info.id` is the
+engine request's id, which /abort_request takes. Errors are JSON ({"error": {"message", ...}}); in a stream SGLang's
+error event, {"error": {"message", "type", "code": the HTTP status, "retryable"}}, before [DONE]. A request the
+server drained at shutdown, or that the engine failed, is an error.
+
+/health_generate needs no key, as SGLang's health routes: 200 once the engine shows it generates (busy: progress
+within 20 s; idle: one token for a one-token prompt, which then sits in the cache as SGLang's probe does). One probe
+runs at a time and its answer serves every check within a second, so calling it costs the engine nothing more.
 """
 from __future__ import annotations
 
@@ -30,15 +37,19 @@ from core.engine.sampling import SamplingParams
 from core.server import api_schema
 from core.server.auth import Caller
 from core.server.cpu_pool import CpuPool
-from core.server.errors import RETRY_AFTER_S, APIError, error_body
-from core.server.host import EngineHost, new_id
+from core.server.errors import RETRY_AFTER_S, TYPES, APIError
+from core.server.host import CLIENT_ABORT, EngineHost, new_id
 from core.server.json_body import parse_object
-from core.server.native_protocol import WEIGHT_VERSION, GenerateRequest, parse_generate
-from core.server.openai_run import ChoiceRun
+from core.server.native_protocol import WEIGHT_VERSION, AbortRequest, GenerateRequest, parse_generate
+from core.server.openai_protocol import parse
+from core.server.openai_run import ChoiceRun, Event
 from core.server.sse import DONE, ClosingStream, sse
 
 HEALTH_TIMEOUT_S = 20.0      # SGLang's HEALTH_CHECK_TIMEOUT
 HEALTH_POLL_S = 0.05
+HEALTH_REUSE_S = 1.0         # a probe's answer serves the checks that arrive within this long
+PROBE_CALLER = Caller(admin=False, identity="health-probe", authenticated=False)
+ABORTED = "aborted by request (/abort_request or the dashboard)"
 
 
 def finish_reason(c: Completion) -> Optional[dict[str, Any]]:
@@ -46,7 +57,15 @@ def finish_reason(c: Completion) -> Optional[dict[str, Any]]:
         return {"type": "length", "length": len(c.token_ids)}
     if c.finish_reason in ("stop", "eos"):
         return {"type": "stop", "matched": c.matched_stop}
+    if c.finish_reason == "abort":
+        return {"type": "abort", "message": ABORTED, "status_code": None, "err_type": None}
     return None
+
+
+def stream_error(err: APIError) -> dict[str, Any]:
+    """SGLang's stream error event: the HTTP status as `code` (its typed client reads an integer there)."""
+    return {"error": {"message": err.message, "type": TYPES.get(err.status, "server_error"), "code": err.status,
+                      "retryable": err.status in (429, 503), "param": err.param}}
 
 
 class Outputs:
@@ -55,10 +74,16 @@ class Outputs:
     def __init__(self, run: ChoiceRun, body: GenerateRequest, started: float) -> None:
         self.run, self.body, self.started = run, body, started
 
-    def meta(self, i: int, completion_tokens: int, cached: int, finish: Optional[dict]) -> dict[str, Any]:
+    @property
+    def many(self) -> bool:
+        return self.body.is_batch or self.body.choices_per_prompt > 1
+
+    def meta(self, i: int, completion_tokens: int, cached: int, finish: Optional[dict],
+             retractions: int = 0) -> dict[str, Any]:
         c = self.run.choices[i]
         m = {"id": f"{self.run.response_id}-{i}", "finish_reason": finish, "prompt_tokens": len(c.ids),
-             "weight_version": WEIGHT_VERSION, "completion_tokens": completion_tokens, "cached_tokens": cached}
+             "weight_version": WEIGHT_VERSION, "num_retractions": retractions, "reasoning_tokens": 0,
+             "completion_tokens": completion_tokens, "cached_tokens": cached}
         if finish is not None:
             m["e2e_latency"] = time.perf_counter() - self.started
         return m
@@ -71,56 +96,84 @@ class Outputs:
             out["index"] = i
         return out
 
-    def done(self, i: int, c: Completion, streamed: bool) -> dict[str, Any]:
-        return self.item(i, c.text, list(c.token_ids), self.meta(i, len(c.token_ids), c.cached_tokens,
-                                                               finish_reason(c)), streamed)
+    def piece(self, e: Event, text: str) -> dict[str, Any]:
+        return self.item(e.choice, text, e.ids, self.meta(e.choice, len(e.ids), e.cached, None), True)
 
-    @property
-    def many(self) -> bool:
-        return self.body.is_batch or self.body.choices_per_prompt > 1
+    def ended(self, e: Event, streamed: bool) -> dict[str, Any]:
+        """The last object of a choice: its completion, or what it had when its owner aborted it (an error for
+        any other end: a shutdown, an engine failure)."""
+        c = e.completion
+        if not (c is not None and c.finish_reason == "abort" and not c.error and e.reason == CLIENT_ABORT):
+            c = self.run.finished(e.choice, c, e.reason)
+        meta = self.meta(e.choice, len(c.token_ids), c.cached_tokens, finish_reason(c), c.retractions)
+        return self.item(e.choice, c.text, list(c.token_ids), meta, streamed)
 
 
 async def _stream(run: ChoiceRun, out: Outputs):
     texts = [""] * len(run.choices)
+    left = len(run.choices)
     try:
-        while len(run.done) < len(run.choices):
+        while left:
             try:
                 e = await run.next_event()
-                i = e.choice
                 if e.is_piece:
-                    texts[i] += e.text
-                    yield sse(out.item(i, texts[i], e.ids, out.meta(i, len(e.ids), e.cached, None), True))
+                    texts[e.choice] += e.text
+                    yield sse(out.piece(e, texts[e.choice]))
                     continue
-                c = run.finished(i, e.completion, e.reason)
+                left -= 1
+                yield sse(out.ended(e, True))
             except APIError as err:
-                yield sse(error_body(err.status, err.message, err.param, err.code))
+                yield sse(stream_error(err))
                 break
-            yield sse(out.done(i, c, True))
         yield DONE
     finally:  # the client left (the task is cancelled here) or we finished: nothing stays running
         run.close()
 
 
+async def _answers(run: ChoiceRun, out: Outputs, request: Request) -> list[dict[str, Any]]:
+    items: dict[int, dict] = {}
+    try:
+        while len(items) < len(run.choices):
+            e = await run.next_event(request)
+            if not e.is_piece:
+                items[e.choice] = out.ended(e, False)
+    finally:
+        run.close()
+    return [items[i] for i in range(len(run.choices))]
+
+
+class HealthProbe:
+    """One probe at a time; a probe's answer serves every check within HEALTH_REUSE_S of it."""
+
+    def __init__(self, host: EngineHost, pool: CpuPool) -> None:
+        self.host, self.pool = host, pool
+        self.lock = asyncio.Lock()
+        self.last: tuple[float, bool] = (-1e9, False)
+
+    async def healthy(self) -> bool:
+        async with self.lock:
+            at, ok = self.last
+            if time.monotonic() - at < HEALTH_REUSE_S:
+                return ok
+            ok = await _progressed(self.host) if self.host.inflight else await _probe(self.host, self.pool)
+            self.last = (time.monotonic(), ok)
+            return ok
+
+
 def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
     r = APIRouter()
+    probe = HealthProbe(host, pool)
 
     async def generate(request: Request, caller: Caller):
         started = time.perf_counter()
         body = parse_generate(await pool.run(parse_object, await read_body(request)))
-        if body.model is not None and body.model != host.served_model_name:
-            raise APIError(404, f"model {body.model!r} not found; this server serves {host.served_model_name!r}",
-                           "model", "model_not_found")
         run = ChoiceRun(host, pool, caller, body, new_id("gen"), stream=bool(body.stream))
         await run.start(body.prompts(), body.prompt_param)
         out = Outputs(run, body, started)
         if body.stream:
             return ClosingStream(run, _stream(run, out), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            done = await run.wait_all(request)
-        finally:
-            run.close()
-        items = [out.done(i, c, False) for i, c in enumerate(done)]
+        items = await _answers(run, out, request)
         return JSONResponse(items if out.many else items[0])
 
     @r.post("/generate", operation_id="generate", summary="Generate (SGLang's native API)",
@@ -133,18 +186,26 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
     async def generate_put(request: Request, caller: Caller = Depends(inference)):
         return await generate(request, caller)
 
+    @r.post("/abort_request", operation_id="abort_request", response_model=api_schema.AbortedCount,
+            openapi_extra=api_schema.request_body(AbortRequest))
+    async def abort_request(request: Request, caller: Caller = Depends(inference)):
+        """SGLang's abort: `rid` (a meta_info.id, or a response id for all its answers) or `abort_all`; a caller
+        aborts only its own requests (the admin key: any). 200 whether or not anything was running, as SGLang."""
+        body = parse(AbortRequest, await pool.run(parse_object, await read_body(request)))
+        if body.abort_all:
+            n = await pool.run(host.abort_every_owned, caller)
+        else:
+            n = sum([await pool.run(host.abort, rid) for rid in host.owned(caller, body.rid)]) if body.rid else 0
+        return {"aborted": int(n)}
+
     @r.get("/health_generate", operation_id="health_generate", response_model=api_schema.Health,
            responses={503: {"model": api_schema.Health,
                             "description": "step mode, draining, or no token generated within 20 s"}})
-    async def health_generate(caller: Caller = Depends(inference)):
-        """SGLang's deep health check: /health's answer, once the engine shows it generates. Busy, it must make
-        progress within 20 s; idle, it must generate one token for a one-token prompt (which then sits in the cache,
-        as SGLang's probe does)."""
+    async def health_generate():
         status, body = host.health()
         if status != 200:
             return health_response(status, body)
-        ok = await _progressed(host) if host.inflight else await _probe(host, pool, caller)
-        return health_response(*host.health(None if ok else "unhealthy"))
+        return health_response(*host.health(None if await probe.healthy() else "unhealthy"))
 
     return r
 
@@ -164,7 +225,7 @@ async def _progressed(host: EngineHost) -> bool:
     return False
 
 
-async def _probe(host: EngineHost, pool: CpuPool, caller: Caller) -> bool:
+async def _probe(host: EngineHost, pool: CpuPool) -> bool:
     """One greedy token for the prompt [0], within HEALTH_TIMEOUT_S."""
     loop = asyncio.get_running_loop()
     ended: asyncio.Future = loop.create_future()
@@ -172,9 +233,12 @@ async def _probe(host: EngineHost, pool: CpuPool, caller: Caller) -> bool:
     def on_done(c: Optional[Completion], reason: Optional[str]) -> None:
         loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(c))
 
-    engine = host.reserve(1)
     try:
-        handle = await pool.run(host.submit, engine, [0], SamplingParams(max_new_tokens=1), None, caller,
+        engine = host.reserve(1)
+    except APIError:           # draining, rebuilding or a full queue: not serving now
+        return False
+    try:
+        handle = await pool.run(host.submit, engine, [0], SamplingParams(max_new_tokens=1), None, PROBE_CALLER,
                                 new_id("health"), None, on_done)
         try:
             c = await asyncio.wait_for(asyncio.shield(ended), HEALTH_TIMEOUT_S)

@@ -97,14 +97,19 @@ NOT_HONOURED: dict[str, tuple[tuple, str]] = {
 }
 
 
-def check_noops(body: BaseModel, table: dict[str, tuple[tuple, str]], prefix: str = "") -> None:
+def check_noops(body: BaseModel, table: dict[str, tuple[tuple, str]], prefix: str = "", per_item: bool = False) -> None:
     """A 400 for the first field of `table` that `body` sets to a value other than its no-op values (the
-    field named as `prefix` + name)."""
+    field named as `prefix` + name). `per_item`: a list of no-op values (one per prompt, SGLang's batches) is one."""
+    def noop_value(value: Any, noop: tuple) -> bool:
+        return value is None or any(value == v and type(value) is type(v) for v in noop)
+
     for name, (noop, why) in table.items():
         value = getattr(body, name, None)
-        if value is not None and not any(value == v and type(value) is type(v) for v in noop):
-            raise APIError(400, f"{why or name + ' is not supported'} (got {prefix}{name}={value!r})",
-                           prefix + name, "unsupported_parameter")
+        if noop_value(value, noop) or (per_item and isinstance(value, list) and value
+                                       and all(noop_value(v, noop) for v in value)):
+            continue
+        raise APIError(400, f"{why or name + ' is not supported'} (got {prefix}{name}={value!r})",
+                       prefix + name, "unsupported_parameter")
 
 
 class SamplingFields(BaseModel):
@@ -172,7 +177,7 @@ class SamplingFields(BaseModel):
     def choices_per_prompt(self) -> int:
         return self.n or 1
 
-    def namespace(self) -> Optional[str]:
+    def namespace(self, prompt: int = 0) -> Optional[str]:
         key = self.cache_salt if self.cache_salt is not None else self.extra_key
         if key is not None and not key:
             raise APIError(400, "cache_salt must be a non-empty string (or left out)", "cache_salt", "invalid_value")
@@ -212,6 +217,10 @@ class SamplingFields(BaseModel):
         def pick(value: Any, default: Any) -> Any:
             return default if value is None else value
 
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+            # OpenAI's floor (the engine takes 0, SGLang's prefill-only request, through /generate)
+            raise APIError(400, f"{self.max_tokens_param()} must be an integer >= 1, got {max_tokens!r}",
+                           self.max_tokens_param(), "invalid_value")
         params = SamplingParams(
             max_new_tokens=pick(max_tokens, default_max_tokens), temperature=pick(self.temperature, 1.0),
             top_k=pick(top_k, 0), top_p=pick(self.top_p, 1.0), seed=seed, stop=stop, ignore_eos=self.ignore_eos,

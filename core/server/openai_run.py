@@ -51,6 +51,7 @@ class Choice:
     prompt_index: int
     ids: list[int]
     params: SamplingParams
+    key: Optional[str] = None       # its cache namespace (cache_salt / extra_key)
 
 
 def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prompt_param: str,
@@ -108,7 +109,7 @@ class RunBody(Protocol):
     def choices_per_prompt(self) -> int: ...
     def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams: ...
     def open_ended(self, prompt: int = 0) -> bool: ...
-    def namespace(self) -> Optional[str]: ...
+    def namespace(self, prompt: int = 0) -> Optional[str]: ...
     def max_tokens_param(self) -> str: ...
     def param_error(self, exc: ParamError) -> APIError: ...
 
@@ -127,7 +128,6 @@ class ChoiceRun:
         self.next = 0
         self.closed = False
         self.engine = None
-        self.key: Optional[str] = None
         self.tasks: set[asyncio.Task] = set()
 
     # ----- start ---------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ class ChoiceRun:
             raise APIError(400, f"{len(prompts):,} prompts x n={n} is {total:,} choices, more than {MAX_CHOICES:,} in "
                                 f"one request; split it", prompt_param, "invalid_value")
         params = [[self.body.params(j, pi) for j in range(n)] for pi in range(len(prompts))]
-        key = self.body.namespace()
+        keys = [self.body.namespace(pi) for pi in range(len(prompts))]
         self.engine = self.host.reserve(min(total, self.host.max_request_share))
         self.reserved = min(total, self.host.max_request_share)
         try:
@@ -153,8 +153,7 @@ class ChoiceRun:
                     err = fit_error(self.host, self.engine, len(ids), p, prompt_param, max_param)
                     if err is not None:
                         raise err
-                    self.choices.append(Choice(len(self.choices), pi, ids, p))
-            self.key = key
+                    self.choices.append(Choice(len(self.choices), pi, ids, p, keys[pi]))
             for _ in range(self.reserved):
                 await self._submit_next()
         except BaseException:
@@ -174,7 +173,7 @@ class ChoiceRun:
             if self.stream else None
         on_done = lambda comp, reason, i=c.index: self._post(Event(i, completion=comp, reason=reason))   # noqa: E731
         try:
-            h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, self.key, self.caller,
+            h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, c.key, self.caller,
                                     rid, on_piece, on_done)
         except ParamError as exc:
             raise self.body.param_error(exc) from None

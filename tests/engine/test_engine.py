@@ -203,7 +203,7 @@ def test_bad_prompts_are_rejected_and_nothing_leaks(bad, message):
 
 
 @pytest.mark.parametrize("params, message", [
-    (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+    (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
     (dict(temperature=-0.5), "temperature must be >= 0"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
@@ -314,4 +314,23 @@ def test_eight_threads_48_requests_while_the_loop_runs():
     assert not errors
     assert [results[i] for i in range(48)] == expected
     assert e.cache.evicted_tokens > 0  # the small pool really evicted under load
+    _no_leak(e)
+
+
+@pytest.mark.parametrize("page_size, chunk", [(1, None), (4, 3)])
+def test_max_new_tokens_0_prefills_the_prompt_into_the_cache_and_generates_nothing(page_size, chunk):
+    """SGLang's prefill-only request (its frontend's cache_prefix): the prompt's K/V goes into the tree, no token
+    is sampled, and what runs after it is exactly what runs without it."""
+    _, runner = tiny_pair("llama")
+    kw = dict(pool_slots=64, page_size=page_size, **({"max_prefill_tokens": chunk} if chunk else {}))
+    prefix = [5, 17, 33, 2, 90, 61, 7, 12, 40]
+    e = Engine(runner, **kw)
+    c = e.generate([prefix], SamplingParams(max_new_tokens=0))[0]
+    assert (c.token_ids, c.finish_reason, c.text, c.ttft, c.prompt_tokens) == ([], "length", "", None, 9)
+    _no_leak(e)
+    assert e.cache.match_prefix(RadixKey(prefix)).indices.numel() == 9 - 9 % page_size
+    after = e.generate([prefix + [3, 4]], SamplingParams(max_new_tokens=4))[0]
+    assert after.cached_tokens == 9 - 9 % page_size
+    cold = Engine(runner, **kw).generate([prefix + [3, 4]], SamplingParams(max_new_tokens=4))[0]
+    assert after.token_ids == cold.token_ids
     _no_leak(e)

@@ -42,7 +42,7 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize("flags, message", [
     (["--temperature", "nan"], "temperature must be >= 0"),
     (["--temperature", "1e400"], "temperature must be >= 0"),
-    (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+    (["--max-new-tokens", "-1"], "max_new_tokens must be an integer >= 0"),
     (["--top-p", "0"], r"top_p must be in (0, 1]"),
     (["--pool-slots", "0"], "raise pool_slots"),
     (["--page-size", "0"], "page_size must be an integer >= 1"),

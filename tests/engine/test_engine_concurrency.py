@@ -141,7 +141,7 @@ def test_item5_engine_stream_survives_a_character_split_across_tokens(tokenizer)
 
 
 # ----- property test -----------------------------------------------------------------------------------
-BAD = [dict(temperature=float("nan")), dict(priority=None), dict(max_new_tokens=0), dict(top_p=2.0),
+BAD = [dict(temperature=float("nan")), dict(priority=None), dict(max_new_tokens=-1), dict(top_p=2.0),
        dict(stop=[""]), dict(seed="x"), dict(max_new_tokens=10_000)]
 
 

@@ -104,7 +104,8 @@ def test_stop_string_and_streaming(smollm2_runner):
 def test_bad_input_on_the_real_model(smollm2_runner):
     e = Engine(smollm2_runner, pool_slots=64)
     with pytest.raises(ValueError, match="empty prompt"):
-        e.submit("   ")
+        e.submit("")
+    assert e.generate(["   "], SamplingParams(max_new_tokens=1))[0].prompt_tokens == 1   # whitespace is text
     with pytest.raises(ValueError, match="does not fit a pool of 64 slots; raise pool_slots"):
         e.submit("word " * 100)
     with pytest.raises(ValueError, match="'role' and 'content'"):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
@@ -79,17 +80,16 @@ def test_a_batch_with_n_answers_a_list_prompt_by_prompt_and_sample_by_sample(tin
     assert [o["meta_info"]["completion_tokens"] for o in one_each] == [2, 5]
 
 
-def test_sglang_router_s_forwarded_body_is_accepted_and_a_foreign_model_is_a_404(tiny):
+def test_sglang_router_s_forwarded_body_is_accepted_and_the_model_field_ignored(tiny):
     """sglang-router 0.3.2 forwards /generate with these fields added (captured from the router)."""
     router_adds = {"model": None, "return_text_in_logprobs": False, "log_metrics": True, "return_hidden_states": False,
                    "background": False, "no_logs": False, "return_bytes": False, "return_entropy": False}
     out = generate(tiny, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "temperature": 0},
                           "stream": False, **router_adds})
     assert out["output_ids"] == alone(tiny, PROMPT, max_new_tokens=2)
-    assert generate(tiny, {"input_ids": PROMPT, "model": "tiny", "sampling_params": {"max_new_tokens": 2}}
-                    )["meta_info"]["completion_tokens"] == 2
-    err = generate(tiny, {"input_ids": PROMPT, "model": "gpt-4"}, 404)["error"]
-    assert (err["param"], err["code"]) == ("model", "model_not_found")
+    for name in ("tiny", "meta-llama/Llama-3-8B"):      # SGLang's /generate ignores the model field
+        assert generate(tiny, {"input_ids": PROMPT, "model": name, "sampling_params": {"max_new_tokens": 2}}
+                        )["meta_info"]["completion_tokens"] == 2
 
 
 def test_a_stream_ends_each_answer_with_its_finish_reason_then_done(tiny):
@@ -121,8 +121,13 @@ def test_bench_serving_s_exact_body_is_accepted(tiny):
     ({"input_ids": PROMPT, "sampling_params": {"regex": "a+"}}, "sampling_params.regex", "unsupported_parameter"),
     ({"input_ids": PROMPT, "sampling_params": {"stop_token_ids": [3]}}, "sampling_params.stop_token_ids",
      "unsupported_parameter"),
-    ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens",
+    ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens",
      "invalid_value"),
+    ({"input_ids": PROMPT, "return_logprob": [False, True]}, "return_logprob", "unsupported_parameter"),
+    ({"input_ids": [PROMPT, PROMPT], "extra_key": ["a"]}, "extra_key", "invalid_value"),
+    ({"input_ids": PROMPT, "extra_key": "a", "cache_salt": "b"}, "cache_salt", "invalid_value"),
+    ({"input_ids": PROMPT, "sampling_params": {"min_new_tokens": 300, "max_new_tokens": None}},
+     "sampling_params.min_new_tokens", "invalid_value"),
     ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": "5"}}, "sampling_params.max_new_tokens",
      "invalid_value"),
     ({"input_ids": PROMPT, "sampling_params": {"temperature": None, "top_p": 0}}, "sampling_params.top_p",
@@ -163,7 +168,8 @@ def test_put_is_generate_too_and_a_non_object_body_is_refused(tiny):
     assert r.status_code == 400
 
 
-def test_an_aborted_stream_ends_with_an_error_event_and_done(tiny):
+def test_an_aborted_stream_ends_with_what_it_had_and_sglang_s_abort_reason(tiny):
+    """SGLang answers a request its owner aborted with its partial output and finish_reason "abort"."""
     e = tiny.engine
     e.stop()     # step mode: the request is still running when the abort comes
     try:
@@ -171,15 +177,17 @@ def test_an_aborted_stream_ends_with_an_error_event_and_done(tiny):
                           json={"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 200}}) as r:
             wait_until(lambda: tiny.host.inflight, what="the request to reach the engine")
             rid = next(iter(tiny.host.inflight))
-            assert e.step()
-            assert httpx.post(f"{tiny.url}/state/requests/{rid}/abort").json()["aborted"] is True
+            for _ in range(4):
+                assert e.step()
+            assert httpx.post(f"{tiny.url}/abort_request", json={"rid": rid}).json() == {"aborted": 1}
             e.step()
             lines = [ln for ln in r.iter_lines() if ln]
     finally:
         e.start()
     assert lines[-1] == "data: [DONE]"
-    err = json.loads(lines[-2][6:])["error"]
-    assert err["code"] == "request_aborted" and rid in err["message"]
+    last = json.loads(lines[-2][6:])
+    assert last["meta_info"]["id"] == rid and last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert last["meta_info"]["completion_tokens"] == len(last["output_ids"]) == 4
     wait_until(lambda: not tiny.host.inflight, what="the aborted request to leave")
     e.check_invariants()
 
@@ -226,23 +234,102 @@ def test_health_generate_on_a_busy_engine_answers_from_its_progress(tiny_runner)
         t = threading.Thread(target=lambda: busy.append(httpx.post(f"{s.url}/generate", json=body, timeout=120)))
         t.start()
         wait_until(lambda: s.host.inflight, what="the samples to reach the engine")
-        rid = next(iter(s.host.inflight)).rsplit("-", 1)[0]
         assert httpx.get(f"{s.url}/health_generate", timeout=30).status_code == 200
-        assert httpx.post(f"{s.url}/state/requests/{rid}/abort").json()["aborted"] is True
+        assert httpx.post(f"{s.url}/abort_request", json={"abort_all": True}).json()["aborted"] >= 1
         t.join(60)
-        assert busy[0].status_code == 400 and busy[0].json()["error"]["code"] == "request_aborted"
+        reasons = [o["meta_info"]["finish_reason"]["type"] for o in busy[0].json()]
+        assert busy[0].status_code == 200 and len(reasons) == 16 and "abort" in reasons
         assert all(not r.rid.startswith("health-") for r in s.engine.snapshot().requests)
         s.engine.check_invariants()
 
 
-def test_keys_guard_generate_and_its_health_check(tiny_runner):
+def test_keys_guard_generate_and_abort_but_not_the_health_check(tiny_runner):
     settings = ServerSettings(model="tiny", api_key="k1")
     with serving(factory=tiny_factory(tiny_runner), initial_config={"model": "tiny", "pool_slots": 64},
                  settings=settings) as s:
         body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}
         assert httpx.post(f"{s.url}/generate", json=body).status_code == 401
-        assert httpx.get(f"{s.url}/health_generate").status_code == 401
+        assert httpx.post(f"{s.url}/abort_request", json={"abort_all": True}).status_code == 401
+        assert httpx.get(f"{s.url}/health_generate", timeout=30).status_code == 200   # SGLang's: no key
         auth = {"Authorization": "Bearer k1"}
         assert httpx.post(f"{s.url}/generate", json=body, headers=auth).status_code == 200
-        assert httpx.get(f"{s.url}/health_generate", headers=auth, timeout=30).status_code == 200
 
+
+
+def test_max_new_tokens_0_caches_the_prompt_as_sglang_s_frontend_asks_and_openai_s_routes_refuse_it(tiny):
+    assert httpx.post(f"{tiny.url}/flush_cache").status_code == 200
+    out = generate(tiny, {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}})
+    assert (out["output_ids"], out["meta_info"]["finish_reason"]) == ([], {"type": "length", "length": 0})
+    again = generate(tiny, {"input_ids": PROMPT + [3], "sampling_params": {"max_new_tokens": 1}})
+    assert again["meta_info"]["cached_tokens"] == 8
+    err = httpx.post(f"{tiny.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 0}).json()["error"]
+    assert (err["param"], err["code"]) == ("max_tokens", "invalid_value")
+
+
+def test_per_prompt_namespaces_and_lists_of_off_values_are_read_as_sglang_reads_them(tiny):
+    assert httpx.post(f"{tiny.url}/flush_cache").status_code == 200
+    body = {"input_ids": [PROMPT, PROMPT], "extra_key": ["tenant-a", "tenant-b"], "return_logprob": [False, False],
+            "lora_path": [None, None], "sampling_params": {"max_new_tokens": 1}}
+    generate(tiny, body)
+    # each prompt went into its own namespace: a repeat in each finds its own copy, and "" is no namespace
+    out = generate(tiny, {**body, "input_ids": [PROMPT + [1], PROMPT + [1]]})
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [8, 8]
+    assert generate(tiny, {"input_ids": PROMPT + [1], "extra_key": "", "sampling_params": {"max_new_tokens": 1}}
+                    )["meta_info"]["cached_tokens"] == 0
+
+
+def test_abort_request_reaches_only_the_caller_s_own_requests(tiny_runner):
+    settings = ServerSettings(model="tiny", api_key="user", admin_key="admin")
+    with serving(factory=tiny_factory(tiny_runner), initial_config={"model": "tiny", "pool_slots": 256},
+                 settings=settings) as s:
+        admin, user = {"Authorization": "Bearer admin"}, {"Authorization": "Bearer user"}
+        e = s.engine
+        e.stop()
+        got: list[httpx.Response] = []
+        try:
+            t = threading.Thread(target=lambda: got.append(httpx.post(
+                f"{s.url}/generate", headers=admin, timeout=60,
+                json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 100}})))
+            t.start()
+            wait_until(lambda: s.host.inflight, what="the admin's request to reach the engine")
+            rid = next(iter(s.host.inflight))
+            e.step()
+            for body in ({"abort_all": True}, {"rid": rid}, {"rid": rid.rsplit("-", 1)[0]}):
+                assert httpx.post(f"{s.url}/abort_request", headers=user, json=body).json() == {"aborted": 0}
+            assert s.host.inflight
+            assert httpx.post(f"{s.url}/abort_request", headers=admin, json={"abort_all": True}).json() == \
+                {"aborted": 1}
+            e.step()
+        finally:
+            e.start()
+        t.join(30)
+        assert got[0].json()["meta_info"]["finish_reason"]["type"] == "abort"
+        r = httpx.post(f"{s.url}/abort_request", headers=admin, json={"rid": "x", "bogus": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "bogus"
+
+
+def test_a_request_drained_at_shutdown_ends_its_stream_with_sglang_s_error_event(tiny):
+    e = tiny.engine
+    e.stop()
+    try:
+        with httpx.stream("POST", f"{tiny.url}/generate", timeout=30,
+                          json={"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 50}}) as r:
+            wait_until(lambda: tiny.host.inflight, what="the request to reach the engine")
+            tiny.host.abort(next(iter(tiny.host.inflight)), "shutdown")     # what a drain does to what is left
+            e.step()
+            lines = [ln for ln in r.iter_lines() if ln]
+    finally:
+        e.start()
+    assert lines[-1] == "data: [DONE]"
+    err = json.loads(lines[-2][6:])["error"]
+    assert (err["code"], err["retryable"], err["type"]) == (503, True, "service_unavailable")
+
+
+def test_health_checks_in_a_burst_run_one_probe(tiny):
+    def probes() -> int:
+        return sum(r.rid.startswith("health-") for r in tiny.engine.snapshot().requests)
+
+    before = probes()
+    with ThreadPoolExecutor(8) as ex:
+        codes = list(ex.map(lambda _: httpx.get(f"{tiny.url}/health_generate", timeout=30).status_code, range(8)))
+    assert codes == [200] * 8 and probes() == before + 1

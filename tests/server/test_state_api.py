@@ -77,8 +77,8 @@ def test_wire_round_trips_every_event_kind(tiny):
 
 def test_submit_errors_step_mode_reset_and_rebuild(tiny):
     client = HttpClient(tiny.url)
-    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
-        client.submit(PROMPT, SamplingParams(max_new_tokens=0))
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0"):
+        client.submit(PROMPT, SamplingParams(max_new_tokens=-1))
     with pytest.raises(ValueError, match="does not fit a pool of 256 slots"):
         client.submit([3] * 300, SamplingParams(max_new_tokens=1))
     assert client.is_stepping() is False and client.last_error() is None
