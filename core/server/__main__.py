@@ -42,8 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-roots", type=_list, default=None, metavar="DIRS",
                     help="folders a rebuild may load models from (comma-separated; default: the model cache and "
                          "the served model's folder; 'default' is always allowed)")
-    ap.add_argument("--max-queue-requests", type=int, default=256,
-                    help="requests in flight (waiting + running) before new ones get 503 (default 256)")
+    ap.add_argument("--max-queue-requests", type=int, default=1024,
+                    help="requests in flight (waiting + running) before new ones get 503 (default 1024: SGLang's "
+                         "bench_serving sends its 1,000 prompts at once)")
     ap.add_argument("--max-request-share", type=int, default=None,
                     help="queue positions one HTTP request may hold at once (default: an eighth of the queue)")
     ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,

@@ -33,7 +33,7 @@ class ServerSettings:
     served_model_name: Optional[str] = None
     model: str = "default"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_queue_requests: int = 256
+    max_queue_requests: int = 1024
     max_request_share: Optional[int] = None    # queue positions one HTTP request may hold (default: 1/8)
     kv_events_config: Optional[str] = None     # SGLang's --kv-events-config JSON: publish KV events on ZMQ
     bind: str = "127.0.0.1"                    # the address served: which Host names are ours (browser_guard.py)

@@ -45,7 +45,7 @@ def new_id(prefix: str) -> str:
 
 class EngineHost:
     def __init__(self, engine: Engine, factory: Optional[EngineFactory] = None, model: str = "default",
-                 served_model_name: Optional[str] = None, max_queue_requests: int = 256,
+                 served_model_name: Optional[str] = None, max_queue_requests: int = 1024,
                  kv_events_config: Optional[str] = None, model_roots: Optional[ModelRoots] = None,
                  max_request_share: Optional[int] = None) -> None:
         self.engine = engine
