@@ -150,6 +150,10 @@ class ChoiceRun:
                     p = params[pi][j]
                     if self.body.open_ended(pi):
                         p = dataclasses.replace(p, max_new_tokens=max(1, room(self.engine, len(ids))))
+                    try:
+                        inputs.check_logit_bias(p, self.engine.runner.vocab_size)
+                    except ParamError as exc:
+                        raise self.body.param_error(exc) from None       # named as the client named it
                     err = fit_error(self.host, self.engine, len(ids), p, prompt_param, max_param)
                     if err is not None:
                         raise err

@@ -143,6 +143,8 @@ def test_bench_serving_s_exact_body_is_accepted(tiny):
      "context_length_exceeded"),
     ({"input_ids": [PROMPT, [1] * 300]}, "input_ids", "context_length_exceeded"),
     ({"input_ids": [1, 100_000]}, "input_ids", "invalid_request"),
+    ({"input_ids": PROMPT, "sampling_params": {"logit_bias": {"500": 1}}}, "sampling_params.logit_bias",
+     "invalid_value"),
 ])
 def test_a_bad_body_is_a_400_naming_the_field_and_leaks_nothing(tiny, body, param, code):
     err = generate(tiny, body, 400)["error"]
