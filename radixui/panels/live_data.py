@@ -15,47 +15,67 @@ FETCH = 20_000
 
 
 class EventStore:
-    """Events since the latest reset, in order, fetched with `events_since(last_seq)` so each
-    refresh moves only what is new. `complete` is False when the ring dropped some."""
+    """Events after a known state of the cache, in order, fetched with `events_since(last_seq)` so each refresh
+    moves only what is new. The state is the cache at its latest reset (`base` None: empty), or, when the
+    engine's ring had already dropped events this tab never saw (a tab opened late) or the store trimmed its
+    oldest, a snapshot of the cache at `start_seq` (`base`), so time travel always has a complete history
+    from there on."""
 
     def __init__(self) -> None:
         self.events: list = []
         self.last_seq = 0
-        self.start_seq = 0      # the reset (or 0) the events follow
-        self.complete = True
+        self.start_seq = 0      # the seq of the state the events follow
+        self.base = None        # that state as a CacheSnapshot; None: the empty cache of a reset (or the start)
+        self.shape: Optional[tuple] = None   # (num_slots, page_size, policy) of the engine: the empty cache's
         self.replayer: Optional[Replayer] = None
+
+    @property
+    def rebased(self) -> bool:
+        """Whether the history starts at a snapshot rather than at a reset."""
+        return self.base is not None
 
     def sync(self, client: Any, snap: EngineSnapshot) -> None:
         if snap.seq < self.last_seq:          # a rebuilt engine starts counting again
             self.__init__()
+        self.shape = (snap.cache.num_slots, snap.cache.page_size, snap.cache.policy)
         while self.last_seq < snap.seq:
             new = client.events_since(self.last_seq, FETCH)
             if not new:
                 break
-            first = int(ev_get(new[0], "seq"))
-            if first != self.last_seq + 1:      # the ring dropped some: restart from what is left
-                self.events, self.complete, self.replayer = [], False, None
+            if int(ev_get(new[0], "seq")) != self.last_seq + 1:   # the ring dropped some: follow `snap` on
+                self._rebase(snap.cache, [e for e in new if int(ev_get(e, "seq")) > snap.cache.seq])
+                if len(new) < FETCH:
+                    break
+                continue
             self._add(new)
             if len(new) < FETCH:
                 break
 
+    def _rebase(self, base, events: list) -> None:
+        self.base, self.start_seq, self.replayer = base, int(base.seq), None
+        self.events, self.last_seq = [], int(base.seq)
+        self._add(events)
+
     def _add(self, new: list) -> None:
         for i in range(len(new) - 1, -1, -1):
             if ev_kind(new[i]) == "reset":
-                self.events, self.complete, self.replayer = [], True, None
+                self.events, self.base, self.replayer = [], None, None
                 self.start_seq = int(ev_get(new[i], "seq"))
                 new = new[i + 1:]
                 break
         self.events.extend(new)
-        if len(self.events) > MAX_EVENTS:
-            del self.events[:len(self.events) - MAX_EVENTS]
-            self.complete, self.replayer = False, None
         if new:
             self.last_seq = int(ev_get(new[-1], "seq"))
         elif self.start_seq > self.last_seq:
             self.last_seq = self.start_seq
         if self.replayer is not None and new:
             self.replayer.extend(new)
+        if len(self.events) > MAX_EVENTS:     # keep the newest, from the state just before them
+            cut = len(self.events) - MAX_EVENTS
+            at = int(ev_get(self.events[cut - 1], "seq"))
+            base = self._replayer().at(at)
+            self.base, self.start_seq, self.replayer = base, at, None
+            del self.events[:cut]
 
     def recent(self, n: int = 2000) -> list:
         return self.events[-n:]
@@ -70,11 +90,14 @@ class EventStore:
         return self.events[max(0, end - n):end]
 
     def replayer_for(self, snap: EngineSnapshot) -> Replayer:
-        """A Replayer over the events since the reset, extended as events arrive (its checkpoints
+        """A Replayer over the events since the base state, extended as events arrive (its checkpoints
         stay valid), so a time-travel step replays at most one checkpoint interval."""
+        self.shape = (snap.cache.num_slots, snap.cache.page_size, snap.cache.policy)
+        return self._replayer()
+
+    def _replayer(self) -> Replayer:
         if self.replayer is None:
-            initial = empty_snapshot(snap.cache.num_slots, snap.cache.page_size, snap.cache.policy,
-                                     seq=self.start_seq)
+            initial = self.base if self.base is not None else empty_snapshot(*self.shape, seq=self.start_seq)
             self.replayer = Replayer(initial, self.events)
         return self.replayer
 

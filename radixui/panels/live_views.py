@@ -364,10 +364,10 @@ def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
     if not events:
         st.info("No events yet: send a prompt, then slide through its history here.")
         return
-    if not store.complete:
-        st.warning("The event ring has dropped older events; time travel covers only the cache since a reset.")
-        return
     first, last = int(ev_get(events[0], "seq")), int(ev_get(events[-1], "seq"))
+    if store.rebased:
+        st.caption(f"History from event {store.start_seq:,} on: the engine had dropped older events by the time "
+                   f"this tab saw them (its ring keeps the newest), so the past starts from the cache as it was then.")
     hi = _held_end(first, last)
     seq = st.slider("After event", first, hi, hi, key="tt_seq") if hi > first else hi
     if hi < last:

@@ -211,3 +211,46 @@ def test_a_submission_leaves_the_pending_list_once_the_engine_lists_it():
     assert list(pending) == ["r9"]
     df = request_table(Snap([]), pending, selected=None)
     assert list(df["request"]) == ["r9"] and list(df["state"]) == ["submitted"]
+
+
+def _tree(snapshot) -> set:
+    return {(v.id, v.parent, tuple(v.token_ids), tuple(v.slots)) for v in snapshot.nodes}
+
+
+def test_a_tab_that_missed_the_ring_s_oldest_events_travels_in_time_from_the_cache_it_first_saw(monkeypatch):
+    """The engine keeps only its newest events: a tab opened later had no time travel at all ("the ring has
+    dropped older events"). It now starts its history at a snapshot, and replays from there exactly; so does a
+    store that trims its own oldest events."""
+    import radixui.panels.live_data as live_data
+    from core.engine.engine import Engine
+    from core.engine.sampling import SamplingParams
+    from tests.tiny_models import tiny_pair
+
+    e = Engine(tiny_pair("llama")[1], pool_slots=48, event_capacity=60)
+
+    class Client:
+        def events_since(self, seq, limit=2000):
+            return e.events_since(seq)[-limit:]
+
+    def run(k: int) -> None:
+        for i in range(k):
+            e.generate([[1 + (i * 7) % 90, 2, 3, 4 + i % 5, 5]], SamplingParams(max_new_tokens=3))
+
+    run(8)                                   # about 80 events, more than the 60 kept: the oldest are gone
+    store = live_data.EventStore()
+    snap = e.snapshot()
+    store.sync(Client(), snap)
+    assert store.rebased and store.start_seq == snap.cache.seq and store.events == []
+    run(3)
+    snap = e.snapshot()
+    store.sync(Client(), snap)
+    assert store.events and int(store.events[-1].seq) == snap.cache.seq
+    assert _tree(store.replayer_for(snap).at(snap.cache.seq)) == _tree(snap.cache)
+    monkeypatch.setattr(live_data, "MAX_EVENTS", 10)     # the store trims its own oldest: the base moves up
+    run(2)
+    snap = e.snapshot()
+    store.sync(Client(), snap)
+    assert len(store.events) == 10 and store.start_seq == int(store.events[0].seq) - 1
+    rp = store.replayer_for(snap)
+    assert _tree(rp.at(snap.cache.seq)) == _tree(snap.cache)
+    e.check_invariants()
