@@ -90,7 +90,8 @@ class Engine:
 
     # ----- submitting --------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt) -> tuple[list[int], str]:
-        """Raw text (no special tokens added), token ids, or chat messages (the chat template)."""
+        """Raw text (with its tokenizer's special tokens, as SGLang reads text), token ids, or chat messages (the
+        chat template): inputs.tokenize."""
         return inputs.tokenize(self.tokenizer, self.runner.vocab_size, prompt)
 
     def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None, rid: Optional[str] = None,

@@ -149,7 +149,11 @@ def tokenize(tokenizer, vocab_size: int, prompt: Prompt) -> tuple[list[int], str
         if tokenizer is None:
             raise ValueError("this engine's model has no tokenizer; submit token ids")
         _check_unicode(prompt)
-        return list(tokenizer.encode(prompt)), prompt
+        ids = list(tokenizer.encode(prompt))
+        if not ids:
+            raise ValueError(f"the prompt {prompt[:40]!r} tokenizes to no tokens (its tokenizer drops it); send text "
+                             f"it keeps, or token ids")
+        return ids, prompt
     if isinstance(prompt, dict) or not isinstance(prompt, (list, tuple, np.ndarray)):
         raise ValueError(f"a prompt is a string, a list of token ids, or a list of chat messages "
                          f"{{'role','content'}}, got {type(prompt).__name__}")

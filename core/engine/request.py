@@ -170,6 +170,10 @@ class RequestHandle:
         """The token ids generated so far (a copy): how far a running request got."""
         return list(self._req.output_ids)
 
+    def finish_reason(self) -> Optional[str]:
+        """How it ended ("length", "stop", "eos", "abort"); None while it runs."""
+        return self._req.finish_reason if self._req.done.is_set() else None
+
     def cached_tokens(self) -> int:
         """Prompt tokens its (first) admission found in the radix cache; 0 before it is admitted."""
         return self._req.cached_tokens or 0

@@ -62,7 +62,7 @@ def _tokenizer(name: Optional[str]):
         raise ValueError(f"--tokenizer {name!r}: no tokenizer there ({type(e).__name__}); give a folder holding a "
                          f"model's tokenizer files (tokenizer.json / tokenizer_config.json), or a hub name already in "
                          f"the local Hugging Face cache") from None
-    return lambda text: tok(text, add_special_tokens=False)["input_ids"]
+    return lambda text: tok(text)["input_ids"]      # as the engine reads text (its tokenizer's BOS, if any)
 
 
 def build_parser() -> argparse.ArgumentParser:

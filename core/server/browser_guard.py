@@ -8,7 +8,9 @@
   asking. A request that changes state (anything but GET/HEAD/OPTIONS) with an `Origin` other than
   the server's own (or one of `--allowed-origins`) is refused, and a POST with a body must say
   `Content-Type: application/json`, which a page can send cross-site only after a CORS preflight
-  this server never grants. GET never changes state (GET /flush_cache is a 405).
+  this server never grants. GET changes no state a client can see (GET /flush_cache is a 405); the one
+  GET that runs anything, /health_generate, generates one token at most once a minute on an idle
+  engine, counted nowhere.
 Clients that are not browsers (curl, openai, sglang-router) send no Origin and are unaffected.
 """
 from __future__ import annotations

@@ -63,6 +63,7 @@ class EngineHost:
         self.reserved = 0
         self.draining = False
         self.owners: "OrderedDict[str, str]" = OrderedDict()
+        self.runs: dict[str, tuple[str, Any]] = {}   # response id -> (owner identity, its ChoiceRun)
         self.abort_reasons: dict[str, str] = {}
         self._rebuilding = False
         self._char_limits: dict[int, Optional[int]] = {}
@@ -142,24 +143,28 @@ class EngineHost:
 
     # ----- requests ----------------------------------------------------------------------------
     def submit(self, engine: Engine, ids: list[int], params: SamplingParams, extra_key: Optional[str],
-               caller: Caller, rid: str, on_piece: OnPiece = None, on_done: OnDone = None) -> RequestHandle:
+               caller: Caller, rid: str, on_piece: OnPiece = None, on_done: OnDone = None,
+               internal: bool = False) -> RequestHandle:
         """Queue token ids on `engine` under a reserved position (ValueError: the engine's verdict), in the
-        caller's cache namespace, owned by the caller."""
+        caller's cache namespace, owned by the caller. `internal` (the health probe): no owner to remember and
+        nothing counted in /metrics, as SGLang sends its probe with log_metrics off."""
         handle = engine.submit(ids, params, rid=rid, extra_key=caller.cache_key(extra_key))
         with self._lock:
             self.inflight[handle.rid] = handle
-            self.owners[handle.rid] = caller.identity
-            while len(self.owners) > KEEP_OWNERS:
-                self.owners.popitem(last=False)
-        threading.Thread(target=self._watch, args=(handle, on_piece, on_done), daemon=True,
+            if not internal:
+                self.owners[handle.rid] = caller.identity
+                while len(self.owners) > KEEP_OWNERS:
+                    self.owners.popitem(last=False)
+        threading.Thread(target=self._watch, args=(handle, on_piece, on_done, internal), daemon=True,
                          name=f"radix-watch-{handle.rid}").start()
         return handle
 
-    def _watch(self, handle: RequestHandle, on_piece: OnPiece, on_done: OnDone) -> None:
+    def _watch(self, handle: RequestHandle, on_piece: OnPiece, on_done: OnDone, internal: bool = False) -> None:
         completion: Optional[Completion] = None
         try:
             for piece in handle.stream():
-                if on_piece is not None and not handle.done():   # once done, the completion carries the text
+                # once it finished (not aborted), the completion carries this text: a stream's last chunk has it
+                if on_piece is not None and not (handle.done() and handle.finish_reason() != "abort"):
                     on_piece(piece, handle)
             completion = handle.result()
         finally:
@@ -167,7 +172,7 @@ class EngineHost:
                 self.inflight.pop(handle.rid, None)
                 reason = self.abort_reasons.pop(handle.rid, None)
                 self._changed.notify_all()
-            if completion is not None:
+            if completion is not None and not internal:
                 self.metrics.on_finish(completion)   # before on_done: a client that has its answer sees it counted
             if on_done is not None:
                 on_done(completion, reason)
@@ -191,17 +196,48 @@ class EngineHost:
 
     def abort_owned(self, caller: Caller, rid: str) -> Optional[bool]:
         """None when `caller` has no such request; else whether anything was still running."""
+        n = self.abort_count(caller, rid)
+        return None if n is None else n > 0
+
+    def abort_count(self, caller: Caller, rid: str) -> Optional[int]:
+        """Abort request `rid`, or every choice of response `rid` (those not submitted yet too); None when
+        `caller` has no such request, else how many were still running or waiting to be submitted."""
+        run = self._run_of(caller, rid)
         names = self.owned(caller, rid)
-        if not names:
+        if run is None and not names:
             return None
-        return any([self.abort(r, CLIENT_ABORT) for r in names])
+        pending = run.cancel_pending() if run is not None else 0
+        return sum(bool(self.abort(r, CLIENT_ABORT)) for r in names) + pending
+
+    def add_run(self, response_id: str, caller: Caller, run: Any) -> None:
+        """A multi-choice run by its response id, so an abort of the response reaches the choices it has not
+        submitted yet (ChoiceRun.cancel_pending)."""
+        with self._lock:
+            self.runs[response_id] = (caller.identity if caller.owns_requests else "", run)
+
+    def drop_run(self, response_id: str) -> None:
+        with self._lock:
+            self.runs.pop(response_id, None)
+
+    def _run_of(self, caller: Caller, response_id: str) -> Any:
+        with self._lock:
+            owner, run = self.runs.get(response_id, ("", None))
+        if run is None or not caller.owns_requests or not (caller.admin or owner == caller.identity):
+            return None
+        return run
 
     def abort_every_owned(self, caller: Caller) -> int:
         """Abort every request in flight that `caller` may act on (the admin: all); how many were still running."""
         with self._lock:
             rids = [r for r in self.inflight if caller.owns_requests
                     and (caller.admin or self.owners.get(r) == caller.identity)]
-        return sum(bool(self.abort(r, CLIENT_ABORT)) for r in rids)
+            runs = list(self.runs)
+        pending = 0
+        for response_id in runs:
+            run = self._run_of(caller, response_id)
+            if run is not None:
+                pending += run.cancel_pending()
+        return sum(bool(self.abort(r, CLIENT_ABORT)) for r in rids) + pending
 
     def abort_all(self, reason: str = SHUTDOWN) -> None:
         for rid in list(self.inflight):

@@ -291,6 +291,10 @@ class GenerateRequest(BaseModel):
     def open_ended(self, prompt: int = 0) -> bool:
         return self._for(prompt).open_ended()
 
+    def sampling_key(self, prompt: int = 0) -> int:
+        """Which sampling_params entry prompt `prompt` uses (one for all, or one each)."""
+        return prompt if len(self._sampling) > 1 else 0
+
     def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams:
         """Validated SamplingParams of choice `choice` of prompt `prompt` (with n > 1 and a seed, choice i gets
         seed + i mod 2**63, as the OpenAI routes do); 400 naming the sampling field."""

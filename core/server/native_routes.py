@@ -19,9 +19,10 @@ engine request's id, which /abort_request takes. Errors are JSON ({"error": {"me
 error event, {"error": {"message", "type", "code": the HTTP status, "retryable"}}, before [DONE]. A request the
 server drained at shutdown, or that the engine failed, is an error.
 
-/health_generate needs no key, as SGLang's health routes: 200 once the engine shows it generates (busy: progress
-within 20 s; idle: one token for a one-token prompt, which then sits in the cache as SGLang's probe does). One probe
-runs at a time and its answer serves every check within a second, so calling it costs the engine nothing more.
+/health_generate needs no key, as SGLang's health routes: 200 once the engine shows it generates (busy: it steps
+within 20 s; idle: one token for a one-token prompt, which stays in the cache as SGLang's probe does, and is not
+counted in /metrics). One probe runs at a time; its answer serves every check within a second, and within a minute
+while the engine has not stepped since, so calling it costs the engine one token a minute at most.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from core.server.sse import DONE, ClosingStream, sse
 HEALTH_TIMEOUT_S = 20.0      # SGLang's HEALTH_CHECK_TIMEOUT
 HEALTH_POLL_S = 0.05
 HEALTH_REUSE_S = 1.0         # a probe's answer serves the checks that arrive within this long
+HEALTH_IDLE_REUSE_S = 60.0   # and, while the engine has not stepped since, this long
 PROBE_CALLER = Caller(admin=False, identity="health-probe", authenticated=False)
 ABORTED = "aborted by request (/abort_request or the dashboard)"
 
@@ -143,20 +145,27 @@ async def _answers(run: ChoiceRun, out: Outputs, request: Request) -> list[dict[
 
 
 class HealthProbe:
-    """One probe at a time; a probe's answer serves every check within HEALTH_REUSE_S of it."""
+    """One probe at a time. Its answer serves every check within HEALTH_REUSE_S, and, while the engine has not
+    stepped since (idle: nothing could have changed), every check within HEALTH_IDLE_REUSE_S: a caller without a
+    key can make the engine generate one token a minute at most."""
 
     def __init__(self, host: EngineHost, pool: CpuPool) -> None:
         self.host, self.pool = host, pool
         self.lock = asyncio.Lock()
-        self.last: tuple[float, bool] = (-1e9, False)
+        self.last: tuple[float, bool, int] = (-1e9, False, -1)     # (when, healthy, the engine's step after it)
 
     async def healthy(self) -> bool:
         async with self.lock:
-            at, ok = self.last
-            if time.monotonic() - at < HEALTH_REUSE_S:
+            at, ok, steps = self.last
+            age = time.monotonic() - at
+            e = self.host.engine
+            if age < HEALTH_REUSE_S or (ok and age < HEALTH_IDLE_REUSE_S and e.step_count == steps
+                                        and not self.host.inflight):
                 return ok
-            ok = await _progressed(self.host) if self.host.inflight else await _probe(self.host, self.pool)
-            self.last = (time.monotonic(), ok)
+            ok = await _progressed(self.host) if self.host.inflight else None
+            if ok is None:          # idle (or it went idle meanwhile): generate
+                ok = await _probe(self.host, self.pool)
+            self.last = (time.monotonic(), ok, self.host.engine.step_count)
             return ok
 
 
@@ -167,7 +176,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
     async def generate(request: Request, caller: Caller):
         started = time.perf_counter()
         body = parse_generate(await pool.run(parse_object, await read_body(request)))
-        run = ChoiceRun(host, pool, caller, body, new_id("gen"), stream=bool(body.stream))
+        run = ChoiceRun(host, pool, caller, body, new_id("gen"), stream=bool(body.stream), with_ids=True)
         await run.start(body.prompts(), body.prompt_param)
         out = Outputs(run, body, started)
         if body.stream:
@@ -195,7 +204,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
         if body.abort_all:
             n = await pool.run(host.abort_every_owned, caller)
         else:
-            n = sum([await pool.run(host.abort, rid) for rid in host.owned(caller, body.rid)]) if body.rid else 0
+            n = (await pool.run(host.abort_count, caller, body.rid) or 0) if body.rid else 0
         return {"aborted": int(n)}
 
     @r.get("/health_generate", operation_id="health_generate", response_model=api_schema.Health,
@@ -215,13 +224,17 @@ def health_response(status: int, body: dict) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def _progressed(host: EngineHost) -> bool:
-    """Whether the engine's state moves within HEALTH_TIMEOUT_S."""
-    before, deadline = host.version(), time.monotonic() + HEALTH_TIMEOUT_S
+async def _progressed(host: EngineHost) -> Optional[bool]:
+    """Whether the engine steps within HEALTH_TIMEOUT_S (its step count: submissions alone change nothing
+    there, so a hung forward is not hidden by traffic); None if nothing is in flight any more (probe instead)."""
+    e = host.engine
+    before, deadline = e.step_count, time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         await asyncio.sleep(HEALTH_POLL_S)
-        if host.version() != before:
+        if host.engine is not e or e.step_count != before:
             return True
+        if not host.inflight:
+            return None
     return False
 
 
@@ -239,11 +252,13 @@ async def _probe(host: EngineHost, pool: CpuPool) -> bool:
         return False
     try:
         handle = await pool.run(host.submit, engine, [0], SamplingParams(max_new_tokens=1), None, PROBE_CALLER,
-                                new_id("health"), None, on_done)
+                                new_id("health"), None, on_done, True)
         try:
             c = await asyncio.wait_for(asyncio.shield(ended), HEALTH_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            pool.fire(host.abort, handle.rid)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:   # hung, or the caller left: end it
+            await asyncio.shield(pool.run(host.abort, handle.rid))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return False
         return c is not None and c.error is None and c.finish_reason != "abort"
     finally:

@@ -196,6 +196,10 @@ class SamplingFields(BaseModel):
         /v1/completions has OpenAI's documented default of 16)."""
         return False
 
+    def sampling_key(self, prompt: int = 0) -> int:
+        """Which sampling spec prompt `prompt` uses: an OpenAI body has one for all its prompts."""
+        return 0
+
     def sampling_params(self, max_tokens: Any, default_max_tokens: int, choice: int = 0) -> SamplingParams:
         """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i mod 2**63,
         so the n samples differ and the request stays reproducible); 400 naming the OpenAI field."""

@@ -1,12 +1,14 @@
-"""The engine requests behind one OpenAI call: a choice per (prompt, n), tokenized once per prompt,
-fed to the engine through at most `max_request_share` queue positions, and ended the way they ended.
+"""The engine requests behind one OpenAI call (or one SGLang /generate call): a choice per (prompt, n), tokenized
+once per prompt, fed to the engine through at most `max_request_share` queue positions, and ended the way they ended.
 
-Tokenizing, submitting and aborting run on the worker pool, never on the event loop. The engine
-request of choice i is `<response id>-<i>`, so the response id (which a stream's first chunk
-carries) names them all to the abort route. A choice that ends by an abort answers with an OpenAI
-error, not 200 with finish_reason "abort" (which is not an OpenAI finish reason): 503
-`server_shutting_down` when the server drained it at shutdown, 400 `request_aborted` when its owner
-(or the admin) aborted it; a stream ends with that error as an event, then `data: [DONE]`.
+Building parameters, tokenizing, submitting and aborting run on the worker pool, never on the event loop. The
+engine request of choice i is `<response id>-<i>`, so the response id (which a stream's first chunk carries) names
+them all to the abort routes; the host knows each run by its response id, so an abort of the whole response, or
+of all of a caller's requests, also ends the choices not submitted yet. A choice that ends by an abort answers,
+on the OpenAI routes, with an OpenAI error, not 200 with finish_reason "abort" (which is not an OpenAI finish
+reason): 503 `server_shutting_down` when the server drained it at shutdown, 400 `request_aborted` when its owner
+(or the admin) aborted it; a stream ends with that error as an event, then `data: [DONE]`. (SGLang's /generate
+answers an owner's abort with what the choice had: native_routes.py.)
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ from core.server.host import CLIENT_ABORT, DISCONNECT, SHUTDOWN, EngineHost
 from core.server.openai_protocol import MAX_CHOICES
 
 DISCONNECT_POLL_S = 0.5
+
+
+_CANCEL = object()     # posted by cancel_pending: end the choices not submitted yet
 
 
 @dataclass
@@ -109,6 +114,7 @@ class RunBody(Protocol):
     def choices_per_prompt(self) -> int: ...
     def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams: ...
     def open_ended(self, prompt: int = 0) -> bool: ...
+    def sampling_key(self, prompt: int = 0) -> int: ...
     def namespace(self, prompt: int = 0) -> Optional[str]: ...
     def max_tokens_param(self) -> str: ...
     def param_error(self, exc: ParamError) -> APIError: ...
@@ -116,9 +122,10 @@ class RunBody(Protocol):
 
 class ChoiceRun:
     def __init__(self, host: EngineHost, pool: CpuPool, caller: Caller, body: RunBody, response_id: str,
-                 stream: bool) -> None:
+                 stream: bool, with_ids: bool = False) -> None:
         self.host, self.pool, self.caller, self.body = host, pool, caller, body
         self.response_id, self.stream = response_id, stream
+        self.with_ids = with_ids       # a piece carries the token ids so far (SGLang's cumulative chunks)
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.choices: list[Choice] = []
@@ -138,7 +145,7 @@ class ChoiceRun:
         if total > MAX_CHOICES:
             raise APIError(400, f"{len(prompts):,} prompts x n={n} is {total:,} choices, more than {MAX_CHOICES:,} in "
                                 f"one request; split it", prompt_param, "invalid_value")
-        params = [[self.body.params(j, pi) for j in range(n)] for pi in range(len(prompts))]
+        params = await self.pool.run(self._params, len(prompts), n, self.host.engine.runner.vocab_size)
         keys = [self.body.namespace(pi) for pi in range(len(prompts))]
         self.engine = self.host.reserve(min(total, self.host.max_request_share))
         self.reserved = min(total, self.host.max_request_share)
@@ -150,22 +157,53 @@ class ChoiceRun:
                     p = params[pi][j]
                     if self.body.open_ended(pi):
                         p = dataclasses.replace(p, max_new_tokens=max(1, room(self.engine, len(ids))))
-                    try:
-                        inputs.check_logit_bias(p, self.engine.runner.vocab_size)
-                    except ParamError as exc:
-                        raise self.body.param_error(exc) from None       # named as the client named it
                     err = fit_error(self.host, self.engine, len(ids), p, prompt_param, max_param)
                     if err is not None:
                         raise err
                     self.choices.append(Choice(len(self.choices), pi, ids, p, keys[pi]))
+            self.host.add_run(self.response_id, self.caller, self)
             for _ in range(self.reserved):
                 await self._submit_next()
         except BaseException:
             self.close()
             raise
 
+    def _params(self, prompts: int, n: int, vocab_size: int) -> list[list[SamplingParams]]:
+        """Validated params of every choice, built once per distinct sampling spec (an OpenAI body has one: a
+        batch of 2,048 prompts with a 1,024-entry logit_bias builds n of them, not 2,048 n)."""
+        built: dict[tuple[int, int], SamplingParams] = {}
+        out = []
+        for pi in range(prompts):
+            row = []
+            for j in range(n):
+                key = (self.body.sampling_key(pi), j)
+                if key not in built:
+                    p = self.body.params(j, pi)
+                    try:
+                        inputs.check_logit_bias(p, vocab_size)
+                    except ParamError as exc:
+                        raise self.body.param_error(exc) from None       # named as the client named it
+                    built[key] = p
+                row.append(built[key])
+            out.append(row)
+        return out
+
     def _tokenize_all(self, prompts: list, prompt_param: str) -> list[list[int]]:
         return [self.host.prepare(self.engine, p, prompt_param)[0] for p in prompts]
+
+    def cancel_pending(self) -> int:
+        """(Any thread.) Its owner aborted the whole response: the choices not submitted yet end as aborted,
+        with nothing generated, instead of being submitted as the others end. How many there were."""
+        self._post(_CANCEL)
+        return max(0, len(self.choices) - self.next)
+
+    def _cancel_now(self) -> None:
+        while self.next < len(self.choices):
+            c = self.choices[self.next]
+            self.next += 1
+            never = Completion(rid=f"{self.response_id}-{c.index}", text="", token_ids=[], prompt_tokens=len(c.ids),
+                               cached_tokens=0, finish_reason="abort", ttft=None, total_time=0.0)
+            self.queue.put_nowait(Event(c.index, completion=never, reason=CLIENT_ABORT))
 
     async def _submit_next(self) -> None:
         if self.closed or self.next >= len(self.choices):
@@ -173,8 +211,12 @@ class ChoiceRun:
         c = self.choices[self.next]
         self.next += 1
         rid = f"{self.response_id}-{c.index}"
-        on_piece = (lambda t, h, i=c.index: self._post(Event(i, t, h.partial_ids(), h.cached_tokens()))) \
-            if self.stream else None
+        if not self.stream:
+            on_piece = None
+        elif self.with_ids:
+            on_piece = lambda t, h, i=c.index: self._post(Event(i, t, h.partial_ids(), h.cached_tokens()))  # noqa
+        else:
+            on_piece = lambda t, h, i=c.index: self._post(Event(i, t))   # noqa: E731
         on_done = lambda comp, reason, i=c.index: self._post(Event(i, completion=comp, reason=reason))   # noqa: E731
         try:
             h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, c.key, self.caller,
@@ -217,6 +259,9 @@ class ChoiceRun:
                     self.close()
                     raise APIError(499, "the client closed the connection; its requests were aborted") from None
                 continue
+            if item is _CANCEL:
+                self._cancel_now()
+                continue
             if isinstance(item, BaseException):
                 raise item
             if not item.is_piece:
@@ -240,6 +285,7 @@ class ChoiceRun:
         if self.closed:
             return
         self.closed = True
+        self.host.drop_run(self.response_id)
         for t in self.tasks:
             t.cancel()
         for i, h in self.handles.items():

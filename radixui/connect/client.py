@@ -40,6 +40,9 @@ class EngineClient(Protocol):
 
     def abort(self, rid: str) -> bool: ...
 
+    def abort_all(self) -> int:
+        """Abort every waiting and running request this client may abort (all, for the admin); how many."""
+
     def config(self) -> EngineConfig: ...
 
     def rebuild(self, config: EngineConfig) -> Optional[str]:

@@ -127,6 +127,10 @@ class HttpClient:
             raise RuntimeError(f"abort failed: {self._message(r)}")
         return bool(r.json()["aborted"])
 
+    def abort_all(self) -> int:
+        """The server's /abort_request: the requests of its multi-choice calls not submitted yet end too."""
+        return int(self._json("POST", "/abort_request", json={"abort_all": True})["aborted"])
+
     def config(self) -> EngineConfig:
         data = self._json("GET", "/state/config")
         known = set(config_names())     # a newer server may know settings this dashboard does not

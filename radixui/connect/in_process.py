@@ -79,6 +79,10 @@ class InProcessClient:
     def abort(self, rid: str) -> bool:
         return self._engine.abort(rid)
 
+    def abort_all(self) -> int:
+        e = self._engine
+        return sum(bool(e.abort(r.rid)) for r in e.snapshot().requests if r.state in ("waiting", "running"))
+
     def config(self) -> EngineConfig:
         return self._engine.config
 

@@ -37,9 +37,8 @@ def abort_one(client: EngineClient, rid: str) -> None:
 
 def abort_all(client: EngineClient) -> None:
     try:
-        rids = active_rids(client.snapshot())
-        n = sum(bool(client.abort(rid)) for rid in rids)
-    except (RuntimeError, PermissionError) as exc:
+        n = client.abort_all()
+    except (RuntimeError, PermissionError, ValueError) as exc:
         st.session_state.flash = ("error", f"Could not abort: {exc}")
         return
     st.session_state.flash = ("success", f"Aborted {n} request{'s' if n != 1 else ''}.") if n else \

@@ -7,8 +7,8 @@ and without this check the page would show an empty tree as if the engine had ca
 """
 from __future__ import annotations
 
-import functools
 import socket
+import time
 from typing import Optional
 from urllib.parse import urlsplit
 
@@ -17,21 +17,30 @@ BIND_HELP = ("SGLang's rule: an engine endpoint with a wildcard host (tcp://*:55
              "the address the engine connects to (this machine's, or tcp://*:PORT).")
 
 
-@functools.lru_cache(maxsize=32)
+RESOLVE_TTL_S = 30.0     # how long an answer about a name is kept (the page asks every second while refused)
+_resolved: dict[str, tuple[float, Optional[str]]] = {}
+
+
 def unresolved_host(endpoint: str) -> Optional[str]:
     """The host of a tcp:// endpoint when no address can be found for it (ZeroMQ reports a name that does not
-    resolve as it reports a refused connection: both are retried), else None. Asked once per endpoint."""
+    resolve as it reports a refused connection: both are retried), else None. Asked again after RESOLVE_TTL_S,
+    so a name that comes to resolve (DNS catching up) stops being called unknown."""
     try:
         host = urlsplit(endpoint).hostname
     except ValueError:
         return None
     if not endpoint.startswith("tcp://") or not host or host == "*":
         return None
+    at, answer = _resolved.get(host, (-1e9, None))
+    if time.monotonic() - at < RESOLVE_TTL_S:
+        return answer
     try:
         socket.getaddrinfo(host, None)
+        answer = None
     except (socket.gaierror, UnicodeError):
-        return host
-    return None
+        answer = host
+    _resolved[host] = (time.monotonic(), answer)
+    return answer
 
 
 def waiting_message(endpoint: str, bind: bool, link: str, received: int, waited_s: float,

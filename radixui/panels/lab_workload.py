@@ -37,7 +37,7 @@ def model_name() -> str:
 
 def _tokenize(text: str) -> list:
     """Text lines of an uploaded trace: the engine's tokenizer (loads the model once, on first use)."""
-    return get_runner(model_name()).tokenizer.encode(text, add_special_tokens=False)
+    return get_runner(model_name()).tokenizer.encode(text)     # as the engine reads text
 
 
 def workload_section() -> WorkloadChoice:

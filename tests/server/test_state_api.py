@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 
 import httpx
@@ -10,9 +11,10 @@ import pytest
 
 from core.engine.sampling import SamplingParams
 from core.observe import wire
+from core.server.app import ServerSettings
 from radixui.connect.http_client import HttpClient
 from radixui.connect.resources import EngineConfig
-from tests.server.conftest import wait_until
+from tests.server.conftest import serving, tiny_factory, wait_until
 
 PROMPT = [5, 17, 33, 2, 90, 61, 7, 12]
 
@@ -134,3 +136,28 @@ def test_request_tokens_and_token_bytes_over_http(tiny):
                 c.token_bytes(bad)
     finally:
         c.close()
+
+
+def test_the_dashboard_s_abort_all_reaches_every_request_of_a_multi_choice_call(tiny_runner):
+    """The dashboard's "Abort all requests" through the server: the samples of an n=4 call that one queue
+    position (max_request_share=1) had not submitted yet end too."""
+    with serving(factory=tiny_factory(tiny_runner), initial_config={"model": "tiny", "pool_slots": 256},
+                 settings=ServerSettings(model="tiny", max_request_share=1)) as s:
+        client = HttpClient(s.url)
+        client.set_step_mode(True)
+        got = []
+        t = threading.Thread(target=lambda: got.append(httpx.post(
+            f"{s.url}/v1/completions", timeout=60,
+            json={"model": "tiny", "prompt": PROMPT, "max_tokens": 50, "n": 4})))
+        try:
+            t.start()
+            wait_until(lambda: s.host.inflight, what="the first choice to reach the engine")
+            assert client.step()
+            assert client.abort_all() == 4
+        finally:
+            client.set_step_mode(False)
+        t.join(30)
+        assert got[0].status_code == 400 and got[0].json()["error"]["code"] == "request_aborted"
+        wait_until(lambda: not s.host.inflight and not s.host.runs, what="everything to end")
+        assert s.host.reserved == 0
+        s.engine.check_invariants()
