@@ -102,7 +102,7 @@ def test_no_such_model_path(capsys, tmp_path):
 
 
 def test_bad_prompt_queues_nothing(capsys, tiny_folder):
-    assert main(["hello", "  ", "--model", str(tiny_folder)]) == 2
+    assert main(["hello", "", "--model", str(tiny_folder)]) == 2
     assert "empty prompt" in _one_error_line(capsys)
 
 
