@@ -127,6 +127,7 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
     async def server_info_route(caller: Caller = Depends(inference)):
         return server_info()
 
+    @app.head("/health", include_in_schema=False)   # some load balancers check with HEAD
     @app.get("/health", operation_id="health", response_model=api_schema.Health,
              responses={503: {"model": api_schema.Health, "description": "step mode or draining: not serving"}})
     async def health():

@@ -207,3 +207,13 @@ def test_the_openapi_schema_documents_bodies_errors_content_types_and_unique_ope
     assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == [
         "text/plain; version=0.0.4; charset=utf-8"]
     assert set(doc["paths"]["/flush_cache"]) == {"post"}
+
+
+def test_a_load_balancer_s_head_health_check_is_answered(tiny):
+    r = httpx.head(tiny.url + "/health")
+    assert r.status_code == 200 and r.content == b""
+    tiny.engine.stop()
+    try:
+        assert httpx.head(tiny.url + "/health").status_code == 503
+    finally:
+        tiny.engine.start()
