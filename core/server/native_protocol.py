@@ -16,9 +16,9 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, StrictInt
 
-from core.engine.sampling import ParamError, SamplingParams, token_id_key
+from core.engine.sampling import ParamError, SamplingParams
 from core.server.errors import APIError
-from core.server.openai_protocol import MAX_N, check_noops, parse
+from core.server.openai_protocol import MAX_N, check_noops, engine_params, parse
 
 DEFAULT_MAX_NEW_TOKENS = 128          # SGLang's SamplingParams default
 TOP_K_OFF = 1 << 30                   # SGLang's default top_k: every token
@@ -299,34 +299,16 @@ class GenerateRequest(BaseModel):
         """Validated SamplingParams of choice `choice` of prompt `prompt` (with n > 1 and a seed, choice i gets
         seed + i mod 2**63, as the OpenAI routes do); 400 naming the sampling field."""
         s = self._for(prompt)
-        seed = s.sampling_seed
-        if seed is not None and choice and isinstance(seed, int) and not isinstance(seed, bool):
-            seed = (seed + choice) % 2 ** 63
-        top_k = s.top_k
-        if isinstance(top_k, int) and not isinstance(top_k, bool) and (top_k == -1 or top_k >= TOP_K_OFF):
-            top_k = 0
-        stop = s.stop
-        stop = () if stop is None else tuple(stop) if isinstance(stop, list) else stop
-        bias = s.logit_bias
-        if isinstance(bias, dict):
-            bias = {token_id_key(k): v for k, v in bias.items()}
-        # null: ChoiceRun sets the room left once the prompt is tokenized; validated against no limit until then
-        max_new = OPEN_ENDED if s.max_new_tokens is None else s.max_new_tokens
-
-        def pick(value: Any, default: Any) -> Any:
-            return default if value is None else value
-
-        params = SamplingParams(
-            max_new_tokens=max_new, temperature=pick(s.temperature, 1.0), top_k=pick(top_k, 0),
-            top_p=pick(s.top_p, 1.0), seed=seed, stop=stop, ignore_eos=pick(s.ignore_eos, False),
-            priority=pick(self.priority, 0), frequency_penalty=pick(s.frequency_penalty, 0.0),
-            presence_penalty=pick(s.presence_penalty, 0.0), repetition_penalty=pick(s.repetition_penalty, 1.0),
-            min_new_tokens=pick(s.min_new_tokens, 0), logit_bias=bias)
         try:
-            params.validate()
+            # null: ChoiceRun sets the room left once the prompt is tokenized; validated against no limit until then
+            return engine_params(
+                choice, max_new_tokens=OPEN_ENDED if s.max_new_tokens is None else s.max_new_tokens,
+                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.sampling_seed, stop=s.stop,
+                ignore_eos=s.ignore_eos, priority=self.priority, frequency_penalty=s.frequency_penalty,
+                presence_penalty=s.presence_penalty, repetition_penalty=s.repetition_penalty,
+                min_new_tokens=s.min_new_tokens, logit_bias=s.logit_bias, top_k_off=TOP_K_OFF)
         except ParamError as exc:
             raise self.param_error(exc) from None
-        return params
 
     def param_error(self, exc: ParamError) -> APIError:
         """The engine's message about one of its fields, about the SGLang field the client sent."""

@@ -112,6 +112,35 @@ def check_noops(body: BaseModel, table: dict[str, tuple[tuple, str]], prefix: st
                        prefix + name, "unsupported_parameter")
 
 
+def engine_params(choice: int, *, max_new_tokens: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, stop: Any,
+                  ignore_eos: Any, priority: Any, frequency_penalty: Any, presence_penalty: Any,
+                  repetition_penalty: Any, min_new_tokens: Any, logit_bias: Any, top_k_off: int = -1) -> SamplingParams:
+    """Sampling values as a request body carries them (None: the default; -1 or `top_k_off` and above: top_k off,
+    SGLang's and vLLM's "off") as validated SamplingParams for choice `choice`: with n > 1 and a seed, choice i
+    samples with seed + i mod 2**63, so the samples differ and the request stays reproducible. ParamError names
+    the engine's field; each protocol renames it to its own."""
+    if seed is not None and choice and isinstance(seed, int) and not isinstance(seed, bool):
+        seed = (seed + choice) % 2 ** 63   # within seed's range whatever seed the client sent
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and (top_k == -1 or (top_k_off > 0 and top_k >= top_k_off)):
+        top_k = 0
+    if isinstance(stop, list):
+        stop = tuple(stop)
+    if isinstance(logit_bias, dict):
+        logit_bias = {token_id_key(k): v for k, v in logit_bias.items()}
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=pick(temperature, 1.0), top_k=pick(top_k, 0),
+        top_p=pick(top_p, 1.0), seed=seed, stop=pick(stop, ()), ignore_eos=pick(ignore_eos, False),
+        priority=pick(priority, 0), frequency_penalty=pick(frequency_penalty, 0.0),
+        presence_penalty=pick(presence_penalty, 0.0), repetition_penalty=pick(repetition_penalty, 1.0),
+        min_new_tokens=pick(min_new_tokens, 0), logit_bias=logit_bias)
+    params.validate()
+    return params
+
+
 class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -203,39 +232,19 @@ class SamplingFields(BaseModel):
     def sampling_params(self, max_tokens: Any, default_max_tokens: int, choice: int = 0) -> SamplingParams:
         """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i mod 2**63,
         so the n samples differ and the request stays reproducible); 400 naming the OpenAI field."""
-        stop = self.stop
-        if stop is None:
-            stop = ()
-        elif isinstance(stop, list):
-            stop = tuple(stop)
-        seed = self.seed
-        if seed is not None and choice and isinstance(seed, int) and not isinstance(seed, bool):
-            seed = (seed + choice) % 2 ** 63   # within seed's range whatever seed the client sent
-        top_k = self.top_k
-        if top_k == -1 and not isinstance(top_k, bool):    # SGLang's and vLLM's "off"
-            top_k = 0
-        bias = self.logit_bias
-        if isinstance(bias, dict):
-            bias = {token_id_key(k): v for k, v in bias.items()}
-
-        def pick(value: Any, default: Any) -> Any:
-            return default if value is None else value
-
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
             # OpenAI's floor (the engine takes 0, SGLang's prefill-only request, through /generate)
             raise APIError(400, f"{self.max_tokens_param()} must be an integer >= 1, got {max_tokens!r}",
                            self.max_tokens_param(), "invalid_value")
-        params = SamplingParams(
-            max_new_tokens=pick(max_tokens, default_max_tokens), temperature=pick(self.temperature, 1.0),
-            top_k=pick(top_k, 0), top_p=pick(self.top_p, 1.0), seed=seed, stop=stop, ignore_eos=self.ignore_eos,
-            priority=self.priority, frequency_penalty=pick(self.frequency_penalty, 0.0),
-            presence_penalty=pick(self.presence_penalty, 0.0), repetition_penalty=pick(self.repetition_penalty, 1.0),
-            min_new_tokens=pick(self.min_tokens, 0), logit_bias=bias)
         try:
-            params.validate()
+            return engine_params(
+                choice, max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
+                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop,
+                ignore_eos=self.ignore_eos, priority=self.priority, frequency_penalty=self.frequency_penalty,
+                presence_penalty=self.presence_penalty, repetition_penalty=self.repetition_penalty,
+                min_new_tokens=self.min_tokens, logit_bias=self.logit_bias)
         except ParamError as exc:
             raise self.param_error(exc) from None
-        return params
 
     def param_error(self, exc: ParamError) -> APIError:
         """The engine's message about one of its fields, about the OpenAI field the client sent."""
