@@ -54,7 +54,10 @@ def test_page_shows_non_ascii_prompt_intact_in_the_replica_tree():
     from radixui.connect.resources import default_config, get_holder
 
     text = "Grüße, 東京 🚀"
-    client = get_clients()[0]                 # the page's own (in-process) engine, shared through cache_resource
+    # the page's own (in-process) engine is shared through cache_resource with the other tests of this process:
+    # a fresh one, so the tree is this prompt's alone (a big tree folds small subtrees into "+N" boxes)
+    assert get_holder().rebuild(default_config()) is None
+    client = get_clients()[0]
     try:
         rid = client.submit(text, SamplingParams(max_new_tokens=1, temperature=0.0))
         deadline = time.time() + 120
