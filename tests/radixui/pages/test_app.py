@@ -229,7 +229,7 @@ def test_hidden_views_wait_while_the_engine_works_and_catch_up_when_it_is_quiet(
     toggle().set_value(True).run()
     try:
         before_row, before_tree = slot_row(app), tree_spec(app)
-        n = len(request_rows(app))
+        n = row_count(app)
         assert app.session_state["_busy"] is False              # quiet: the poll runs at its idle pace
         send(app, "Zebras zigzag", max_new=2)
         assert slot_row(app) == before_row                     # queued: the hidden slot row is as it was
