@@ -37,6 +37,10 @@ class Caller:
         """Whether requests it submits are its own: not for keyless callers, who all share "anonymous"."""
         return self.admin or self.authenticated
 
+    def may_act_on(self, owner: Optional[str]) -> bool:
+        """Whether it may read or abort what `owner` (an identity) submitted: its own, or anything for the admin."""
+        return self.owns_requests and (self.admin or owner == self.identity)
+
     def cache_key(self, extra_key: Optional[str]) -> Optional[str]:
         """The radix cache's namespace for a request of this caller that asked for `extra_key`."""
         if self.namespace is None:

@@ -63,7 +63,7 @@ class EngineHost:
         self.reserved = 0
         self.draining = False
         self.owners: "OrderedDict[str, str]" = OrderedDict()
-        self.runs: dict[str, tuple[str, Any]] = {}   # response id -> (owner identity, its ChoiceRun)
+        self.runs: dict[str, tuple[Optional[str], Any]] = {}   # response id -> (owner identity, its ChoiceRun)
         self.abort_reasons: dict[str, str] = {}
         self._rebuilding = False
         self._char_limits: dict[int, Optional[int]] = {}
@@ -164,7 +164,7 @@ class EngineHost:
         try:
             for piece in handle.stream():
                 # once it finished (not aborted), the completion carries this text: a stream's last chunk has it
-                if on_piece is not None and not (handle.done() and handle.finish_reason() != "abort"):
+                if on_piece is not None and handle.finish_reason() in (None, "abort"):
                     on_piece(piece, handle)
             completion = handle.result()
         finally:
@@ -192,7 +192,7 @@ class EngineHost:
             return []
         with self._lock:
             names = [rid] if rid in self.owners else [r for r in self.owners if r.startswith(rid + "-")]
-            return [r for r in names if caller.admin or self.owners[r] == caller.identity]
+            return [r for r in names if caller.may_act_on(self.owners[r])]
 
     def abort_owned(self, caller: Caller, rid: str) -> Optional[bool]:
         """None when `caller` has no such request; else whether anything was still running."""
@@ -213,7 +213,7 @@ class EngineHost:
         """A multi-choice run by its response id, so an abort of the response reaches the choices it has not
         submitted yet (ChoiceRun.cancel_pending)."""
         with self._lock:
-            self.runs[response_id] = (caller.identity if caller.owns_requests else "", run)
+            self.runs[response_id] = (caller.identity if caller.owns_requests else None, run)
 
     def drop_run(self, response_id: str) -> None:
         with self._lock:
@@ -221,16 +221,13 @@ class EngineHost:
 
     def _run_of(self, caller: Caller, response_id: str) -> Any:
         with self._lock:
-            owner, run = self.runs.get(response_id, ("", None))
-        if run is None or not caller.owns_requests or not (caller.admin or owner == caller.identity):
-            return None
-        return run
+            owner, run = self.runs.get(response_id, (None, None))
+        return run if run is not None and caller.may_act_on(owner) else None
 
     def abort_every_owned(self, caller: Caller) -> int:
         """Abort every request in flight that `caller` may act on (the admin: all); how many were still running."""
         with self._lock:
-            rids = [r for r in self.inflight if caller.owns_requests
-                    and (caller.admin or self.owners.get(r) == caller.identity)]
+            rids = [r for r in self.inflight if caller.may_act_on(self.owners.get(r))]
             runs = list(self.runs)
         pending = 0
         for response_id in runs:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, StrictInt, create_model
 
 from core.engine.sampling import ParamError, SamplingParams
 from core.server.errors import APIError
@@ -140,7 +140,8 @@ class NativeSampling(BaseModel):
         return "max_new_tokens" in self.model_fields_set and self.max_new_tokens is None
 
 
-class GenerateRequest(BaseModel):
+class GenerateBody(BaseModel):
+    """The fields /generate honours or ignores, and the checks; GenerateRequest adds NOT_HONOURED's fields."""
     model_config = ConfigDict(extra="forbid")
 
     text: Union[str, list[str], None] = None
@@ -163,62 +164,6 @@ class GenerateRequest(BaseModel):
     conversation_id: Optional[str] = None
     external_trace_header: Optional[dict[str, Any]] = None
     received_time: Optional[float] = None
-    # accepted only at their no-op values (NOT_HONOURED)
-    rid: Any = None
-    return_logprob: Any = None
-    top_logprobs_num: Any = None
-    token_ids_logprob: Any = None
-    return_hidden_states: Any = None
-    return_routed_experts: Any = None
-    return_sampling_mask: Any = None
-    lora_path: Any = None
-    lora_id: Any = None
-    input_embeds: Any = None
-    image_data: Any = None
-    video_data: Any = None
-    audio_data: Any = None
-    modalities: Any = None
-    custom_logit_processor: Any = None
-    session_params: Any = None
-    session_id: Any = None
-    bootstrap_host: Any = None
-    bootstrap_port: Any = None
-    bootstrap_room: Any = None
-    bootstrap_pair_key: Any = None
-    data_parallel_rank: Any = None
-    routed_dp_rank: Any = None
-    max_thinking_tokens: Any = None
-    require_reasoning: Any = None
-    kv_hints: Any = None
-    background: Any = None
-    return_bytes: Any = None
-    return_entropy: Any = None
-    watermark: Any = None
-    mm_hashes: Any = None
-    mm_content_hashes: Any = None
-    use_audio_in_video: Any = None
-    video_config: Any = None
-    images_config: Any = None
-    mm_processor_kwargs: Any = None
-    need_wait_for_mm_inputs: Any = None
-    num_items_assigned: Any = None
-    encoder_urls: Any = None
-    max_dynamic_patch: Any = None
-    min_dynamic_patch: Any = None
-    image_max_dynamic_patch: Any = None
-    video_max_dynamic_patch: Any = None
-    sampling_logprobs_mode: Any = None
-    return_flat_raw_top_logprobs: Any = None
-    return_flat_raw_output_top_logprobs: Any = None
-    return_flat_raw_top_logprobs_b64: Any = None
-    return_indexer_topk: Any = None
-    positional_embed_overrides: Any = None
-    decode_tp_size: Any = None
-    disagg_prefill_dp_rank: Any = None
-    multi_item_delimiter_indices: Any = None
-    token_indices_to_pool: Any = None
-    http_worker_ipc: Any = None
-
     _sampling: list[NativeSampling] = PrivateAttr(default_factory=list)   # parsed by check()
 
     # ----- checks --------------------------------------------------------------------------------
@@ -322,6 +267,12 @@ class GenerateRequest(BaseModel):
         return self._sampling[prompt if len(self._sampling) > 1 else 0]
 
 
+# every NOT_HONOURED field, typed Any (its no-op values decide, check_noops): declared from the table, so a field and
+# its rule cannot drift apart
+GenerateRequest = create_model("GenerateRequest", __base__=GenerateBody, __module__=__name__,
+                               **{name: (Any, None) for name in NOT_HONOURED})
+
+
 def _key(keys: Union[str, list[str], None], prompt: int) -> Optional[str]:
     key = keys[prompt] if isinstance(keys, list) else keys
     return key or None
@@ -357,7 +308,7 @@ class AbortRequest(BaseModel):
     http_worker_ipc: Any = None
 
 
-def parse_generate(data: dict) -> GenerateRequest:
+def parse_generate(data: dict) -> GenerateBody:
     """A checked GenerateRequest, or a 400 naming the field."""
     body = parse(GenerateRequest, data)
     body.check()

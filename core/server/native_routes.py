@@ -41,7 +41,7 @@ from core.server.cpu_pool import CpuPool
 from core.server.errors import RETRY_AFTER_S, TYPES, APIError
 from core.server.host import CLIENT_ABORT, EngineHost, new_id
 from core.server.json_body import parse_object
-from core.server.native_protocol import WEIGHT_VERSION, AbortRequest, GenerateRequest, parse_generate
+from core.server.native_protocol import WEIGHT_VERSION, AbortRequest, GenerateBody, GenerateRequest, parse_generate
 from core.server.openai_protocol import parse
 from core.server.openai_run import ChoiceRun, Event
 from core.server.sse import DONE, ClosingStream, sse
@@ -73,7 +73,7 @@ def stream_error(err: APIError) -> dict[str, Any]:
 class Outputs:
     """The answer objects of one /generate call, in SGLang's shape."""
 
-    def __init__(self, run: ChoiceRun, body: GenerateRequest, started: float) -> None:
+    def __init__(self, run: ChoiceRun, body: GenerateBody, started: float) -> None:
         self.run, self.body, self.started = run, body, started
 
     @property

@@ -61,11 +61,9 @@ class Choice:
 
 def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prompt_param: str,
               max_param: str) -> Optional[APIError]:
-    """Why `n_ids` prompt tokens plus max_new_tokens cannot run on `engine` (naming the field to change)."""
-    try:
-        inputs.check_logit_bias(params, engine.runner.vocab_size)
-    except ParamError as exc:
-        return APIError(400, str(exc), exc.field, "invalid_value")
+    """Why `n_ids` prompt tokens plus max_new_tokens cannot run on `engine` (naming the field to change). A
+    logit_bias outside the vocabulary is the params' own error: ChoiceRun checks it once per sampling spec, and
+    Engine.submit checks every request."""
     pool, ps = engine.allocator.num_slots, engine.allocator.page_size
     context = engine.runner.max_context_len
     if n_ids > pool:

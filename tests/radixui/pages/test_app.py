@@ -11,7 +11,8 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-APP = str(pathlib.Path(__file__).resolve().parents[3] / "app.py")
+from tests.radixui.pages.conftest import APP
+
 
 
 def kpis(at: AppTest) -> dict[str, str]:
@@ -88,14 +89,6 @@ def send(at: AppTest, text: str, max_new: int = 3, mode: str = "Raw completion")
     number(at, "Max new tokens").set_value(max_new)
     button(at, "Send").click()
     at.run()
-
-
-@pytest.fixture(scope="module")
-def app() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.run()
-    assert not at.exception, at.exception
-    return at
 
 
 def test_live_page_renders_without_errors(app):
@@ -385,35 +378,3 @@ def test_time_travel_holds_a_past_event_while_new_events_arrive(app):
     app.run()
     slider = next(s for s in app.slider if s.label == "After event")
     assert slider.max > end and slider.value == slider.max
-
-
-def test_a_running_request_is_aborted_from_the_table_and_every_one_from_the_sidebar(app):
-    """A demo's long generation can be stopped: the selected row's button aborts it, the sidebar's aborts all
-    (the reset needs an idle engine); the slots come back and the table says "aborted"."""
-    toggle = lambda: next(t for t in app.toggle if t.label == "Step mode")  # noqa: E731
-    toggle().set_value(True).run()
-    try:
-        send(app, "Count slowly from one to one hundred:", max_new=60)
-        button(app, "Step").click().run()
-        rid = request_rows(app).iloc[0]["request"]
-        assert request_rows(app).iloc[0]["state"] == "running"
-        ss = app.session_state
-        ss["_selected_rid"], ss["_last_table_key"], ss["_last_rows"] = rid, ss["_table_key"], []   # as a click does
-        app.run()
-        assert not any(b.label.startswith("Abort r") for b in app.button if b.label != f"Abort {rid}")
-        button(app, f"Abort {rid}").click().run()
-        assert request_rows(app).iloc[0]["state"] == "aborted"
-        assert not any(b.label == f"Abort {rid}" for b in app.button)       # nothing left to abort there
-        assert [t.value for t in app.toast][-1:] == [f"Aborted {rid}: its slots are back in the pool."]
-        send(app, "First of two", max_new=60)
-        send(app, "Second of two", max_new=60)
-        button(app, "Step").click().run()
-        button(app, "Abort all requests").click().run()
-        assert list(request_rows(app)["state"][:3]) == ["aborted"] * 3
-        assert [t.value for t in app.toast][-1:] == ["Aborted 2 requests."]
-        button(app, "Abort all requests").click().run()
-        assert any("Nothing to abort" in i.value for i in app.info)
-        m = kpis(app)
-        assert (m["Running / waiting"], m["Locked slots"]) == ("0 / 0", "0"), m
-    finally:
-        toggle().set_value(False).run()
