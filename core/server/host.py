@@ -203,10 +203,10 @@ class EngineHost:
         """Abort request `rid`, or every choice of response `rid` (those not submitted yet too); None when
         `caller` has no such request, else how many were still running or waiting to be submitted."""
         run = self._run_of(caller, rid)
+        pending = run.cancel_pending() if run is not None else 0   # first: every choice submitted is in owners now
         names = self.owned(caller, rid)
         if run is None and not names:
             return None
-        pending = run.cancel_pending() if run is not None else 0
         return sum(bool(self.abort(r, CLIENT_ABORT)) for r in names) + pending
 
     def add_run(self, response_id: str, caller: Caller, run: Any) -> None:
@@ -227,13 +227,14 @@ class EngineHost:
     def abort_every_owned(self, caller: Caller) -> int:
         """Abort every request in flight that `caller` may act on (the admin: all); how many were still running."""
         with self._lock:
-            rids = [r for r in self.inflight if caller.may_act_on(self.owners.get(r))]
             runs = list(self.runs)
         pending = 0
-        for response_id in runs:
+        for response_id in runs:       # first: a choice these runs submitted is in inflight once this returns
             run = self._run_of(caller, response_id)
             if run is not None:
                 pending += run.cancel_pending()
+        with self._lock:
+            rids = [r for r in self.inflight if caller.may_act_on(self.owners.get(r))]
         return sum(bool(self.abort(r, CLIENT_ABORT)) for r in rids) + pending
 
     def abort_all(self, reason: str = SHUTDOWN) -> None:

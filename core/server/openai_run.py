@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
@@ -132,6 +133,10 @@ class ChoiceRun:
         self.reserved = 0
         self.next = 0
         self.closed = False
+        self.cancelled = False          # its owner aborted the whole response (cancel_pending)
+        # Submitting a choice and cancelling the rest exclude each other, so an abort of the response sees each
+        # choice either in the engine (the host's inflight) or not submitted yet, never between the two.
+        self._submit_lock = threading.Lock()
         self.engine = None
         self.tasks: set[asyncio.Task] = set()
 
@@ -191,44 +196,52 @@ class ChoiceRun:
 
     def cancel_pending(self) -> int:
         """(Any thread.) Its owner aborted the whole response: the choices not submitted yet end as aborted,
-        with nothing generated, instead of being submitted as the others end. How many there were."""
+        with nothing generated, instead of being submitted as the others end. How many there were; every choice
+        submitted before this returned is in the host's inflight, for the caller to abort."""
+        with self._submit_lock:
+            if self.cancelled:
+                return 0
+            self.cancelled = True
+            pending = len(self.choices) - self.next
         self._post(_CANCEL)
-        return max(0, len(self.choices) - self.next)
+        return pending
 
     def _cancel_now(self) -> None:
-        while self.next < len(self.choices):
-            c = self.choices[self.next]
-            self.next += 1
+        with self._submit_lock:
+            never_sent, self.next = self.choices[self.next:], len(self.choices)
+        for c in never_sent:
             never = Completion(rid=f"{self.response_id}-{c.index}", text="", token_ids=[], prompt_tokens=len(c.ids),
                                cached_tokens=0, finish_reason="abort", ttft=None, total_time=0.0)
             self.queue.put_nowait(Event(c.index, completion=never, reason=CLIENT_ABORT))
 
     async def _submit_next(self) -> None:
-        if self.closed or self.next >= len(self.choices):
-            return
-        c = self.choices[self.next]
-        self.next += 1
-        rid = f"{self.response_id}-{c.index}"
-        if not self.stream:
-            on_piece = None
-        elif self.with_ids:
-            on_piece = lambda t, h, i=c.index: self._post(Event(i, t, h.partial_ids(), h.cached_tokens()))  # noqa
-        else:
-            on_piece = lambda t, h, i=c.index: self._post(Event(i, t))   # noqa: E731
-        on_done = lambda comp, reason, i=c.index: self._post(Event(i, completion=comp, reason=reason))   # noqa: E731
         try:
-            h = await self.pool.run(self.host.submit, self.engine, c.ids, c.params, c.key, self.caller,
-                                    rid, on_piece, on_done)
+            await self.pool.run(self._submit_one)
         except ParamError as exc:
             raise self.body.param_error(exc) from None
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
-        self.handles[c.index] = h
-        if self.closed:       # the client left while this one was being submitted
-            self.pool.fire(self.host.abort, rid, DISCONNECT)
+
+    def _submit_one(self) -> None:
+        """(Worker pool.) Submit the next choice, unless none is left or the response was closed or cancelled."""
+        with self._submit_lock:
+            if self.closed or self.cancelled or self.next >= len(self.choices):
+                return
+            c = self.choices[self.next]
+            self.next += 1
+            rid = f"{self.response_id}-{c.index}"
+            if not self.stream:
+                on_piece = None
+            elif self.with_ids:
+                on_piece = lambda t, h, i=c.index: self._post(Event(i, t, h.partial_ids(), h.cached_tokens()))  # noqa
+            else:
+                on_piece = lambda t, h, i=c.index: self._post(Event(i, t))   # noqa: E731
+            on_done = lambda comp, reason, i=c.index: self._post(Event(i, completion=comp, reason=reason))  # noqa
+            self.handles[c.index] = self.host.submit(self.engine, c.ids, c.params, c.key, self.caller, rid,
+                                                     on_piece, on_done)
 
     def _refill(self) -> None:
-        if self.next < len(self.choices) and not self.closed:
+        if self.next < len(self.choices) and not self.closed and not self.cancelled:
             task = asyncio.ensure_future(self._submit_next())
             self.tasks.add(task)
             task.add_done_callback(self._refilled)
@@ -280,13 +293,15 @@ class ChoiceRun:
 
     def close(self) -> None:
         """Abort what still runs (on the worker pool) and give back the queue positions; idempotent."""
-        if self.closed:
-            return
-        self.closed = True
+        with self._submit_lock:      # a choice being submitted now is in handles once this lock is ours
+            if self.closed:
+                return
+            self.closed = True
+            handles = list(self.handles.items())
         self.host.drop_run(self.response_id)
         for t in self.tasks:
             t.cancel()
-        for i, h in self.handles.items():
+        for i, h in handles:
             if i not in self.done and not h.done():
                 self.pool.fire(self.host.abort, h.rid, DISCONNECT)
         self.host.release(self.reserved)

@@ -324,3 +324,51 @@ def test_aborting_a_response_ends_the_choices_it_has_not_submitted_yet(tiny_runn
         assert [o["meta_info"]["completion_tokens"] for o in out] == [2, 0, 0, 0]
         assert not s.host.inflight and not s.host.runs and s.host.reserved == 0
         e.check_invariants()
+
+
+def test_an_abort_all_during_a_choice_s_submission_aborts_that_choice_too(tiny_runner):
+    """abort_all counted the run's unsubmitted choices, then the requests in flight. A choice the run was
+    submitting at that moment was in neither list, so it was never aborted and ran to max_new_tokens. Submitting
+    a choice and cancelling the rest now exclude each other."""
+    with serving(factory=tiny_factory(tiny_runner), initial_config={"model": "tiny", "pool_slots": 256},
+                 settings=ServerSettings(model="tiny", max_request_share=1)) as s:
+        e = s.engine
+        e.stop()
+        submitting, go = threading.Event(), threading.Event()
+        real_submit = s.host.submit
+
+        def slow_second_submit(engine, ids, params, key, caller, rid, *rest, **kw):
+            if rid.endswith("-1"):
+                submitting.set()
+                assert go.wait(10)
+            return real_submit(engine, ids, params, key, caller, rid, *rest, **kw)
+
+        s.host.submit = slow_second_submit
+        got: list[httpx.Response] = []
+        aborted: list[dict] = []
+        try:
+            t = threading.Thread(target=lambda: got.append(httpx.post(
+                f"{s.url}/generate", timeout=60,
+                json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50, "n": 2}})))
+            t.start()
+            wait_until(lambda: s.host.inflight, what="the first sample to reach the engine")
+            first = next(iter(s.host.inflight))
+            assert httpx.post(f"{s.url}/abort_request", json={"rid": first}).json() == {"aborted": 1}
+            assert submitting.wait(10), "the second sample was never submitted"
+            a = threading.Thread(target=lambda: aborted.append(httpx.post(
+                f"{s.url}/abort_request", timeout=30, json={"abort_all": True}).json()))
+            a.start()
+            a.join(0.5)       # the old code answered here, before the second sample reached the engine
+            go.set()
+            a.join(30)
+        finally:
+            go.set()
+            e.start()
+        t.join(30)
+        assert aborted == [{"aborted": 1}]
+        out = got[0].json()
+        assert [o["meta_info"]["finish_reason"]["type"] for o in out] == ["abort", "abort"]
+        assert [o["meta_info"]["completion_tokens"] for o in out] == [0, 0]
+        wait_until(lambda: not s.host.inflight and not s.host.runs, what="everything to end")
+        assert s.host.reserved == 0
+        e.check_invariants()
