@@ -19,6 +19,12 @@ WAITING, RUNNING, FINISHED, ABORTED = "waiting", "running", "finished", "aborted
 _rids = itertools.count()
 
 
+class FinalPiece(str):
+    """The streamed text of the token that ended its request ("length", "stop", "eos"), queued before the
+    request is marked done: its completion carries this text too, so a server that sends the completion as a
+    stream's last chunk skips this piece instead of sending it twice (EngineHost's watcher)."""
+
+
 @dataclass(frozen=True)
 class Completion:
     rid: str
@@ -106,7 +112,8 @@ class Request:
         self.output_text = text
         safe = text[:stream_safe_len(text, self.params.stop, reason is not None)]
         if len(safe) > self.streamed_len and safe.startswith(self.streamed_text):
-            self.stream_queue.put(safe[self.streamed_len:])
+            piece = safe[self.streamed_len:]
+            self.stream_queue.put(piece if reason is None else FinalPiece(piece))
             self.streamed_text = safe
         return reason
 
@@ -198,7 +205,8 @@ class RequestHandle:
             parts.append(piece)
 
     def stream(self, timeout: Optional[float] = None) -> Iterator[str]:
-        """Text deltas as tokens arrive; ends when the request finishes or is aborted."""
+        """Text deltas as tokens arrive; ends when the request finishes or is aborted. The delta of the token
+        that ended it is a FinalPiece."""
         while True:
             piece = self._req.stream_queue.get(timeout=timeout)
             if piece is None:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
-from core.engine.request import Completion, RequestHandle
+from core.engine.request import Completion, FinalPiece, RequestHandle
 from core.engine.sampling import SamplingParams
 from core.server.auth import Caller
 from core.server.errors import APIError
@@ -163,8 +163,8 @@ class EngineHost:
         completion: Optional[Completion] = None
         try:
             for piece in handle.stream():
-                # once it finished (not aborted), the completion carries this text: a stream's last chunk has it
-                if on_piece is not None and handle.finish_reason() in (None, "abort"):
+                # the finishing token's text: the completion carries it, as a stream's last chunk
+                if on_piece is not None and not isinstance(piece, FinalPiece):
                     on_piece(piece, handle)
             completion = handle.result()
         finally:

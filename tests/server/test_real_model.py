@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -170,3 +171,24 @@ def test_sglang_s_generate_answers_the_completion_s_text_and_names_what_stopped_
         "max_new_tokens": 64, "temperature": 0}}).json()
     assert eos["meta_info"]["finish_reason"] == {"type": "stop", "matched": eos["output_ids"][-1]}
     assert eos["output_ids"][-1] in real.engine.runner.eos_token_ids and "4" in eos["text"]
+
+
+def test_a_generate_stream_sends_the_finishing_token_once_however_late_the_request_is_marked_done(real, monkeypatch):
+    """The finishing token's text was queued, then the request was released into the tree and marked done; a
+    watcher that read the piece in between sent it as an event, then the completion again as the last one. With
+    the release slowed, every event still adds text, and the finishing token rides on the last event alone."""
+    real_finish = real.engine.scheduler.finish
+
+    def slow_finish(req):
+        time.sleep(0.2)
+        return real_finish(req)
+
+    monkeypatch.setattr(real.engine.scheduler, "finish", slow_finish)
+    with httpx.stream("POST", f"{real.url}/generate", timeout=60, json={
+            "text": "The capital of France is", "stream": True,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0}}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln and ln != "data: [DONE]"]
+    texts = [c["text"] for c in chunks]
+    assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5, 6], texts
+    assert all(len(a) < len(b) for a, b in zip(texts, texts[1:])), texts
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
