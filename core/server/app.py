@@ -79,9 +79,11 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
     errors.install(app)
     read_body = make_body_reader(s.max_body_bytes, s.read_timeout)
     inference, admin = keys.inference_dependency(), keys.admin_dependency()
-    app.include_router(openai_routes.router(host, pool, read_body, inference, s.stream_usage_by_default))
-    app.include_router(native_routes.router(host, pool, read_body, inference))
-    app.include_router(state_routes.router(host, pool, read_body, inference, admin))
+    routers = [openai_routes.router(host, pool, read_body, inference, s.stream_usage_by_default),
+               native_routes.router(host, pool, read_body, inference),
+               state_routes.router(host, pool, read_body, inference, admin)]
+    for r in routers:
+        app.include_router(r)
 
     @app.get("/metrics", operation_id="metrics", response_class=Response,
              responses={200: {"content": {PROMETHEUS_TEXT: {"schema": {"type": "string"}}},
@@ -137,4 +139,5 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
 
     api_schema.install(app, secured=not keys.open)
     app.add_middleware(BrowserGuard, policy=HostPolicy(s.bind, s.allowed_hosts, s.allowed_origins))
+    app.state.every_route = [*app.routes, *(route for r in routers for route in r.routes)]   # a 405's Allow
     return app

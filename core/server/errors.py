@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",   # OpenAI's
          404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
@@ -71,10 +72,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = str(exc.detail)
+        headers = exc.headers
         if exc.status_code == 405:
-            allow = (exc.headers or {}).get("Allow", "")
+            allow = allowed_methods(request) or (exc.headers or {}).get("Allow", "")
+            headers = {**(exc.headers or {}), "Allow": allow}
             message = f"{request.method} is not allowed on {request.url.path}; use {allow or 'another method'}"
-        return error_response(exc.status_code, message, headers=exc.headers)
+        return error_response(exc.status_code, message, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -85,6 +88,17 @@ def install(app: FastAPI) -> None:
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()
         return error_response(400, describe_validation(errs), first_field(errs))
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route takes on this path: Starlette's 405 names only the first route that matched the
+    path (/health's GET, not the HEAD route beside it). The app lists its routers' routes in `every_route`."""
+    methods: set[str] = set()
+    for route in getattr(request.app.state, "every_route", request.app.routes):
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
 
 
 def first_field(errors) -> Optional[str]:

@@ -39,10 +39,12 @@ def test_a_lone_surrogate_in_a_chat_role_or_prompt_is_400_naming_the_field(tiny)
     assert tiny.engine.snapshot().requests == ()
 
 
-def test_405_answers_say_which_methods_are_allowed(tiny):
+def test_405_answers_say_every_method_the_path_takes(tiny):
+    """Allow lists every route's methods on the path (HEAD /health and PUT /generate are routes of their own)."""
     for method, path, allow in (("GET", "/v1/completions", "POST"), ("PUT", "/v1/chat/completions", "POST"),
-                                ("POST", "/v1/models", "GET"), ("POST", "/health", "GET"),
-                                ("GET", "/state/rebuild", "POST")):
+                                ("POST", "/v1/models", "GET"), ("POST", "/health", "GET, HEAD"),
+                                ("GET", "/state/rebuild", "POST"), ("DELETE", "/generate", "POST, PUT"),
+                                ("GET", "/state/requests/some-id/abort", "POST")):
         r = httpx.request(method, tiny.url + path, headers=JSON, json={})
         assert r.status_code == 405 and r.headers["allow"] == allow, (method, path)
         assert r.json()["error"]["type"] == "invalid_request_error"
