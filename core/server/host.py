@@ -34,6 +34,7 @@ EngineFactory = Callable[[EngineConfig], Engine]
 OnPiece = Optional[Callable[[str, RequestHandle], None]]   # (text piece, the request it came from)
 OnDone = Optional[Callable[[Optional[Completion], Optional[str]], None]]   # (completion, why it was aborted)
 KEEP_OWNERS = 4096           # owners remembered for finished requests (the engine keeps its last 200)
+QUIET_GRACE_S = 2.0          # a request that just ended gives its queue position back a moment after its answer
 BYTES_MARGIN = 2             # a prompt is refused unread only past twice what could ever fit
 SHUTDOWN, CLIENT_ABORT, DISCONNECT = "shutdown", "aborted", "disconnect"
 
@@ -264,7 +265,9 @@ class EngineHost:
 
     # ----- control -----------------------------------------------------------------------------
     def _check_quiet(self, what: str) -> None:
-        if self.inflight or self.reserved:
+        """(Holding the lock.) 409 unless nothing is in flight or reserved, after a short grace: a client that
+        has its answer may act before the request's watcher and its route have given everything back."""
+        if not self._changed.wait_for(lambda: not self.inflight and not self.reserved, QUIET_GRACE_S):
             raise APIError(409, f"{max(len(self.inflight), self.reserved)} request(s) are in flight; wait for them "
                                 f"to finish (or abort them) before {what}")
 

@@ -1,11 +1,15 @@
 """/metrics parsed with prometheus_client's own parser; /flush_cache idle and busy."""
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.engine.engine import Engine
 from core.server.app import ServerSettings
+from core.server.host import QUIET_GRACE_S
 from tests.server.conftest import serving, wait_until
 
 
@@ -76,3 +80,23 @@ def test_flush_cache_when_idle_empties_everything_and_refuses_while_busy(tiny):
     e.check_invariants()
     again = c.completions.create(model="tiny", prompt=[9, 8, 7, 6, 5], max_tokens=3, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_flush_right_after_an_answer_waits_for_its_queue_position_to_come_back(tiny):
+    """A client had its answer a moment before the route gave its queue position back; a flush sent at once was
+    refused with 409 "1 request(s) are in flight". It now waits up to QUIET_GRACE_S for that, and no longer."""
+    tiny.host.reserve(1)           # the position a finished request's route has not given back yet
+    later = threading.Timer(0.5, tiny.host.release, args=(1,))
+    later.start()
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(f"{tiny.url}/flush_cache")
+        assert r.status_code == 200 and 0.4 < time.monotonic() - t0 < QUIET_GRACE_S
+    finally:
+        later.join()
+    tiny.host.reserve(1)           # one that stays: refused after the grace
+    try:
+        r = httpx.post(f"{tiny.url}/flush_cache")
+        assert r.status_code == 409 and "1 request(s) are in flight" in r.json()["error"]["message"]
+    finally:
+        tiny.host.release(1)
