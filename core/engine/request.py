@@ -19,10 +19,19 @@ WAITING, RUNNING, FINISHED, ABORTED = "waiting", "running", "finished", "aborted
 _rids = itertools.count()
 
 
-class FinalPiece(str):
-    """The streamed text of the token that ended its request ("length", "stop", "eos"), queued before the
-    request is marked done: its completion carries this text too, so a server that sends the completion as a
-    stream's last chunk skips this piece instead of sending it twice (EngineHost's watcher)."""
+class Piece(str):
+    """A streamed text delta. `tokens`: how many tokens the request had generated when it was queued, so a
+    stream chunk pairs this text with its own ids, not with those generated since. `final`: that token ended the
+    request ("length", "stop", "eos") and was queued before the request was marked done; its completion carries
+    this text too, so a server that sends the completion as a stream's last chunk skips this piece instead of
+    sending it twice (EngineHost's watcher)."""
+    tokens: int
+    final: bool
+
+    def __new__(cls, text: str, tokens: int, final: bool) -> "Piece":
+        piece = super().__new__(cls, text)
+        piece.tokens, piece.final = tokens, final
+        return piece
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,7 @@ class Request:
         self.first_token_time: Optional[float] = None
         self.finish_time: Optional[float] = None
         self.done = threading.Event()
-        self.stream_queue: "queue.Queue[Optional[str]]" = queue.Queue()
+        self.stream_queue: "queue.Queue[Optional[Piece]]" = queue.Queue()
 
     @property
     def fill_ids(self) -> list[int]:
@@ -112,8 +121,7 @@ class Request:
         self.output_text = text
         safe = text[:stream_safe_len(text, self.params.stop, reason is not None)]
         if len(safe) > self.streamed_len and safe.startswith(self.streamed_text):
-            piece = safe[self.streamed_len:]
-            self.stream_queue.put(piece if reason is None else FinalPiece(piece))
+            self.stream_queue.put(Piece(safe[self.streamed_len:], len(self.output_ids), reason is not None))
             self.streamed_text = safe
         return reason
 
@@ -204,9 +212,8 @@ class RequestHandle:
                 return "".join(parts)
             parts.append(piece)
 
-    def stream(self, timeout: Optional[float] = None) -> Iterator[str]:
-        """Text deltas as tokens arrive; ends when the request finishes or is aborted. The delta of the token
-        that ended it is a FinalPiece."""
+    def stream(self, timeout: Optional[float] = None) -> Iterator[Piece]:
+        """Text deltas as tokens arrive; ends when the request finishes or is aborted."""
         while True:
             piece = self._req.stream_queue.get(timeout=timeout)
             if piece is None:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
-from core.engine.request import Completion, FinalPiece, RequestHandle
+from core.engine.request import Completion, Piece, RequestHandle
 from core.engine.sampling import SamplingParams
 from core.server.auth import Caller
 from core.server.errors import APIError
@@ -31,7 +31,7 @@ from core.server.model_store import ModelRoots, default_roots, release_memory
 from core.server.prometheus import ServerMetrics
 
 EngineFactory = Callable[[EngineConfig], Engine]
-OnPiece = Optional[Callable[[str, RequestHandle], None]]   # (text piece, the request it came from)
+OnPiece = Optional[Callable[[Piece, RequestHandle], None]]   # (text piece, the request it came from)
 OnDone = Optional[Callable[[Optional[Completion], Optional[str]], None]]   # (completion, why it was aborted)
 KEEP_OWNERS = 4096           # owners remembered for finished requests (the engine keeps its last 200)
 QUIET_GRACE_S = 2.0          # a request that just ended gives its queue position back a moment after its answer
@@ -165,7 +165,7 @@ class EngineHost:
         try:
             for piece in handle.stream():
                 # the finishing token's text: the completion carries it, as a stream's last chunk
-                if on_piece is not None and not isinstance(piece, FinalPiece):
+                if on_piece is not None and not piece.final:
                     on_piece(piece, handle)
             completion = handle.result()
         finally:

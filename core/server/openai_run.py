@@ -16,12 +16,12 @@ import asyncio
 import dataclasses
 import threading
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from fastapi import Request
 
 from core.engine import inputs
-from core.engine.request import Completion, RequestHandle
+from core.engine.request import Completion, Piece, RequestHandle
 from core.engine.sampling import ParamError, SamplingParams
 from core.server.auth import Caller
 from core.server.cpu_pool import CpuPool
@@ -230,15 +230,17 @@ class ChoiceRun:
             c = self.choices[self.next]
             self.next += 1
             rid = f"{self.response_id}-{c.index}"
-            if not self.stream:
-                on_piece = None
-            elif self.with_ids:
-                on_piece = lambda t, h, i=c.index: self._post(Event(i, t, h.partial_ids(), h.cached_tokens()))  # noqa
-            else:
-                on_piece = lambda t, h, i=c.index: self._post(Event(i, t))   # noqa: E731
             on_done = lambda comp, reason, i=c.index: self._post(Event(i, completion=comp, reason=reason))  # noqa
             self.handles[c.index] = self.host.submit(self.engine, c.ids, c.params, c.key, self.caller, rid,
-                                                     on_piece, on_done)
+                                                     self._on_piece(c.index), on_done)
+
+    def _on_piece(self, i: int) -> Optional[Callable[[Piece, RequestHandle], None]]:
+        """What a streamed choice does with each text piece; with ids, the ones generated up to that piece."""
+        if not self.stream:
+            return None
+        if self.with_ids:
+            return lambda t, h: self._post(Event(i, t, h.partial_ids()[:t.tokens], h.cached_tokens()))
+        return lambda t, h: self._post(Event(i, t))
 
     def _refill(self) -> None:
         if self.next < len(self.choices) and not self.closed and not self.cancelled:

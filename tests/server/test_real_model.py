@@ -192,3 +192,25 @@ def test_a_generate_stream_sends_the_finishing_token_once_however_late_the_reque
     assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5, 6], texts
     assert all(len(a) < len(b) for a, b in zip(texts, texts[1:])), texts
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+
+
+def test_a_generate_stream_pairs_each_text_with_its_own_ids_however_far_the_watcher_lags(real, monkeypatch):
+    """A chunk's output_ids were read when the watcher delivered its text, so a watcher behind the engine sent
+    ids a token or more ahead of the text. With every delivery slowed to more than a decode step, each chunk's
+    ids still decode to exactly its text."""
+    real_submit = real.host.submit
+
+    def lagging_submit(engine, ids, params, key, caller, rid, on_piece=None, *rest, **kw):
+        def late(piece, handle):
+            time.sleep(0.25)
+            on_piece(piece, handle)
+        return real_submit(engine, ids, params, key, caller, rid, late if on_piece else None, *rest, **kw)
+
+    monkeypatch.setattr(real.host, "submit", lagging_submit)
+    with httpx.stream("POST", f"{real.url}/generate", timeout=60, json={
+            "text": "The capital of France is", "stream": True,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0}}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln and ln != "data: [DONE]"]
+    tok = real.engine.tokenizer
+    assert [tok.decode(c["output_ids"]) for c in chunks] == [c["text"] for c in chunks]
+    assert len(chunks[-1]["output_ids"]) == 6
