@@ -78,6 +78,7 @@ class Engine:
         # lock (request_table.py) is held only for a few dict/list operations, always after `_lock`.
         self.requests = RequestTable()
         self._lock = threading.RLock()
+        self._ending: Optional[list[Request]] = None   # during a step: the requests it ended, told at its end
         self.loop = EngineLoop(self.step, self.requests, on_error=self._loop_error)
         self._version = 0
         # Publication: at the end of every step the engine publishes its gauges, and while someone read a
@@ -137,7 +138,7 @@ class Engine:
         req = self.requests.withdraw_queued(rid)
         if req is not None:   # viewers see it through the table (gauges count the inbox; version its changes)
             self.metrics.on_abort()
-            self._complete(req, "abort")
+            self._complete(req, "abort", now=True)   # no step's lock held: maybe mid-step
             return True
         with self._lock:
             req = self.requests.withdraw(rid)
@@ -145,7 +146,7 @@ class Engine:
                 return False
             self.scheduler.abort(req)
             self.metrics.on_abort()
-            self._complete(req, "abort")
+            self._complete(req, "abort", now=True)
             self._publish()
             return True
 
@@ -163,68 +164,79 @@ class Engine:
         A failure is confined to the request it belongs to (that request ends with `error` set and
         gives back its slots); a model failure fails the batch it ran. Nothing is left half-committed."""
         with self._lock:
-            self._drain_inbox()
-            sched = self.scheduler
+            self._ending = []
             try:
-                items = sched.schedule(self.step_budget.tokens(sched.decoding()))
+                return self._step_locked()
             finally:
-                failed = sched.take_failed()
-                for req, exc in failed:
-                    self._fail(req, exc, released=True)
-            if not items:
-                if failed:
-                    self._after_step()
-                return bool(failed)
-            for it in items:
-                if not it.req.counted:
-                    it.req.counted = True
-                    self.metrics.on_admit(len(it.req.prompt_ids), it.req.cached_tokens or 0)
-            started = time.perf_counter()
-            try:
-                batch = ForwardBatch.build([(it.tokens, it.req.kv_slots, it.new_slots) for it in items],
-                                           device=self.device,
-                                           prompt=[it.req.computed < len(it.req.prompt_ids) for it in items])
-                logits = self.runner.forward(batch, self.pool)
-                self._record_kv(batch)
-            except BaseException as exc:  # a model failure fails this batch, not the engine; so does Ctrl-C
-                for it in items:
-                    sched.drop(it)
-                    self._fail(it.req, exc)
+                # the requests this step ended are told only now, after its gauges and version are out: a
+                # client that has its answer sees the step counted
+                ending, self._ending = self._ending, None
+                for req in ending:
+                    self._signal(req)
+
+    def _step_locked(self) -> bool:
+        self._drain_inbox()
+        sched = self.scheduler
+        try:
+            items = sched.schedule(self.step_budget.tokens(sched.decoding()))
+        finally:
+            failed = sched.take_failed()
+            for req, exc in failed:
+                self._fail(req, exc, released=True)
+        if not items:
+            if failed:
                 self._after_step()
-                if not isinstance(exc, Exception):
-                    raise
-                return True
-            prefill = sum(max(0, min(len(it.req.prompt_ids), it.req.computed + len(it.tokens)) - it.req.computed)
-                          for it in items)
-            to_sample: list[tuple[int, Request]] = []
-            committed, decodes = 0, 0
-            got: set[int] = set()   # id() of the requests this step gave their token
-            try:
-                for i, it in enumerate(items):
-                    try:
-                        if sched.commit(it):
-                            if it.req.params.max_new_tokens == 0:
-                                self._finish(it.req, "length")    # prefill only (SGLang's cache_prefix)
-                            else:
-                                to_sample.append((i, it.req))
-                    except Exception as exc:
-                        self._fail(it.req, exc)
-                    committed = i + 1
-                for req, tok in self._sample(logits, to_sample):
-                    try:
-                        self._append_token(req, tok)
-                        decodes += 1
-                    except Exception as exc:
-                        self._fail(req, exc)
-                    got.add(id(req))
-            except BaseException as exc:
-                self._interrupted(items, committed, {id(r) for _, r in to_sample} - got, exc)
-                raise
-            self.metrics.on_step(prefill, decodes)
-            singles = sum(1 for it in items if len(it.tokens) == 1)
-            self.step_budget.observe(time.perf_counter() - started, batch.num_tokens - singles, singles)
+            return bool(failed)
+        for it in items:
+            if not it.req.counted:
+                it.req.counted = True
+                self.metrics.on_admit(len(it.req.prompt_ids), it.req.cached_tokens or 0)
+        started = time.perf_counter()
+        try:
+            batch = ForwardBatch.build([(it.tokens, it.req.kv_slots, it.new_slots) for it in items],
+                                       device=self.device,
+                                       prompt=[it.req.computed < len(it.req.prompt_ids) for it in items])
+            logits = self.runner.forward(batch, self.pool)
+            self._record_kv(batch)
+        except BaseException as exc:  # a model failure fails this batch, not the engine; so does Ctrl-C
+            for it in items:
+                sched.drop(it)
+                self._fail(it.req, exc)
             self._after_step()
+            if not isinstance(exc, Exception):
+                raise
             return True
+        prefill = sum(max(0, min(len(it.req.prompt_ids), it.req.computed + len(it.tokens)) - it.req.computed)
+                      for it in items)
+        to_sample: list[tuple[int, Request]] = []
+        committed, decodes = 0, 0
+        got: set[int] = set()   # id() of the requests this step gave their token
+        try:
+            for i, it in enumerate(items):
+                try:
+                    if sched.commit(it):
+                        if it.req.params.max_new_tokens == 0:
+                            self._finish(it.req, "length")    # prefill only (SGLang's cache_prefix)
+                        else:
+                            to_sample.append((i, it.req))
+                except Exception as exc:
+                    self._fail(it.req, exc)
+                committed = i + 1
+            for req, tok in self._sample(logits, to_sample):
+                try:
+                    self._append_token(req, tok)
+                    decodes += 1
+                except Exception as exc:
+                    self._fail(req, exc)
+                got.add(id(req))
+        except BaseException as exc:
+            self._interrupted(items, committed, {id(r) for _, r in to_sample} - got, exc)
+            raise
+        self.metrics.on_step(prefill, decodes)
+        singles = sum(1 for it in items if len(it.tokens) == 1)
+        self.step_budget.observe(time.perf_counter() - started, batch.num_tokens - singles, singles)
+        self._after_step()
+        return True
 
     def _sample(self, logits: torch.Tensor, to_sample: list[tuple[int, Request]]) -> list[tuple[Request, int]]:
         """One token per request; a request whose sampling fails fails alone."""
@@ -243,7 +255,7 @@ class Engine:
             except Exception:
                 self.last_error += "; releasing it failed: " + traceback.format_exc(limit=2)
         req.error = self.last_error
-        if not req.done.is_set():
+        if req.finish_reason is None:
             self.metrics.on_abort()
             self._complete(req, "abort")
 
@@ -252,7 +264,7 @@ class Engine:
         left half done (items from `committed` on; committed ones in `unsampled`, owed a token) ends with an
         error and gives back its slots."""
         for i, it in enumerate(items):
-            if it.req.done.is_set():
+            if it.req.finish_reason is not None:
                 continue
             if i >= committed:
                 self.scheduler.drop(it)
@@ -300,14 +312,22 @@ class Engine:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _complete(self, req: Request, reason: str) -> None:
+    def _complete(self, req: Request, reason: str, now: bool = False) -> None:
+        """End `req`; its caller hears of it at once (`now`, or outside a step) or when the step ends."""
         req.finish_reason = reason
         req.finish_time = time.perf_counter()
         if reason == "abort":
             req.state = ABORTED
+        self.requests.finished(req.rid)
+        if now or self._ending is None:
+            self._signal(req)
+        else:
+            self._ending.append(req)
+
+    @staticmethod
+    def _signal(req: Request) -> None:
         req.stream_queue.put(None)
         req.done.set()
-        self.requests.finished(req.rid)
 
     # ----- background loop (engine_loop.py) ---------------------------------------------------------
     def start(self) -> "Engine":

@@ -71,4 +71,4 @@ def request_view(r: Request) -> snap.RequestView:
                             cached_tokens=r.cached_tokens or 0, output_tokens=len(r.output_ids),
                             prompt_text=r.prompt_text, output_text=r.output_text,
                             finish_reason=r.finish_reason, ttft=c.ttft,
-                            total_time=c.total_time if r.done.is_set() else None, error=r.error)
+                            total_time=c.total_time if r.finish_time is not None else None, error=r.error)

@@ -78,7 +78,7 @@ class RequestTable:
             while len(self._finished) > self.keep_finished:
                 old = self._finished.popleft()
                 gone = self._requests.get(old)
-                if gone is not None and gone.done.is_set():
+                if gone is not None and gone.finish_reason is not None:
                     del self._requests[old]
 
     def tokens(self, rid: str) -> Optional[dict]:

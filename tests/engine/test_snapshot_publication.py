@@ -136,3 +136,29 @@ def test_a_snapshot_from_several_threads_at_once_is_one_consistent_view():
             t.join()
         e.stop()
     assert errors == []
+
+
+def test_a_caller_that_has_its_answer_sees_the_step_that_ended_it_published():
+    """The engine told a request's caller it was done inside the step, before the step's gauges, version and
+    snapshot were out: a caller reading them at once saw the request still running. With the end of the step
+    slowed, the caller now wakes only after they are published."""
+    _, runner = tiny_pair("llama")
+    e = Engine(runner, pool_slots=256)
+    e.snapshot(wait=False)                        # a viewer is watching: the snapshot is published each step
+    tick = e.cache.tick
+
+    def slow_tick():
+        time.sleep(0.2)
+        tick()
+    e.cache.tick = slow_tick
+    e.start()
+    try:
+        h = e.submit(PROMPT, SamplingParams(max_new_tokens=3, ignore_eos=True))
+        h.result(timeout=30)
+        g, s = e.gauges(), e.snapshot(wait=False)
+        assert (g.running, g.waiting, g.step) == (0, 0, e.step_count)
+        view = next(r for r in s.requests if r.rid == h.rid)
+        assert (view.state, view.output_tokens, s.step) == ("finished", 3, e.step_count)
+        assert view.total_time is not None
+    finally:
+        e.stop()
