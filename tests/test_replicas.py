@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -25,24 +26,35 @@ SYSTEM = ("You are a patient tutor who explains computer science to first-year s
 
 
 def free_base(n: int) -> int:
-    """A port p such that p .. p+n-1 are all free on 127.0.0.1."""
+    """A port p such that p .. p+n-1 are all free on 127.0.0.1, below the ephemeral range: the servers bind them
+    seconds later, after the model loads, and a port in that range may meanwhile be the local end of any client
+    connection on the box (the other test worker's, or one in TIME_WAIT), which fails the bind."""
+    low, _ = ephemeral_range()
+    top = min(low, 65535) - n
+    rng = random.Random()
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        base = rng.randrange(max(1024, top - 12000), top)
+        if all(bindable(p) for p in range(base, base + n)):
             return base
     raise RuntimeError("no run of free ports")
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """Linux's range of local ports for outgoing connections (its default where the file is missing)."""
+    try:
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def get(url: str) -> str:
@@ -71,9 +83,8 @@ def wait_for(url: str, proc: subprocess.Popen, timeout: float = 240.0) -> None:
 
 def start_round_robin(workers: list[str], log) -> tuple[subprocess.Popen, int]:
     """A round-robin sglang-router over `workers`, answering /health, and its port. Its two ports are picked
-    now, not with the cluster's: ports there are in the ephemeral range every client socket draws from, and
-    one was taken by the time this ran (the router exited 1). A start that still dies (a port taken between
-    the pick and the router's bind) is retried on fresh ports."""
+    now, not with the cluster's; a start that still dies (a port taken between the pick and the router's
+    bind) is retried on fresh ports."""
     for _ in range(3):
         port = free_base(2)
         rr = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
