@@ -1,6 +1,9 @@
 """Every error the server returns, in OpenAI's JSON, through the official client's exception types."""
 from __future__ import annotations
 
+import json
+import socket
+
 import httpx
 import openai
 import pytest
@@ -121,14 +124,20 @@ def test_queue_limit_is_503_and_frees_when_requests_finish(tiny_runner):
 
 
 def test_a_client_that_gives_up_on_a_whole_answer_aborts_it(tiny):
+    """A client that closes its connection while it waits for a whole (not streamed) answer: the request it
+    started is aborted before it generates a token, and every slot comes back."""
     tiny.engine.stop()      # step mode: the request cannot finish before the client gives up, however fast
     try:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{tiny.url}/v1/completions", timeout=0.5,
-                       json={"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "temperature": 0})
+        body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 240, "temperature": 0}).encode()
+        port = int(tiny.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            wait_until(lambda: tiny.host.inflight, what="the request to reach the engine")
+            rid = next(iter(tiny.host.inflight))
         wait_until(lambda: not tiny.host.inflight, timeout=10, what="the abandoned request to be aborted")
         view = tiny.engine.snapshot().requests[-1]
-        assert view.state == "aborted" and view.output_tokens == 0
+        assert (view.rid, view.state, view.output_tokens) == (rid, "aborted", 0)
         assert tiny.engine.allocator.available() == tiny.engine.allocator.num_slots
         tiny.engine.check_invariants()
     finally:

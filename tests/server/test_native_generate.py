@@ -205,9 +205,10 @@ def test_a_client_that_leaves_mid_stream_gives_every_slot_back(tiny):
             wait_until(lambda: tiny.host.inflight, what="the request to reach the engine")
             while not any(v.state == "running" and v.output_tokens >= 3 for v in e.snapshot().requests):
                 assert e.step()
+        # still in step mode, so only the disconnect can end it (a running loop would finish it in 0.3 s)
+        wait_until(lambda: not tiny.host.inflight, what="the abandoned request to leave")
     finally:
         e.start()
-    wait_until(lambda: not tiny.host.inflight, what="the abandoned request to leave")
     snap = e.snapshot()
     assert snap.requests[-1].state == "aborted" and snap.requests[-1].output_tokens < 200
     assert snap.metrics["in_use_slots"] == 0 and snap.metrics["locked_slots"] == 0

@@ -90,9 +90,10 @@ def test_client_disconnect_mid_stream_gives_every_slot_back(tiny):
             while not any(v.state == "running" and v.output_tokens >= 3 for v in e.snapshot().requests):
                 assert e.step()
             assert tiny.host.inflight
+        # still in step mode, so only the disconnect can end it (a running loop would finish it in 0.3 s)
+        wait_until(lambda: not tiny.host.inflight, what="the aborted request to leave")
     finally:
         e.start()
-    wait_until(lambda: not tiny.host.inflight, what="the aborted request to leave")
     snap = e.snapshot()
     assert snap.metrics["running"] == 0 and snap.metrics["in_use_slots"] == 0 and snap.metrics["locked_slots"] == 0
     assert snap.requests[-1].state == "aborted" and snap.requests[-1].output_tokens < 200
