@@ -41,7 +41,7 @@ def test_a_watched_request_shows_running_with_its_tokens_rising_at_every_poll():
         assert len(seen) >= 10
         steps = [st for st, _ in seen]
         tokens = [n for _, n in seen]
-        assert steps == sorted(steps) and tokens == sorted(tokens) and tokens[-1] >= 35
+        assert steps == sorted(steps) and tokens == sorted(tokens) and tokens[-1] >= 30   # seen near its end
         assert all(n <= st for st, n in seen)                    # a snapshot never runs ahead of its step
         assert len(set(tokens)) >= 10                            # it moved while the request ran
     finally:
