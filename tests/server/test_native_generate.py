@@ -297,6 +297,17 @@ def test_a_request_drained_at_shutdown_ends_its_stream_with_sglang_s_error_event
     assert (err["code"], err["retryable"], err["type"]) == (503, True, "service_unavailable")
 
 
+def samples_in_background(s, n: int) -> tuple[threading.Thread, list[httpx.Response], str]:
+    """POST /generate for `n` samples of 50 tokens from a thread (its answer lands in the list); returns once
+    the first sample is in the engine, with that sample's request id."""
+    got: list[httpx.Response] = []
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50, "n": n}}
+    t = threading.Thread(target=lambda: got.append(httpx.post(f"{s.url}/generate", timeout=60, json=body)))
+    t.start()
+    wait_until(lambda: s.host.inflight, what="the first sample to reach the engine")
+    return t, got, next(iter(s.host.inflight))
+
+
 def test_aborting_a_response_ends_the_choices_it_has_not_submitted_yet(tiny_runner):
     """With one queue position a request (max_request_share=1) its four samples run one after another; an abort
     of the response id reached only the running one, and the next three then ran to the end."""
@@ -304,14 +315,8 @@ def test_aborting_a_response_ends_the_choices_it_has_not_submitted_yet(tiny_runn
                  settings=ServerSettings(model="tiny", max_request_share=1)) as s:
         e = s.engine
         e.stop()
-        got: list[httpx.Response] = []
         try:
-            t = threading.Thread(target=lambda: got.append(httpx.post(
-                f"{s.url}/generate", timeout=60,
-                json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50, "n": 4}})))
-            t.start()
-            wait_until(lambda: s.host.inflight, what="the first sample to reach the engine")
-            first = next(iter(s.host.inflight))
+            t, got, first = samples_in_background(s, 4)
             e.step()
             e.step()
             assert httpx.post(f"{s.url}/abort_request", json={"rid": first.rsplit("-", 1)[0]}).json() == \
@@ -345,15 +350,9 @@ def test_an_abort_all_during_a_choice_s_submission_aborts_that_choice_too(tiny_r
             return real_submit(engine, ids, params, key, caller, rid, *rest, **kw)
 
         s.host.submit = slow_second_submit
-        got: list[httpx.Response] = []
         aborted: list[dict] = []
         try:
-            t = threading.Thread(target=lambda: got.append(httpx.post(
-                f"{s.url}/generate", timeout=60,
-                json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50, "n": 2}})))
-            t.start()
-            wait_until(lambda: s.host.inflight, what="the first sample to reach the engine")
-            first = next(iter(s.host.inflight))
+            t, got, first = samples_in_background(s, 2)
             assert httpx.post(f"{s.url}/abort_request", json={"rid": first}).json() == {"aborted": 1}
             assert submitting.wait(10), "the second sample was never submitted"
             a = threading.Thread(target=lambda: aborted.append(httpx.post(
