@@ -146,7 +146,7 @@ class Engine:
                 return False
             self.scheduler.abort(req)
             self.metrics.on_abort()
-            self._complete(req, "abort", now=True)
+            self._complete(req, "abort")
             self._publish()
             return True
 

@@ -181,13 +181,9 @@ class RequestHandle:
         """The text generated so far (all of it once done): what Ctrl-C in the CLI prints."""
         return self._req.output_text
 
-    def partial_ids(self) -> list[int]:
-        """The token ids generated so far (a copy): how far a running request got."""
-        return list(self._req.output_ids)
-
-    def finish_reason(self) -> Optional[str]:
-        """How it ended ("length", "stop", "eos", "abort"); None while it runs."""
-        return self._req.finish_reason if self._req.done.is_set() else None
+    def partial_ids(self, upto: Optional[int] = None) -> list[int]:
+        """The token ids generated so far, or the first `upto` of them (a copy): how far a running request got."""
+        return self._req.output_ids[:upto]
 
     def cached_tokens(self) -> int:
         """Prompt tokens its (first) admission found in the radix cache; 0 before it is admitted."""

@@ -94,7 +94,7 @@ def allowed_methods(request: Request) -> str:
     """Every method some route takes on this path: Starlette's 405 names only the first route that matched the
     path (/health's GET, not the HEAD route beside it). The app lists its routers' routes in `every_route`."""
     methods: set[str] = set()
-    for route in getattr(request.app.state, "every_route", request.app.routes):
+    for route in request.app.state.every_route:
         match, _ = route.matches(request.scope)
         if match != Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())

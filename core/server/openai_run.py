@@ -239,7 +239,7 @@ class ChoiceRun:
         if not self.stream:
             return None
         if self.with_ids:
-            return lambda t, h: self._post(Event(i, t, h.partial_ids()[:t.tokens], h.cached_tokens()))
+            return lambda t, h: self._post(Event(i, t, h.partial_ids(t.tokens), h.cached_tokens()))
         return lambda t, h: self._post(Event(i, t))
 
     def _refill(self) -> None:
