@@ -52,17 +52,21 @@ def _params(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _tokenizer(name: Optional[str]):
+def _tokenizer(name: Optional[str]) -> tuple:
+    """(text -> ids, chat template or None) of --tokenizer; (None, None) without one."""
     if not name:
-        return None
+        return None, None
     from transformers import AutoTokenizer  # only to read text traces; the model is never loaded
+
+    from core.lab.chat_traces import hf_chat
     try:   # local files only: offline, a hub name the cache lacks retried for about a minute before failing
         tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ValueError(f"--tokenizer {name!r}: no tokenizer there ({type(e).__name__}); give a folder holding a "
                          f"model's tokenizer files (tokenizer.json / tokenizer_config.json), or a hub name already in "
                          f"the local Hugging Face cache") from None
-    return lambda text: tok(text)["input_ids"]      # as the engine reads text (its tokenizer's BOS, if any)
+    # as the engine reads text (its tokenizer's BOS, if any) and chats (its chat template)
+    return (lambda text: tok(text)["input_ids"]), hf_chat(tok)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,13 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args) -> "Workload":  # noqa: F821
+    from core.lab.chat_traces import DEFAULT_SESSIONS
     from core.lab.traces import load_trace
     from core.lab.workloads import make_workload
+    if args.sessions is not None and not args.trace:
+        raise ValueError("--sessions applies to --trace (a trace of conversations), not to --workload; the "
+                         "multi-turn-chat generator takes -p num_sessions=N")
     if args.trace:
         if args.param:
             raise ValueError("--param applies to --workload, not to --trace")
-        workload = load_trace(args.trace, args.format, _tokenizer(args.tokenizer),
-                              "skip" if args.skip_bad_lines else "raise", args.limit, args.block_size)
+        text, chat = _tokenizer(args.tokenizer)
+        workload = load_trace(args.trace, args.format, text, "skip" if args.skip_bad_lines else "raise", args.limit,
+                              args.block_size, chat, DEFAULT_SESSIONS if args.sessions is None else args.sessions)
+        if workload.params.get("conversations"):
+            print(f"{workload.params['conversations']:,} conversations of several turns: replayed "
+                  f"{workload.params['sessions']} at a time, turn by turn (--sessions)")
         if workload.params.get("reordered"):
             print(f"{workload.params['reordered']:,} requests were out of timestamp order in the file: replayed in "
                   f"timestamp order")

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from core.lab.chat_traces import DEFAULT_SESSIONS
 from core.lab.host_tier import (
     DEFAULT_BANDWIDTH_GBPS,
     DEFAULT_PREFILL_TOKENS_PER_S,
@@ -140,6 +141,8 @@ def check_common_args(args) -> None:
     if args.page_size is not None and args.page_size < 1:
         raise ValueError(f"--page-size must be a positive number of tokens per page (512 for Mooncake traces), "
                          f"got {args.page_size}")
+    if args.sessions is not None and args.sessions < 1:
+        raise ValueError(f"--sessions must be at least 1 (conversations in progress at once), got {args.sessions}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be a positive number of requests to read, got {args.limit} "
                          f"(leave it out to read the whole trace)")
@@ -157,13 +160,18 @@ def add_source(p: argparse.ArgumentParser) -> None:
     """The workload flags, as `sweep` has them (read by core.lab.__main__._load)."""
     from core.lab.workloads import GENERATORS
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", metavar="PATH", help="a Mooncake JSONL trace or a plain JSONL of token ids / texts")
+    src.add_argument("--trace", metavar="PATH", help="a Mooncake JSONL trace, or JSONL (or a JSON array) of token "
+                                                      "ids, texts or chats (OpenAI messages, ShareGPT)")
     src.add_argument("--workload", metavar="NAME", choices=list(GENERATORS),
                      help=f"a generated workload: {', '.join(GENERATORS)} (parameters: python -m core.lab workloads)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a generator parameter, repeatable (e.g. -p num_groups=16 -p order=grouped)")
     p.add_argument("--format", default="auto", choices=["auto", "mooncake", "jsonl"], help="trace format")
-    p.add_argument("--tokenizer", metavar="NAME_OR_PATH", help="Hugging Face tokenizer for text traces")
+    p.add_argument("--tokenizer", metavar="NAME_OR_PATH",
+                   help="Hugging Face tokenizer for text traces (and its chat template for chats)")
+    p.add_argument("--sessions", type=int, default=None,
+                   help="conversations in progress at once when a trace holds whole conversations: their turns "
+                        f"replay in turn (1: each conversation to its end; default {DEFAULT_SESSIONS})")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed trace lines and count them")
     p.add_argument("--block-size", type=int, default=512,
                    help="tokens a hash id stands for in a Mooncake-format trace (Alibaba's blksz_16 traces: 16)")

@@ -1,21 +1,24 @@
-"""Trace import: Mooncake block traces and plain JSONL of token ids or texts.
+"""Trace import: Mooncake block traces, and JSONL (or a JSON array) of token ids, texts or chats.
 
 Mooncake (FAST'25) lines: {"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]},
 one hash id per 512-token block, chained (equal ids at equal positions = identical prefix), the
 last block possibly partial, so len(hash_ids) == ceil(input_length / 512).
 
-Plain JSONL lines, one request each, any of:
+Plain records, one request each (a line each, or the elements of one JSON array), any of:
     [1, 2, 3]                                            token ids
     {"input_ids": [...], "output_len": 8}               ("prompt_ids" / "tokens" also accepted)
     {"text": "...", "output_len": 8, "timestamp": 12}   ("prompt" also accepted; needs a tokenizer)
-with optional "output_ids" (or "output" text), "output_len" / "output_length", "timestamp", "extra_key".
-Texts need a `tokenizer(text) -> list[int]` passed in: the lab never loads a model itself.
+    {"messages": [{"role": "user", "content": "..."}]}  a chat, or a whole conversation (core.lab.chat_traces:
+                                                         OpenAI, its Batch API, ShareGPT, LMSYS; needs a chat template)
+with optional "output_ids" (or "output" text), "output_len" / "output_length" (else "max_tokens" /
+"max_completion_tokens", a cap taken as the length), "timestamp", "extra_key".
+Texts need a `tokenizer(text) -> list[int]` and chats a `ChatTokenizer` passed in: the lab never loads a model.
 
-Malformed lines (bad JSON, bad fields, bytes that are not UTF-8) raise ValueError naming the file and
-line number; with on_error="skip" they are skipped and counted in `Workload.skipped_lines` instead.
-Requests that all carry timestamps are replayed in timestamp order (`in_time_order`).
-A file starting with the gzip magic is read through gzip, whatever its name (the bundled trace is
-data/mooncake/synthetic_trace.jsonl.gz).
+Malformed records (bad JSON, bad fields, bytes that are not UTF-8) raise ValueError naming the file and
+line (or element); with on_error="skip" they are skipped and counted in `Workload.skipped_lines` instead.
+Requests that all carry timestamps are replayed in timestamp order (`in_time_order`); whole conversations
+replay `sessions` at a time (`chat_traces.interleave`). Files may be gzipped (core.lab.json_records; the
+bundled trace is data/mooncake/synthetic_trace.jsonl.gz).
 
 Hash ids are renumbered densely at load (first appearance = 0, 1, 2, ...): traces keyed by 64-bit
 content hashes would otherwise collide with the ids the replay gives outputs, wrap in int64 or not
@@ -23,13 +26,15 @@ fit it at all. Equal ids stay equal and different ids stay different, so every h
 """
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import os
-import zlib
-from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
+from core.lab import workload_size
+from core.lab.chat_traces import (DEFAULT_SESSIONS, ChatTokenizer, answered_request, chat_messages, chat_prompt,
+                                  check_sessions, conversation, interleave)
+from core.lab.json_records import records
+from core.lab.workload_size import WorkloadTooLarge
 from core.lab.workloads import TraceRequest, Workload
 
 MOONCAKE_BLOCK = 512
@@ -40,74 +45,6 @@ MOONCAKE_SYNTHETIC = os.path.join(ROOT, "data", "mooncake", "synthetic_trace.jso
 MOONCAKE_CONVERSATION = os.path.join(ROOT, "data", "mooncake", "conversation_trace.jsonl.gz")
 Tokenizer = Callable[[str], list]
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-# A line longer than this is not a trace line (a binary file, /dev/zero): stop instead of running out of memory.
-MAX_LINE_BYTES = 64 << 20
-GZIP_MAGIC = b"\x1f\x8b"
-OTHER_COMPRESSION = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
-BOM = b"\xef\xbb\xbf"
-
-
-def _open(path: PathLike) -> tuple[BinaryIO, BinaryIO]:
-    """(stream, file): the file as bytes, gunzipped on the fly when it starts with the gzip magic (any name)."""
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise ValueError(f"cannot read trace {os.fspath(path)!r}: {e.strerror or e}") from None
-    try:
-        head = f.peek(6)[:6]
-        if head[:2] == GZIP_MAGIC:
-            return gzip.GzipFile(fileobj=f, mode="rb"), f   # closing the GzipFile leaves f open
-        kind = next((k for magic, k in OTHER_COMPRESSION.items() if head.startswith(magic)), None)
-        if kind is not None:
-            f.close()
-            raise ValueError(f"trace {os.fspath(path)!r} is {kind}-compressed; the lab reads plain or gzipped "
-                             f"JSONL: decompress it (or gzip it) first")
-    except OSError as e:
-        f.close()
-        raise ValueError(f"cannot read trace {os.fspath(path)!r}: {e.strerror or e}") from None
-    return f, f
-
-
-def _lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw bytes) of every non-blank line. Decoding is the caller's, so a bad byte is a
-    malformed line like any other (named, skippable); a runaway line is an error that cannot be skipped."""
-    name = os.fspath(path)
-    f, raw = _open(path)
-    try:
-        lineno = 0
-        while True:
-            try:
-                line = f.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError, zlib.error) as e:
-                raise ValueError(f"cannot read trace {name!r} after line {lineno}: {e}") from None
-            if not line:
-                return
-            lineno += 1
-            if lineno == 1 and line.startswith(BOM):   # editors on Windows write one; JSON has no place for it
-                line = line[len(BOM):]
-            if len(line) > MAX_LINE_BYTES:
-                raise ValueError(f"{name}, line {lineno}: longer than {MAX_LINE_BYTES >> 20} MiB without a line "
-                                 f"break; this is not a JSONL trace (one JSON request per line)")
-            if line.strip():
-                yield lineno, line
-    finally:
-        f.close()
-        raw.close()
-
-
-def _decode(line: bytes) -> Any:
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON ({e.msg})") from None
-    except RecursionError:   # [[[[... a hundred thousand deep: json's recursion, not a trace line
-        raise ValueError("JSON nested too deeply to be a request") from None
 
 
 def _int(obj: dict, name: str, minimum: int, required: bool = True) -> Optional[int]:
@@ -147,28 +84,35 @@ def check_limit(limit: Optional[int]) -> Optional[int]:
     return limit
 
 
-def _parse(path: PathLike, on_error: str, parse_line: Callable[[Any], TraceRequest], kind: str,
-           limit: Optional[int]) -> tuple[list[TraceRequest], int]:
+def _parse(path: PathLike, on_error: str, parse_record: Callable[[Any], list[TraceRequest]], kind: str,
+           limit: Optional[int]) -> tuple[list[list[TraceRequest]], int]:
+    """The requests of each record (a conversation gives several), reading at most `limit` records: the first
+    `limit` requests, in any order the caller makes of them, come from no more."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     check_limit(limit)
-    reqs: list[TraceRequest] = []
+    groups: list[list[TraceRequest]] = []
     skipped = 0
-    for lineno, line in _lines(path):
-        if limit is not None and len(reqs) >= limit:
+    for where, value in records(path):
+        if limit is not None and len(groups) >= limit:
             break
         try:
-            reqs.append(parse_line(_decode(line)))
+            if isinstance(value, ValueError):
+                raise value
+            groups.append(parse_record(value))
+        except WorkloadTooLarge as e:
+            raise WorkloadTooLarge(f"{os.fspath(path)}, {where}: {e}") from None
         except ValueError as e:
             if on_error == "skip":
                 skipped += 1
                 continue
-            raise ValueError(f"{os.fspath(path)}, line {lineno}: malformed {kind} line: {e} "
+            noun = "line" if where.startswith("line") and "element" not in where else "record"
+            raise ValueError(f"{os.fspath(path)}, {where}: malformed {kind} {noun}: {e} "
                              f"(pass on_error='skip' / --skip-bad-lines to skip such lines)") from None
-    if not reqs:
+    if not groups:
         extra = f" ({skipped} malformed line(s) skipped)" if skipped else ""
         raise ValueError(f"trace {os.fspath(path)!r} holds no requests{extra}")
-    return reqs, skipped
+    return groups, skipped
 
 
 def in_time_order(reqs: list[TraceRequest]) -> tuple[list[TraceRequest], dict[str, int]]:
@@ -189,7 +133,7 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
     Hash ids are renumbered densely in order of first appearance (see the module docstring)."""
     dense: dict[int, int] = {}
 
-    def parse(obj: Any) -> TraceRequest:
+    def parse(obj: Any) -> list[TraceRequest]:
         if not isinstance(obj, dict):
             raise ValueError("expected a JSON object with timestamp, input_length, output_length, hash_ids")
         n_in = _int(obj, "input_length", 1)
@@ -206,17 +150,37 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
                              f"the line has {len(ids)}; if this trace's blocks are not {block_size} tokens "
                              f"(Alibaba's blksz_16 traces: 16), give their size (--block-size)")
         ids = [dense.setdefault(h, len(dense)) for h in ids]
-        return TraceRequest(None, n_out, ts, hash_ids=ids, input_len=n_in, block_size=block_size)
+        return [TraceRequest(None, n_out, ts, hash_ids=ids, input_len=n_in, block_size=block_size)]
 
-    reqs, skipped = _parse(path, on_error, parse, "Mooncake", limit)
-    reqs, moved = in_time_order(reqs)
+    groups, skipped = _parse(path, on_error, parse, "Mooncake", limit)
+    reqs, moved = in_time_order([r for g in groups for r in g])
     return Workload(os.path.basename(os.fspath(path)), reqs,
                     {"format": "mooncake", "block_size": block_size, **moved}, skipped)
 
 
+def _output_len(obj: dict) -> Optional[int]:
+    """The output length a record states: output_len / output_length, else the cap max_tokens /
+    max_completion_tokens (top level or in an OpenAI Batch line's body), else None."""
+    n_out = _int(obj, "output_len", 0, required=False)
+    other = _int(obj, "output_length", 0, required=False)
+    if n_out is not None and other is not None and n_out != other:
+        raise ValueError(f"output_len {n_out} and output_length {other} disagree; give one")
+    if n_out is not None or other is not None:
+        return other if n_out is None else n_out
+    body = obj.get("body") if isinstance(obj.get("body"), dict) else {}
+    for where in (obj, body):
+        for name in ("max_completion_tokens", "max_tokens"):
+            if where.get(name) is not None:
+                return _int(where, name, 0)
+    return None
+
+
 def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: str = "raise",
-               limit: Optional[int] = None, default_output_len: int = 1) -> Workload:
-    """Read a plain JSONL trace of token-id lists or texts (texts need `tokenizer`)."""
+               limit: Optional[int] = None, default_output_len: int = 1, chat: Optional[ChatTokenizer] = None,
+               sessions: int = DEFAULT_SESSIONS) -> Workload:
+    """Read records of token ids, texts (need `tokenizer`) or chats (need `chat`); see the module docstring.
+    Whole conversations replay `sessions` at a time."""
+    check_sessions(sessions)
 
     def tokenize(text: Any, name: str) -> list:
         if not isinstance(text, str) or not text:
@@ -234,75 +198,118 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
             raise ValueError(f"the tokenizer could not read {name} ({type(e).__name__}: {e})") from None
         return _int_list(list(ids), f"tokenized {name}")
 
-    def parse(obj: Any) -> TraceRequest:
-        if isinstance(obj, list):
-            return TraceRequest(_int_list(obj, "the token-id list"), default_output_len)
-        if not isinstance(obj, dict):
-            raise ValueError("expected a list of token ids or a JSON object")
+    def prompt_of(obj: dict) -> list:
         for name in ("input_ids", "prompt_ids", "tokens"):
             if name in obj:
-                prompt = _int_list(obj[name], name)
-                break
-        else:
-            for name in ("text", "prompt"):
-                if name in obj:
-                    prompt = tokenize(obj[name], name)
-                    break
-            else:
-                raise ValueError("no prompt: give input_ids / prompt_ids / tokens (token ids) or text / prompt")
-        output = None
-        if "output_ids" in obj:
-            output = _int_list(obj["output_ids"], "output_ids", allow_empty=True)
-        elif isinstance(obj.get("output"), str):
-            output = tokenize(obj["output"], "output")
-        elif obj.get("output") is not None:   # it was ignored, and the request ran with the default output
-            raise ValueError(f"output must be text, got {type(obj['output']).__name__}; token ids go in output_ids")
-        n_out = _int(obj, "output_len", 0, required=False)
-        other = _int(obj, "output_length", 0, required=False)
-        if n_out is not None and other is not None and n_out != other:
-            raise ValueError(f"output_len {n_out} and output_length {other} disagree; give one")
-        if n_out is None:
-            n_out = other
-        if output is not None and n_out is not None and n_out != len(output):
-            raise ValueError(f"output_len {n_out} differs from the {len(output)} output tokens given")
-        extra = obj.get("extra_key")
+                return _int_list(obj[name], name)
+        for name in ("text", "prompt"):
+            if name in obj:
+                return tokenize(obj[name], name)
+        raise ValueError("no prompt: give input_ids / prompt_ids / tokens (token ids), text / prompt, or chat "
+                         "messages (messages / conversations)")
+
+    def chat_record(obj: dict, messages: list) -> tuple[list, Optional[list], Optional[int]]:
+        """(prompt, output ids or None, output length or None) of one chat request."""
+        if chat is None:
+            raise ValueError("the line holds chat messages; pass a tokenizer with a chat template (--tokenizer) "
+                             "to read chats")
+        if "output" in obj and obj["output"] is not None:
+            r = answered_request(chat, messages, obj["output"])
+            return r.prompt_ids().tolist(), (r.output_ids().tolist() if r.has_output_ids else None), r.output_len
+        return chat_prompt(chat, messages), None, None
+
+    def parse(obj: Any) -> list[TraceRequest]:
+        messages = chat_messages(obj)
+        if isinstance(obj, list) and messages is None:
+            return [TraceRequest(_int_list(obj, "the token-id list"), default_output_len)]
+        if not isinstance(obj, (dict, list)):
+            raise ValueError("expected a list of token ids or a JSON object")
+        fields = obj if isinstance(obj, dict) else {}
+        extra = fields.get("extra_key")
         if extra is not None and not isinstance(extra, str):
             raise ValueError(f"extra_key must be a string, got {extra!r}")
-        return TraceRequest(prompt, default_output_len if n_out is None else n_out, _number(obj, "timestamp"),
-                       output, extra_key=extra)
+        output, text_len = None, None
+        if messages is not None and messages[-1]["role"] == "assistant":
+            if any(fields.get(k) is not None for k in ("output", "output_ids", "output_len", "output_length")):
+                raise ValueError("the messages end with the assistant's answer and the line gives an output too; "
+                                 "give one")
+            if chat is None:
+                raise ValueError("the line holds a chat conversation; pass a tokenizer with a chat template "
+                                 "(--tokenizer) to read chats")
+            turns = conversation(chat, messages)
+            for t in turns:
+                t.extra_key = extra
+            return turns
+        if messages is not None:
+            prompt, output, text_len = chat_record(fields, messages)
+        else:
+            prompt = prompt_of(fields)
+        if "output_ids" in fields:
+            if output is not None or text_len is not None:
+                raise ValueError("give the output as output_ids or as output text, not both")
+            output = _int_list(fields["output_ids"], "output_ids", allow_empty=True)
+        elif messages is None and isinstance(fields.get("output"), str):
+            output = tokenize(fields["output"], "output")
+        elif messages is None and fields.get("output") is not None:   # it was ignored: the default output ran
+            raise ValueError(f"output must be text, got {type(fields['output']).__name__}; token ids go in output_ids")
+        n_out = _output_len(fields)
+        given = len(output) if output is not None else text_len
+        if given is not None and n_out is not None and n_out != given:
+            raise ValueError(f"output_len {n_out} differs from the {given} output tokens given")
+        if n_out is None:
+            n_out = default_output_len if given is None else given
+        return [TraceRequest(prompt, n_out, _number(fields, "timestamp"), output, extra_key=extra)]
 
-    reqs, skipped = _parse(path, on_error, parse, "JSONL", limit)
-    reqs, moved = in_time_order(reqs)
-    return Workload(os.path.basename(os.fspath(path)), reqs, {"format": "jsonl", **moved}, skipped)
+    held = [0, 0]     # records read, prompt tokens held
+
+    def parse_and_count(obj: Any) -> list[TraceRequest]:
+        reqs = parse(obj)
+        held[0] += 1
+        held[1] += sum(r.prompt_len for r in reqs)
+        if held[1] > workload_size.MAX_TRACE_TOKENS:
+            raise WorkloadTooLarge(f"the first {held[0]:,} records already hold {held[1]:,} prompt tokens, more than "
+                                   f"the {workload_size.MAX_TRACE_TOKENS:,} the lab keeps in memory (8 bytes each); "
+                                   f"read fewer with --limit {max(held[0] - 1, 1):,} (limit=)")
+        return reqs
+
+    groups, skipped = _parse(path, on_error, parse_and_count, "JSONL", limit)
+    chats = sum(1 for g in groups if len(g) > 1)
+    if chats:   # turns have no times of their own: `sessions` conversations take turns
+        reqs, params = interleave(groups, sessions), {"conversations": chats, "sessions": sessions}
+    else:
+        reqs, params = in_time_order([r for g in groups for r in g])
+    if limit is not None:
+        reqs = reqs[:limit]
+    return Workload(os.path.basename(os.fspath(path)), reqs, {"format": "jsonl", **params}, skipped)
 
 
 DETECT_LINES = 100
 
 
 def detect_format(path: PathLike) -> str:
-    """"mooncake" when the first line that parses as JSON (of the first DETECT_LINES) has hash_ids, else
-    "jsonl". A malformed first line does not decide: the loader then reports or skips it as usual."""
-    for k, (_, line) in enumerate(_lines(path)):
+    """"mooncake" when the first record that parses as JSON (of the first DETECT_LINES) has hash_ids, else
+    "jsonl". A malformed first record does not decide: the loader then reports or skips it as usual."""
+    for k, (_, value) in enumerate(records(path)):
         if k >= DETECT_LINES:
             break
-        try:
-            first = _decode(line)
-        except ValueError:
-            continue
-        return "mooncake" if isinstance(first, dict) and "hash_ids" in first else "jsonl"
+        if not isinstance(value, ValueError):
+            return "mooncake" if isinstance(value, dict) and "hash_ids" in value else "jsonl"
     return "jsonl"
 
 
 def load_trace(path: PathLike, fmt: str = "auto", tokenizer: Optional[Tokenizer] = None,
-               on_error: str = "raise", limit: Optional[int] = None, block_size: int = MOONCAKE_BLOCK) -> Workload:
-    """Read a trace; fmt "auto" picks Mooncake when the first valid line has hash_ids, else plain JSONL.
-    `block_size`: the tokens a hash id stands for in a Mooncake-format trace."""
+               on_error: str = "raise", limit: Optional[int] = None, block_size: int = MOONCAKE_BLOCK,
+               chat: Optional[ChatTokenizer] = None, sessions: int = DEFAULT_SESSIONS) -> Workload:
+    """Read a trace; fmt "auto" picks Mooncake when the first valid record has hash_ids, else plain JSONL.
+    `block_size`: the tokens a hash id stands for in a Mooncake-format trace; `chat` and `sessions`: how
+    chat records are tokenized and their conversations replayed (core.lab.chat_traces)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"the block size must be a positive number of tokens (a hash id's block), got {block_size!r}")
+    check_sessions(sessions)
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "mooncake":
         return load_mooncake(path, on_error, limit, block_size)
     if fmt == "jsonl":
-        return load_jsonl(path, tokenizer, on_error, limit)
+        return load_jsonl(path, tokenizer, on_error, limit, chat=chat, sessions=sessions)
     raise ValueError(f"unknown trace format {fmt!r}; choose one of: auto, mooncake, jsonl")

@@ -9,6 +9,11 @@ import numpy as np
 
 MAX_GENERATED_TOKENS = 100_000_000
 MAX_GENERATED_REQUESTS = 1_000_000
+MAX_TRACE_TOKENS = MAX_GENERATED_TOKENS   # a trace of token ids, texts or chats keeps its prompts in memory too
+
+
+class WorkloadTooLarge(ValueError):
+    """A trace past MAX_TRACE_TOKENS: not a malformed line to skip, the whole read stops."""
 
 
 def check_counts(**kw: Any) -> None:

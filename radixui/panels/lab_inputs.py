@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
+from core.lab.chat_traces import DEFAULT_SESSIONS, ChatTokenizer
 from core.lab.optimal import capacity_pages
 from core.lab.sweep import parse_capacities, parse_policies
 from core.lab.traces import MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC, load_trace
@@ -88,11 +89,13 @@ def preset_workload(name: str, params: dict[str, Any]) -> Workload:
 
 
 def read_uploaded_trace(data: bytes, filename: str, tokenizer: Optional[Callable[[str], list]] = None,
-                        skip_bad_lines: bool = False) -> Workload:
-    """Parse an uploaded trace (Mooncake JSONL, or a plain JSONL of token-id lists or texts).
+                        skip_bad_lines: bool = False, chat: Optional[ChatTokenizer] = None,
+                        sessions: int = DEFAULT_SESSIONS) -> Workload:
+    """Parse an uploaded trace (Mooncake JSONL, or JSONL or a JSON array of token ids, texts or chats).
 
     The loaders read files, so the bytes go to a temporary file; error messages name the uploaded
-    file (with the line number), never the temporary path. `tokenizer` is only called for text lines.
+    file (with the line number), never the temporary path. `tokenizer` is only called for text lines,
+    `chat` for chat records.
     """
     if not data or not data.strip():
         raise ValueError(f"{filename} is empty: upload a JSONL file with one request a line")
@@ -101,7 +104,8 @@ def read_uploaded_trace(data: bytes, filename: str, tokenizer: Optional[Callable
         with open(path, "wb") as f:
             f.write(data)
         try:
-            wl = load_trace(path, "auto", tokenizer, "skip" if skip_bad_lines else "raise")
+            wl = load_trace(path, "auto", tokenizer, "skip" if skip_bad_lines else "raise", chat=chat,
+                            sessions=sessions)
         except UnicodeDecodeError:
             raise ValueError(f"{filename} is not a UTF-8 text file; upload a JSONL trace") from None
         except ValueError as e:

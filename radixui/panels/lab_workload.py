@@ -8,6 +8,7 @@ from typing import Optional
 
 import streamlit as st
 
+from core.lab.chat_traces import DEFAULT_SESSIONS, ChatTokenizer, hf_chat
 from core.lab.traces import load_mooncake
 from core.lab.workloads import GENERATORS, Workload
 from radixui.connect.resources import DEFAULT_MODEL, get_holder, get_runner
@@ -40,6 +41,24 @@ def _tokenize(text: str) -> list:
     return get_runner(model_name()).tokenizer.encode(text)     # as the engine reads text
 
 
+class _EngineChat:
+    """Chat lines of an uploaded trace: the engine's chat template, the model loaded only when a chat needs it."""
+
+    @staticmethod
+    def _chat() -> ChatTokenizer:
+        chat = hf_chat(get_runner(model_name()).tokenizer)
+        if chat is None:
+            raise ValueError(f"the model {model_name()!r} has no chat template; upload token ids or texts")
+        return chat
+
+    def template(self, messages: list, generation_prompt: bool) -> list:
+        return self._chat().template(messages, generation_prompt)
+
+    @property
+    def stop_ids(self) -> frozenset:
+        return self._chat().stop_ids
+
+
 def workload_section() -> WorkloadChoice:
     """The workload picker; stops the page (st.stop) while there is nothing to replay yet."""
     bundled = {name: t for name, t in li.MOONCAKE_TRACES.items() if t.path.exists()}
@@ -69,23 +88,27 @@ def workload_section() -> WorkloadChoice:
             st.stop()
         default_caps = li.PRESET_CAPACITIES.get(name)
     elif source == "Upload a trace":
-        up = st.file_uploader("Trace (JSONL)", type=["jsonl", "json", "txt"], key="cap_upload",
+        up = st.file_uploader("Trace (JSONL or JSON)", type=["jsonl", "json", "txt", "gz"], key="cap_upload",
                               help="Mooncake lines {timestamp, input_length, output_length, hash_ids}, or one request a "
-                                   "line: [token ids], {\"input_ids\": [...], \"output_len\": 8} or {\"text\": \"...\"} "
-                                   "(texts are tokenized with the engine's tokenizer, which loads the model once).")
+                                   "line (or a JSON array of them): [token ids], {\"input_ids\": [...], \"output_len\": "
+                                   "8}, {\"text\": \"...\"}, or chats: OpenAI {\"messages\": [...]} (Batch API lines "
+                                   "too), ShareGPT {\"conversations\": [...]}. Texts and chats are tokenized with the "
+                                   "engine's tokenizer and chat template, which loads the model once; a conversation "
+                                   "is one request per answer.")
         skip = st.checkbox("Skip malformed lines (count them instead of stopping at the first)", key="cap_skip")
         if up is None:
-            st.info("Upload a Mooncake JSONL trace or a JSONL of token-id lists to replay it. No file yet: pick "
-                    "“Preset workload” to try the lab at once.")
+            st.info("Upload a Mooncake JSONL trace, a JSONL of token-id lists or a chat log (OpenAI messages, "
+                    "ShareGPT) to replay it. No file yet: pick “Preset workload” to try the lab at once.")
             st.stop()
         data = up.getvalue()
-        digest = (hashlib.sha1(data).hexdigest(), skip)
+        sessions = int(st.session_state.get("cap_sessions", DEFAULT_SESSIONS))
+        digest = (hashlib.sha1(data).hexdigest(), skip, sessions)
         cached = st.session_state.get("cap_upload_parsed")
         if cached is not None and cached[0] == digest:
             workload = cached[1]
         else:
             try:
-                workload = li.read_uploaded_trace(data, up.name, _tokenize, skip)
+                workload = li.read_uploaded_trace(data, up.name, _tokenize, skip, _EngineChat(), sessions)
             except ValueError as exc:
                 st.error(f"Cannot use this trace: {exc}")
                 st.stop()
@@ -95,6 +118,12 @@ def workload_section() -> WorkloadChoice:
         if workload.params.get("reordered"):
             st.info(f"{workload.params['reordered']:,} requests were out of timestamp order in the file: "
                     f"replayed in timestamp order.")
+        if workload.params.get("conversations"):
+            st.number_input("Conversations in progress at once", min_value=1, value=DEFAULT_SESSIONS, step=1,
+                            key="cap_sessions",
+                            help=f"{workload.params['conversations']:,} conversations of several turns: their turns "
+                                 f"replay this many conversations at a time, in turn (1 runs each to its end). The "
+                                 f"more at once, the longer an answer waits in the pool for its next turn.")
         source_key = f"upload_{digest[0][:12]}"
         default_ps = li.MOONCAKE_PAGE_SIZE if workload.is_block_trace else 1
     else:
@@ -107,5 +136,7 @@ def workload_section() -> WorkloadChoice:
 
     longest = max(r.prompt_len for r in workload.requests)
     st.caption(f"**{workload.name}**: {len(workload):,} requests, {workload.prompt_tokens:,} prompt tokens "
-               f"(longest {longest:,}), {'with' if workload.has_timestamps else 'no'} timestamps.")
+               f"(longest {longest:,}), {'with' if workload.has_timestamps else 'no'} timestamps"
+               + (f"; {workload.params['conversations']:,} conversations of several turns, "
+                  f"{workload.params['sessions']} in progress at once." if workload.params.get("conversations") else "."))
     return WorkloadChoice(workload, default_caps, default_ps, source_key)

@@ -296,6 +296,31 @@ def test_text_lines_use_the_given_tokenizer_only_when_needed():
     assert calls == ["abc"] and list(wl.requests[0].prompt_ids()) == [97, 98, 99]
 
 
+def test_an_uploaded_sharegpt_file_reads_through_the_engine_s_chat_template_and_asks_how_many_at_once():
+    """A ShareGPT JSON array: the engine's tokenizer reads it (the model loads on the first chat), the page offers
+    "Conversations in progress at once" (16), and 1 replays each conversation to its end."""
+    convos = [{"id": str(k), "conversations": [{"from": "human", "value": f"Question {k}?"},
+                                                {"from": "gpt", "value": f"Answer {k}."},
+                                                {"from": "human", "value": "Why?"}, {"from": "gpt", "value": "So."}]}
+              for k in range(3)]
+    at = _page(timeout=300)
+    _upload(at, "sharegpt.json", json.dumps(convos, indent=2).encode())
+    assert not at.exception and not _errors(at), _errors(at)
+    box = at.number_input(key="cap_sessions")
+    assert box.value == 16 and "3 conversations of several turns" in box.help
+    firsts = [r.prompt_len for r in at.session_state["cap_upload_parsed"][1].requests]
+    box.set_value(1)
+    at.run()
+    wl = at.session_state["cap_upload_parsed"][1]
+    assert wl.params["sessions"] == 1 and [r.prompt_len for r in wl.requests] == [firsts[i] for i in (0, 3, 1, 4, 2, 5)]
+    key = next(t.key for t in at.text_input if t.key.startswith("cap_caps_upload_"))
+    at.text_input(key=key).input("10000")
+    at.button(key="cap_run").click()
+    at.run()
+    assert not at.exception and not _errors(at), _errors(at)
+    assert _frame(at, "evictions").hit_rate.iloc[0] > 0.5
+
+
 def test_mooncake_upload_defaults_to_page_size_512():
     at = _page()
     _upload(at, "mc.jsonl", b'{"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": [1, 2]}\n'
