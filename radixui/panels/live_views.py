@@ -126,13 +126,9 @@ def _selected_rid(ss) -> Optional[str]:
 
 def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.0) -> None:
     ss = st.session_state
-    kpi_box = st.empty()
-    left, right = st.columns([1.2, 2], gap="medium")
-    with left:
-        form_box = st.container()                 # filled after the table: see prompt_panel.py
-        # messages under the form (the tree never moves down); a placeholder that each run fills or empties,
-        # so a message leaves with the next run even when that run is a fragment's or was cut short
-        flash_box = st.empty()
+    # Everything this run draws is read before its first element: a placeholder (st.empty) clears what the
+    # last run drew there at once, so the KPI and status lines vanished for the 0.04-0.4 s the reads take,
+    # at every repaint (the page below them jumped up and back about once a second while a request ran).
     stepping = client.is_stepping()
     sent = ss.pop("_sent", [])                    # the rids this run's Send submitted (before the script)
     # a Send's run draws its row and keeps the figures as they were (a changed chart is re-plotted from
@@ -145,10 +141,19 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
     store.sync(client, snap)
     tt = decoder(ss, client, snap, cfg.model)
     flash = ss.pop("flash", None)
+    err = client.last_error()
+    status = sglang_status(snap.metrics)
+    st.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang' title='{html_escape(status)}'>{status}</div>",
+                unsafe_allow_html=True)
+    left, right = st.columns([1.2, 2], gap="medium")
+    with left:
+        form_box = st.container()                 # filled after the table: see prompt_panel.py
+        # messages under the form (the tree never moves down); a placeholder that each run fills or empties,
+        # so a message leaves with the next run even when that run is a fragment's or was cut short
+        flash_box = st.empty()
     if flash and flash[0] == "success":
         st.toast(flash[1], icon=":material/check_circle:")    # no banner pushing the tree down
         flash = None
-    err = client.last_error()
     if flash or err:
         with flash_box.container():
             if flash:
@@ -157,9 +162,6 @@ def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.
                 st.warning(f"The engine recovered from an error: {err}")
     else:
         flash_box.empty()
-    status = sglang_status(snap.metrics)
-    kpi_box.markdown(kpi_line(snap.metrics, snap.step) + f"<div class='sglang' title='{html_escape(status)}'>{status}</div>",
-                     unsafe_allow_html=True)
     selected = _selected_rid(ss)
     with left:
         pending = ss.setdefault("my_requests", {})
