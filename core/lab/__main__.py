@@ -65,8 +65,23 @@ def _tokenizer(name: Optional[str]) -> tuple:
         raise ValueError(f"--tokenizer {name!r}: no tokenizer there ({type(e).__name__}); give a folder holding a "
                          f"model's tokenizer files (tokenizer.json / tokenizer_config.json), or a hub name already in "
                          f"the local Hugging Face cache") from None
-    # as the engine reads text (its tokenizer's BOS, if any) and chats (its chat template)
-    return (lambda text: tok(text)["input_ids"]), hf_chat(tok)
+    # as the engine reads text (its tokenizer's BOS, if any) and chats (its chat template, stopping where it stops)
+    return (lambda text: tok(text)["input_ids"]), hf_chat(tok, _stop_ids(name))
+
+
+def _stop_ids(name: str) -> set:
+    """The eos_token_id of the model's generation_config.json and config.json beside its tokenizer, when there (the
+    engine stops on each: Gemma's and Llama 3's end-of-turn token is not the tokenizer's EOS)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from core.lab.chat_traces import model_stop_ids
+    ids: set = set()
+    for source in (GenerationConfig, AutoConfig):
+        try:
+            ids |= model_stop_ids(source.from_pretrained(name, local_files_only=True))
+        except (OSError, ValueError, KeyError, TypeError):   # a tokenizer-only folder: the tokenizer's EOS is all there is
+            pass
+    return ids
 
 
 def build_parser() -> argparse.ArgumentParser:

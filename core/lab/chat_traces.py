@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
 from core.lab.workloads import TraceRequest
 
 DEFAULT_SESSIONS = 16
+PROMPT_FIELDS = ("input_ids", "prompt_ids", "tokens", "text", "prompt")   # what a record of ids or text holds
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's, as the server takes
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
                   "system": "system", "tool": "tool", "function": "tool"}
@@ -42,8 +44,10 @@ class ChatTokenizer:
     #                                          not at the template's newline after it, which no model generates
 
 
-def hf_chat(tokenizer: Any) -> Optional[ChatTokenizer]:
-    """A Hugging Face tokenizer's chat template (as the engine applies it), or None when it has none."""
+def hf_chat(tokenizer: Any, stop_ids: Iterable[int] = ()) -> Optional[ChatTokenizer]:
+    """A Hugging Face tokenizer's chat template (as the engine applies it), or None when it has none.
+    `stop_ids`: the model's other end-of-answer ids (its generation_config's and config's eos_token_id, as the
+    engine stops on them all), next to the tokenizer's EOS."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
 
@@ -52,7 +56,15 @@ def hf_chat(tokenizer: Any) -> Optional[ChatTokenizer]:
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     eos = getattr(tokenizer, "eos_token_id", None)
-    return ChatTokenizer(template, frozenset([eos] if isinstance(eos, int) else []))
+    return ChatTokenizer(template, frozenset([eos] if isinstance(eos, int) else []) | frozenset(stop_ids))
+
+
+def model_stop_ids(config: Any) -> set:
+    """The eos_token_id of a config or generation config (an int, a list, or none)."""
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, int):
+        return {eos}
+    return {t for t in eos if isinstance(t, int)} if isinstance(eos, (list, tuple)) else set()
 
 
 def check_sessions(sessions: Any) -> int:
@@ -61,9 +73,12 @@ def check_sessions(sessions: Any) -> int:
     return sessions
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's text: a string, or OpenAI's list of parts when they are all text."""
-    if content is None:                     # an assistant turn that only called tools
+def _text(content: Any, where: str, role: str) -> str:
+    """A message's text: a string, or OpenAI's list of parts when they are all text; none only for an assistant's
+    or a tool's turn (one that only called tools), as the server takes them."""
+    if content is None:
+        if role in ("user", "system", "developer"):
+            raise ValueError(f"{where} ({role}) has no content; give it text (the server refuses it too)")
         return ""
     if isinstance(content, str):
         text = content
@@ -92,23 +107,25 @@ def _message(m: Any, k: int, sharegpt: bool) -> dict:
         raise ValueError(f"{where} must be a JSON object, got {type(m).__name__}")
     if sharegpt:
         who = m.get("from")
-        if who not in SHAREGPT_ROLES:
+        if not isinstance(who, str) or who not in SHAREGPT_ROLES:
             raise ValueError(f"{where} is from {who!r}; ShareGPT turns are from one of: {', '.join(SHAREGPT_ROLES)}")
-        return {"role": SHAREGPT_ROLES[who], "content": _text(m.get("value"), where)}
+        role = SHAREGPT_ROLES[who]
+        return {"role": role, "content": _text(m.get("value"), where, role)}
     role = m.get("role")
-    if not isinstance(role, str) or not role:
-        raise ValueError(f"{where} needs a 'role' (user, assistant, system, ...), got {role!r}")
-    return {"role": role, "content": _text(m.get("content"), where)}
+    if not isinstance(role, str) or role not in CHAT_ROLES:
+        raise ValueError(f"{where}'s role is {role!r}; give one of: {', '.join(CHAT_ROLES)}")
+    return {"role": role, "content": _text(m.get("content"), where, role)}
 
 
 def chat_messages(record: Any) -> Optional[list]:
-    """The record's messages as [{"role", "content"}] text, or None when it is no chat record."""
+    """The record's messages as [{"role", "content"}] text, or None when it is no chat record (a record with
+    token ids or text is not, whatever other fields it keeps: `conversation` is an id in OpenAI's logs)."""
     sharegpt = False
     if isinstance(record, list):
         if not (record and all(isinstance(m, dict) for m in record)):
             return None                     # token ids
         raw = record
-    elif not isinstance(record, dict):
+    elif not isinstance(record, dict) or any(k in record for k in PROMPT_FIELDS):
         return None
     elif "messages" in record:
         raw = record["messages"]
@@ -116,7 +133,7 @@ def chat_messages(record: Any) -> Optional[list]:
         raw = record["body"]["messages"]
     elif "conversations" in record:
         raw, sharegpt = record["conversations"], True
-    elif "conversation" in record:
+    elif isinstance(record.get("conversation"), list):
         raw = record["conversation"]
     else:
         return None
@@ -140,24 +157,29 @@ def _template(chat: ChatTokenizer, messages: list, generation_prompt: bool) -> l
     return ids.tolist()
 
 
-def _answered(chat: ChatTokenizer, before: list, answer: dict) -> TraceRequest:
+def _answered(chat: ChatTokenizer, before: list, answer: dict, stops: frozenset) -> TraceRequest:
     """The request that produced `answer` after `before`: the template's tokens for the answer as its output,
     through the first stop token."""
-    if not any(m["role"] != "assistant" for m in before):
-        raise ValueError("an assistant's answer comes before any prompt; drop the leading answer or the line")
     prompt = _template(chat, before, True)
     full = _template(chat, before + [answer], False)
     if len(full) > len(prompt) and full[:len(prompt)] == prompt:
         output = full[len(prompt):]
-        end = next((i + 1 for i, t in enumerate(output) if t in chat.stop_ids), len(output))
+        end = next((i + 1 for i, t in enumerate(output) if t in stops), len(output))
         return TraceRequest(prompt, output=output[:end])
     same = next((i for i, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
     return TraceRequest(prompt, max(1, len(full) - same))   # a template that rewrites history: nothing to reuse
 
 
-def conversation(chat: ChatTokenizer, messages: list) -> list[TraceRequest]:
-    """One request per assistant message, in order."""
-    return [_answered(chat, messages[:i], m) for i, m in enumerate(messages) if m["role"] == "assistant"]
+def conversation(chat: ChatTokenizer, messages: list) -> Iterator[TraceRequest]:
+    """One request per assistant message that answers something, in order (a leading assistant message, such as
+    an app's greeting, is context: no prompt produced it). Yields turn by turn, so a caller can stop early."""
+    stops = frozenset(chat.stop_ids)
+    asked = False
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            asked = True
+        elif asked:
+            yield _answered(chat, messages[:i], m, stops)
 
 
 def chat_prompt(chat: ChatTokenizer, messages: list) -> list:
@@ -167,7 +189,8 @@ def chat_prompt(chat: ChatTokenizer, messages: list) -> list:
 
 def answered_request(chat: ChatTokenizer, messages: list, output_text: Any) -> TraceRequest:
     """A request whose answer the record gives as text: tokenized as the template writes that answer."""
-    return _answered(chat, messages, {"role": "assistant", "content": _text(output_text, "the output")})
+    answer = {"role": "assistant", "content": _text(output_text, "the output", "assistant")}
+    return _answered(chat, messages, answer, frozenset(chat.stop_ids))
 
 
 def interleave(conversations: list[list[TraceRequest]], sessions: int) -> list[TraceRequest]:

@@ -24,6 +24,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 MAX_LINE_BYTES = 64 << 20
 MAX_ELEMENT_CHARS = MAX_LINE_BYTES   # one array element, likewise
 READ_CHUNK = 1 << 20
+PEEK_BYTES = 1 << 16    # what is read of a file to tell a JSON array from JSONL
 GZIP_MAGIC = b"\x1f\x8b"
 OTHER_COMPRESSION = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 BOM = b"\xef\xbb\xbf"
@@ -93,18 +94,32 @@ def decode(line: bytes) -> Any:
 
 
 def is_json_array_document(path: PathLike) -> bool:
-    """True when the file's first non-blank line opens a JSON array of objects that it does not close (`[` alone,
-    or `[{...` cut off): a JSON array written over several lines. A JSONL line of token ids (`[1, 2, 3]`) is
-    complete on its own line, and a broken one (`[1, 2`) stays a malformed line of a JSONL file."""
-    for _, line in _lines(path):
-        head = line.strip()
-        if not (head == b"[" or (head.startswith(b"[") and head[1:].lstrip().startswith(b"{"))):
-            return False
+    """True when the file opens a JSON array of objects that its first line does not close: `[` alone, `[{` or
+    `[{...},` that go on in the next line, or one line longer than PEEK_BYTES (a minified array, however long).
+    A JSONL line of token ids (`[1, 2, 3]`) or of messages is complete on its own line, and a broken one (`[1, 2`,
+    `[{"role": "user"}`) stays a malformed line of a JSONL file, to report or skip."""
+    f, raw = open_trace(path)
+    try:
         try:
-            decode(line)
-        except ValueError:
-            return True
+            head = f.read(PEEK_BYTES)
+        except (OSError, EOFError, zlib.error):
+            return False                   # the JSONL reader says what is wrong with it, and where
+    finally:
+        f.close()
+        raw.close()
+    text = head.removeprefix(BOM).lstrip()
+    line, newline, _ = text.partition(b"\n")
+    line = line.strip()
+    if line == b"[":
+        return True
+    if not (line.startswith(b"[") and line[1:].lstrip().startswith(b"{")):
         return False
+    if not newline:
+        return len(head) == PEEK_BYTES     # cut by the peek: a long one-line array (a short one is a JSONL line)
+    try:
+        decode(line)
+    except ValueError:
+        return line.endswith((b",", b"{", b"[", b":"))
     return False
 
 
@@ -114,10 +129,10 @@ class _ArrayReader:
     def __init__(self, stream: BinaryIO, name: str) -> None:
         self.stream, self.name = stream, name
         self.text = codecs.getincrementaldecoder("utf-8")()
-        self.buf, self.pos, self.eof, self.started = "", 0, False, False
+        self.buf, self.pos, self.eof, self.started, self.offset = "", 0, False, False, 0
         self.decoder = json.JSONDecoder()
 
-    def fill(self, at_least: int = READ_CHUNK) -> bool:
+    def fill(self, at_least: int = 0) -> bool:
         """Read more of the file into the buffer (dropping what is parsed); False at the end of the file."""
         if self.eof:
             return False
@@ -126,9 +141,11 @@ class _ArrayReader:
             more = self.text.decode(data, final=not data)
         except (OSError, EOFError, zlib.error) as e:
             raise ValueError(f"cannot read trace {self.name!r}: {e}") from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{self.name}: not UTF-8 text (byte 0x{e.object[e.start]:02x}); a JSON array file "
-                             f"must be UTF-8 throughout") from None
+        except UnicodeDecodeError as e:     # e.start counts from this read's bytes (a split character's too)
+            at = self.offset + e.start - len(self.text.getstate()[0])
+            raise ValueError(f"{self.name}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {max(at, 0):,}); "
+                             f"a JSON array file must be UTF-8 throughout") from None
+        self.offset += len(data)
         if not data:
             self.eof = True
         if not self.started and more:      # an editor's byte order mark before the array: JSON has no place for it
@@ -158,8 +175,10 @@ class _ArrayReader:
             except RecursionError:
                 raise ValueError(f"{self.name}, element {index}: JSON nested too deeply to be a request") from None
             else:
-                # a value complete before the buffer's end is whole (a number cut at the end is not)
-                if end < len(self.buf) or self.eof:
+                # an object, array or string ends with its closing character, so it is whole; a number, true, false
+                # or null is whole only where a delimiter follows it (a read can cut 1.5 after "1.")
+                if self.eof or isinstance(value, (dict, list, str)) or (
+                        end < len(self.buf) and self.buf[end] in ",]" + WHITESPACE):
                     self.pos = end
                     return value
                 error = "cut off"
@@ -190,6 +209,9 @@ class _ArrayReader:
             if c != ",":
                 raise ValueError(f"{self.name}, after element {index}: expected ',' or ']', found "
                                  f"{c or 'the end of the file'!r}; fix the file, or write it as JSONL")
+            if self.next_char() == "]":
+                raise ValueError(f"{self.name}, after element {index}: a comma before the closing ']' (JSON allows "
+                                 f"none there); remove it")
         if self.next_char():
             raise ValueError(f"{self.name}: text after the JSON array's closing ']'; a JSON array file holds one array")
 

@@ -159,20 +159,34 @@ def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] 
 
 
 def _output_len(obj: dict) -> Optional[int]:
-    """The output length a record states: output_len / output_length, else the cap max_tokens /
-    max_completion_tokens (top level or in an OpenAI Batch line's body), else None."""
+    """The output length a record states (output_len / output_length), else None."""
     n_out = _int(obj, "output_len", 0, required=False)
     other = _int(obj, "output_length", 0, required=False)
     if n_out is not None and other is not None and n_out != other:
         raise ValueError(f"output_len {n_out} and output_length {other} disagree; give one")
-    if n_out is not None or other is not None:
-        return other if n_out is None else n_out
+    return other if n_out is None else n_out
+
+
+def _max_tokens(obj: dict) -> Optional[int]:
+    """A request's cap, max_completion_tokens / max_tokens (top level or in an OpenAI Batch line's body): the output
+    length of a record that gives no output and no length (the most it could have generated), else None."""
     body = obj.get("body") if isinstance(obj.get("body"), dict) else {}
     for where in (obj, body):
         for name in ("max_completion_tokens", "max_tokens"):
             if where.get(name) is not None:
                 return _int(where, name, 0)
     return None
+
+
+def _turns(turns: Any, extra: Optional[str]) -> Any:
+    """A conversation's requests, each with the record's extra_key; a ValueError when it holds none."""
+    none = True
+    for t in turns:
+        none = False
+        t.extra_key = extra
+        yield t
+    if none:
+        raise ValueError("no answer to replay: the conversation holds no assistant answer after a prompt")
 
 
 def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: str = "raise",
@@ -236,10 +250,7 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
             if chat is None:
                 raise ValueError("the line holds a chat conversation; pass a tokenizer with a chat template "
                                  "(--tokenizer) to read chats")
-            turns = conversation(chat, messages)
-            for t in turns:
-                t.extra_key = extra
-            return turns
+            return _turns(conversation(chat, messages), extra)
         if messages is not None:
             prompt, output, text_len = chat_record(fields, messages)
         else:
@@ -257,19 +268,28 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
         if given is not None and n_out is not None and n_out != given:
             raise ValueError(f"output_len {n_out} differs from the {given} output tokens given")
         if n_out is None:
-            n_out = default_output_len if given is None else given
+            n_out = given if given is not None else _max_tokens(fields)
+        if n_out is None:
+            n_out = default_output_len
         return [TraceRequest(prompt, n_out, _number(fields, "timestamp"), output, extra_key=extra)]
 
     held = [0, 0]     # records read, prompt tokens held
 
     def parse_and_count(obj: Any) -> list[TraceRequest]:
-        reqs = parse(obj)
+        """parse(obj), counting its prompts' tokens turn by turn: a conversation repeats its history in every
+        prompt, so one record can hold more than memory allows, and the count stops it before it does."""
         held[0] += 1
-        held[1] += sum(r.prompt_len for r in reqs)
-        if held[1] > workload_size.MAX_TRACE_TOKENS:
-            raise WorkloadTooLarge(f"the first {held[0]:,} records already hold {held[1]:,} prompt tokens, more than "
-                                   f"the {workload_size.MAX_TRACE_TOKENS:,} the lab keeps in memory (8 bytes each); "
-                                   f"read fewer with --limit {max(held[0] - 1, 1):,} (limit=)")
+        reqs = []
+        for r in parse(obj):
+            held[1] += r.prompt_len
+            if held[1] > workload_size.MAX_TRACE_TOKENS:
+                cap = workload_size.MAX_TRACE_TOKENS
+                fix = (f"read fewer with --limit {held[0] - 1:,} (limit=)" if held[0] > 1 else
+                       "this record alone does (a conversation repeats its history in every prompt): drop or "
+                       "split it")
+                raise WorkloadTooLarge(f"the first {held[0]:,} record(s) hold more than {cap:,} prompt tokens, the "
+                                       f"most the lab keeps in memory (8 bytes each); {fix}")
+            reqs.append(r)
         return reqs
 
     groups, skipped = _parse(path, on_error, parse_and_count, "JSONL", limit)

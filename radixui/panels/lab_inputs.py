@@ -3,6 +3,7 @@ preset workloads with small defaults, uploaded traces, and the sweep's capacitie
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
@@ -111,6 +112,7 @@ def read_uploaded_trace(data: bytes, filename: str, tokenizer: Optional[Callable
         except ValueError as e:
             msg = str(e).replace(f"trace {path!r}", filename).replace(path, filename)
             msg = msg.replace("pass on_error='skip' / --skip-bad-lines", "tick “Skip malformed lines”")
+            msg = re.sub(r"read fewer with --limit ([\d,]+) \(limit=\)", r"upload only the first \1 records", msg)
             raise ValueError(msg) from None
     wl.name = filename
     return wl

@@ -42,14 +42,20 @@ def _tokenize(text: str) -> list:
 
 
 class _EngineChat:
-    """Chat lines of an uploaded trace: the engine's chat template, the model loaded only when a chat needs it."""
+    """Chat lines of an uploaded trace: the engine's chat template and stop tokens, the model loaded only when a
+    chat needs it (then once)."""
 
-    @staticmethod
-    def _chat() -> ChatTokenizer:
-        chat = hf_chat(get_runner(model_name()).tokenizer)
-        if chat is None:
-            raise ValueError(f"the model {model_name()!r} has no chat template; upload token ids or texts")
-        return chat
+    def __init__(self) -> None:
+        self._resolved: Optional[ChatTokenizer] = None
+
+    def _chat(self) -> ChatTokenizer:
+        if self._resolved is None:
+            runner = get_runner(model_name())
+            chat = hf_chat(runner.tokenizer, runner.eos_token_ids)
+            if chat is None:
+                raise ValueError(f"the model {model_name()!r} has no chat template; upload token ids or texts")
+            self._resolved = chat
+        return self._resolved
 
     def template(self, messages: list, generation_prompt: bool) -> list:
         return self._chat().template(messages, generation_prompt)

@@ -172,7 +172,10 @@ def test_a_broken_json_array_names_the_element_and_says_it_cannot_be_skipped(tmp
     with pytest.raises(ValueError, match="text after the JSON array's closing"):
         load_trace(path)
     path.write_bytes(b'[\n  {"text": "caf\xe9"}\n]\n')      # Latin-1, not UTF-8
-    with pytest.raises(ValueError, match=r"broken.json: not UTF-8 text \(byte 0xe9\)"):
+    with pytest.raises(ValueError, match=r"broken.json: not UTF-8 text \(byte 0xe9 at offset 17\)"):
+        load_trace(path)
+    path.write_text('[\n  {"input_ids": [1, 2]},\n  {"input_ids": [3]},\n]\n')
+    with pytest.raises(ValueError, match=r"broken.json, after element 2: a comma before the closing '\]'"):
         load_trace(path)
 
 
@@ -180,12 +183,15 @@ def test_a_broken_json_array_names_the_element_and_says_it_cannot_be_skipped(tmp
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "holds a 'image_url' part; the lab replays text only"),
     ({"conversations": [{"from": "alien", "value": "hi"}]}, "is from 'alien'; ShareGPT turns are from one of"),
+    ({"conversations": [{"from": ["human"], "value": "hi"}]}, "is from \\['human'\\]; ShareGPT turns are from one of"),
+    ({"conversations": [{"from": "human"}]}, "message 1 \\(user\\) has no content; give it text"),
+    ({"messages": [{"role": "user", "content": None}]}, "message 1 \\(user\\) has no content"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "message 1's role is 'robot'; give one of: system, developer"),
+    ({"messages": [A("Hello! How can I help?")]}, "no answer to replay: the conversation holds no assistant answer"),
     ({"messages": ["hi"]}, "message 1 must be a JSON object"),
-    ({"messages": [{"content": "hi"}]}, "message 1 needs a 'role'"),
+    ({"messages": [{"content": "hi"}]}, "message 1's role is None; give one of"),
     ({"messages": [U(7)]}, "message 1's content must be text"),
     ({"messages": []}, "messages must be a non-empty list"),
-    ({"conversations": [{"from": "gpt", "value": "I start"}, {"from": "human", "value": "hi"},
-                        {"from": "gpt", "value": "ok"}]}, "an assistant's answer comes before any prompt"),
     ({"messages": [U("hi"), A("yo")], "output": "again"}, "end with the assistant's answer and the line gives an "
                                                         "output too"),
     ({"messages": [U("hi")], "output": "x", "output_ids": [1]}, "as output_ids or as output text, not both"),
@@ -194,7 +200,7 @@ def test_a_broken_json_array_names_the_element_and_says_it_cannot_be_skipped(tmp
 ])
 def test_a_bad_chat_record_is_a_malformed_line_that_says_what_to_change(tmp_path, chat, record, msg):
     path = write(tmp_path, [{"input_ids": [1]}, record])
-    with pytest.raises(ValueError, match="line 2: malformed JSONL line: .*" + msg.replace("(", r"\(")):
+    with pytest.raises(ValueError, match="line 2: malformed JSONL line: .*" + msg):
         load_trace(path, chat=chat)
     assert len(load_trace(path, chat=chat, on_error="skip")) == 1
 
@@ -262,8 +268,8 @@ def test_a_trace_past_what_the_lab_keeps_in_memory_stops_with_the_limit_to_give(
     path = write(tmp_path, [{"input_ids": [1] * 40}] * 5)
     monkeypatch.setattr(workload_size, "MAX_TRACE_TOKENS", 100)
     for on_error in ("raise", "skip"):       # not a malformed line to skip
-        with pytest.raises(ValueError, match=r"t.jsonl, line 3: the first 3 records already hold 120 prompt tokens, "
-                                             r"more than the 100 .* read fewer with --limit 2"):
+        with pytest.raises(ValueError, match=r"t.jsonl, line 3: the first 3 record\(s\) hold more than 100 prompt "
+                                             r"tokens, the most the lab keeps .* read fewer with --limit 2"):
             load_trace(path, on_error=on_error)
     assert len(load_trace(path, limit=2)) == 2
 
@@ -276,7 +282,7 @@ def test_the_array_reader_agrees_with_json_load_wherever_its_reads_cut_the_text(
     rng = random.Random(5)
     values = [{"input_ids": [rng.randrange(10 ** rng.randrange(1, 12)) for _ in range(rng.randrange(1, 6))],
                "text": "".join(rng.choice("aé€😀\"\\\n ") for _ in range(rng.randrange(0, 9))), "x": -1.5e-3}
-              for _ in range(30)] + [12345, "tail", [1, [2]], None]
+              for _ in range(30)] + [12345, 1.5, -2e-3, 10, True, False, "tail", [1, [2]], None]
     for indent in (1, "\t"):
         path = tmp_path / "a.json"
         path.write_text("\ufeff\n" + json.dumps(values, indent=indent, ensure_ascii=False) + "\n\n", encoding="utf-8")
@@ -284,3 +290,82 @@ def test_the_array_reader_agrees_with_json_load_wherever_its_reads_cut_the_text(
             monkeypatch.setattr(json_records, "READ_CHUNK", chunk)
             got = [v for _, v in json_records.records(path)]
             assert got == values, (indent, chunk)
+
+
+def test_a_leading_assistant_message_is_context_and_a_tool_only_answer_has_no_text(tmp_path, tok, chat):
+    """An app's greeting before the user speaks was not generated by any prompt in the trace: it is part of the
+    prompts after it, not a request. An assistant turn that only called tools has no content, as the server
+    takes it."""
+    greeting = {"conversations": [{"from": "gpt", "value": "Hi! Ask me anything."}, {"from": "human", "value": "hi"},
+                                  {"from": "gpt", "value": "Hello there"}]}
+    tool_call = {"messages": [U("weather?"), {"role": "assistant", "content": None, "tool_calls": []},
+                              {"role": "tool", "content": "sunny"}, A("It is sunny.")]}
+    wl = load_trace(write(tmp_path, [greeting, tool_call]), chat=chat, sessions=1)
+    assert [r.prompt_ids().tolist() for r in wl.requests] == [
+        engine_ids(tok, [A("Hi! Ask me anything."), U("hi")]), engine_ids(tok, [U("weather?")]),
+        engine_ids(tok, [U("weather?"), A(""), {"role": "tool", "content": "sunny"}])]
+
+
+def test_max_tokens_is_the_length_only_of_a_record_that_gives_no_output(tmp_path, tok, chat):
+    """A gateway's log keeps the request's cap next to the answer: the answer's length wins, no clash."""
+    lines = [{"input_ids": [1, 2, 3], "output_ids": [4, 5], "max_tokens": 256},
+             {"messages": [U("hi")], "output": "Hello", "max_tokens": 256},
+             {"input_ids": [1, 2, 3], "output_len": 7, "max_tokens": 256},
+             {"input_ids": [1, 2, 3], "conversation": "conv_1", "max_tokens": 9}]   # an id, as OpenAI logs keep
+    wl = load_trace(write(tmp_path, lines), chat=chat)
+    assert [r.output_len for r in wl.requests] == [2, 2, 7, 9]
+    assert tok.decode(wl.requests[1].output_ids()) == "Hello<|im_end|>"
+
+
+def test_an_answer_ends_at_any_token_the_model_stops_on_not_only_the_tokenizer_s_eos(tmp_path, tok):
+    """Gemma's and Llama 3's end of turn is in generation_config.json, not the tokenizer's EOS: the engine stops
+    there, so an answer's output does too (and the template's newline after it is not cached)."""
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    text = tok.convert_tokens_to_ids("<|endoftext|>")
+
+    class OtherEos:                      # the default tokenizer, saying its EOS is <|endoftext|>
+        chat_template, eos_token_id = tok.chat_template, text
+
+        def apply_chat_template(self, *a, **kw):
+            return tok.apply_chat_template(*a, **kw)
+
+    path = write(tmp_path, [{"messages": [U("hi"), A("Hello")]}])
+    alone = load_trace(path, chat=hf_chat(OtherEos())).requests[0].output_ids().tolist()
+    both = load_trace(path, chat=hf_chat(OtherEos(), {im_end, text})).requests[0].output_ids().tolist()
+    assert tok.decode(alone) == "Hello<|im_end|>\n" and tok.decode(both) == "Hello<|im_end|>"
+
+
+def test_the_cli_reads_the_stop_tokens_beside_the_tokenizer(tmp_path, tok):
+    from core.lab.__main__ import _stop_ids
+    folder = tmp_path / "model"
+    tok.save_pretrained(folder)
+    assert _stop_ids(str(folder)) == set()                     # tokenizer files only: its EOS is all there is
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 2]}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": 7}))
+    assert _stop_ids(str(folder)) == {0, 2, 7}
+
+
+def test_one_conversation_that_holds_too_much_stops_at_the_turn_that_passes_the_cap(tmp_path, monkeypatch, chat):
+    """A conversation repeats its history in every prompt: the cap is counted turn by turn, and the message does
+    not suggest a --limit that cannot help."""
+    from core.lab import workload_size
+    long = {"messages": [m for k in range(40) for m in (U(f"question {k}"), A(f"answer {k}"))]}
+    monkeypatch.setattr(workload_size, "MAX_TRACE_TOKENS", 2000)
+    with pytest.raises(ValueError, match=r"line 1: the first 1 record\(s\) hold more than 2,000 prompt tokens, .*"
+                                         r"this record alone does .*drop or split it"):
+        load_trace(write(tmp_path, [long]), chat=chat)
+    with pytest.raises(ValueError, match=r"line 2: the first 2 record\(s\) .* read fewer with --limit 1 \(limit=\)"):
+        load_trace(write(tmp_path, [{"input_ids": [1] * 10}, long]), chat=chat)
+
+
+def test_a_minified_array_longer_than_the_peek_reads_as_an_array_and_a_broken_first_line_stays_jsonl(
+        tmp_path, monkeypatch):
+    from core.lab import json_records
+    monkeypatch.setattr(json_records, "PEEK_BYTES", 64)
+    one_line = tmp_path / "min.json"
+    one_line.write_text(json.dumps([{"input_ids": [k] * 5} for k in range(20)]))        # 460 bytes, no newline
+    assert [r.prompt_ids()[0] for r in load_trace(one_line).requests] == list(range(20))
+    broken = write(tmp_path, ['[{"role": "user", "content": "hi"}', {"input_ids": [1]}, {"input_ids": [2]}])
+    assert [r.prompt_ids().tolist() for r in load_trace(broken, on_error="skip").requests] == [[1], [2]]
+    with pytest.raises(ValueError, match="line 1: malformed JSONL line: not valid JSON"):
+        load_trace(broken)

@@ -392,3 +392,11 @@ def test_suggested_capacities_fit_the_longest_request_and_a_pool_that_fits_none_
     at.run()
     assert not at.exception and not _errors(at), _errors(at)
     assert any("at 1,024 tokens nothing fits: the smallest request holds 1,536 tokens" in w.value for w in at.warning)
+
+
+def test_an_upload_past_what_the_lab_keeps_in_memory_says_how_many_records_to_upload(monkeypatch):
+    from core.lab import workload_size
+    monkeypatch.setattr(workload_size, "MAX_TRACE_TOKENS", 100)
+    with pytest.raises(ValueError, match=r"^big.jsonl, line 3: the first 3 record\(s\) hold more than 100 prompt "
+                                         r"tokens, .*; upload only the first 2 records$"):
+        li.read_uploaded_trace(b"[" + b"1, " * 39 + b"1]\n" + (b"[" + b"2, " * 39 + b"2]\n") * 2, "big.jsonl")
