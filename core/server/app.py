@@ -15,13 +15,14 @@ from fastapi import Depends, FastAPI, Response
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.model.model_files import tokenizer_folder
-from core.server import api_schema, errors, native_routes, openai_routes, state_routes
+from core.server import api_schema, errors, native_routes, openai_routes, responses_routes, state_routes
 from core.server.auth import Caller, Keys
 from core.server.browser_guard import BrowserGuard, HostPolicy
 from core.server.cpu_pool import DEFAULT_WORKERS, CpuPool
 from core.server.host import EngineHost
 from core.server.json_body import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S, make_body_reader
 from core.server.model_store import ModelRoots, default_roots
+from core.server.response_store import ResponseStore
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -80,6 +81,7 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
     read_body = make_body_reader(s.max_body_bytes, s.read_timeout)
     inference, admin = keys.inference_dependency(), keys.admin_dependency()
     routers = [openai_routes.router(host, pool, read_body, inference, s.stream_usage_by_default),
+               responses_routes.router(host, pool, read_body, inference, ResponseStore(keys.open)),
                native_routes.router(host, pool, read_body, inference),
                state_routes.router(host, pool, read_body, inference, admin)]
     for r in routers:

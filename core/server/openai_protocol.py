@@ -28,21 +28,21 @@ DEFAULT_CHAT_MAX_TOKENS = 128         # a placeholder: a chat without max_tokens
 MAX_TEMPERATURE = 2.0                 # OpenAI's range is [0, 2]
 
 
-def _schema(schema: dict, description: str = "") -> Any:
+def schema_field(schema: dict, description: str = "") -> Any:
     """An `Any` field (the engine checks the value) whose JSON schema says what is valid."""
     return Annotated[Any, WithJsonSchema({**schema, **({"description": description} if description else {})})]
 
 
-def _nullable(schema: dict) -> dict:
+def nullable(schema: dict) -> dict:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
 Int = {"type": "integer"}
 Number = {"type": "number"}
-StopSchema = _nullable({"anyOf": [{"type": "string", "minLength": 1},
+StopSchema = nullable({"anyOf": [{"type": "string", "minLength": 1},
                                   {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 64}]})
-MaxTokens = _schema(_nullable({**Int, "minimum": 1}), "tokens to generate at most")
-LogitBias = _schema(_nullable({"type": "object", "additionalProperties": {"type": "number", "minimum": -100,
+MaxTokens = schema_field(nullable({**Int, "minimum": 1}), "tokens to generate at most")
+LogitBias = schema_field(nullable({"type": "object", "additionalProperties": {"type": "number", "minimum": -100,
                                                                          "maximum": 100},
                                "propertyNames": {"pattern": "^[0-9]{1,9}$"}}), "token id -> bias")
 
@@ -146,23 +146,23 @@ class SamplingFields(BaseModel):
 
     model: Optional[str] = None
     max_tokens: MaxTokens = None
-    temperature: _schema(_nullable({**Number, "minimum": 0, "maximum": MAX_TEMPERATURE})) = None
-    top_p: _schema(_nullable({**Number, "exclusiveMinimum": 0, "maximum": 1})) = None
-    top_k: _schema(_nullable({**Int, "minimum": -1}), "0 or -1: off") = None
-    n: _schema(_nullable({**Int, "minimum": 1, "maximum": MAX_N})) = None
-    stop: _schema(StopSchema) = None
-    seed: _schema(_nullable({**Int, "minimum": 0, "maximum": 2 ** 63 - 1})) = None
+    temperature: schema_field(nullable({**Number, "minimum": 0, "maximum": MAX_TEMPERATURE})) = None
+    top_p: schema_field(nullable({**Number, "exclusiveMinimum": 0, "maximum": 1})) = None
+    top_k: schema_field(nullable({**Int, "minimum": -1}), "0 or -1: off") = None
+    n: schema_field(nullable({**Int, "minimum": 1, "maximum": MAX_N})) = None
+    stop: schema_field(StopSchema) = None
+    seed: schema_field(nullable({**Int, "minimum": 0, "maximum": 2 ** 63 - 1})) = None
     stream: Optional[StrictBool] = None
     stream_options: Optional[StreamOptions] = None
-    ignore_eos: _schema({"type": "boolean"}) = False
-    priority: _schema({**Int, "minimum": -(2 ** 62) + 1, "maximum": 2 ** 62 - 1},
+    ignore_eos: schema_field({"type": "boolean"}) = False
+    priority: schema_field({**Int, "minimum": -(2 ** 62) + 1, "maximum": 2 ** 62 - 1},
                       "the 'priority' eviction policy's key (SGLang's request priority)") = 0
     cache_salt: Optional[str] = Field(None, description="vLLM's name for a cache namespace")
     extra_key: Optional[str] = Field(None, description="SGLang's name for a cache namespace")
-    frequency_penalty: _schema(_nullable({**Number, "minimum": -2, "maximum": 2})) = None
-    presence_penalty: _schema(_nullable({**Number, "minimum": -2, "maximum": 2})) = None
-    repetition_penalty: _schema(_nullable({**Number, "minimum": 0.01, "maximum": 2}), "SGLang's") = None
-    min_tokens: _schema(_nullable({**Int, "minimum": 0}), "SGLang's min_new_tokens") = None
+    frequency_penalty: schema_field(nullable({**Number, "minimum": -2, "maximum": 2})) = None
+    presence_penalty: schema_field(nullable({**Number, "minimum": -2, "maximum": 2})) = None
+    repetition_penalty: schema_field(nullable({**Number, "minimum": 0.01, "maximum": 2}), "SGLang's") = None
+    min_tokens: schema_field(nullable({**Int, "minimum": 0}), "SGLang's min_new_tokens") = None
     logit_bias: LogitBias = None
     return_cached_tokens_details: Optional[StrictBool] = Field(None, description="SGLang's sglext details")
     # accepted and ignored: they change nothing about the answer
@@ -171,14 +171,14 @@ class SamplingFields(BaseModel):
     prompt_cache_key: Optional[str] = None
     safety_identifier: Optional[str] = None
     # accepted only at their no-op values (NOT_HONOURED)
-    logprobs: _schema({"anyOf": [{"type": "boolean"}, {**Int, "minimum": 0}, {"type": "null"}]}) = None
+    logprobs: schema_field({"anyOf": [{"type": "boolean"}, {**Int, "minimum": 0}, {"type": "null"}]}) = None
     store: Optional[StrictBool] = None
     service_tier: Optional[str] = None
     no_stop_trim: Optional[StrictBool] = None
     skip_special_tokens: Optional[StrictBool] = None
     spaces_between_special_tokens: Optional[StrictBool] = None
     return_hidden_states: Optional[StrictBool] = None
-    min_p: _schema(_nullable({**Number, "minimum": 0, "maximum": 1})) = None
+    min_p: schema_field(nullable({**Number, "minimum": 0, "maximum": 1})) = None
     stop_token_ids: Optional[list[int]] = None
     lora_path: Optional[str] = None
     rid: Optional[str] = None
@@ -261,7 +261,7 @@ class CompletionRequest(SamplingFields):
         ..., description="text, texts, token ids, or lists of token ids")
     echo: Optional[StrictBool] = None
     suffix: Optional[str] = None
-    best_of: _schema(_nullable({**Int, "minimum": 1})) = None
+    best_of: schema_field(nullable({**Int, "minimum": 1})) = None
 
     def check_unsupported(self) -> None:
         super().check_unsupported()
@@ -321,7 +321,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: MaxTokens = None
-    top_logprobs: _schema(_nullable({**Int, "minimum": 0, "maximum": 20})) = None
+    top_logprobs: schema_field(nullable({**Int, "minimum": 0, "maximum": 20})) = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: Optional[StrictBool] = None

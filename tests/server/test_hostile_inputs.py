@@ -20,8 +20,8 @@ PROMPT = [5, 17, 33, 2, 90, 61, 7, 12]
 JSON = {"Content-Type": "application/json"}
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/state/requests", "/state/rebuild",
-                                  "/state/step_mode", "/state/token_bytes"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/state/requests",
+                                  "/state/rebuild", "/state/step_mode", "/state/token_bytes"])
 def test_ten_thousand_deep_json_is_400_on_every_json_route(tiny, path):
     deep = b'{"prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
     r = httpx.post(tiny.url + path, content=deep, headers=JSON)

@@ -1,0 +1,70 @@
+"""Responses kept for `previous_response_id` and GET /v1/responses/{id}: the newest MAX_STORED, in memory.
+
+Each keeps the conversation it answered (its messages, then its answer as an assistant message), so a response
+that names it as `previous_response_id` continues that chat: the prompt starts with everything the earlier turn
+had, and the radix cache finds it. A response is its owner's: another caller gets 404, as for an id that never
+existed (on a server with keys, the key's identity, and none for keyless callers, who would read each other's;
+on an open server, everyone is the same "anonymous").
+The store lives with the server process; a restart forgets it, as SGLang's in-memory store does.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+from core.server.auth import Caller
+from core.server.errors import APIError
+
+MAX_STORED = 1024
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    owner: str
+    messages: tuple[dict[str, str], ...]    # the chat it answered, its answer last
+    body: dict                              # the response object, as the client got it
+
+
+class ResponseStore:
+    def __init__(self, open_server: bool, max_stored: int = MAX_STORED) -> None:
+        self.open_server = open_server      # no keys at all: one user, who reads every response
+        self.max_stored = max_stored
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _may_read(self, caller: Caller, owner: str) -> bool:
+        return caller.may_act_on(owner) or (self.open_server and caller.identity == owner)
+
+    def put(self, caller: Caller, response_id: str, messages: list[dict[str, str]], body: dict) -> None:
+        with self._lock:
+            self._items[response_id] = StoredResponse(caller.identity, tuple(messages), body)
+            self._items.move_to_end(response_id)
+            while len(self._items) > self.max_stored:
+                self._items.popitem(last=False)
+
+    def get(self, caller: Caller, response_id: str, param: str = "response_id") -> StoredResponse:
+        """The stored response, or a 404 that does not tell another caller's response from none."""
+        with self._lock:
+            item = self._items.get(response_id)
+        if not (caller.owns_requests or self.open_server):
+            raise APIError(404, f"no stored response {response_id!r} for a caller without a key: on a server with "
+                                f"keys, keyless callers would read each other's responses; send the API key",
+                           param, "response_not_found")
+        if item is None or not self._may_read(caller, item.owner):
+            raise APIError(404, f"no stored response {response_id!r} for this key: it was never stored (store: "
+                                f"false), was deleted, is among the oldest past the newest {self.max_stored:,} "
+                                f"kept, or the server restarted", param, "response_not_found")
+        return item
+
+    def delete(self, caller: Caller, response_id: str) -> None:
+        self.get(caller, response_id)
+        with self._lock:
+            self._items.pop(response_id, None)
+
+    def history(self, caller: Caller, previous_id: Optional[str]) -> list[dict[str, str]]:
+        """The messages a response continuing `previous_id` starts with ([] without one)."""
+        if previous_id is None:
+            return []
+        return list(self.get(caller, previous_id, "previous_response_id").messages)
