@@ -1,4 +1,4 @@
-"""Responses kept for `previous_response_id` and GET /v1/responses/{id}: the newest MAX_STORED, in memory.
+"""Responses kept for `previous_response_id` and GET /v1/responses/{id}: each owner's newest MAX_STORED, in memory.
 
 Each keeps the conversation it answered (its messages, then its answer as an assistant message), so a response
 that names it as `previous_response_id` continues that chat: the prompt starts with everything the earlier turn
@@ -30,38 +30,49 @@ class StoredResponse:
 class ResponseStore:
     def __init__(self, open_server: bool, max_stored: int = MAX_STORED) -> None:
         self.open_server = open_server      # no keys at all: one user, who reads every response
-        self.max_stored = max_stored
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self.max_stored = max_stored        # per owner: one caller's traffic never pushes out another's
+        self._items: dict[str, StoredResponse] = {}
+        self._by_owner: dict[str, OrderedDict[str, None]] = {}
         self._lock = threading.Lock()
 
     def _may_read(self, caller: Caller, owner: str) -> bool:
         return caller.may_act_on(owner) or (self.open_server and caller.identity == owner)
 
+    def keeps_for(self, caller: Caller) -> bool:
+        """Whether `caller` could ever read a response back: not a keyless caller on a server with keys (such a
+        response is answered with store: false, and takes no room)."""
+        return caller.owns_requests or self.open_server
+
     def put(self, caller: Caller, response_id: str, messages: list[dict[str, str]], body: dict) -> None:
+        if not self.keeps_for(caller):
+            return
         with self._lock:
             self._items[response_id] = StoredResponse(caller.identity, tuple(messages), body)
-            self._items.move_to_end(response_id)
-            while len(self._items) > self.max_stored:
-                self._items.popitem(last=False)
+            mine = self._by_owner.setdefault(caller.identity, OrderedDict())
+            mine[response_id] = None
+            while len(mine) > self.max_stored:
+                oldest, _ = mine.popitem(last=False)
+                self._items.pop(oldest, None)
 
     def get(self, caller: Caller, response_id: str, param: str = "response_id") -> StoredResponse:
         """The stored response, or a 404 that does not tell another caller's response from none."""
         with self._lock:
             item = self._items.get(response_id)
-        if not (caller.owns_requests or self.open_server):
+        if not self.keeps_for(caller):
             raise APIError(404, f"no stored response {response_id!r} for a caller without a key: on a server with "
                                 f"keys, keyless callers would read each other's responses; send the API key",
                            param, "response_not_found")
         if item is None or not self._may_read(caller, item.owner):
             raise APIError(404, f"no stored response {response_id!r} for this key: it was never stored (store: "
-                                f"false), was deleted, is among the oldest past the newest {self.max_stored:,} "
-                                f"kept, or the server restarted", param, "response_not_found")
+                                f"false), was deleted, is older than the newest {self.max_stored:,} kept per key, "
+                                f"or the server restarted", param, "response_not_found")
         return item
 
     def delete(self, caller: Caller, response_id: str) -> None:
-        self.get(caller, response_id)
+        item = self.get(caller, response_id)
         with self._lock:
             self._items.pop(response_id, None)
+            self._by_owner.get(item.owner, {}).pop(response_id, None)
 
     def history(self, caller: Caller, previous_id: Optional[str]) -> list[dict[str, str]]:
         """The messages a response continuing `previous_id` starts with ([] without one)."""

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from core.engine.sampling import ParamError, SamplingParams
 from core.server.errors import APIError
 from core.server.openai_protocol import (
-    CHAT_ROLES,
     DEFAULT_CHAT_MAX_TOKENS,
     MAX_TEMPERATURE,
     MaxTokens,
@@ -30,6 +29,9 @@ from core.server.openai_protocol import (
 )
 
 INPUT_PART_TYPES = ("input_text", "output_text", "text")   # the text parts an input message may hold
+INPUT_ROLES = ("user", "assistant", "system", "developer")   # the Responses API's message roles
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512   # OpenAI's limits (a response keeps them)
+MAX_ID_CHARS = 512                                          # user, safety_identifier, prompt_cache_key
 
 # field -> (its no-op values, what to tell a client that sent another value)
 NOT_HONOURED: dict[str, tuple[tuple, str]] = {
@@ -37,7 +39,6 @@ NOT_HONOURED: dict[str, tuple[tuple, str]] = {
     "tool_choice": ((None, "none", "auto"), "tool_choice needs tools, which this server does not support"),
     "parallel_tool_calls": ((None, True, False), ""),
     "max_tool_calls": ((None,), "max_tool_calls needs tools, which this server does not support"),
-    "reasoning": ((None, {}), "reasoning options are not supported: this server runs no reasoning model"),
     "background": ((None, False), "background responses are not supported; wait for the answer or stream it"),
     "include": ((None, []), "include is not supported: there are no tool outputs or logprobs to include"),
     "truncation": ((None, "disabled"), "truncation 'auto' is not supported: a conversation that does not fit "
@@ -102,6 +103,10 @@ class ResponsesRequest(BaseModel):
 
     def check_unsupported(self) -> None:
         check_noops(self, NOT_HONOURED)
+        if self.reasoning and any(v is not None for v in self.reasoning.values()):   # a response's own echo is none
+            raise APIError(400, f"reasoning options are not supported: this server runs no reasoning model (got "
+                                f"reasoning={self.reasoning!r})", "reasoning", "unsupported_parameter")
+        self.check_sizes()
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.type != "text":
             raise APIError(400, f"text.format {fmt.type!r} is not supported: this server cannot constrain output "
@@ -113,6 +118,23 @@ class ResponsesRequest(BaseModel):
         if self.cache_salt is not None and self.extra_key is not None and self.cache_salt != self.extra_key:
             raise APIError(400, "cache_salt and extra_key name the same cache namespace; send one of them",
                            "cache_salt", "invalid_value")
+
+    def check_sizes(self) -> None:
+        """What a stored response keeps but no model reads, within OpenAI's limits (else 1,024 stored responses of
+        8 MB metadata each would hold gigabytes)."""
+        meta = self.metadata or {}
+        if len(meta) > MAX_METADATA_PAIRS:
+            raise APIError(400, f"metadata holds {len(meta)} pairs; at most {MAX_METADATA_PAIRS}", "metadata",
+                           "invalid_value")
+        for k, v in meta.items():
+            if len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
+                raise APIError(400, f"metadata keys are at most {MAX_METADATA_KEY} characters and values at most "
+                                    f"{MAX_METADATA_VALUE}; {k[:20]!r} is longer", "metadata", "invalid_value")
+        for name in ("user", "safety_identifier", "prompt_cache_key"):
+            v = getattr(self, name)
+            if v is not None and len(v) > MAX_ID_CHARS:
+                raise APIError(400, f"{name} is at most {MAX_ID_CHARS} characters, got {len(v):,}", name,
+                               "invalid_value")
 
     def input_messages(self) -> list[dict[str, str]]:
         """The new turn's messages (`input`) for the chat template."""
@@ -178,15 +200,17 @@ def _message(item: Any, k: int) -> dict[str, str]:
     where = f"input[{k}]"
     if not isinstance(item, dict):
         raise APIError(400, f"{where} must be a message object {{role, content}}", where, "invalid_value")
-    kind = item.get("type", "message")
+    kind = item.get("type") or "message"
     if kind != "message":
         raise APIError(400, f"{where} is a {kind!r} item; this server takes message items only (no tool calls or "
                             f"their outputs)", where, "unsupported_parameter")
     role = item.get("role")
-    if role not in CHAT_ROLES:
-        raise APIError(400, f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", f"{where}.role",
+    if role not in INPUT_ROLES:
+        raise APIError(400, f"{where}.role must be one of {', '.join(INPUT_ROLES)}, got {role!r}", f"{where}.role",
                        "invalid_value")
     content = item.get("content")
+    if content is None and role == "assistant":          # an assistant turn that only called tools, as on the chat route
+        return {"role": role, "content": ""}
     if isinstance(content, str):
         return {"role": role, "content": content}
     if not isinstance(content, list):

@@ -43,8 +43,8 @@ class ResponseShape:
     """The response object of one request, as OpenAI's: in progress while it streams, then completed or
     incomplete with its output message and usage."""
 
-    def __init__(self, body: ResponsesRequest, response_id: str, model: str) -> None:
-        self.body, self.id, self.model = body, response_id, model
+    def __init__(self, body: ResponsesRequest, response_id: str, model: str, stored: bool) -> None:
+        self.body, self.id, self.model, self.stored = body, response_id, model, stored
         self.created_at = int(time.time())
         self.message_id = new_id("msg")
 
@@ -59,16 +59,19 @@ class ResponseShape:
     def obj(self, status: str, output: list, usage: Optional[dict] = None,
             incomplete: Optional[str] = None) -> dict:
         b = self.body
+        done = status in ("completed", "incomplete")
         return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-                "background": False, "error": None,
+                "completed_at": int(time.time()) if done else None, "background": False, "error": None,
                 "incomplete_details": None if incomplete is None else {"reason": incomplete},
                 "instructions": b.instructions, "max_output_tokens": b.max_output_tokens, "max_tool_calls": None,
-                "model": self.model, "output": output, "parallel_tool_calls": True,
-                "previous_response_id": b.previous_response_id, "reasoning": {"effort": None, "summary": None},
-                "service_tier": "default", "store": b.stores, "temperature": b.temperature,
-                "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [], "top_logprobs": 0,
-                "top_p": b.top_p, "truncation": "disabled", "usage": usage, "user": b.user,
-                "metadata": b.metadata or {}}
+                "model": self.model, "output": output,
+                "parallel_tool_calls": True if b.parallel_tool_calls is None else b.parallel_tool_calls,
+                "previous_response_id": b.previous_response_id, "prompt_cache_key": b.prompt_cache_key,
+                "reasoning": {"effort": None, "summary": None}, "safety_identifier": b.safety_identifier,
+                "service_tier": "default", "store": self.stored, "temperature": b.temperature,
+                "text": {"format": {"type": "text"}, "verbosity": b.text.verbosity if b.text else None},
+                "tool_choice": b.tool_choice or "auto", "tools": [], "top_logprobs": 0, "top_p": b.top_p,
+                "truncation": "disabled", "usage": usage, "user": b.user, "metadata": b.metadata or {}}
 
     def finished(self, c: Completion) -> dict:
         """The whole response for a finished completion."""
@@ -119,6 +122,21 @@ async def _stream(run: ChoiceRun, shape: ResponseShape, on_done):
         run.close()
 
 
+def with_history(err: APIError, body: ResponsesRequest) -> APIError:
+    """A prompt that does not fit, said in the Responses API's terms: the prompt is the instructions and the
+    conversation of previous_response_id as well as the new input."""
+    if err.code != "context_length_exceeded" or err.param != "input":
+        return err
+    parts = [what for what, v in (("the instructions", body.instructions),
+                                  ("the conversation of previous_response_id", body.previous_response_id))
+             if v is not None]
+    if not parts:
+        return err
+    why = (f"; the prompt holds {' and '.join(parts)} as well as the new input: shorten them, or start a new "
+           f"conversation (no previous_response_id)")
+    return APIError(err.status, err.message + why, err.param, err.code, err.headers)
+
+
 def router(host: EngineHost, pool: CpuPool, read_body, inference, store: ResponseStore) -> APIRouter:
     r = APIRouter()
 
@@ -138,12 +156,15 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, store: Respons
         body.check_unsupported()
         history = store.history(caller, body.previous_response_id)
         new = body.input_messages()
-        shape = ResponseShape(body, new_id("resp"), model)
+        shape = ResponseShape(body, new_id("resp"), model, body.stores and store.keeps_for(caller))
         run = ChoiceRun(host, pool, caller, body, shape.id, stream=bool(body.stream))
-        await run.start([body.chat(history, new)], "input")
+        try:
+            await run.start([body.chat(history, new)], "input")
+        except APIError as err:
+            raise with_history(err, body) from None
 
         def keep(whole: dict, answer: str) -> None:
-            if body.stores:
+            if shape.stored:
                 store.put(caller, shape.id, [*history, *new, {"role": "assistant", "content": answer}], whole)
 
         if body.stream:

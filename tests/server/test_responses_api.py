@@ -127,6 +127,12 @@ def test_stored_responses_are_read_and_deleted_and_store_false_keeps_none(real):
     ({"max_output_tokens": 5000}, "max_output_tokens", "lower max_output_tokens to at most"),
     ({"temperature": "hot"}, "temperature", "temperature"),
     ({"frequency_penalty": 1}, "frequency_penalty", "unknown parameter 'frequency_penalty'"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "metadata holds 17 pairs; at most 16"),
+    ({"metadata": {"k": "v" * 513}}, "metadata", "values at most 512"),
+    ({"user": "u" * 513}, "user", "user is at most 512 characters"),
+    ({"reasoning": {"effort": "low", "summary": None}}, "reasoning", "this server runs no reasoning model"),
+    ({"input": [{"role": "tool", "content": "1"}]}, "input[0].role", "must be one of user, assistant, system, "
+                                                                      "developer"),
     ({"previous_response_id": "resp-nope"}, "previous_response_id", "no stored response 'resp-nope'"),
 ])
 def test_what_this_server_cannot_honour_is_a_400_or_404_naming_the_field(real, extra, param, message):
@@ -163,11 +169,30 @@ def test_a_response_is_its_owner_s_and_keyless_callers_on_a_keyed_server_read_no
         with pytest.raises(openai.NotFoundError):
             user.responses.delete(theirs.id)
         assert admin.responses.retrieve(mine.id).id == mine.id     # the admin reads everyone's
-    store = ResponseStore(open_server=False)
-    anon = Caller(admin=False, identity="anonymous", authenticated=False)
-    store.put(anon, "resp-1", [], {})
-    with pytest.raises(Exception, match="keyless callers would read each other's responses; send the API key"):
-        store.get(anon, "resp-1")
+    with serving(Engine(smollm2_runner, pool_slots=1024),
+                 settings=ServerSettings(model="default", admin_key="admin-key")) as s:
+        # keyless callers may ask (no --api-key), but could never read a response back: none is kept for them
+        r = httpx.post(f"{s.url}/v1/responses", json={"input": Q1, "max_output_tokens": 2}, timeout=30).json()
+        assert r["store"] is False
+        got = httpx.get(f"{s.url}/v1/responses/{r['id']}", timeout=30)
+        assert got.status_code == 404 and "keyless callers would read each other's" in got.json()["error"]["message"]
+        admin = httpx.get(f"{s.url}/v1/responses/{r['id']}", headers={"Authorization": "Bearer admin-key"}).json()
+        assert "no stored response" in admin["error"]["message"]
+
+
+def test_each_owner_keeps_its_own_newest_responses():
+    store = ResponseStore(open_server=False, max_stored=2)
+    alice, admin = (Caller(admin=a, identity=i, authenticated=True) for a, i in ((False, "key:a"), (True, "admin")))
+    store.put(admin, "resp-admin", [], {"id": "resp-admin"})
+    for k in range(5):
+        store.put(alice, f"resp-{k}", [], {"id": f"resp-{k}"})
+    assert store.get(admin, "resp-admin").body["id"] == "resp-admin"     # alice's traffic pushed out none of it
+    assert [store.get(alice, f"resp-{k}").body["id"] for k in (3, 4)] == ["resp-3", "resp-4"]
+    with pytest.raises(Exception, match="no stored response 'resp-2'"):
+        store.get(alice, "resp-2")
+    store.delete(alice, "resp-4")
+    store.put(alice, "resp-5", [], {})
+    assert store.get(alice, "resp-3") and store.get(alice, "resp-5")     # the deleted one freed its place
 
 
 def test_the_store_keeps_the_newest_and_forgets_the_oldest():
@@ -176,7 +201,7 @@ def test_the_store_keeps_the_newest_and_forgets_the_oldest():
     for k in range(3):
         store.put(anon, f"resp-{k}", [{"role": "user", "content": str(k)}], {"id": f"resp-{k}"})
     assert [store.get(anon, f"resp-{k}").body["id"] for k in (1, 2)] == ["resp-1", "resp-2"]
-    with pytest.raises(Exception, match="among the oldest past the newest 2 kept"):
+    with pytest.raises(Exception, match="older than the newest 2 kept per key"):
         store.get(anon, "resp-0")
     assert store.history(anon, "resp-2") == [{"role": "user", "content": "2"}] and store.history(anon, None) == []
 
@@ -186,3 +211,31 @@ def test_the_openapi_document_lists_the_responses_routes(real):
     assert {"post"} <= set(doc["paths"]["/v1/responses"]) and {"get", "delete"} <= set(
         doc["paths"]["/v1/responses/{response_id}"])
     assert "ResponsesRequest" in json.dumps(doc["components"]["schemas"])
+
+
+def test_a_response_echoes_what_was_asked_and_takes_its_own_echo_and_output_back(real):
+    c = real.client()
+    r = c.responses.create(model="default", input=Q1, max_output_tokens=4, temperature=0, tool_choice="none",
+                           parallel_tool_calls=False, text={"verbosity": "low"}, prompt_cache_key="k1",
+                           safety_identifier="u1", metadata={"run": "7"}, reasoning={"effort": None, "summary": None})
+    assert (r.tool_choice, r.parallel_tool_calls, r.text.verbosity, r.prompt_cache_key, r.safety_identifier,
+            r.metadata) == ("none", False, "low", "k1", "u1", {"run": "7"})
+    assert r.completed_at >= r.created_at and r.reasoning.effort is None
+    # a previous answer passed back as an input item (its output_text parts), and a tool-only assistant turn
+    again = c.responses.create(model="default", temperature=0, max_output_tokens=24, reasoning=r.reasoning.model_dump(),
+                               input=[{"role": "user", "content": Q1}, r.output[0].model_dump(),
+                                      {"type": None, "role": "assistant", "content": None},
+                                      {"role": "user", "content": Q2}])
+    same = chat(c, [{"role": "user", "content": Q1}, {"role": "assistant", "content": r.output_text},
+                    {"role": "assistant", "content": ""}, {"role": "user", "content": Q2}])
+    assert again.output_text == same.choices[0].message.content
+
+
+def test_a_conversation_that_outgrows_the_context_says_the_earlier_turns_are_in_the_prompt(smollm2_runner):
+    with serving(Engine(smollm2_runner, pool_slots=300), settings=ServerSettings(model="default")) as s:
+        c = s.client()
+        first = c.responses.create(model="default", input="word " * 200, max_output_tokens=2, temperature=0)
+        with pytest.raises(openai.BadRequestError, match=r"does not fit a pool of 300 slots; shorten the input; the "
+                                                         r"prompt holds the conversation of previous_response_id as "
+                                                         r"well as the new input"):
+            c.responses.create(model="default", input="word " * 60, previous_response_id=first.id)
