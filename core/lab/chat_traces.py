@@ -93,9 +93,14 @@ def _text(content: Any, where: str, role: str) -> str:
         text = "".join(parts)
     else:
         raise ValueError(f"{where}'s content must be text, got {type(content).__name__}")
+    return check_text(text, where)
+
+
+def check_text(text: str, where: str) -> str:
+    """`text` when it is text a tokenizer takes: JSON's "\\ud800" alone (a truncated emoji) is not."""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError as e:   # JSON's "\ud800" alone (a truncated emoji): no tokenizer takes it
+    except UnicodeEncodeError as e:
         raise ValueError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character "
                          f"{e.start + 1}, which is no text; fix or drop that line") from None
     return text

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Union
 
 from core.lab import workload_size
 from core.lab.chat_traces import (DEFAULT_SESSIONS, ChatTokenizer, answered_request, chat_messages, chat_prompt,
-                                  check_sessions, conversation, interleave)
+                                  check_sessions, check_text, conversation, interleave)
 from core.lab.json_records import records
 from core.lab.workload_size import WorkloadTooLarge
 from core.lab.workloads import TraceRequest, Workload
@@ -201,11 +201,7 @@ def load_jsonl(path: PathLike, tokenizer: Optional[Tokenizer] = None, on_error: 
             raise ValueError(f"{name} must be a non-empty string")
         if tokenizer is None:
             raise ValueError(f"the line holds text in {name!r}; pass a tokenizer (text -> token ids) to read texts")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:   # JSON's "\ud800" alone (a truncated emoji): no tokenizer takes it
-            raise ValueError(f"{name} holds a lone UTF-16 surrogate (\\u{ord(text[e.start]):04x}) at character "
-                             f"{e.start + 1}, which is no text; fix or drop that line") from None
+        check_text(text, name)
         try:
             ids = tokenizer(text)
         except Exception as e:   # a tokenizer's own failure is this line's, not the run's

@@ -112,6 +112,24 @@ def check_noops(body: BaseModel, table: dict[str, tuple[tuple, str]], prefix: st
                        prefix + name, "unsupported_parameter")
 
 
+def check_stream_and_namespace(body: Any) -> None:
+    """The checks an OpenAI body (chat, completion, response) shares: stream_options only with a stream, and one
+    cache namespace however it is named."""
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options", "invalid_value")
+    if body.cache_salt is not None and body.extra_key is not None and body.cache_salt != body.extra_key:
+        raise APIError(400, "cache_salt and extra_key name the same cache namespace; send one of them",
+                       "cache_salt", "invalid_value")
+
+
+def namespace_of(body: Any) -> Optional[str]:
+    """An OpenAI body's cache namespace: its cache_salt (vLLM's name) or extra_key (SGLang's)."""
+    key = body.cache_salt if body.cache_salt is not None else body.extra_key
+    if key is not None and not key:
+        raise APIError(400, "cache_salt must be a non-empty string (or left out)", "cache_salt", "invalid_value")
+    return key
+
+
 def engine_params(choice: int, *, max_new_tokens: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, stop: Any,
                   ignore_eos: Any, priority: Any, frequency_penalty: Any, presence_penalty: Any,
                   repetition_penalty: Any, min_new_tokens: Any, logit_bias: Any, top_k_off: int = -1) -> SamplingParams:
@@ -191,12 +209,7 @@ class SamplingFields(BaseModel):
         n = 1 if self.n is None else self.n
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be an integer from 1 to {MAX_N}, got {self.n!r}", "n", "invalid_value")
-        if self.stream_options is not None and not self.stream:
-            raise APIError(400, "stream_options is only allowed when stream is true", "stream_options",
-                           "invalid_value")
-        if self.cache_salt is not None and self.extra_key is not None and self.cache_salt != self.extra_key:
-            raise APIError(400, "cache_salt and extra_key name the same cache namespace; send one of them",
-                           "cache_salt", "invalid_value")
+        check_stream_and_namespace(self)
         t = self.temperature
         if isinstance(t, (int, float)) and not isinstance(t, bool) and t > MAX_TEMPERATURE:
             raise APIError(400, f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {t!r}", "temperature",
@@ -207,10 +220,7 @@ class SamplingFields(BaseModel):
         return self.n or 1
 
     def namespace(self, prompt: int = 0) -> Optional[str]:
-        key = self.cache_salt if self.cache_salt is not None else self.extra_key
-        if key is not None and not key:
-            raise APIError(400, "cache_salt must be a non-empty string (or left out)", "cache_salt", "invalid_value")
-        return key
+        return namespace_of(self)
 
     def include_usage(self, default: bool = False) -> bool:
         """Whether a stream ends with a usage chunk: stream_options.include_usage, or the server's default

@@ -23,7 +23,9 @@ from core.server.openai_protocol import (
     MaxTokens,
     Number,
     check_noops,
+    check_stream_and_namespace,
     engine_params,
+    namespace_of,
     nullable,
     schema_field,
 )
@@ -112,12 +114,7 @@ class ResponsesRequest(BaseModel):
             raise APIError(400, f"text.format {fmt.type!r} is not supported: this server cannot constrain output "
                                 f"to JSON; leave text.format out (or send {{\"type\": \"text\"}})", "text.format",
                            "unsupported_parameter")
-        if self.stream_options is not None and not self.stream:
-            raise APIError(400, "stream_options is only allowed when stream is true", "stream_options",
-                           "invalid_value")
-        if self.cache_salt is not None and self.extra_key is not None and self.cache_salt != self.extra_key:
-            raise APIError(400, "cache_salt and extra_key name the same cache namespace; send one of them",
-                           "cache_salt", "invalid_value")
+        check_stream_and_namespace(self)
 
     def check_sizes(self) -> None:
         """What a stored response keeps but no model reads, within OpenAI's limits (else 1,024 stored responses of
@@ -156,10 +153,7 @@ class ResponsesRequest(BaseModel):
         return 1
 
     def namespace(self, prompt: int = 0) -> Optional[str]:
-        key = self.cache_salt if self.cache_salt is not None else self.extra_key
-        if key is not None and not key:
-            raise APIError(400, "cache_salt must be a non-empty string (or left out)", "cache_salt", "invalid_value")
-        return key
+        return namespace_of(self)
 
     def max_tokens_param(self) -> str:
         return "max_output_tokens"
