@@ -15,7 +15,15 @@ from fastapi import Depends, FastAPI, Response
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.model.model_files import tokenizer_folder
-from core.server import api_schema, errors, native_routes, openai_routes, responses_routes, state_routes
+from core.server import (
+    api_schema,
+    errors,
+    native_routes,
+    openai_routes,
+    responses_routes,
+    state_routes,
+    tokenize_routes,
+)
 from core.server.auth import Caller, Keys
 from core.server.browser_guard import BrowserGuard, HostPolicy
 from core.server.cpu_pool import DEFAULT_WORKERS, CpuPool
@@ -82,6 +90,7 @@ def create_app(engine: Optional[Engine] = None, factory: Optional[Callable[[Engi
     inference, admin = keys.inference_dependency(), keys.admin_dependency()
     routers = [openai_routes.router(host, pool, read_body, inference, s.stream_usage_by_default),
                responses_routes.router(host, pool, read_body, inference, ResponseStore(keys.open)),
+               tokenize_routes.router(host, pool, read_body, inference),
                native_routes.router(host, pool, read_body, inference),
                state_routes.router(host, pool, read_body, inference, admin)]
     for r in routers:

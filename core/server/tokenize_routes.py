@@ -1,0 +1,134 @@
+"""SGLang's /v1/tokenize and /v1/detokenize (also at /tokenize and /detokenize): the served model's tokenizer.
+
+How many tokens is this prompt, which ids does a chat become, what text are these ids: what a client needs to
+budget a context or read a cache event's token ids, answered with the tokenizer the engine itself uses (a chat
+exactly as /v1/chat/completions renders it, unless add_generation_prompt says otherwise). Bodies and answers
+as SGLang 0.5.23's: `{"tokens", "count", "max_model_len"}` and `{"text"}`, a list of each for a list.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
+
+from core.engine import inputs
+from core.server import api_schema
+from core.server.auth import Caller
+from core.server.cpu_pool import CpuPool
+from core.server.errors import APIError
+from core.server.host import EngineHost
+from core.server.json_body import parse_object
+from core.server.openai_protocol import MAX_CHOICES, ChatMessage, parse
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    prompt: Union[str, list[str], None] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: Optional[StrictBool] = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    tokens: Union[list[StrictInt], list[list[StrictInt]]]
+    skip_special_tokens: StrictBool = True
+
+
+def _text_ids(tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
+    if len(text) > inputs.MAX_PROMPT_CHARS:
+        raise APIError(400, f"the {param} has {len(text):,} characters; at most {inputs.MAX_PROMPT_CHARS:,}", param,
+                       "invalid_value")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"the {param} is not valid Unicode text ({e.reason} at character {e.start})", param,
+                       "invalid_value") from None
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=add_special_tokens)]
+
+
+def tokenize(host: EngineHost, body: TokenizeRequest) -> dict[str, Any]:
+    runner = host.engine.runner
+    tok = runner.tokenizer
+    if tok is None:
+        raise APIError(400, "this model has no tokenizer: its prompts are token ids", "prompt", "invalid_value")
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "send exactly one of prompt (text, or a list of texts) and messages (a chat)", "prompt",
+                       "invalid_value")
+    if body.messages is not None:
+        chat = [m.as_engine() for m in body.messages]
+        if not chat:
+            raise APIError(400, "messages is empty: send at least one {role, content} message", "messages",
+                           "invalid_value")
+        try:
+            if body.add_generation_prompt is None:          # as /v1/chat/completions renders it
+                ids = inputs.tokenize(tok, runner.vocab_size, chat)[0]
+            else:
+                if not getattr(tok, "chat_template", None):
+                    raise ValueError("this model has no chat template; submit raw text instead")
+                out = tok.apply_chat_template(chat, add_generation_prompt=body.add_generation_prompt, tokenize=True)
+                ids = [int(t) for t in (out["input_ids"] if hasattr(out, "keys") else out)]
+        except ValueError as exc:
+            raise APIError(400, str(exc), "messages", "invalid_value") from None
+        tokens: Union[list[int], list[list[int]]] = ids
+        count: Union[int, list[int]] = len(ids)
+    elif isinstance(body.prompt, str):
+        tokens = _text_ids(tok, body.prompt, body.add_special_tokens, "prompt")
+        count = len(tokens)
+    else:
+        if len(body.prompt) > MAX_CHOICES:
+            raise APIError(400, f"{len(body.prompt):,} prompts in one request; at most {MAX_CHOICES:,}", "prompt",
+                           "invalid_value")
+        tokens = [_text_ids(tok, p, body.add_special_tokens, f"prompt[{i}]") for i, p in enumerate(body.prompt)]
+        count = [len(t) for t in tokens]
+    return {"tokens": tokens, "count": count, "max_model_len": runner.max_context_len}
+
+
+def detokenize(host: EngineHost, body: DetokenizeRequest) -> dict[str, Any]:
+    runner = host.engine.runner
+    if runner.tokenizer is None:
+        raise APIError(400, "this model has no tokenizer: there is no text to give", "tokens", "invalid_value")
+    lists = body.tokens if body.tokens and isinstance(body.tokens[0], list) else [body.tokens]
+    if len(lists) > MAX_CHOICES:
+        raise APIError(400, f"{len(lists):,} token lists in one request; at most {MAX_CHOICES:,}", "tokens",
+                       "invalid_value")
+    for ids in lists:
+        bad = [t for t in ids if not 0 <= t < runner.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{runner.vocab_size - 1})", "tokens",
+                           "invalid_value")
+    texts = [runner.tokenizer.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in lists]
+    return {"text": texts if lists is body.tokens else texts[0]}
+
+
+def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
+    r = APIRouter()
+
+    def check_model(body) -> None:
+        if body.model is not None and body.model != host.served_model_name:
+            raise APIError(404, f"model {body.model!r} not found; this server serves {host.served_model_name!r}",
+                           "model", "model_not_found")
+
+    async def read(request: Request, cls):
+        body = parse(cls, await pool.run(parse_object, await read_body(request)))
+        check_model(body)
+        return body
+
+    for path, hidden in (("/v1/tokenize", False), ("/tokenize", True)):
+        @r.post(path, operation_id=None if hidden else "tokenize", include_in_schema=not hidden,
+                summary="Tokenize text or a chat", openapi_extra=api_schema.request_body(TokenizeRequest),
+                response_model=api_schema.OpenObject)
+        async def tokenize_route(request: Request, caller: Caller = Depends(inference)):
+            return await pool.run(tokenize, host, await read(request, TokenizeRequest))
+
+    for path, hidden in (("/v1/detokenize", False), ("/detokenize", True)):
+        @r.post(path, operation_id=None if hidden else "detokenize", include_in_schema=not hidden,
+                summary="Text of token ids", openapi_extra=api_schema.request_body(DetokenizeRequest),
+                response_model=api_schema.OpenObject)
+        async def detokenize_route(request: Request, caller: Caller = Depends(inference)):
+            return await pool.run(detokenize, host, await read(request, DetokenizeRequest))
+
+    return r
