@@ -10,8 +10,8 @@ Plain records, one request each (a line each, or the elements of one JSON array)
     {"text": "...", "output_len": 8, "timestamp": 12}   ("prompt" also accepted; needs a tokenizer)
     {"messages": [{"role": "user", "content": "..."}]}  a chat, or a whole conversation (core.lab.chat_traces:
                                                          OpenAI, its Batch API, ShareGPT, LMSYS; needs a chat template)
-with optional "output_ids" (or "output" text), "output_len" / "output_length" (else "max_tokens" /
-"max_completion_tokens", a cap taken as the length), "timestamp", "extra_key".
+with optional "output_ids" (or "output" text), "output_len" / "output_length" (with neither an output nor a
+length, "max_tokens" / "max_completion_tokens": the cap taken as the length), "timestamp", "extra_key".
 Texts need a `tokenizer(text) -> list[int]` and chats a `ChatTokenizer` passed in: the lab never loads a model.
 
 Malformed records (bad JSON, bad fields, bytes that are not UTF-8) raise ValueError naming the file and
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from core.lab import workload_size
 from core.lab.chat_traces import (DEFAULT_SESSIONS, ChatTokenizer, answered_request, chat_messages, chat_prompt,
@@ -178,7 +178,7 @@ def _max_tokens(obj: dict) -> Optional[int]:
     return None
 
 
-def _turns(turns: Any, extra: Optional[str]) -> Any:
+def _turns(turns: Iterator[TraceRequest], extra: Optional[str]) -> Iterator[TraceRequest]:
     """A conversation's requests, each with the record's extra_key; a ValueError when it holds none."""
     none = True
     for t in turns:
