@@ -23,7 +23,7 @@ from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.slots import kv_heatmap, slot_row_figure, written_range
 from radixui.figures.tree import tree_figure, tree_overview
 from radixui.panels.abort import abort_selected_button
-from radixui.panels.live_data import cached_figure, decoder, event_store
+from radixui.panels.live_data import cached_figure, decoder, event_store, has_figure
 from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
 
@@ -363,7 +363,10 @@ def _held_end(first: int, last: int) -> int:
 
 def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
     events = store.events
-    if not events:
+    ss = st.session_state
+    # A Send's run re-sends every chart as it was (see views): a view that showed no chart yet keeps showing none, or
+    # the run would plot two new charts before the browser paints the Send's row; the next run draws them.
+    if not events or (not fresh and not has_figure(ss, "tt_tree")):
         st.info("No events yet: send a prompt, then slide through its history here.")
         return
     first, last = int(ev_get(events[0], "seq")), int(ev_get(events[-1], "seq"))
@@ -380,7 +383,6 @@ def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
     if note:
         st.caption(note)
     key = ("tt", seq, first)
-    ss = st.session_state
     rp = store.replayer_for(snap)
     past = functools.lru_cache(maxsize=1)(lambda: rp.at(seq))   # replayed only if a figure is rebuilt
     _chart(cached_figure(ss, "tt_tree", key,

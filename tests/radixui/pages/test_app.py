@@ -68,18 +68,23 @@ def wait_rows(at: AppTest, n: int, timeout: float = 120):
     raise AssertionError(f"requests did not finish: {request_rows(at)}")
 
 
+QUIET_S = 1.5   # how long the charts must stand unchanged
+
+
 def wait_quiet(at: AppTest, timeout: float = 120) -> None:
-    """Runs until two runs in a row draw the same charts: the engine loaded and nothing moving (one run on a busy
-    box could still be drawing the page as it was while the model loaded)."""
+    """Runs until the charts stood unchanged for QUIET_S over several runs: the engine loaded and nothing moving
+    (two runs 0.3 s apart can both fall in a pause of a busy box)."""
     deadline = time.time() + timeout
     at.run()
-    last = charts(at)
+    last, since = charts(at), time.time()
     while time.time() < deadline:
         time.sleep(0.3)
         at.run()
-        if charts(at) == last:
+        now = charts(at)
+        if now != last:
+            last, since = now, time.time()
+        elif time.time() - since >= QUIET_S:
             return
-        last = charts(at)
     raise AssertionError("the page kept changing")
 
 
