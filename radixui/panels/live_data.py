@@ -123,11 +123,6 @@ def decoder(state: MutableMapping, client: Any, snap: EngineSnapshot, model: str
     return TokenDecoder(snap.token_text, known)
 
 
-def has_figure(state: MutableMapping, name: str) -> bool:
-    """Whether `cached_figure` built figure `name` in this session already."""
-    return name in state.get("_figs", {})
-
-
 def cached_figure(state: MutableMapping, name: str, key: tuple, build: Callable[[], Any],
                   fresh: bool = True) -> Any:
     """Rebuild a figure only when its inputs (the key) changed; with `fresh=False` (a hidden view)

@@ -23,7 +23,7 @@ from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.slots import kv_heatmap, slot_row_figure, written_range
 from radixui.figures.tree import tree_figure, tree_overview
 from radixui.panels.abort import abort_selected_button
-from radixui.panels.live_data import cached_figure, decoder, event_store, has_figure
+from radixui.panels.live_data import cached_figure, decoder, event_store
 from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
 
@@ -364,11 +364,14 @@ def _held_end(first: int, last: int) -> int:
 def time_travel(snap: EngineSnapshot, tt, store, fresh: bool = True) -> None:
     events = store.events
     ss = st.session_state
-    # A Send's run re-sends every chart as it was (see views): a view that showed no chart yet keeps showing none, or
-    # the run would plot two new charts before the browser paints the Send's row; the next run draws them.
-    if not events or (not fresh and not has_figure(ss, "tt_tree")):
+    # A Send's run re-sends every chart as it was (see views): a view whose last drawing had no chart (no events
+    # yet, as after a rebuild) keeps showing none, or the run would plot two charts (a figure cached before the
+    # rebuild, even) before the browser paints the Send's row; the poll's next tick draws them.
+    if not events or (not fresh and not ss.get("_tt_charted")):
+        ss["_tt_charted"] = False
         st.info("No events yet: send a prompt, then slide through its history here.")
         return
+    ss["_tt_charted"] = True
     first, last = int(ev_get(events[0], "seq")), int(ev_get(events[-1], "seq"))
     if store.rebased:
         st.caption(f"History from event {store.start_seq:,} on: the engine had dropped older events by the time "

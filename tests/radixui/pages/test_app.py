@@ -347,6 +347,42 @@ def test_a_send_draws_its_row_at_once_and_its_branch_on_the_next_run(app):
     assert any("Yaks yodel at dawn" in t for t in edge_text)
 
 
+def test_a_send_keeps_a_view_without_a_chart_as_it_was_though_the_engine_already_took_the_request(app, monkeypatch):
+    """After a rebuild the Time travel view has no events, so no chart. A Send whose run already finds its
+    request in the engine (a fast engine, or a page run on a busy box) plotted that view's two charts in the Send's
+    own run; it re-sends the view as it was, and the poll's next tick draws them."""
+    from radixui.panels import live_views
+    real = live_views.admitted_snapshot
+
+    def admitted(client, rids, stepping):               # the request is in the engine before the run reads it
+        deadline = time.time() + 10
+        snap = real(client, rids, stepping)
+        while not any(r.state != "waiting" for r in snap.requests) and time.time() < deadline:
+            time.sleep(0.02)
+            snap = real(client, rids, stepping)
+        return snap
+
+    pool = number(app, "Pool size (slots)")
+    before_pool = pool.value
+    try:
+        pool.set_value(before_pool - 64)
+        button(app, "Apply").click()
+        app.run()                                      # a new engine: no requests, no events
+        wait_quiet(app)
+        before = charts(app)
+        assert any(i.value.startswith("No events yet") for i in app.info)      # the Time travel view: no chart
+        monkeypatch.setattr(live_views, "admitted_snapshot", admitted)
+        send(app, "Quolls quarrel quietly", max_new=2)
+        assert row_count(app) == 1 and charts(app) == before
+        monkeypatch.setattr(live_views, "admitted_snapshot", real)
+        wait_rows(app, 1)
+        assert len(charts(app)) == len(before) + 2       # the Time travel view's tree and slot row, drawn after
+    finally:
+        number(app, "Pool size (slots)").set_value(before_pool)
+        button(app, "Apply").click()
+        app.run()
+
+
 def test_with_live_refresh_off_a_send_draws_its_branch_in_its_own_run(app):
     """No poll tick follows, so that run waits (briefly) for the admission and draws the figures itself."""
     live = lambda: next(t for t in app.toggle if t.label == "Live refresh")  # noqa: E731
