@@ -117,18 +117,16 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference) -> APIRouter:
         check_model(body)
         return body
 
-    for path, hidden in (("/v1/tokenize", False), ("/tokenize", True)):
-        @r.post(path, operation_id=None if hidden else "tokenize", include_in_schema=not hidden,
-                summary="Tokenize text or a chat", openapi_extra=api_schema.request_body(TokenizeRequest),
-                response_model=api_schema.OpenObject)
-        async def tokenize_route(request: Request, caller: Caller = Depends(inference)):
-            return await pool.run(tokenize, host, await read(request, TokenizeRequest))
+    def serve(name: str, summary: str, cls: type[BaseModel], answer) -> None:
+        """POST /v1/<name>, and /<name> as SGLang also serves it (left out of the OpenAPI document)."""
+        async def route(request: Request, caller: Caller = Depends(inference)):
+            return await pool.run(answer, host, await read(request, cls))
 
-    for path, hidden in (("/v1/detokenize", False), ("/detokenize", True)):
-        @r.post(path, operation_id=None if hidden else "detokenize", include_in_schema=not hidden,
-                summary="Text of token ids", openapi_extra=api_schema.request_body(DetokenizeRequest),
-                response_model=api_schema.OpenObject)
-        async def detokenize_route(request: Request, caller: Caller = Depends(inference)):
-            return await pool.run(detokenize, host, await read(request, DetokenizeRequest))
+        for path, hidden in ((f"/v1/{name}", False), (f"/{name}", True)):
+            r.add_api_route(path, route, methods=["POST"], operation_id=None if hidden else name, summary=summary,
+                            include_in_schema=not hidden, openapi_extra=api_schema.request_body(cls),
+                            response_model=api_schema.OpenObject)
 
+    serve("tokenize", "Tokenize text or a chat", TokenizeRequest, tokenize)
+    serve("detokenize", "Text of token ids", DetokenizeRequest, detokenize)
     return r
