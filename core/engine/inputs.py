@@ -16,6 +16,7 @@ from core.engine.sampling import ParamError, SamplingParams
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 MAX_PROMPT_CHARS = 20_000_000    # refuse before the tokenizer spends minutes on it
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's chat roles
 
 
 def check_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -136,9 +137,10 @@ def check_rid(rid: Any) -> Optional[str]:
     return rid
 
 
-def tokenize(tokenizer, vocab_size: int, prompt: Prompt) -> tuple[list[int], str]:
+def tokenize(tokenizer, vocab_size: int, prompt: Prompt, add_special_tokens: bool = True) -> tuple[list[int], str]:
     """Raw text (with the special tokens its tokenizer adds: a BOS for Llama 3 or Mistral, none for SmolLM2, as
-    SGLang, vLLM and HF `tokenizer(text)` read text), token ids, or chat messages (the chat template)."""
+    SGLang, vLLM and HF `tokenizer(text)` read text; none with add_special_tokens=False), token ids, or chat
+    messages (the chat template)."""
     if isinstance(prompt, (bytes, bytearray, memoryview)):
         raise ValueError("a prompt is text, not bytes: decode it first (e.g. data.decode('utf-8'))")
     if isinstance(prompt, str):
@@ -149,7 +151,7 @@ def tokenize(tokenizer, vocab_size: int, prompt: Prompt) -> tuple[list[int], str
         if tokenizer is None:
             raise ValueError("this engine's model has no tokenizer; submit token ids")
         _check_unicode(prompt)
-        ids = list(tokenizer.encode(prompt))
+        ids = list(tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
         if not ids:
             raise ValueError(f"the prompt {prompt[:40]!r} tokenizes to no tokens (its tokenizer drops it); send text "
                              f"it keeps, or token ids")
@@ -188,6 +190,12 @@ def _chat(tokenizer, messages: list[dict]) -> tuple[list[int], str]:
         if not isinstance(m["role"], str) or not isinstance(m["content"], str):
             raise ValueError("a chat message's 'role' and 'content' must be strings")
         _check_unicode(m["content"])
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = out["input_ids"] if hasattr(out, "keys") else out
-    return [int(t) for t in ids], tokenizer.decode(ids)
+    ids = chat_ids(tokenizer, messages)
+    return ids, tokenizer.decode(ids)
+
+
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of chat messages through the tokenizer's chat template (which transformers returns as a list
+    or, in some versions, as a BatchEncoding)."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return [int(t) for t in (out["input_ids"] if hasattr(out, "keys") else out)]

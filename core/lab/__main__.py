@@ -74,14 +74,14 @@ def _stop_ids(name: str) -> set:
     engine stops on each: Gemma's and Llama 3's end-of-turn token is not the tokenizer's EOS)."""
     from transformers import AutoConfig, GenerationConfig
 
-    from core.lab.chat_traces import model_stop_ids
-    ids: set = set()
+    from core.engine.model.runner import eos_token_ids
+    configs = []
     for source in (GenerationConfig, AutoConfig):
         try:
-            ids |= model_stop_ids(source.from_pretrained(name, local_files_only=True))
+            configs.append(source.from_pretrained(name, local_files_only=True))
         except (OSError, ValueError, KeyError, TypeError):   # a tokenizer-only folder: the tokenizer's EOS is all there is
             pass
-    return ids
+    return eos_token_ids(*configs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,11 +25,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
+from core.engine.inputs import CHAT_ROLES, chat_ids
 from core.lab.workloads import TraceRequest
 
 DEFAULT_SESSIONS = 16
 PROMPT_FIELDS = ("input_ids", "prompt_ids", "tokens", "text", "prompt")   # what a record of ids or text holds
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's, as the server takes
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
                   "system": "system", "tool": "tool", "function": "tool"}
@@ -52,19 +52,10 @@ def hf_chat(tokenizer: Any, stop_ids: Iterable[int] = ()) -> Optional[ChatTokeni
         return None
 
     def template(messages: list, generation_prompt: bool) -> list:
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
+        return chat_ids(tokenizer, messages, generation_prompt)
 
     eos = getattr(tokenizer, "eos_token_id", None)
     return ChatTokenizer(template, frozenset([eos] if isinstance(eos, int) else []) | frozenset(stop_ids))
-
-
-def model_stop_ids(config: Any) -> set:
-    """The eos_token_id of a config or generation config (an int, a list, or none)."""
-    eos = getattr(config, "eos_token_id", None)
-    if isinstance(eos, int):
-        return {eos}
-    return {t for t in eos if isinstance(t, int)} if isinstance(eos, (list, tuple)) else set()
 
 
 def check_sessions(sessions: Any) -> int:

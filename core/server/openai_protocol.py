@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, WithJsonSchema
 
+from core.engine.inputs import CHAT_ROLES
 from core.engine.sampling import ParamError, SamplingParams, token_id_key
 from core.server.errors import APIError, describe_validation, first_field
 
@@ -122,6 +123,19 @@ def check_stream_and_namespace(body: Any) -> None:
                        "cache_salt", "invalid_value")
 
 
+def check_temperature(t: Any) -> None:
+    """OpenAI's ceiling (the engine takes any temperature; its own check refuses the rest)."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and t > MAX_TEMPERATURE:
+        raise APIError(400, f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {t!r}", "temperature",
+                       "invalid_value")
+
+
+def check_max_tokens(value: Any, param: str) -> None:
+    """OpenAI's floor of 1 (the engine takes 0, SGLang's prefill-only request, through /generate)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise APIError(400, f"{param} must be an integer >= 1, got {value!r}", param, "invalid_value")
+
+
 def namespace_of(body: Any) -> Optional[str]:
     """An OpenAI body's cache namespace: its cache_salt (vLLM's name) or extra_key (SGLang's)."""
     key = body.cache_salt if body.cache_salt is not None else body.extra_key
@@ -210,10 +224,7 @@ class SamplingFields(BaseModel):
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be an integer from 1 to {MAX_N}, got {self.n!r}", "n", "invalid_value")
         check_stream_and_namespace(self)
-        t = self.temperature
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > MAX_TEMPERATURE:
-            raise APIError(400, f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {t!r}", "temperature",
-                           "invalid_value")
+        check_temperature(self.temperature)
 
     @property
     def choices_per_prompt(self) -> int:
@@ -242,10 +253,7 @@ class SamplingFields(BaseModel):
     def sampling_params(self, max_tokens: Any, default_max_tokens: int, choice: int = 0) -> SamplingParams:
         """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i mod 2**63,
         so the n samples differ and the request stays reproducible); 400 naming the OpenAI field."""
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-            # OpenAI's floor (the engine takes 0, SGLang's prefill-only request, through /generate)
-            raise APIError(400, f"{self.max_tokens_param()} must be an integer >= 1, got {max_tokens!r}",
-                           self.max_tokens_param(), "invalid_value")
+        check_max_tokens(max_tokens, self.max_tokens_param())
         try:
             return engine_params(
                 choice, max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
@@ -297,9 +305,6 @@ class CompletionRequest(SamplingFields):
 class TextPart(BaseModel):
     type: Literal["text"]
     text: str
-
-
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's
 
 
 class ChatMessage(BaseModel):

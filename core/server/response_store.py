@@ -22,7 +22,6 @@ MAX_STORED = 1024
 
 @dataclass(frozen=True)
 class StoredResponse:
-    owner: str
     messages: tuple[dict[str, str], ...]    # the chat it answered, its answer last
     body: dict                              # the response object, as the client got it
 
@@ -31,12 +30,8 @@ class ResponseStore:
     def __init__(self, open_server: bool, max_stored: int = MAX_STORED) -> None:
         self.open_server = open_server      # no keys at all: one user, who reads every response
         self.max_stored = max_stored        # per owner: one caller's traffic never pushes out another's
-        self._items: dict[str, StoredResponse] = {}
-        self._by_owner: dict[str, OrderedDict[str, None]] = {}
+        self._by_owner: dict[str, OrderedDict[str, StoredResponse]] = {}    # owner -> its responses, oldest first
         self._lock = threading.Lock()
-
-    def _may_read(self, caller: Caller, owner: str) -> bool:
-        return caller.may_act_on(owner) or (self.open_server and caller.identity == owner)
 
     def keeps_for(self, caller: Caller) -> bool:
         """Whether `caller` could ever read a response back: not a keyless caller on a server with keys (such a
@@ -47,32 +42,35 @@ class ResponseStore:
         if not self.keeps_for(caller):
             return
         with self._lock:
-            self._items[response_id] = StoredResponse(caller.identity, tuple(messages), body)
             mine = self._by_owner.setdefault(caller.identity, OrderedDict())
-            mine[response_id] = None
+            mine[response_id] = StoredResponse(tuple(messages), body)
             while len(mine) > self.max_stored:
-                oldest, _ = mine.popitem(last=False)
-                self._items.pop(oldest, None)
+                mine.popitem(last=False)
 
-    def get(self, caller: Caller, response_id: str, param: str = "response_id") -> StoredResponse:
-        """The stored response, or a 404 that does not tell another caller's response from none."""
-        with self._lock:
-            item = self._items.get(response_id)
+    def _find(self, caller: Caller, response_id: str, param: str) -> tuple[str, StoredResponse]:
+        """(owner, response) among what `caller` may read (its own; the admin everyone's), or a 404 that does not
+        tell another caller's response from none."""
         if not self.keeps_for(caller):
             raise APIError(404, f"no stored response {response_id!r} for a caller without a key: on a server with "
                                 f"keys, keyless callers would read each other's responses; send the API key",
                            param, "response_not_found")
-        if item is None or not self._may_read(caller, item.owner):
-            raise APIError(404, f"no stored response {response_id!r} for this key: it was never stored (store: "
-                                f"false), was deleted, is older than the newest {self.max_stored:,} kept per key, "
-                                f"or the server restarted", param, "response_not_found")
-        return item
+        with self._lock:
+            owners = list(self._by_owner) if caller.admin else [caller.identity]
+            for owner in owners:
+                item = self._by_owner.get(owner, {}).get(response_id)
+                if item is not None:
+                    return owner, item
+        raise APIError(404, f"no stored response {response_id!r} for this key: it was never stored (store: "
+                            f"false), was deleted, is older than the newest {self.max_stored:,} kept per key, "
+                            f"or the server restarted", param, "response_not_found")
+
+    def get(self, caller: Caller, response_id: str, param: str = "response_id") -> StoredResponse:
+        return self._find(caller, response_id, param)[1]
 
     def delete(self, caller: Caller, response_id: str) -> None:
-        item = self.get(caller, response_id)
+        owner, _ = self._find(caller, response_id, "response_id")
         with self._lock:
-            self._items.pop(response_id, None)
-            self._by_owner.get(item.owner, {}).pop(response_id, None)
+            self._by_owner.get(owner, {}).pop(response_id, None)
 
     def history(self, caller: Caller, previous_id: Optional[str]) -> list[dict[str, str]]:
         """The messages a response continuing `previous_id` starts with ([] without one)."""

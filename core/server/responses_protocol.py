@@ -22,8 +22,10 @@ from core.server.openai_protocol import (
     MAX_TEMPERATURE,
     MaxTokens,
     Number,
+    check_max_tokens,
     check_noops,
     check_stream_and_namespace,
+    check_temperature,
     engine_params,
     namespace_of,
     nullable,
@@ -167,13 +169,8 @@ class ResponsesRequest(BaseModel):
 
     def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams:
         mt = self.max_output_tokens
-        if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
-            raise APIError(400, f"max_output_tokens must be an integer >= 1, got {mt!r}", "max_output_tokens",
-                           "invalid_value")
-        t = self.temperature
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > MAX_TEMPERATURE:
-            raise APIError(400, f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {t!r}", "temperature",
-                           "invalid_value")
+        check_max_tokens(mt, "max_output_tokens")
+        check_temperature(self.temperature)
         try:
             return engine_params(
                 choice, max_new_tokens=DEFAULT_CHAT_MAX_TOKENS if mt is None else mt, temperature=self.temperature,

@@ -38,16 +38,11 @@ class DetokenizeRequest(BaseModel):
     skip_special_tokens: StrictBool = True
 
 
-def _text_ids(tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
-    if len(text) > inputs.MAX_PROMPT_CHARS:
-        raise APIError(400, f"the {param} has {len(text):,} characters; at most {inputs.MAX_PROMPT_CHARS:,}", param,
-                       "invalid_value")
+def _text_ids(tokenizer, vocab_size: int, text: str, add_special_tokens: bool, param: str) -> list[int]:
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise APIError(400, f"the {param} is not valid Unicode text ({e.reason} at character {e.start})", param,
-                       "invalid_value") from None
-    return [int(t) for t in tokenizer.encode(text, add_special_tokens=add_special_tokens)]
+        return inputs.tokenize(tokenizer, vocab_size, text, add_special_tokens)[0]
+    except ValueError as exc:
+        raise APIError(400, str(exc), param, "invalid_value") from None
 
 
 def tokenize(host: EngineHost, body: TokenizeRequest) -> dict[str, Any]:
@@ -69,20 +64,20 @@ def tokenize(host: EngineHost, body: TokenizeRequest) -> dict[str, Any]:
             else:
                 if not getattr(tok, "chat_template", None):
                     raise ValueError("this model has no chat template; submit raw text instead")
-                out = tok.apply_chat_template(chat, add_generation_prompt=body.add_generation_prompt, tokenize=True)
-                ids = [int(t) for t in (out["input_ids"] if hasattr(out, "keys") else out)]
+                ids = inputs.chat_ids(tok, chat, body.add_generation_prompt)
         except ValueError as exc:
             raise APIError(400, str(exc), "messages", "invalid_value") from None
         tokens: Union[list[int], list[list[int]]] = ids
         count: Union[int, list[int]] = len(ids)
     elif isinstance(body.prompt, str):
-        tokens = _text_ids(tok, body.prompt, body.add_special_tokens, "prompt")
+        tokens = _text_ids(tok, runner.vocab_size, body.prompt, body.add_special_tokens, "prompt")
         count = len(tokens)
     else:
         if len(body.prompt) > MAX_CHOICES:
             raise APIError(400, f"{len(body.prompt):,} prompts in one request; at most {MAX_CHOICES:,}", "prompt",
                            "invalid_value")
-        tokens = [_text_ids(tok, p, body.add_special_tokens, f"prompt[{i}]") for i, p in enumerate(body.prompt)]
+        tokens = [_text_ids(tok, runner.vocab_size, p, body.add_special_tokens, f"prompt[{i}]")
+                  for i, p in enumerate(body.prompt)]
         count = [len(t) for t in tokens]
     return {"tokens": tokens, "count": count, "max_model_len": runner.max_context_len}
 

@@ -91,6 +91,19 @@ def pick_numerics(numerics: str, impl: str, device: torch.device) -> str:
     return numerics
 
 
+def eos_token_ids(*configs, tokenizer=None) -> set[int]:
+    """The tokens a model stops on: each config's eos_token_id (generation_config.json's and config.json's; an id
+    or a list) and its tokenizer's EOS. Gemma's and Llama 3's end of turn is not the tokenizer's EOS."""
+    ids: set[int] = set()
+    for source in configs:
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
 class ModelRunner:
     """One causal LM on one device; runs a ForwardBatch against a KVPool, returns last-token logits.
 
@@ -171,18 +184,8 @@ class ModelRunner:
             sliding = None  # qwen2/qwen3 keep a sliding_window value even when no layer uses it
         self.sliding_window: Optional[int] = sliding
         self.max_context_len: int = int(getattr(cfg, "max_position_embeddings", 2048))
-        self.eos_token_ids: set[int] = self._eos_ids(hf_model, tokenizer)
-
-    @staticmethod
-    def _eos_ids(hf_model: torch.nn.Module, tokenizer) -> set[int]:
-        ids: set[int] = set()
-        for source in (getattr(hf_model, "generation_config", None), hf_model.config):
-            eos = getattr(source, "eos_token_id", None)
-            if eos is not None:
-                ids.update([eos] if isinstance(eos, int) else eos)
-        if tokenizer is not None and tokenizer.eos_token_id is not None:
-            ids.add(tokenizer.eos_token_id)
-        return ids
+        self.eos_token_ids: set[int] = eos_token_ids(getattr(hf_model, "generation_config", None), hf_model.config,
+                                                     tokenizer=tokenizer)
 
     @property
     def cuda_graph(self) -> bool:
