@@ -4,7 +4,6 @@ message and never a traceback, uploaded traces are parsed (with line numbers whe
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -15,18 +14,9 @@ from core.lab.size import size
 from core.lab.sweep import OPTIMAL, run_sweep
 from core.lab.units import load_model_config
 from radixui.panels import lab_inputs as li
+from tests.radixui.pages.capacity_page import open_page, page_errors, result_frame, upload_trace
 
-APP = str(pathlib.Path(__file__).resolve().parents[3] / "app.py")
-PAGE = "radixui/pages/capacity.py"
 PRESET = "generated-shared-prefix"
-
-
-def _page(timeout: float = 120) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=timeout)
-    at.switch_page(PAGE)
-    at.run()
-    assert not at.exception, at.exception
-    return at
 
 
 def _set_params(at: AppTest, **params) -> None:
@@ -41,14 +31,6 @@ def _run_sweep(at: AppTest, caps: str, policies: list[str]) -> None:
     at.run()
 
 
-def _errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
-
-
-def _frame(at: AppTest, column: str):
-    return next(d.value for d in at.dataframe if column in d.value.columns)
-
-
 def _chart_spec(at: AppTest) -> dict:
     return json.loads(at.get("plotly_chart")[0].proto.spec)
 
@@ -59,7 +41,7 @@ def _small(**extra):
 
 
 def test_page_renders_with_a_preset_and_no_model():
-    at = _page()
+    at = open_page()
     assert [t.value for t in at.title] == ["Capacity lab"]
     assert not at.error
     assert at.text_input(key=f"cap_caps_{PRESET}").value == li.PRESET_CAPACITIES[PRESET]
@@ -68,7 +50,7 @@ def test_page_renders_with_a_preset_and_no_model():
 
 
 def test_both_bundled_mooncake_traces_load_with_their_own_defaults():
-    at = _page()
+    at = open_page()
     at.radio(key="cap_source").set_value("Bundled Mooncake trace")
     at.run()
     assert at.selectbox(key="cap_bundled").options == ["synthetic", "conversation"]
@@ -82,10 +64,10 @@ def test_both_bundled_mooncake_traces_load_with_their_own_defaults():
 
 
 def test_preset_sweep_renders_chart_and_the_exact_table():
-    at = _page()
+    at = open_page()
     _set_params(at, num_groups=4, prompts_per_group=5)
     _run_sweep(at, "512, 1k, 2k", ["lru", "lfu", "mru"])
-    assert not at.exception and not _errors(at), (at.exception, _errors(at))
+    assert not at.exception and not page_errors(at), (at.exception, page_errors(at))
     assert len(at.get("plotly_chart")) == 1
     table = next(d.value for d in at.dataframe if "capacity_tokens" in d.value.columns and "evictions" in d.value.columns)
     params, wl = _small()
@@ -114,7 +96,7 @@ def test_preset_sweep_renders_chart_and_the_exact_table():
 
 
 def test_chart_draws_every_policy_distinctly_with_page_size_spelled():
-    at = _page()
+    at = open_page()
     _set_params(at, num_groups=4, prompts_per_group=5)
     _run_sweep(at, "512, 1k", ["lru", "lfu", "fifo", "slru"])
     spec = _chart_spec(at)
@@ -129,38 +111,38 @@ def test_chart_draws_every_policy_distinctly_with_page_size_spelled():
 
 
 def test_a_model_turns_gib_into_tokens_everywhere():
-    at = _page()
+    at = open_page()
     _set_params(at, num_groups=4, prompts_per_group=5)
     at.selectbox(key="cap_model").set_value("Llama-3.1-8B")
     _run_sweep(at, "0.01GiB, 512", ["lru"])
-    assert not at.exception and not _errors(at), _errors(at)
+    assert not at.exception and not page_errors(at), page_errors(at)
     gib_tokens = int(0.01 * 2 ** 30) // 131_072            # 81 tokens of 128 KiB each
-    table = _frame(at, "evictions")
+    table = result_frame(at, "evictions")
     assert sorted(set(table.capacity_tokens)) == [gib_tokens, 512]
     assert list(table.capacity_bytes) == [c * 131_072 for c in table.capacity_tokens]
     assert list(table.capacity_gib) == [c * 131_072 / 2 ** 30 for c in table.capacity_tokens]
     ticks = _chart_spec(at)["layout"]["xaxis"]["ticktext"]
     assert ticks == [f"{gib_tokens}<br>{gib_tokens * 131072 / 2 ** 30:.3g} GiB", "512<br>0.0625 GiB"]
-    assert "capacity_gib" in _frame(at, "reached").columns
+    assert "capacity_gib" in result_frame(at, "reached").columns
     at.selectbox(key="cap_kv_dtype").set_value("fp8")
     _run_sweep(at, "0.01GiB", ["lru"])
-    assert list(_frame(at, "evictions").capacity_tokens) == [2 * gib_tokens + 1] * 2   # half the bytes per token
+    assert list(result_frame(at, "evictions").capacity_tokens) == [2 * gib_tokens + 1] * 2   # half the bytes per token
 
 
 def test_gib_without_a_model_is_a_message():
-    at = _page()
+    at = open_page()
     _run_sweep(at, "1GiB", ["lru"])
-    assert any("is in bytes: give a model" in e for e in _errors(at)), _errors(at)
+    assert any("is in bytes: give a model" in e for e in page_errors(at)), page_errors(at)
 
 
 def test_the_size_question_is_answered_by_search():
-    at = _page()
+    at = open_page()
     _set_params(at, num_groups=4, prompts_per_group=5)
     _run_sweep(at, "512, 1k", ["lru", "fifo"])
     at.button(key="cap_size_run").click()
     at.run()
-    assert not at.exception and not _errors(at), _errors(at)
-    got = _frame(at, "replays")
+    assert not at.exception and not page_errors(at), page_errors(at)
+    got = result_frame(at, "replays")
     want = size(_small()[1], ["lru", "fifo"], 0.9, 1)
     assert list(got.policy) == [OPTIMAL, "lru", "fifo"]
     assert list(got.capacity_tokens) == [a.capacity_tokens for a in want]
@@ -169,7 +151,7 @@ def test_the_size_question_is_answered_by_search():
 
 
 def test_the_host_tier_replays_every_policy():
-    at = _page()
+    at = open_page()
     _set_params(at, num_groups=4, prompts_per_group=5)
     at.selectbox(key="cap_model").set_value("Qwen2.5-7B")
     _run_sweep(at, "512, 1k", ["lru", "lfu"])
@@ -178,8 +160,8 @@ def test_the_host_tier_replays_every_policy():
     at.selectbox(key="cap_host_wp").set_value("write_back")
     at.button(key="cap_host_run").click()
     at.run()
-    assert not at.exception and not _errors(at), _errors(at)
-    got = _frame(at, "host_hit_rate")
+    assert not at.exception and not page_errors(at), page_errors(at)
+    got = result_frame(at, "host_hit_rate")
     kv = load_model_config("qwen2.5-7b")
     for i, pol in enumerate(["lru", "lfu"]):
         r = replay_with_host(_small()[1], 512, 2000, pol, 1, None, "write_back")
@@ -190,7 +172,7 @@ def test_the_host_tier_replays_every_policy():
     at.text_input(key="cap_host_cap").input("lots")
     at.button(key="cap_host_run").click()
     at.run()
-    assert any("Cannot replay with this host tier: cannot read capacity 'lots'" in e for e in _errors(at)), _errors(at)
+    assert any("Cannot replay with this host tier: cannot read capacity 'lots'" in e for e in page_errors(at)), page_errors(at)
 
 
 @pytest.mark.parametrize("caps, page_size, policies, message", [
@@ -200,24 +182,24 @@ def test_the_host_tier_replays_every_policy():
     ("1k", 1, [], "pick at least one eviction policy"),
 ])
 def test_bad_sweep_input_is_an_error_message_not_a_traceback(caps, page_size, policies, message):
-    at = _page()
+    at = open_page()
     at.number_input(key=f"cap_ps_{PRESET}").set_value(page_size)
     _run_sweep(at, caps, policies)
     assert not at.exception
-    assert any(message in e for e in _errors(at)), _errors(at)
+    assert any(message in e for e in page_errors(at)), page_errors(at)
     assert not at.get("plotly_chart")
 
 
 def test_bad_workload_parameter_is_an_error_message():
-    at = _page()
+    at = open_page()
     at.number_input(key=f"cap_p_{PRESET}_vocab_size").set_value(1)
     at.run()
     assert not at.exception
-    assert any("vocab_size must be an integer in [2, 2^62], got 1" in e for e in _errors(at)), _errors(at)
+    assert any("vocab_size must be an integer in [2, 2^62], got 1" in e for e in page_errors(at)), page_errors(at)
 
 
 def test_overlap_needs_timestamps_and_then_replays_with_overlap():
-    at = _page()
+    at = open_page()
     assert at.toggle(key=f"cap_overlap_{PRESET}").disabled          # no request_rate: no timestamps
     _set_params(at, num_groups=4, prompts_per_group=5, request_rate=50.0)
     at.run()
@@ -225,7 +207,7 @@ def test_overlap_needs_timestamps_and_then_replays_with_overlap():
     assert not toggle.disabled
     toggle.set_value(True)
     _run_sweep(at, "1k, 4k", ["lru"])
-    assert not at.exception and not _errors(at), _errors(at)
+    assert not at.exception and not page_errors(at), page_errors(at)
     table = next(d.value for d in at.dataframe if "evictions" in d.value.columns)
     assert list(table[table.policy == "lru"].overlap) == [True, True]
 
@@ -236,23 +218,16 @@ def test_unknown_policy_lists_the_valid_ones():
 
 
 # ----- uploads ------------------------------------------------------------------------------------
-def _upload(at: AppTest, name: str, data: bytes) -> None:
-    at.radio(key="cap_source").set_value("Upload a trace")
-    at.run()
-    at.file_uploader(key="cap_upload").set_value((name, data, "application/json"))
-    at.run()
-
-
 def test_uploaded_token_id_trace_runs_a_sweep():
-    at = _page()
+    at = open_page()
     lines = [list(range(40)) + [100 + i] * 8 for i in range(6)]
-    _upload(at, "mine.jsonl", "\n".join(json.dumps(x) for x in lines).encode())
-    assert not at.exception and not _errors(at), _errors(at)
+    upload_trace(at, "mine.jsonl", "\n".join(json.dumps(x) for x in lines).encode())
+    assert not at.exception and not page_errors(at), page_errors(at)
     key = next(t.key for t in at.text_input if t.key.startswith("cap_caps_upload_"))
     at.text_input(key=key).input("48, 96, 400")
     at.button(key="cap_run").click()
     at.run()
-    assert not at.exception and not _errors(at), _errors(at)
+    assert not at.exception and not page_errors(at), page_errors(at)
     table = next(d.value for d in at.dataframe if "evictions" in d.value.columns)
     lru = table[table.policy == "lru"]
     # 6 prompts of 48 tokens sharing 40: at 400 tokens every later prompt hits its 40-token prefix
@@ -267,11 +242,11 @@ def test_uploaded_token_id_trace_runs_a_sweep():
      "mine.jsonl, line 2: malformed Mooncake line: input_length 600 needs ceil(600/512) = 2 hash_ids"),
 ])
 def test_malformed_upload_is_an_error_with_the_line_number(data, message):
-    at = _page()
-    _upload(at, "mine.jsonl", data)
+    at = open_page()
+    upload_trace(at, "mine.jsonl", data)
     assert not at.exception
-    assert any(message in e for e in _errors(at)), _errors(at)
-    assert not any("/tmp" in e for e in _errors(at))          # the temporary file never shows
+    assert any(message in e for e in page_errors(at)), page_errors(at)
+    assert not any("/tmp" in e for e in page_errors(at))          # the temporary file never shows
 
 
 def test_skip_malformed_lines_counts_them():
@@ -296,36 +271,11 @@ def test_text_lines_use_the_given_tokenizer_only_when_needed():
     assert calls == ["abc"] and list(wl.requests[0].prompt_ids()) == [97, 98, 99]
 
 
-def test_an_uploaded_sharegpt_file_reads_through_the_engine_s_chat_template_and_asks_how_many_at_once():
-    """A ShareGPT JSON array: the engine's tokenizer reads it (the model loads on the first chat), the page offers
-    "Conversations in progress at once" (16), and 1 replays each conversation to its end."""
-    convos = [{"id": str(k), "conversations": [{"from": "human", "value": f"Question {k}?"},
-                                                {"from": "gpt", "value": f"Answer {k}."},
-                                                {"from": "human", "value": "Why?"}, {"from": "gpt", "value": "So."}]}
-              for k in range(3)]
-    at = _page(timeout=300)
-    _upload(at, "sharegpt.json", json.dumps(convos, indent=2).encode())
-    assert not at.exception and not _errors(at), _errors(at)
-    box = at.number_input(key="cap_sessions")
-    assert box.value == 16 and "3 conversations of several turns" in box.help
-    firsts = [r.prompt_len for r in at.session_state["cap_upload_parsed"][1].requests]
-    box.set_value(1)
-    at.run()
-    wl = at.session_state["cap_upload_parsed"][1]
-    assert wl.params["sessions"] == 1 and [r.prompt_len for r in wl.requests] == [firsts[i] for i in (0, 3, 1, 4, 2, 5)]
-    key = next(t.key for t in at.text_input if t.key.startswith("cap_caps_upload_"))
-    at.text_input(key=key).input("10000")
-    at.button(key="cap_run").click()
-    at.run()
-    assert not at.exception and not _errors(at), _errors(at)
-    assert _frame(at, "evictions").hit_rate.iloc[0] > 0.5
-
-
 def test_mooncake_upload_defaults_to_page_size_512():
-    at = _page()
-    _upload(at, "mc.jsonl", b'{"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": [1, 2]}\n'
+    at = open_page()
+    upload_trace(at, "mc.jsonl", b'{"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": [1, 2]}\n'
                             b'{"timestamp": 5, "input_length": 700, "output_length": 2, "hash_ids": [1, 3]}\n')
-    assert not _errors(at), _errors(at)
+    assert not page_errors(at), page_errors(at)
     ps = next(n for n in at.number_input if n.key.startswith("cap_ps_upload_"))
     assert ps.value == 512
     assert "Not available" not in " ".join(i.value for i in at.info)   # no results yet, nothing said
@@ -333,10 +283,10 @@ def test_mooncake_upload_defaults_to_page_size_512():
 
 # ----- through the real model ---------------------------------------------------------------------
 def test_through_the_real_model_saves_prefill_and_keeps_outputs():
-    at = _page(timeout=240)
+    at = open_page(timeout=240)
     _set_params(at, num_groups=2, prompts_per_group=3, system_prompt_len=64, question_len=8, output_len=4)
     _run_sweep(at, "128, 512", ["lru"])
-    assert not _errors(at), _errors(at)
+    assert not page_errors(at), page_errors(at)
     params = {**li.preset_params(PRESET), "num_groups": 2, "prompts_per_group": 3, "system_prompt_len": 64,
               "question_len": 8, "output_len": 4}
     wl = li.preset_workload(PRESET, params)
@@ -344,7 +294,7 @@ def test_through_the_real_model_saves_prefill_and_keeps_outputs():
     at.number_input(key="cap_m_new").set_value(2)
     at.button(key="cap_m_run").click()
     at.run()
-    assert not at.exception and not _errors(at), (at.exception, _errors(at))
+    assert not at.exception and not page_errors(at), (at.exception, page_errors(at))
     assert any("identical with and without the cache" in s.value for s in at.success), [w.value for w in at.warning]
     # what the cache must save, derived from the prompts alone: nothing is evicted in this pool (2 x 64 system
     # tokens + 6 x (8 question + 1 generated) fit), so each prompt hits its longest common prefix with an earlier
@@ -367,10 +317,10 @@ def test_through_the_real_model_saves_prefill_and_keeps_outputs():
 
 
 def test_model_run_is_refused_for_a_large_workload_with_a_clear_message():
-    at = _page()
+    at = open_page()
     _set_params(at, num_groups=10, prompts_per_group=6)
     _run_sweep(at, "1k, 4k", ["lru"])
-    assert not _errors(at)
+    assert not page_errors(at)
     info = " ".join(i.value for i in at.info)
     assert "the workload has 60 requests; the model run takes at most 48" in info
     assert not [b for b in at.button if b.key == "cap_m_run"]
@@ -384,19 +334,12 @@ def test_suggested_capacities_fit_the_longest_request_and_a_pool_that_fits_none_
     data = "\n".join(json.dumps({**line, "timestamp": t}) for t in (0, 1)).encode()
     wl = li.read_uploaded_trace(data, "two.jsonl")
     assert li.suggest_capacities(wl, 512) == "3p, 5p"
-    at = _page()
-    _upload(at, "two.jsonl", data)
+    at = open_page()
+    upload_trace(at, "two.jsonl", data)
     key = next(t.key for t in at.text_input if t.key.startswith("cap_caps_upload_"))
     at.text_input(key=key).input("2p, 3p")
     at.button(key="cap_run").click()
     at.run()
-    assert not at.exception and not _errors(at), _errors(at)
+    assert not at.exception and not page_errors(at), page_errors(at)
     assert any("at 1,024 tokens nothing fits: the smallest request holds 1,536 tokens" in w.value for w in at.warning)
 
-
-def test_an_upload_past_what_the_lab_keeps_in_memory_says_how_many_records_to_upload(monkeypatch):
-    from core.lab import workload_size
-    monkeypatch.setattr(workload_size, "MAX_TRACE_TOKENS", 100)
-    with pytest.raises(ValueError, match=r"^big.jsonl, line 3: the first 3 record\(s\) hold more than 100 prompt "
-                                         r"tokens, .*; upload only the first 2 records$"):
-        li.read_uploaded_trace(b"[" + b"1, " * 39 + b"1]\n" + (b"[" + b"2, " * 39 + b"2]\n") * 2, "big.jsonl")
