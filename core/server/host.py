@@ -33,7 +33,7 @@ from core.server.prometheus import ServerMetrics
 EngineFactory = Callable[[EngineConfig], Engine]
 OnPiece = Optional[Callable[[Piece, RequestHandle], None]]   # (text piece, the request it came from)
 OnDone = Optional[Callable[[Optional[Completion], Optional[str]], None]]   # (completion, why it was aborted)
-KEEP_OWNERS = 4096           # owners remembered for finished requests (the engine keeps its last 200)
+KEEP_OWNERS = 4096           # owners remembered for finished requests, besides every running one's
 QUIET_GRACE_S = 2.0          # a request that just ended gives its queue position back a moment after its answer
 BYTES_MARGIN = 2             # a prompt is refused unread only past twice what could ever fit
 SHUTDOWN, CLIENT_ABORT, DISCONNECT = "shutdown", "aborted", "disconnect"
@@ -125,17 +125,20 @@ class EngineHost:
             self._char_limits = {key: limit}
         return self._char_limits[key]
 
+    def check_chars(self, engine: Engine, chars: int, prompt_param: str = "prompt") -> None:
+        """400 context_length_exceeded when `chars` characters of text are more than any prompt `engine` can hold,
+        said before a tokenizer spends seconds on them."""
+        limit = self.char_limit(engine)
+        if limit is not None and chars > limit:
+            raise APIError(400, f"the {prompt_param} has {chars:,} characters, more than any prompt this engine can "
+                                f"hold ({limit:,} at most: {engine.allocator.num_slots:,} slots); shorten it",
+                           prompt_param, "context_length_exceeded")
+
     def prepare(self, engine: Engine, prompt: Any, prompt_param: str = "prompt") -> tuple[list[int], int]:
         """(token ids, prompt length) of `prompt`, tokenized without any lock; 400 context_length_exceeded
         when its text alone proves it can never fit (as OpenAI answers a prompt over the context), 400 (naming
         `prompt_param`) when the engine refuses it."""
-        limit = self.char_limit(engine)
-        if limit is not None:
-            chars = prompt_chars(prompt)
-            if chars > limit:
-                raise APIError(400, f"the {prompt_param} has {chars:,} characters, more than any prompt this engine "
-                                    f"can hold ({limit:,} at most: {engine.allocator.num_slots:,} slots); shorten it",
-                               prompt_param, "context_length_exceeded")
+        self.check_chars(engine, prompt_chars(prompt), prompt_param)
         try:
             ids, _ = engine.tokenize(prompt)
         except ValueError as exc:
@@ -154,11 +157,23 @@ class EngineHost:
             self.inflight[handle.rid] = handle
             if not internal:
                 self.owners[handle.rid] = caller.identity
-                while len(self.owners) > KEEP_OWNERS:
-                    self.owners.popitem(last=False)
+                self._forget_finished_owners()
         threading.Thread(target=self._watch, args=(handle, on_piece, on_done, internal), daemon=True,
                          name=f"radix-watch-{handle.rid}").start()
         return handle
+
+    def _forget_finished_owners(self) -> None:
+        """Keep the owner of every request in flight, however many newer ones came since (else its owner could no
+        longer abort it or read its tokens), and of the newest KEEP_OWNERS finished ones. Caller holds the lock."""
+        excess = len(self.owners) - len(self.inflight) - KEEP_OWNERS
+        stale: list[str] = []
+        for rid in self.owners if excess > 0 else ():       # oldest first; running ones are skipped
+            if rid not in self.inflight:
+                stale.append(rid)
+                if len(stale) == excess:
+                    break
+        for rid in stale:
+            del self.owners[rid]
 
     def _watch(self, handle: RequestHandle, on_piece: OnPiece, on_done: OnDone, internal: bool = False) -> None:
         completion: Optional[Completion] = None

@@ -11,6 +11,7 @@ import pytest
 
 from core.engine.engine import Engine
 from core.engine.sampling import SamplingParams
+from core.server import host as host_module
 from core.server.app import ServerSettings
 from radixui.connect.http_client import HttpClient
 from tests.server.conftest import serving, tiny_factory, wait_until
@@ -96,6 +97,29 @@ def test_request_ids_are_unguessable_and_only_the_owner_or_the_admin_may_abort(t
     finally:
         s.engine.start()
         admin.close()
+        user.close()
+
+
+def test_a_running_request_keeps_its_owner_however_many_requests_finish_after_it(two_keys, monkeypatch):
+    """The owners of finished requests are forgotten past KEEP_OWNERS, oldest first; a running one's never is."""
+    monkeypatch.setattr(host_module, "KEEP_OWNERS", 3)
+    s = two_keys
+    s.engine.stop()      # step mode: the long request stays in flight; an aborted one finishes at once
+    user = HttpClient(s.url, api_key=A, admin_key="")
+    try:
+        running = user.submit(PROMPT, SamplingParams(max_new_tokens=4))
+        finished = []
+        for _ in range(5):
+            finished.append(user.submit(PROMPT, SamplingParams(max_new_tokens=4)))
+            assert user.abort(finished[-1]) is True
+            wait_until(lambda: finished[-1] not in s.host.inflight, what="the abort to land")
+        newest = user.submit(PROMPT, SamplingParams(max_new_tokens=4))
+        assert list(s.host.owners) == [running, *finished[-3:], newest]
+        assert user.request_tokens(running) is not None and user.abort(running) is True and user.abort(newest)
+        assert user.abort(finished[0]) is False and user.request_tokens(finished[0]) is None
+        wait_until(lambda: not s.host.inflight, what="the abort to land")
+    finally:
+        s.engine.start()
         user.close()
 
 
