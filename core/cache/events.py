@@ -138,7 +138,8 @@ def event_bytes(e: Event) -> int:
     n = 0
     for name in _TUPLE_FIELDS.get(type(e), ()):
         n += len(getattr(e, name))
-    return EVENT_BASE_BYTES + BYTES_PER_ELEMENT * n
+    key = getattr(e, "extra_key", None)     # a namespace string each event of a request holds
+    return EVENT_BASE_BYTES + BYTES_PER_ELEMENT * n + (len(key) if key else 0)
 
 
 class EventLog:

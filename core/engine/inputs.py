@@ -16,6 +16,7 @@ from core.engine.sampling import ParamError, SamplingParams
 
 Prompt = Union[str, Sequence[int], Sequence[dict]]
 MAX_PROMPT_CHARS = 20_000_000    # refuse before the tokenizer spends minutes on it
+MAX_EXTRA_KEY_CHARS = 1024       # a namespace (cache_salt) as the engine takes it, a server's key prefix included
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's chat roles
 
 
@@ -115,10 +116,14 @@ def check_pool_fits(runner, pool_slots: int, page_size: int) -> None:
                          f"but only {have / 2**30:.2f} GiB is free; lower pool_slots (--pool-slots)")
 
 
-def check_extra_key(extra_key: Any) -> Optional[str]:
+def check_extra_key(extra_key: Any, max_chars: int = MAX_EXTRA_KEY_CHARS) -> Optional[str]:
+    """A namespace is a name: each of a request's tree nodes and events holds it, so its length is bounded."""
     if extra_key is not None and not isinstance(extra_key, str):
         raise ValueError(f"extra_key must be None or a string (a namespace such as a tenant or adapter "
                          f"name), got {type(extra_key).__name__} {extra_key!r}")
+    if extra_key is not None and len(extra_key) > max_chars:
+        raise ValueError(f"extra_key is a name of at most {max_chars:,} characters, got {len(extra_key):,}; "
+                         f"send a short tenant or adapter name (or a hash of a longer one)")
     return extra_key
 
 

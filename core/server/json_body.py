@@ -3,8 +3,9 @@
 Reading: a declared Content-Length over the limit is refused before a byte is read, and a body
 that stops arriving (a Content-Length larger than what is sent, a client that stalls) ends in
 408 after `idle_s` without a byte, instead of holding the connection forever.
-Parsing (done on a worker thread, see cpu_pool.py): 10,000-deep nesting is a 400, not a
-RecursionError's 500; a string holding a lone UTF-16 surrogate ("\\ud800", valid JSON but not
+Parsing (done on a worker thread, see cpu_pool.py): nesting past MAX_JSON_DEPTH levels is a 400, not a
+RecursionError's 500 (from the parser at ~10,000 levels, or at ~1,000 from the first `repr` that quotes a
+value back in an error); a string holding a lone UTF-16 surrogate ("\\ud800", valid JSON but not
 text) is a 400 naming the field, before it can reach a tokenizer or a template.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import Any, Optional
 
 from fastapi import Request
 
@@ -21,6 +22,7 @@ from core.server.errors import APIError
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 10.0
 MAX_BODY_SECONDS_PER_MB = 10.0      # a whole body may take at most this long per MB (plus idle_s)
+MAX_JSON_DEPTH = 64                 # objects and lists within one another; a request of any route needs < 10
 
 
 def make_body_reader(limit: int, idle_s: float = DEFAULT_READ_TIMEOUT_S):
@@ -62,8 +64,7 @@ def parse_object(raw: bytes, allow_empty: bool = False) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except RecursionError:
-        raise APIError(400, "the body's JSON is nested too deeply; send at most a few levels of objects and "
-                            "lists") from None
+        raise too_deep(None) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise APIError(400, f"the body is not valid JSON ({exc}); send a JSON object") from None
     if not isinstance(data, dict):
@@ -73,19 +74,30 @@ def parse_object(raw: bytes, allow_empty: bool = False) -> dict[str, Any]:
     return data
 
 
+def too_deep(where: Optional[str]) -> APIError:
+    top = where.split(".")[0].split("[")[0] if where else None     # the parameter; the full path can be long
+    at = f" in {top}" if top else ""
+    return APIError(400, f"the body's JSON is nested more than {MAX_JSON_DEPTH} levels deep{at}; no parameter "
+                         f"takes that: send at most a few levels of objects and lists", top)
+
+
 def check_text(value: Any) -> None:
-    """Every string (keys included) must be encodable as UTF-8; walked without recursion."""
-    stack: list[tuple[str, Any]] = [("", value)]
+    """Every string (keys included) must be encodable as UTF-8, and nothing nested past MAX_JSON_DEPTH; walked
+    without recursion."""
+    stack: list[tuple[str, Any, int]] = [("", value, 0)]
     while stack:
-        where, v = stack.pop()
+        where, v, depth = stack.pop()
         if isinstance(v, str):
             _check_str(where, v)
-        elif isinstance(v, dict):
+            continue
+        if isinstance(v, (dict, list)) and depth >= MAX_JSON_DEPTH:
+            raise too_deep(where)
+        if isinstance(v, dict):
             for k, x in v.items():
                 _check_str(where or "body", k)
-                stack.append((f"{where}.{k}" if where else k, x))
+                stack.append((f"{where}.{k}" if where else k, x, depth + 1))
         elif isinstance(v, list):
-            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+            stack.extend((f"{where}[{i}]", x, depth + 1) for i, x in enumerate(v))
 
 
 def _check_str(where: str, s: str) -> None:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, StrictInt, 
 
 from core.engine.sampling import ParamError, SamplingParams
 from core.server.errors import APIError
-from core.server.openai_protocol import MAX_N, check_noops, engine_params, parse
+from core.server.openai_protocol import MAX_N, check_namespace, check_noops, engine_params, parse
 
 DEFAULT_MAX_NEW_TOKENS = 128          # SGLang's SamplingParams default
 TOP_K_OFF = 1 << 30                   # SGLang's default top_k: every token
@@ -195,6 +195,8 @@ class GenerateBody(BaseModel):
                                     f"prompt, or one string for all", name, "invalid_value")
         for p in range(self.batch_size):
             salt, extra = _key(self.cache_salt, p), _key(self.extra_key, p)
+            check_namespace(salt, "cache_salt")
+            check_namespace(extra, "extra_key")
             if salt is not None and extra is not None and salt != extra:
                 raise APIError(400, "cache_salt and extra_key name the same cache namespace here; send one of them "
                                     "(or the same value in both)", "cache_salt", "invalid_value")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, WithJsonSchema
 
-from core.engine.inputs import CHAT_ROLES
+from core.engine.inputs import CHAT_ROLES, check_extra_key
 from core.engine.sampling import ParamError, SamplingParams, token_id_key
 from core.server.errors import APIError, describe_validation, first_field
 
@@ -27,6 +27,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16    # OpenAI's documented default for /v1/comp
 DEFAULT_CHAT_MAX_TOKENS = 128         # a placeholder: a chat without max_tokens runs to the end of the room
                                       # (open_ended; SGLang's chat sends None and clamps to the context)
 MAX_TEMPERATURE = 2.0                 # OpenAI's range is [0, 2]
+MAX_ID_CHARS = 512                    # a name a client sends: cache_salt, user, safety_identifier, ...
 
 
 def schema_field(schema: dict, description: str = "") -> Any:
@@ -138,10 +139,20 @@ def check_max_tokens(value: Any, param: str) -> None:
 
 def namespace_of(body: Any) -> Optional[str]:
     """An OpenAI body's cache namespace: its cache_salt (vLLM's name) or extra_key (SGLang's)."""
-    key = body.cache_salt if body.cache_salt is not None else body.extra_key
+    param = "cache_salt" if body.cache_salt is not None else "extra_key"
+    key = getattr(body, param)
     if key is not None and not key:
-        raise APIError(400, "cache_salt must be a non-empty string (or left out)", "cache_salt", "invalid_value")
-    return key
+        raise APIError(400, f"{param} must be a non-empty string (or left out)", param, "invalid_value")
+    return check_namespace(key, param)
+
+
+def check_namespace(key: Optional[str], param: str) -> Optional[str]:
+    """A cache namespace a client names, at most MAX_ID_CHARS long (each tree node and event of its requests
+    holds it)."""
+    try:
+        return check_extra_key(key, MAX_ID_CHARS)
+    except ValueError as exc:
+        raise APIError(400, str(exc).replace("extra_key", param, 1), param, "invalid_value") from None
 
 
 def engine_params(choice: int, *, max_new_tokens: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, stop: Any,

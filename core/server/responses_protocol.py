@@ -19,6 +19,7 @@ from core.engine.sampling import ParamError, SamplingParams
 from core.server.errors import APIError
 from core.server.openai_protocol import (
     DEFAULT_CHAT_MAX_TOKENS,
+    MAX_ID_CHARS,
     MAX_TEMPERATURE,
     MaxTokens,
     Number,
@@ -35,7 +36,6 @@ from core.server.openai_protocol import (
 INPUT_PART_TYPES = ("input_text", "output_text", "text")   # the text parts an input message may hold
 INPUT_ROLES = ("user", "assistant", "system", "developer")   # the Responses API's message roles
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512   # OpenAI's limits (a response keeps them)
-MAX_ID_CHARS = 512                                          # user, safety_identifier, prompt_cache_key
 
 # field -> (its no-op values, what to tell a client that sent another value)
 NOT_HONOURED: dict[str, tuple[tuple, str]] = {

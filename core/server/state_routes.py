@@ -24,6 +24,7 @@ from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
 from core.server.host import EngineHost, new_id
 from core.server.json_body import parse_object
+from core.server.openai_protocol import check_namespace
 from core.server.openai_run import fit_error
 
 MAX_EVENTS_PAGE = 10_000
@@ -217,4 +218,4 @@ def _submission(data: dict) -> tuple[SamplingParams, Any, Optional[str]]:
     key = data.get("extra_key")
     if key is not None and not isinstance(key, str):
         raise APIError(400, "extra_key must be a string or null", "extra_key")
-    return params, data.get("prompt"), key
+    return params, data.get("prompt"), check_namespace(key, "extra_key")

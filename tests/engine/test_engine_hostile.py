@@ -120,6 +120,19 @@ def test_item3_unhashable_or_non_string_extra_key_is_refused(pair, extra_key):
     still_serves(e, ref)
 
 
+def test_an_extra_key_longer_than_1024_characters_is_refused(pair):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=200)
+    with pytest.raises(ValueError, match="extra_key is a name of at most 1,024 characters, got 1,025"):
+        e.submit([1, 2, 3], extra_key="k" * 1025)
+    assert e.step() is False
+    h = e.submit([1, 2, 3], SamplingParams(max_new_tokens=1), extra_key="k" * 1024)
+    while e.step():
+        pass
+    assert h.result(timeout=0).error is None and len(h.result(timeout=0).token_ids) == 1
+    still_serves(e, ref)
+
+
 def test_item3_extra_key_separates_namespaces(pair):
     ref, runner = pair
     e = Engine(runner, pool_slots=200)

@@ -10,8 +10,11 @@ import httpx
 import psutil
 import pytest
 
+from core.cache.events import MatchEvent, event_bytes
 from core.engine.engine import Engine
 from core.server.app import ServerSettings
+from core.server.errors import APIError
+from core.server.json_body import parse_object
 from core.server.model_store import RunnerCache
 from tests.server.conftest import serving, tiny_factory, wait_until
 from tests.server.tiny_checkpoint import make_tiny_checkpoint
@@ -20,12 +23,28 @@ PROMPT = [5, 17, 33, 2, 90, 61, 7, 12]
 JSON = {"Content-Type": "application/json"}
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/state/requests",
-                                  "/state/rebuild", "/state/step_mode", "/state/token_bytes"])
-def test_ten_thousand_deep_json_is_400_on_every_json_route(tiny, path):
-    deep = b'{"prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
-    r = httpx.post(tiny.url + path, content=deep, headers=JSON)
-    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+DEEP = {"at the parser's limit": b'{"prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+        "where an error quotes it back": b'{"prompt": [5], "tool_choice": ' + b'{"a":' * 980 + b"1" + b"}" * 980 + b"}",
+        "one level past the limit": b'{"prompt": [5], "x": ' + b"[" * 64 + b"]" * 64 + b"}"}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate",
+                                  "/v1/tokenize", "/state/requests", "/state/rebuild", "/state/step_mode",
+                                  "/state/token_bytes"])
+@pytest.mark.parametrize("body", list(DEEP.values()), ids=list(DEEP))
+def test_json_nested_past_64_levels_is_400_on_every_json_route(tiny, path, body):
+    r = httpx.post(tiny.url + path, content=body, headers=JSON)
+    assert r.status_code == 400 and "nested more than 64 levels deep" in r.json()["error"]["message"], r.text
+
+
+def test_json_nested_64_levels_deep_is_read_and_one_more_is_refused_naming_the_parameter():
+    x = parse_object(b'{"x": ' + b"[" * 63 + b"]" * 63 + b"}")["x"]
+    for _ in range(62):
+        (x,) = x
+    assert x == []
+    with pytest.raises(APIError, match="nested more than 64 levels deep in x;") as e:
+        parse_object(b'{"x": ' + b"[" * 64 + b"]" * 64 + b"}")
+    assert e.value.param == "x"
 
 
 def test_a_lone_surrogate_in_a_chat_role_or_prompt_is_400_naming_the_field(tiny):
@@ -219,3 +238,29 @@ def test_a_load_balancer_s_head_health_check_is_answered(tiny):
         assert httpx.head(tiny.url + "/health").status_code == 503
     finally:
         tiny.engine.start()
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 1}, "cache_salt"),
+    ("/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 1}, "extra_key"),
+    ("/v1/responses", {"model": "tiny", "input": "hi"}, "cache_salt"),
+    ("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}}, "cache_salt"),
+    ("/generate", {"input_ids": [PROMPT, PROMPT], "sampling_params": {"max_new_tokens": 1}}, "extra_key"),
+    ("/state/requests", {"prompt": PROMPT, "params": {"max_new_tokens": 1}}, "extra_key"),
+])
+def test_a_cache_namespace_is_a_name_of_at_most_512_characters(tiny, path, body, param):
+    """Each tree node and event of a request holds its namespace: megabytes of cache_salt per request would
+    fill memory that no flush gives back."""
+    r = httpx.post(tiny.url + path, json={**body, param: "s" * 513}, headers=JSON, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and f"{param} is a name of at most 512 characters, got 513" in err["message"]
+    if path != "/v1/responses":         # the tiny model has no chat template
+        ok = httpx.post(tiny.url + path, json={**body, param: "s" * 512}, headers=JSON, timeout=30)
+        assert ok.status_code == 200, ok.text
+    wait_until(lambda: not tiny.host.inflight and not tiny.host.reserved, what="the request to end")  # /state: async
+
+
+def test_an_event_s_memory_estimate_counts_its_namespace():
+    bare, named = (MatchEvent(seq=1, time=0.0, tokens_asked=2, tokens_hit=0, path=(3,), extra_key=k) for k in (None, "n" * 5000))
+    assert event_bytes(named) - event_bytes(bare) == 5000
