@@ -17,7 +17,7 @@ from core.server import api_schema
 from core.server.auth import Caller
 from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
-from core.server.host import EngineHost
+from core.server.host import EngineHost, prompt_chars
 from core.server.json_body import parse_object
 from core.server.openai_protocol import MAX_CHOICES, ChatMessage, parse
 
@@ -46,13 +46,21 @@ def _text_ids(tokenizer, vocab_size: int, text: str, add_special_tokens: bool, p
 
 
 def tokenize(host: EngineHost, body: TokenizeRequest) -> dict[str, Any]:
-    runner = host.engine.runner
+    engine = host.engine
+    runner = engine.runner
     tok = runner.tokenizer
     if tok is None:
         raise APIError(400, "this model has no tokenizer: its prompts are token ids", "prompt", "invalid_value")
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "send exactly one of prompt (text, or a list of texts) and messages (a chat)", "prompt",
                        "invalid_value")
+    # text no prompt of this engine could hold is refused unread, as on the generation routes (all of a list's
+    # texts together: megabytes of text would hold a worker thread the generation routes share for a minute)
+    if body.messages is not None:
+        host.check_chars(engine, prompt_chars([m.as_engine() for m in body.messages]), "messages")
+    else:
+        texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        host.check_chars(engine, sum(map(len, texts)), "prompt")
     if body.messages is not None:
         chat = [m.as_engine() for m in body.messages]
         if not chat:

@@ -75,3 +75,20 @@ def test_a_model_without_a_tokenizer_says_so_and_a_keyed_server_wants_its_key(ti
         assert r.status_code == 400 and "this model has no tokenizer" in r.json()["error"]["message"]
         r = post(s, "/v1/detokenize", {"tokens": [1]}, headers={"Authorization": "Bearer k"})
         assert r.status_code == 400 and "this model has no tokenizer" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("field, text_of", [
+    ("prompt", lambda n: "a " * (n // 2 + 1)),
+    ("prompt", lambda n: ["a " * (n // 4 + 1)] * 2),               # each fits; together they could not
+    ("messages", lambda n: [{"role": "user", "content": "a " * (n // 2 + 1)}]),
+])
+def test_text_no_prompt_could_hold_is_refused_unread_as_on_the_generation_routes(real, field, text_of):
+    """Megabytes of text would hold a worker the generation routes share for a minute: refused by its length."""
+    limit = real.host.char_limit(real.engine)
+    r = post(real, "/v1/tokenize", {field: text_of(limit)})
+    assert r.status_code == 400 and r.elapsed.total_seconds() < 5, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (field, "context_length_exceeded")
+    assert f"more than any prompt this engine can hold ({limit:,} at most" in err["message"]
+    fits = post(real, "/v1/tokenize", {"prompt": "a " * (limit // 4)})
+    assert fits.status_code == 200 and fits.json()["count"] == limit // 4 + 1      # the trailing space too
