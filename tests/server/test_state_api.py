@@ -148,7 +148,7 @@ def test_the_dashboard_s_abort_all_reaches_every_request_of_a_multi_choice_call(
         got = []
         t = threading.Thread(target=lambda: got.append(httpx.post(
             f"{s.url}/v1/completions", timeout=60,
-            json={"model": "tiny", "prompt": PROMPT, "max_tokens": 50, "n": 4})))
+            json={"model": "tiny", "prompt": PROMPT, "max_tokens": 50, "n": 4, "ignore_eos": True})))  # none ends early
         try:
             t.start()
             wait_until(lambda: s.host.inflight, what="the first choice to reach the engine")
