@@ -33,6 +33,7 @@ from typing import Optional
 
 import numpy as np
 
+from core.cache.eviction.registry import is_stateful
 from core.lab.page_trace import Overlap
 from core.lab.replay import ReplayResult, check_page_size, replay
 from core.lab.units import ModelKV
@@ -229,7 +230,8 @@ class HostTierResult:
     def ttft(self, kv: ModelKV, prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
              bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS) -> dict:
         """Estimated prefill seconds and time to first token per request (p50 / p99), device only vs with
-        the host tier (see the module docstring). Rejected requests are left out."""
+        the host tier (see the module docstring). Rejected requests are left out; with none served, the
+        percentiles are None (not 0 s, which would read as the best latency)."""
         for name, v in (("prefill rate", prefill_tokens_per_s), ("host bandwidth", bandwidth_gbps)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
                 raise ValueError(f"the {name} must be a positive number, got {v!r}")
@@ -238,7 +240,7 @@ class HostTierResult:
         device_only = (lens - dev) / prefill_tokens_per_s
         load = host * kv.bytes_per_token / (bandwidth_gbps * 1e9)
         tiered = (lens - dev - host) / prefill_tokens_per_s + load
-        pct = (lambda a, q: float(np.percentile(a, q)) if a.size else 0.0)
+        pct = (lambda a, q: float(np.percentile(a, q)) if a.size else None)
         return {"requests": int(ok.sum()), "prefill_tokens_per_s": prefill_tokens_per_s,
                 "bandwidth_gbps": bandwidth_gbps, "load_seconds": float(load.sum()),
                 "prefill_seconds_device_only": float(device_only.sum()),
@@ -248,13 +250,26 @@ class HostTierResult:
                 "ttft_p50_with_host": pct(tiered, 50), "ttft_p99_with_host": pct(tiered, 99)}
 
 
+def host_tier_refusal(policies: list[str], page_size: int) -> str:
+    """Why `policies` (stateful ones) get no host-tier replay at `page_size` > 1."""
+    return (f"no host-tier replay for {', '.join(policies)} at page size {page_size}: the host tier replays by "
+            f"page, and a stateful policy names nodes by their first units, so by page it is not what the "
+            f"engine's cache does; use --page-size 1 or a stateless policy (lru, lfu, fifo, slru, ...)")
+
+
 def replay_with_host(workload: Workload, capacity_tokens: int, host_tokens: int, policy: str = "lru",
                      page_size: int = 1, overlap: Optional[Overlap] = None,
                      write_policy: str = "write_through", check_invariants: bool = False) -> HostTierResult:
-    """Replay `workload` through a device pool of `capacity_tokens` with a host tier of `host_tokens`."""
+    """Replay `workload` through a device pool of `capacity_tokens` with a host tier of `host_tokens`.
+
+    The host tier rides on the page-level replay, which is exact for every policy at page size 1 and for the
+    stateless ones at any page size; a stateful policy (arc, s3fifo, recall, ...) names nodes by their first
+    units, so by page it would not be what the engine's cache does, and is refused there."""
     if isinstance(host_tokens, bool) or not isinstance(host_tokens, (int, np.integer)) or host_tokens < 0:
         raise ValueError(f"host capacity must be a whole number of tokens >= 0, got {host_tokens!r}")
     check_page_size(page_size)
+    if page_size > 1 and is_stateful(policy):
+        raise ValueError(host_tier_refusal([policy], page_size))
     tier = HostTier(workload, page_size, int(host_tokens) // page_size, write_policy)
     dev = replay(workload, capacity_tokens, policy, page_size, overlap, check_invariants, level="page", host=tier)
     return HostTierResult(dev, tier.capacity, write_policy, tier.device_hits, tier.host_hits,

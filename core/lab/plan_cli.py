@@ -13,12 +13,14 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from core.cache.eviction.registry import is_stateful
 from core.lab.chat_traces import DEFAULT_SESSIONS
 from core.lab.host_tier import (
     DEFAULT_BANDWIDTH_GBPS,
     DEFAULT_PREFILL_TOKENS_PER_S,
     WRITE_POLICIES,
     check_write_policy,
+    host_tier_refusal,
     replay_with_host,
 )
 from core.lab.page_trace import NO_HITS_NOTE
@@ -99,16 +101,23 @@ def host_rows(args, workload, res, kv: Optional[ModelKV], overlap) -> Optional[l
         return None
     ps = res.page_size
     host = parse_capacity(args.host_capacity, ps, kv)
+    stateful = [p for p in res.policies if ps > 1 and is_stateful(p)]
+    if stateful:
+        print(f"\nnote: {host_tier_refusal(stateful, ps)}")
     rows = []
-    for pol in res.policies:
+    for pol in (p for p in res.policies if p not in stateful):
         for cap in res.capacities:
             r = replay_with_host(workload, cap, host, pol, ps, overlap, args.write_policy)
             row = r.summary()
             if kv is not None:
                 row.update(r.ttft(kv, args.prefill_rate, args.host_bandwidth))
             rows.append(row)
+    if not rows:
+        return rows
     import pandas as pd
     df = pd.DataFrame(rows)
+    ttft = [c for c in df.columns if c.startswith("ttft_")]
+    df[ttft] = df[ttft].astype(float)           # None (no request served) prints blank
     print(f"\nwith a host tier of {fmt_capacity(host, ps, kv)} ({args.write_policy}):")
     cols = ["policy", "device_tokens", "device_hit_rate", "host_hit_rate", "hit_rate", "miss_tokens", "rejected"]
     if kv is not None:

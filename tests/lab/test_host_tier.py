@@ -269,6 +269,25 @@ def test_bad_input():
         r.ttft(load_model_config("qwen2.5-7b"), bandwidth_gbps=0)
 
 
+@pytest.mark.parametrize("policy", ["arc", "s3fifo", "recall"])
+def test_a_stateful_policy_gets_a_host_tier_only_where_the_page_level_replay_is_exact(policy):
+    """By page, a stateful policy's ghosts are not the engine's: its device hits there differed from the sweep's
+    own at the same pool. At page size 1 the page level is the token level, so the device side is the sweep's."""
+    w = workloads()[0]
+    with pytest.raises(ValueError, match=f"no host-tier replay for {policy} at page size 4: .* use --page-size 1"):
+        replay_with_host(w, 64, 64, policy, 4)
+    for cap in (24, 48, 96):
+        r = replay_with_host(w, cap, 64, policy, 1)
+        assert r.device_hit_tokens == replay(w, cap, policy, 1).hit_tokens
+
+
+def test_time_to_first_token_is_none_when_no_request_was_served():
+    w = few_shot(num_requests=3, examples_len=10, question_len=2)
+    t = replay_with_host(w, 4, 64).ttft(load_model_config("qwen2.5-7b"))
+    assert t["requests"] == 0
+    assert [t[k] for k in t if k.startswith("ttft_")] == [None] * 4    # not 0 s, the best latency there is
+
+
 @pytest.mark.parametrize("write_policy", WRITE_POLICIES)
 def test_one_tier_object_serves_several_replays_each_starting_empty(write_policy):
     """A sweep may pass one HostTier to every point: each replay starts with an empty host (begin()), so
