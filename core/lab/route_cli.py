@@ -84,6 +84,22 @@ def one_sided_notes(rows: list[dict], config) -> list[str]:
     return notes
 
 
+def rejected_notes(rows: list[dict], requests: int, cap: int, bounds) -> list[str]:
+    """Why a hit rate is low because requests never ran: larger than a replica's pool (they count with no hits)."""
+    hit = [r for r in rows if r["rejected"]]
+    if not hit:
+        return []
+    worst = max(hit, key=lambda r: r["rejected"])
+    whole = "every request" if worst["rejected"] == requests else f"{worst['rejected']:,} of {requests:,} requests"
+    notes = [f"note: {whole} found no room in a replica's pool of {cap:,} tokens ({worst['routing']} at "
+             f"{worst['replicas']} replica{'' if worst['replicas'] == 1 else 's'}) and was rejected, counted with no hits; the smallest request holds "
+             f"{bounds.smallest_request_pages * bounds.page_size:,} tokens (prompt + output): a larger --capacity "
+             f"serves them"]
+    if any(r["single_cache_optimum"] is None for r in rows):
+        notes.append("note: no optimum where one cache of all replicas' capacity holds no request either")
+    return notes
+
+
 def cmd_route(args, load_workload, page_size_of) -> int:
     from core.lab.optimal import Bounds
     from core.lab.page_trace import Overlap
@@ -99,25 +115,27 @@ def cmd_route(args, load_workload, page_size_of) -> int:
         raise ValueError(f"--routing needs at least one of: {', '.join(ROUTING_POLICIES)}")
     config = RouterConfig(args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold,
                           args.prefix_tokens)
+    if in_bytes(args.capacity):   # parse_capacity would say "give a model (--model-config)": route has none
+        raise ValueError(f"--capacity {args.capacity!r} is in bytes; route takes tokens (200000, 200k) or pages "
+                         f"(400p): python -m core.lab size or sweep --model-config turn bytes into tokens")
+    parse_capacity(args.capacity, args.page_size or 1)     # before the trace is read; again at its page size
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)   # an unwritable --out fails before the work
     workload = load_workload(args)
     page_size = page_size_of(args, workload)
-    if in_bytes(args.capacity):   # parse_capacity would say "give a model (--model-config)": route has none
-        raise ValueError(f"--capacity {args.capacity!r} is in bytes; route takes tokens (200000, 200k) or pages "
-                         f"(400p): python -m core.lab size or sweep --model-config turn bytes into tokens")
     cap = parse_capacity(args.capacity, page_size)
     overlap = Overlap(args.ms_per_output_token) if args.overlap else None
     bounds = Bounds(workload, page_size, overlap)
     inf = bounds.infinite().hit_rate
     print(f"workload {workload.name}: {len(workload):,} requests, {workload.prompt_tokens:,} prompt tokens; "
           f"{cap:,} tokens per replica, eviction {args.policy}, page {page_size}; infinite cache {inf:.4f}")
-    print(f"{'replicas':>8} {'routing':>12} {'hit rate':>9} {'one cache':>9} {'optimum':>8}  "
+    print(f"{'replicas':>8} {'routing':>12} {'hit rate':>9} {'one cache':>9} {'optimum':>8} {'rejected':>8}  "
           f"{'per replica':<28} {'requests':<18} imbalance")
     rows = []
     for n in counts:
         one = replay(workload, cap * n, args.policy, page_size, overlap).hit_rate
-        opt = bounds.optimal(cap * n).hit_rate
+        # where every request is larger than the pool, the page-level optimum would claim hits (as in sweep)
+        opt = bounds.optimal(cap * n).hit_rate if bounds.anything_fits(cap * n) else None
         for routing in routings:
             assign = route(workload, n, routing, config, overlap, concurrency=args.concurrency)
             res = replay_routed(workload, cap, n, routing, args.policy, page_size, overlap, config, assign)
@@ -125,9 +143,10 @@ def cmd_route(args, load_workload, page_size_of) -> int:
             d.update(single_cache_hit_rate=one, single_cache_optimum=opt, infinite_hit_rate=inf)
             rows.append(d)
             per = " ".join(f"{h:.3f}" for h in d["hit_rate_per_replica"])
-            print(f"{n:>8} {routing:>12} {res.hit_rate:>9.4f} {one:>9.4f} {opt:>8.4f}  {per:<28} "
-                  f"{' '.join(map(str, d['requests_per_replica'])):<18} {d['load_imbalance']:.2f}")
-    for note in one_sided_notes(rows, config):
+            print(f"{n:>8} {routing:>12} {res.hit_rate:>9.4f} {one:>9.4f} {'' if opt is None else f'{opt:.4f}':>8} "
+                  f"{d['rejected']:>8}  {per:<28} {' '.join(map(str, d['requests_per_replica'])):<18} "
+                  f"{d['load_imbalance']:.2f}")
+    for note in one_sided_notes(rows, config) + rejected_notes(rows, len(workload), cap, bounds):
         print(note)
     if args.out:
         path = Path(args.out) / "route.json"

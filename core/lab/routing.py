@@ -247,6 +247,11 @@ class RoutedResult:
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    @property
+    def rejected(self) -> int:
+        """Requests larger than their replica's pool (or than what running requests left): never served."""
+        return sum(r.rejected for r in self.per_replica if r is not None)
+
     def requests_per_replica(self) -> list[int]:
         return np.bincount(np.asarray(self.assignment, dtype=np.int64), minlength=self.replicas).tolist()
 
@@ -263,7 +268,8 @@ class RoutedResult:
                 "requests_per_replica": self.requests_per_replica(),
                 "hit_tokens_per_replica": [0 if r is None else r.hit_tokens for r in self.per_replica],
                 "hit_rate_per_replica": [0.0 if r is None else r.hit_rate for r in self.per_replica],
-                "load_imbalance": self.load_imbalance()}
+                "load_imbalance": self.load_imbalance(), "rejected": self.rejected,
+                "rejected_per_replica": [0 if r is None else r.rejected for r in self.per_replica]}
 
 
 def split(workload: Workload, assignment: Sequence[int], replicas: int) -> list[Optional[Workload]]:

@@ -2,6 +2,8 @@
 can put all of a shared-prefix workload on one replica, and the output says why instead of leaving a bare 4.00."""
 from __future__ import annotations
 
+import json
+
 from core.lab.__main__ import main
 from core.lab.route_cli import one_sided_notes
 from core.lab.routing import RouterConfig
@@ -53,3 +55,27 @@ def test_a_capacity_in_bytes_says_route_takes_tokens_or_pages(capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --capacity '5GiB' is in bytes; route takes tokens") and "Traceback" not in err
+
+
+def test_requests_larger_than_a_replica_are_counted_as_rejected_and_no_optimum_claims_hits(capsys, tmp_path):
+    args = [a if a != "2000" else "40" for a in ARGS] + ["--routing", "round_robin", "--out", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[:2] in (["1", "round_robin"], ["2", "round_robin"])]
+    # replicas, routing, hit rate, one cache, rejected (no optimum: no request fits one cache of 40 or 80 tokens)
+    assert [r[:5] for r in rows] == [["1", "round_robin", "0.0000", "0.0000", "8"],
+                                     ["2", "round_robin", "0.0000", "0.0000", "8"]]
+    assert notes_of(out) == [
+        "note: every request found no room in a replica's pool of 40 tokens (round_robin at 1 replica) and was "
+        "rejected, counted with no hits; the smallest request holds 87 tokens (prompt + output): a larger "
+        "--capacity serves them",
+        "note: no optimum where one cache of all replicas' capacity holds no request either"]
+    saved = json.loads((tmp_path / "route.json").read_text())["rows"]
+    assert [(r["rejected"], r["rejected_per_replica"], r["single_cache_optimum"]) for r in saved] == \
+        [(8, [8], None), (8, [4, 4], None)]
+
+
+def test_a_bad_capacity_is_refused_before_the_trace_is_read(capsys, tmp_path):
+    assert main(["route", "--trace", str(tmp_path / "not-read.jsonl"), "--capacity", "200x", "--replicas", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "200x" in err and "not-read.jsonl" not in err
