@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args) -> "Workload":  # noqa: F821
     from core.lab.chat_traces import DEFAULT_SESSIONS
-    from core.lab.traces import load_trace
+    from core.lab.traces import load_trace, order_notes
     from core.lab.workloads import make_workload
     if args.sessions is not None and not args.trace:
         raise ValueError("--sessions applies to --trace (a trace of conversations), not to --workload; the "
@@ -137,9 +137,8 @@ def _load(args) -> "Workload":  # noqa: F821
         if workload.params.get("conversations"):
             print(f"{workload.params['conversations']:,} conversations of several turns: replayed "
                   f"{workload.params['sessions']} at a time, turn by turn (--sessions)")
-        if workload.params.get("reordered"):
-            print(f"{workload.params['reordered']:,} requests were out of timestamp order in the file: replayed in "
-                  f"timestamp order")
+        for note in order_notes(workload):
+            print(note)
         return workload
     return make_workload(args.workload, **_params(args.param))
 

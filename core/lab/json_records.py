@@ -94,8 +94,8 @@ def decode(line: bytes) -> Any:
 
 
 def is_json_array_document(path: PathLike) -> bool:
-    """True when the file opens a JSON array of objects that its first line does not close: `[` alone, `[{` or
-    `[{...},` that go on in the next line, or one line longer than PEEK_BYTES (a minified array, however long).
+    """True when the file opens a JSON array of objects (or of token-id lists) that its first line does not close:
+    `[` alone, `[{` / `[[` or `[{...},` that go on in the next line, or one line longer than PEEK_BYTES (a minified array, however long).
     A JSONL line of token ids (`[1, 2, 3]`) or of messages is complete on its own line, and a broken one (`[1, 2`,
     `[{"role": "user"}`) stays a malformed line of a JSONL file, to report or skip."""
     f, raw = open_trace(path)
@@ -112,8 +112,11 @@ def is_json_array_document(path: PathLike) -> bool:
     line = line.strip()
     if line == b"[":
         return True
-    if not (line.startswith(b"[") and line[1:].lstrip().startswith(b"{")):
+    inner = line[1:].lstrip()
+    if not (line.startswith(b"[") and inner.startswith((b"{", b"["))):   # of objects or of id lists
         return False
+    if inner.startswith(b"[") and not newline:
+        return False                       # one line of id lists (or of deep nesting): a JSONL line says what it is
     if not newline:
         return len(head) == PEEK_BYTES     # cut by the peek: a long one-line array (a short one is a JSONL line)
     try:
@@ -241,6 +244,10 @@ def records(path: PathLike) -> Iterator[tuple[str, Any]]:
 
 
 def _is_record_list(value: Any) -> bool:
-    """A list of JSON objects that are not chat messages (a line of messages is one chat request)."""
-    return (isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
-            and not any("role" in v for v in value))
+    """A list of JSON objects that are not chat messages (a line of messages is one chat request), or of token-id
+    lists (`json.dump(list_of_id_lists)`: no one record is a list of lists)."""
+    if not isinstance(value, list) or not value:
+        return False
+    if all(isinstance(v, dict) for v in value):
+        return not any("role" in v for v in value)
+    return all(isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v) for v in value)

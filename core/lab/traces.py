@@ -55,16 +55,26 @@ def _int(obj: dict, name: str, minimum: int, required: bool = True) -> Optional[
     v = obj[name]
     if (isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
             or int(v) != v or v < minimum):   # Infinity / NaN: json.loads reads them, int() would raise
-        raise ValueError(f"field {name!r} must be an integer >= {minimum}, got {v!r}")
+        raise ValueError(f"field {name!r} must be an integer >= {minimum}, got {shown(v)}")
     return int(v)
+
+
+def shown(v: Any, most: int = 40) -> str:
+    """`v` as an error quotes it: a 400-digit number or a long string cut to `most` characters."""
+    text = repr(v)
+    return text if len(text) <= most else f"{text[:most]}... ({len(text):,} characters)"
 
 
 def _number(obj: dict, name: str) -> Optional[float]:
     v = obj.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"field {name!r} must be a number, got {v!r}")
+    try:        # a JSON integer past float's range: float() raises OverflowError, which is no ValueError
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ValueError(f"field {name!r} must be a finite number, got {shown(v)}")
     return float(v)
 
 
@@ -117,13 +127,28 @@ def _parse(path: PathLike, on_error: str, parse_record: Callable[[Any], list[Tra
 
 def in_time_order(reqs: list[TraceRequest]) -> tuple[list[TraceRequest], dict[str, int]]:
     """Requests that all have timestamps, in timestamp order (stable: ties keep the file's order), and
-    {"reordered": how many moved} when the file had them otherwise. Merged logs are often unsorted, and
+    {"reordered": how many moved} when the file had them otherwise; {"untimed": how many lack one} when only some
+    have one (replayed in file order: `order_notes` says so). Merged logs are often unsorted, and
     a replay without --overlap follows the list: file order would be a workload that never happened."""
-    if any(r.timestamp is None for r in reqs):
-        return reqs, {}
+    untimed = sum(r.timestamp is None for r in reqs)
+    if untimed:
+        return reqs, ({"untimed": untimed} if untimed < len(reqs) else {})
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].timestamp)
     moved = sum(1 for k, i in enumerate(order) if k != i)
     return ([reqs[i] for i in order], {"reordered": moved}) if moved else (reqs, {})
+
+
+def order_notes(workload: Workload) -> list[str]:
+    """How the replay's order differs from the file's, a sentence each (the CLI prints them, the page shows them)."""
+    p = workload.params
+    notes = []
+    if p.get("reordered"):
+        notes.append(f"{p['reordered']:,} requests were out of timestamp order in the file: replayed in timestamp "
+                     f"order")
+    if p.get("untimed"):
+        notes.append(f"{p['untimed']:,} of {len(workload):,} requests have no timestamp: the trace is replayed in "
+                     f"file order, not in timestamp order")
+    return notes
 
 
 def load_mooncake(path: PathLike, on_error: str = "raise", limit: Optional[int] = None,

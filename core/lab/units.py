@@ -173,7 +173,7 @@ def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[Model
     """Tokens from '80GiB' / '40GB' (needs `kv`), '3M' (3,000,000 tokens), '512k', '6000p' (pages) or 3072000."""
     tokens = _parse_capacity(text, page_size, kv)
     if tokens > MAX_CAPACITY_TOKENS:
-        raise ValueError(f"capacity {text!r} is {tokens:.3g} tokens, more than any pool holds (at most "
+        raise ValueError(f"capacity {text!r} is {Decimal(tokens):.3g} tokens, more than any pool holds (at most "
                          f"{MAX_CAPACITY_TOKENS:,}); give a smaller one")
     return tokens
 

@@ -9,7 +9,7 @@ from typing import Optional
 import streamlit as st
 
 from core.lab.chat_traces import DEFAULT_SESSIONS, ChatTokenizer, hf_chat
-from core.lab.traces import load_mooncake
+from core.lab.traces import load_mooncake, order_notes
 from core.lab.workloads import GENERATORS, Workload
 from radixui.connect.resources import DEFAULT_MODEL, get_holder, get_runner
 from radixui.panels import lab_inputs as li
@@ -121,9 +121,8 @@ def workload_section() -> WorkloadChoice:
             st.session_state.cap_upload_parsed = (digest, workload)
         if workload.skipped_lines:
             st.warning(f"{workload.skipped_lines:,} malformed line(s) skipped.")
-        if workload.params.get("reordered"):
-            st.info(f"{workload.params['reordered']:,} requests were out of timestamp order in the file: "
-                    f"replayed in timestamp order.")
+        for note in order_notes(workload):
+            st.info(f"{note}.")
         if workload.params.get("conversations"):
             st.number_input("Conversations in progress at once", min_value=1, value=DEFAULT_SESSIONS, step=1,
                             key="cap_sessions",

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from core.lab.traces import load_jsonl, load_mooncake, load_trace
+from core.lab.traces import load_jsonl, load_mooncake, load_trace, order_notes
 
 
 def write(tmp_path, lines, name="t.jsonl"):
@@ -40,6 +40,8 @@ MC = {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2
     ('{"timestamp": 0, "input_length": Infinity, "output_length": 3, "hash_ids": [1, 2]}', "'input_length'"),
     ('{"timestamp": 0, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}', "'output_length'"),
     ('{"timestamp": 0, "input_length": NaN, "output_length": 3, "hash_ids": [1, 2]}', "'input_length'"),
+    ('{"timestamp": 1' + "0" * 330 + ', "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}',
+     r"'timestamp' must be a finite number, got 1000000000000000000000000000000000000000\.\.\. \(331 characters\)"),
 ])
 def test_malformed_mooncake_line_names_the_line(tmp_path, bad, msg):
     p = write(tmp_path, [MC, MC, bad, MC])
@@ -98,11 +100,14 @@ def test_jsonl_texts_need_a_tokenizer(tmp_path):
     ([], "non-empty list"), ([1, -2], "non-negative"), ({"output_len": 3}, "no prompt"),
     ({"input_ids": [1], "output_ids": [1, 2], "output_len": 3}, "differs"), ("7", "list of token ids"),
     ('{"input_ids": [1, 2, 3], "output_len": Infinity}', "'output_len'"),
+    ('{"input_ids": [1], "timestamp": 9' + "9" * 400 + "}", "'timestamp' must be a finite number"),   # no OverflowError
+    ('{"input_ids": [1], "output_len": 1' + "0" * 400 + ".5}", r"'output_len' must be an integer >= 0, got inf"),
 ])
 def test_malformed_jsonl_line(tmp_path, bad, msg):
     p = write(tmp_path, [[1, 2], bad])
     with pytest.raises(ValueError, match=rf"line 2: .*{msg}"):
         load_jsonl(p)
+    assert len(load_jsonl(p, on_error="skip")) == 1         # skippable: a ValueError, never an OverflowError
 
 
 def test_unknown_format_and_on_error(tmp_path):
@@ -218,6 +223,10 @@ def test_requests_with_timestamps_replay_in_timestamp_order_and_say_how_many_mov
     assert "reordered" not in load_jsonl(write(tmp_path, [{"input_ids": [1], "timestamp": t} for t in (0, 1)])).params
     mixed = load_jsonl(write(tmp_path, [{"input_ids": [1], "timestamp": 5}, {"input_ids": [2]}]))
     assert [r.prompt_ids().tolist() for r in mixed.requests] == [[1], [2]]          # not all timed: file order
+    assert order_notes(wl) == ["4 requests were out of timestamp order in the file: replayed in timestamp order"]
+    assert order_notes(mixed) == ["1 of 2 requests have no timestamp: the trace is replayed in file order, not in "
+                                  "timestamp order"]                                # said, not silent
+    assert order_notes(load_jsonl(write(tmp_path, [{"input_ids": [1]}, {"input_ids": [2]}]))) == []
 
 
 def test_a_hash_id_trace_of_other_blocks_reads_with_its_block_size(tmp_path):
@@ -256,3 +265,16 @@ def test_json_nested_too_deeply_is_a_malformed_line_not_a_recursion_error(tmp_pa
     with pytest.raises(ValueError, match="line 1: malformed JSONL line: JSON nested too deeply"):
         load_jsonl(p)
     assert load_jsonl(p, on_error="skip").skipped_lines == 1
+
+
+@pytest.mark.parametrize("indent", [None, 1], ids=["one line", "indented"])
+def test_a_json_array_of_token_id_lists_reads_as_one_request_each_however_it_is_written(tmp_path, indent):
+    p = tmp_path / "ids.json"
+    p.write_text(json.dumps([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 6]], indent=indent))
+    wl = load_trace(p)
+    assert [r.prompt_ids().tolist() for r in wl.requests] == [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 6]]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('[[1, 2], [3, true]]\n[5, 6]\n')        # not a list of id lists: one malformed line
+    with pytest.raises(ValueError, match="line 1: "):
+        load_trace(mixed)
+
