@@ -1,8 +1,8 @@
 """Responses kept for `previous_response_id` and GET /v1/responses/{id}: each owner's newest MAX_STORED, in memory.
 
-Each keeps the conversation it answered (its messages, then its answer as an assistant message), so a response
-that names it as `previous_response_id` continues that chat: the prompt starts with everything the earlier turn
-had, and the radix cache finds it. A response is its owner's: another caller gets 404, as for an id that never
+Each keeps the conversation it answered (its messages, then its answer as an assistant message, each with its item
+id), so a response that names it as `previous_response_id` continues that chat (the prompt starts with everything
+the earlier turn had, and the radix cache finds it) and GET /v1/responses/{id}/input_items lists it. A response is its owner's: another caller gets 404, as for an id that never
 existed (on a server with keys, the key's identity, and none for keyless callers, who would read each other's;
 on an open server, everyone is the same "anonymous").
 The store lives with the server process; a restart forgets it, as SGLang's in-memory store does.
@@ -16,14 +16,33 @@ from typing import Optional
 
 from core.server.auth import Caller
 from core.server.errors import APIError
+from core.server.response_items import input_item
 
 MAX_STORED = 1024
 
 
 @dataclass(frozen=True)
+class Turns:
+    """A conversation as the store keeps it: its messages, oldest first, and each one's item id (an answer's is
+    the id of its response's output message), so its input items keep their ids from one response to the next."""
+    messages: tuple[dict[str, str], ...] = ()
+    ids: tuple[str, ...] = ()
+
+    def then(self, messages: list[dict[str, str]], ids: list[str]) -> "Turns":
+        if len(messages) != len(ids):
+            raise ValueError(f"{len(messages)} messages with {len(ids)} item ids; give each message its id")
+        return Turns(self.messages + tuple(messages), self.ids + tuple(ids))
+
+
+@dataclass(frozen=True)
 class StoredResponse:
-    messages: tuple[dict[str, str], ...]    # the chat it answered, its answer last
+    turns: Turns                            # the chat it answered (not its instructions), its answer last
     body: dict                              # the response object, as the client got it
+
+    def input_items(self) -> list[dict]:
+        """Its input items, oldest first: the conversation it continued and its own input, as OpenAI's items."""
+        t = self.turns
+        return [input_item(m, i) for m, i in zip(t.messages[:-1], t.ids[:-1])]
 
 
 class ResponseStore:
@@ -38,12 +57,12 @@ class ResponseStore:
         response is answered with store: false, and takes no room)."""
         return caller.owns_requests or self.open_server
 
-    def put(self, caller: Caller, response_id: str, messages: list[dict[str, str]], body: dict) -> None:
+    def put(self, caller: Caller, response_id: str, turns: Turns, body: dict) -> None:
         if not self.keeps_for(caller):
             return
         with self._lock:
             mine = self._by_owner.setdefault(caller.identity, OrderedDict())
-            mine[response_id] = StoredResponse(tuple(messages), body)
+            mine[response_id] = StoredResponse(turns, body)
             while len(mine) > self.max_stored:
                 mine.popitem(last=False)
 
@@ -72,8 +91,8 @@ class ResponseStore:
         with self._lock:
             self._by_owner.get(owner, {}).pop(response_id, None)
 
-    def history(self, caller: Caller, previous_id: Optional[str]) -> list[dict[str, str]]:
-        """The messages a response continuing `previous_id` starts with ([] without one)."""
+    def history(self, caller: Caller, previous_id: Optional[str]) -> Turns:
+        """The conversation a response continuing `previous_id` starts with (none without one)."""
         if previous_id is None:
-            return []
-        return list(self.get(caller, previous_id, "previous_response_id").messages)
+            return Turns()
+        return self.get(caller, previous_id, "previous_response_id").turns

@@ -1,4 +1,5 @@
-"""OpenAI's Responses API: POST /v1/responses (whole or streamed), GET and DELETE /v1/responses/{id}.
+"""OpenAI's Responses API: POST /v1/responses (whole or streamed), GET and DELETE /v1/responses/{id}, and
+GET /v1/responses/{id}/input_items.
 
 A response is one engine request (a chat: responses_protocol.py), run by the same ChoiceRun as the chat route,
 so a client that goes away aborts it and its slots come back. A stored response (`store`, OpenAI's default)
@@ -17,7 +18,7 @@ import json
 import time
 from typing import Any, Optional
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from core.engine.request import Completion
@@ -27,8 +28,9 @@ from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
 from core.server.host import EngineHost, new_id
 from core.server.json_body import parse_object
-from core.server.openai_protocol import parse
+from core.server.openai_protocol import MAX_ID_CHARS, parse
 from core.server.openai_run import ChoiceRun
+from core.server.response_items import DEFAULT_LIMIT, MAX_LIMIT, Order, check_list_query, page
 from core.server.response_store import ResponseStore
 from core.server.responses_protocol import ResponsesRequest
 from core.server.sse import ClosingStream
@@ -159,13 +161,15 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, store: Respons
         shape = ResponseShape(body, new_id("resp"), model, body.stores and store.keeps_for(caller))
         run = ChoiceRun(host, pool, caller, body, shape.id, stream=bool(body.stream))
         try:
-            await run.start([body.chat(history, new)], "input")
+            await run.start([body.chat(list(history.messages), new)], "input")
         except APIError as err:
             raise with_history(err, body) from None
 
         def keep(whole: dict, answer: str) -> None:
             if shape.stored:
-                store.put(caller, shape.id, [*history, *new, {"role": "assistant", "content": answer}], whole)
+                turns = history.then([*new, {"role": "assistant", "content": answer}],
+                                     [*(new_id("msg") for _ in new), shape.message_id])
+                store.put(caller, shape.id, turns, whole)
 
         if body.stream:
             return ClosingStream(run, _stream(run, shape, keep), media_type="text/event-stream",
@@ -181,6 +185,16 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, store: Respons
     @r.get("/v1/responses/{response_id}", operation_id="retrieve_response", response_model=api_schema.OpenObject)
     async def retrieve(response_id: str, caller: Caller = Depends(inference)):
         return store.get(caller, response_id).body
+
+    @r.get("/v1/responses/{response_id}/input_items", operation_id="list_input_items",
+           summary="List a stored response's input items", response_model=api_schema.OpenObject)
+    async def input_items(request: Request, response_id: str, caller: Caller = Depends(inference),
+                          limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT), order: Order = Query("desc"),
+                          after: Optional[str] = Query(None, max_length=MAX_ID_CHARS)):
+        """The conversation the response continued and its own input, newest first unless order=asc; `after` an
+        item id of the last page (the client follows has_more itself). `include` has nothing to add here."""
+        check_list_query(request.query_params)
+        return page(store.get(caller, response_id).input_items(), limit, order, after)
 
     @r.delete("/v1/responses/{response_id}", operation_id="delete_response", response_model=api_schema.OpenObject)
     async def delete(response_id: str, caller: Caller = Depends(inference)):

@@ -10,7 +10,7 @@ import pytest
 from core.engine.engine import Engine
 from core.server.app import ServerSettings
 from core.server.auth import Caller
-from core.server.response_store import ResponseStore
+from core.server.response_store import ResponseStore, Turns
 from tests.server.conftest import serving, wait_until
 
 Q1, Q2 = "What is the capital of France?", "And of Spain?"
@@ -183,15 +183,15 @@ def test_a_response_is_its_owner_s_and_keyless_callers_on_a_keyed_server_read_no
 def test_each_owner_keeps_its_own_newest_responses():
     store = ResponseStore(open_server=False, max_stored=2)
     alice, admin = (Caller(admin=a, identity=i, authenticated=True) for a, i in ((False, "key:a"), (True, "admin")))
-    store.put(admin, "resp-admin", [], {"id": "resp-admin"})
+    store.put(admin, "resp-admin", Turns(), {"id": "resp-admin"})
     for k in range(5):
-        store.put(alice, f"resp-{k}", [], {"id": f"resp-{k}"})
+        store.put(alice, f"resp-{k}", Turns(), {"id": f"resp-{k}"})
     assert store.get(admin, "resp-admin").body["id"] == "resp-admin"     # alice's traffic pushed out none of it
     assert [store.get(alice, f"resp-{k}").body["id"] for k in (3, 4)] == ["resp-3", "resp-4"]
     with pytest.raises(Exception, match="no stored response 'resp-2'"):
         store.get(alice, "resp-2")
     store.delete(alice, "resp-4")
-    store.put(alice, "resp-5", [], {})
+    store.put(alice, "resp-5", Turns(), {})
     assert store.get(alice, "resp-3") and store.get(alice, "resp-5")     # the deleted one freed its place
 
 
@@ -199,11 +199,15 @@ def test_the_store_keeps_the_newest_and_forgets_the_oldest():
     store = ResponseStore(open_server=True, max_stored=2)
     anon = Caller(admin=False, identity="anonymous", authenticated=False)
     for k in range(3):
-        store.put(anon, f"resp-{k}", [{"role": "user", "content": str(k)}], {"id": f"resp-{k}"})
+        store.put(anon, f"resp-{k}", Turns().then([{"role": "user", "content": str(k)}], [f"msg-{k}"]),
+                  {"id": f"resp-{k}"})
     assert [store.get(anon, f"resp-{k}").body["id"] for k in (1, 2)] == ["resp-1", "resp-2"]
     with pytest.raises(Exception, match="older than the newest 2 kept per key"):
         store.get(anon, "resp-0")
-    assert store.history(anon, "resp-2") == [{"role": "user", "content": "2"}] and store.history(anon, None) == []
+    assert store.history(anon, "resp-2") == Turns(({"role": "user", "content": "2"},), ("msg-2",))
+    assert store.history(anon, None) == Turns()
+    with pytest.raises(ValueError, match="1 messages with 2 item ids"):
+        Turns().then([{"role": "user", "content": "x"}], ["msg-a", "msg-b"])
 
 
 def test_the_openapi_document_lists_the_responses_routes(real):
