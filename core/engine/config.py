@@ -42,9 +42,10 @@ class EngineConfig:
                                   "int8 (int8 weights, native path)", choices=lambda: DTYPES, form="select",
                           label="Numerics")
     kv_cache_dtype: str = _setting("auto", "dtype of the KV pool on the native path: auto (int8 for int8 numerics "
-                                           "on a CPU with AVX512-VNNI, else the activations' dtype), fp32, bf16 (half "
-                                           "the bytes; cache on == off not exact with int8 on AMX), or int8 (a scale "
-                                           "a row: 3.8x fewer bytes than fp32, exact integer attention)",
+                                           "on a CPU with AVX512-VNNI or AVX2, else the activations' dtype), fp32, "
+                                           "bf16 (half the bytes; cache on == off not exact with int8 on AMX), or "
+                                           "int8 (a scale a row: 3.8x fewer bytes than fp32, exact integer "
+                                           "attention)",
                                    choices=lambda: KV_CACHE_DTYPES, form="select", label="KV cache dtype")
     pool_slots: int = _setting(8192, "KV pool size in token slots", minimum=1, form="number",
                                label="Pool size (slots)")
