@@ -227,12 +227,27 @@ class Scheduler:
 
     def _owed_to_waiting(self, budget: int) -> int:
         """Prefill tokens kept from running chunked prefills for waiting requests: what those that could be
-        admitted want, at most half the budget (0 when nothing waits or no chunked prefill runs)."""
+        admitted want, at most half the budget (0 when nothing waits or no chunked prefill runs). One that
+        `_hold_back` defers this step (its prefix is being computed now) wants nothing: counted, it left half
+        of every step idle while a system prompt that the queue shares was prefilled."""
         if not self.waiting or not any(len(r.fill_ids) - r.computed > 1 for r in self.running):
             return 0
+        half = budget // 2
         room = self.max_running_requests - len(self.running)
-        want = sum(len(r.fill_ids) for r in self.waiting[:max(0, room)])
-        return min(budget // 2, want)
+        in_flight = self._in_flight()
+        measure = bool(in_flight) and not self.cache.disable
+        want = held = 0
+        for r in self.waiting[:max(0, room)]:
+            if want >= half:
+                break
+            cached = self.cache.peek_prefix_len(self._key(r, len(r.fill_ids) - 1)) if measure else 0
+            if self._hold_back(r, cached, in_flight):
+                held += 1
+                if held >= MAX_HELD_PER_STEP:
+                    break       # as _admit: a step never scans a huge queue
+                continue
+            want += len(r.fill_ids)
+        return min(half, want)
 
     def discard(self, req: Request) -> None:
         """Take `req` out of the queues and give back what it holds, uncached (its K/V may be half

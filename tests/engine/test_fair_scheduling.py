@@ -59,6 +59,30 @@ def test_a_short_request_behind_a_long_prompt_is_admitted_at_the_next_step(pair)
     e.check_invariants()
 
 
+def test_prompts_waiting_for_the_system_prompt_being_prefilled_take_no_budget_from_it(pair):
+    """Three prompts sharing the prompt being prefilled are held back until it is cached (in-batch prefix
+    sharing); the half of each step kept for waiting requests was kept for them too and went unused, so the
+    shared prompt was prefilled at half speed: 64, 96, 128, ... instead of 64, 128, 192, ..."""
+    ref, runner = pair
+    progress = {}
+    for sharers in (0, 3):
+        e = Engine(runner, pool_slots=2048, max_prefill_tokens=64, mixed_step_ratio=0)
+        first = e.submit(LONG[:256] + [1, 2, 3], SamplingParams(max_new_tokens=1))
+        rest = [e.submit(LONG[:256] + [10 + i], SamplingParams(max_new_tokens=1)) for i in range(sharers)]
+        progress[sharers] = []
+        while not first.done():
+            e.step()
+            r = e.requests.get(first.rid)
+            progress[sharers].append(len(r.prompt_ids) if r is None or first.done() else r.computed)
+        while e.has_work():
+            e.step()
+        assert [h.result(0).token_ids for h in rest] == [reference_greedy(ref, LONG[:256] + [10 + i], 1)
+                                                       for i in range(sharers)]
+        assert [h.result(0).cached_tokens for h in rest] == [256] * sharers        # and they found it cached
+        e.check_invariants()
+    assert progress[3] == progress[0] == [64, 128, 192, 256, 259]
+
+
 def test_a_short_prompt_admitted_in_part_behind_a_long_one_finishes_its_prefill_at_the_following_step(pair):
     """The short prompt (12 tokens) is larger than what waiting requests are owed (half of a 16-token
     budget), so it is admitted with a first chunk of 8 and becomes a chunked prefill itself. Its last 4
