@@ -5,7 +5,9 @@ snapshot itself is fetched with its ETag, so an unchanged engine costs a 304 and
 Errors keep the interface's contract: bad input -> ValueError with the server's message,
 refusals (reset while running, rebuild that fails, either without the admin key) -> the message
 string, an unreachable server -> ConnectionError that names the URL and how to start one; step mode
-without the admin key -> PermissionError with the server's message.
+without the admin key -> PermissionError with the server's message; any other error answer (a wrong key,
+a server shutting down) -> ServerRefused (a RuntimeError) with the server's message. A page shows the last
+two in place of its views (radixui/panels/server_down.py), never as a traceback.
 
 The dashboard logs in with its own key: RADIX_ADMIN_KEY when set (everything, prompts included),
 else RADIX_API_KEY (the engine's state without prompt text, its own requests, no rebuild or step
@@ -27,6 +29,13 @@ from core.observe import wire
 from core.observe.snapshot import EngineSnapshot
 
 MAX_EVENTS_PAGE = 10_000   # core.server.state_routes.MAX_EVENTS_PAGE (not imported: that pulls in FastAPI)
+
+
+REBUILD_READ_S = 1800.0     # how long a rebuild's answer may take: loading (or converting) the new model
+
+
+class ServerRefused(RuntimeError):
+    """The engine server answered, with an error that is not about the request's values (401, 404, 409, 5xx)."""
 
 
 class HttpClient:
@@ -58,12 +67,20 @@ class HttpClient:
         except Exception:
             return f"HTTP {r.status_code}: {r.text[:200]}"
 
+    def _refused(self, what: str, r: httpx.Response) -> "ServerRefused":
+        """The server's refusal, said with what to change on this side when it is the key."""
+        hint = ""
+        if r.status_code == 401:
+            hint = ("; the dashboard sends RADIX_ADMIN_KEY, else RADIX_API_KEY: start it with the server's key in "
+                    "one of them")
+        return ServerRefused(f"{what} failed: {self._message(r)}{hint}")
+
     def _json(self, method: str, path: str, **kw) -> Any:
         r = self._request(method, path, **kw)
         if r.status_code in (400, 413):
             raise ValueError(self._message(r))
         if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path} failed: {self._message(r)}")
+            raise self._refused(f"{method} {path}", r)
         return r.json()
 
     def _status(self) -> dict:
@@ -83,7 +100,7 @@ class HttpClient:
         if r.status_code == 304 and self._snap is not None:
             return self._snap
         if r.status_code >= 400:
-            raise RuntimeError(f"GET /state/snapshot failed: {self._message(r)}")
+            raise self._refused("GET /state/snapshot", r)
         self._snap, self._etag = wire.snapshot_from_json(r.content), r.headers.get("etag")
         return self._snap
 
@@ -101,7 +118,7 @@ class HttpClient:
         if r.status_code in (400, 413, 503):
             raise ValueError(self._message(r))
         if r.status_code >= 400:
-            raise RuntimeError(f"submit failed: {self._message(r)}")
+            raise self._refused("submit", r)
         return r.json()["rid"]
 
     def token_bytes(self, token_ids) -> list[str]:
@@ -116,7 +133,7 @@ class HttpClient:
         if r.status_code == 404:
             return None
         if r.status_code >= 400:
-            raise RuntimeError(f"GET /state/requests/{rid}/tokens failed: {self._message(r)}")
+            raise self._refused(f"GET /state/requests/{rid}/tokens", r)
         return r.json()
 
     def abort(self, rid: str) -> bool:
@@ -124,7 +141,7 @@ class HttpClient:
         if r.status_code == 404:    # not ours (or never was): nothing of ours was running
             return False
         if r.status_code >= 400:
-            raise RuntimeError(f"abort failed: {self._message(r)}")
+            raise self._refused("abort", r)
         return bool(r.json()["aborted"])
 
     def abort_all(self) -> int:
@@ -137,7 +154,9 @@ class HttpClient:
         return EngineConfig(**{k: v for k, v in data.items() if k in known})
 
     def rebuild(self, config: EngineConfig) -> Optional[str]:
-        r = self._request("POST", "/state/rebuild", json=config.as_dict())
+        # a rebuild answers once the new model is loaded: minutes for a large one, or a GGUF converted first
+        r = self._request("POST", "/state/rebuild", json=config.as_dict(),
+                          timeout=httpx.Timeout(self._http.timeout.connect, read=REBUILD_READ_S))
         return None if r.status_code == 200 else self._message(r)
 
     def reset_cache(self) -> Optional[str]:
@@ -158,7 +177,7 @@ class HttpClient:
         if r.status_code in (401, 403):
             raise PermissionError(self._message(r))
         if r.status_code >= 400:
-            raise RuntimeError(f"POST /state/step_mode failed: {self._message(r)}")
+            raise self._refused("POST /state/step_mode", r)
 
     def step(self) -> bool:
         r = self._request("POST", "/state/step")
@@ -167,5 +186,5 @@ class HttpClient:
         if r.status_code in (401, 403):
             raise PermissionError(self._message(r))
         if r.status_code >= 400:
-            raise RuntimeError(f"step failed: {self._message(r)}")
+            raise self._refused("step", r)
         return bool(r.json()["stepped"])

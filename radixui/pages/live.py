@@ -20,12 +20,17 @@ def render() -> None:
     from radixui.connect.resources import get_client  # noqa: E402
     from radixui.panels.controls import admin_role, engine_settings, live_controls  # noqa: E402  (after the title: imports take seconds)
     from radixui.panels.live_views import live_body  # noqa: E402
+    from radixui.panels.server_down import SERVER_ERRORS, show_server_down  # noqa: E402
 
     client = get_client()
-    admin = admin_role(client)
-    engine_settings(client, admin)
-    live, interval = live_controls(client, admin)
-    cfg = client.config()
+    try:
+        admin = admin_role(client)
+        engine_settings(client, admin)
+        live, interval = live_controls(client, admin)
+        cfg = client.config()
+    except SERVER_ERRORS as exc:
+        caption.empty()
+        show_server_down(client, exc)
     caption.caption(f"Model `{cfg.model}` · {cfg.pool_slots:,} slots · page {cfg.page_size} · eviction "
                     f"`{cfg.eviction_policy}` · schedule `{cfg.schedule_policy}` · max prefill {cfg.max_prefill_tokens:,} "
                     f"tokens" + (" · **radix cache off**" if cfg.disable_radix_cache else "")

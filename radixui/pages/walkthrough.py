@@ -10,6 +10,7 @@ from radixui.figures.narrate import article_token_note, explain_step
 from radixui.figures.slots import slot_row_figure
 from radixui.figures.tree import step_highlights, tree_figure
 from radixui.panels.css import COMPACT_CSS
+from radixui.panels.server_down import SERVER_ERRORS, show_server_down
 
 
 def _go(delta, last: int) -> None:
@@ -24,7 +25,11 @@ def render() -> None:
     st.caption(f"A pool of {ARTICLE_POOL_SLOTS} slots; each request generates one token and finishes, so only its "
                "prompt is cached. Every number below is read from the engine after that step.")
 
-    model = get_client().config().model
+    client = get_client()
+    try:
+        model = client.config().model
+    except SERVER_ERRORS as exc:
+        show_server_down(client, exc)
     try:
         steps = get_walkthrough(model)
     except ValueError as exc:

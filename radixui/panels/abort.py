@@ -24,7 +24,7 @@ def active_rids(snap: EngineSnapshot) -> list[str]:
 def abort_one(client: EngineClient, rid: str) -> None:
     try:
         done = client.abort(rid)
-    except (RuntimeError, PermissionError) as exc:
+    except (RuntimeError, PermissionError, ConnectionError) as exc:
         st.session_state.flash = ("error", f"Could not abort {rid}: {exc}")
         return
     if done:
@@ -38,7 +38,7 @@ def abort_one(client: EngineClient, rid: str) -> None:
 def abort_all(client: EngineClient) -> None:
     try:
         n = client.abort_all()
-    except (RuntimeError, PermissionError, ValueError) as exc:
+    except (RuntimeError, PermissionError, ValueError, ConnectionError) as exc:
         st.session_state.flash = ("error", f"Could not abort: {exc}")
         return
     st.session_state.flash = ("success", f"Aborted {n} request{'s' if n != 1 else ''}.") if n else \

@@ -23,6 +23,8 @@ from typing import Any, Iterable
 
 import streamlit as st
 
+from radixui.panels.server_down import SERVER_ERRORS
+
 IDLE_POLL_S = 3.0   # while nothing runs or waits: each poll costs the browser a re-render of the page
 BUSY_POLL_S = 0.25  # while something runs or waits: a tree change is drawn within this (plus one page run)
 SENT_WAIT_S = 0.15  # with live refresh off, after a Send, the longest the page waits for the engine to
@@ -54,7 +56,10 @@ def poll(client: Any) -> None:
         return
     if ss.get("_poll_fast") and not ss.get("_busy") and time.monotonic() >= ss.get("_busy_until", 0.0):
         st.rerun()      # the linger is over: one page run declares the poll again, at the idle pace
-    version, tree_seq = client.versions()
+    try:
+        version, tree_seq = client.versions()
+    except SERVER_ERRORS:
+        st.rerun(scope="app")     # the page says what went wrong (server_down.py) and asks again from there
     due = time.monotonic() - ss.get("_drawn_at", 0.0) >= ss.get("_pace", 0.0) - 0.05
     if tree_seq != ss.get("_drawn_tree_seq") or (version != seen and due):
         st.rerun()

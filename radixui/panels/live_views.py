@@ -26,6 +26,7 @@ from radixui.panels.abort import abort_selected_button
 from radixui.panels.live_data import cached_figure, decoder, event_store
 from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
+from radixui.panels.server_down import SERVER_ERRORS, show_server_down
 
 VIEWS = ["Radix tree", "Slot pool", "Eviction heap", "Event log", "Time travel"]
 TREE_WIDTH = 900      # px the tree gets at 1400 px with the sidebar closed
@@ -125,6 +126,15 @@ def _selected_rid(ss) -> Optional[str]:
 
 
 def live_body(client: EngineClient, cfg, live: bool = True, interval: float = 1.0) -> None:
+    """The Live page's fragment; a server that goes away (or refuses this dashboard) mid-demo is said in its
+    place, and the page comes back once it answers (server_down.py)."""
+    try:
+        draw_live(client, cfg, live, interval)
+    except SERVER_ERRORS as exc:
+        show_server_down(client, exc)
+
+
+def draw_live(client: EngineClient, cfg, live: bool, interval: float) -> None:
     ss = st.session_state
     # Everything this run draws is read before its first element: a placeholder (st.empty) clears what the
     # last run drew there at once, so the KPI and status lines vanished for the 0.04-0.4 s the reads take,
@@ -316,6 +326,9 @@ def slot_view(snap: EngineSnapshot, tt, fresh: bool) -> None:
         lo, hi = written_range(snap.pool)
     else:
         lo, hi = st.slider("Slot range", 0, size, (0, size), key="slot_range")
+        if hi <= lo:                            # both handles on one value: the slot there alone
+            lo = min(lo, size - 1)
+            hi = lo + 1
     _chart(cached_figure(ss, "row", (snap.step, snap.seq, lo, hi),
                          lambda: slot_row_figure(snap.pool, snap.cache, tt, lo=lo, hi=hi, width=TREE_WIDTH), fresh),
            "slot_row")

@@ -19,6 +19,7 @@ import streamlit as st
 from core.engine.sampling import SamplingParams
 from radixui.connect.client import EngineClient
 from radixui.panels.presets import PRESETS, SYSTEM_PROMPT
+from radixui.panels.server_down import SERVER_ERRORS
 
 MAX_COPIES = 64
 
@@ -67,7 +68,7 @@ def submit_all(client: EngineClient, prompts: list, params: SamplingParams, extr
     for p in prompts:
         try:
             rid = client.submit(p, params, extra_key=extra_key)
-        except ValueError as exc:
+        except (ValueError, *SERVER_ERRORS) as exc:     # a callback: what went wrong is a message, not a traceback
             sent = len(rids)
             st.session_state.flash = ("error", f"Request rejected: {exc}" + (f" ({sent} sent before it)" if sent else ""))
             return

@@ -39,11 +39,13 @@ class Served:
 @contextmanager
 def serving(engine: Optional[Engine] = None, factory=None, settings: Optional[ServerSettings] = None,
             initial_config: Optional[dict] = None, header_timeout: float = 10.0,
-            drain_seconds: float = 5.0) -> Iterator[Served]:
-    """The app as `python -m core.server` serves it (make_server: header deadline, drain on SIGTERM)."""
+            drain_seconds: float = 5.0, port: int = 0) -> Iterator[Served]:
+    """The app as `python -m core.server` serves it (make_server: header deadline, drain on SIGTERM), on `port`
+    (0: one the system picks; a given one may be one an earlier server here used: a restart)."""
     app = create_app(engine, factory=factory, settings=settings, initial_config=initial_config)
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     server = make_server(app, log_level="warning", header_timeout=header_timeout, drain_seconds=drain_seconds)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
