@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import threading
 import time
 import traceback
@@ -70,6 +71,7 @@ class Engine:
                                       floor_factor=1.0 if self.runner.cuda_graph else FLOOR_FACTOR)
         self.metrics = EngineMetrics()
         self.step_count = 0
+        self.instance_id = secrets.token_hex(8)   # in every snapshot: a viewer tells a replaced engine by it
         self.last_error: Optional[str] = None
         size = pool_slots + page_size
         self.slot_tokens = np.full(size, -1, dtype=np.int64)   # last token written per slot

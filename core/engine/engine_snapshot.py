@@ -26,6 +26,7 @@ class SnapshotSource(Protocol):
     k_norms: np.ndarray         # [layers, slots] the heatmap
     metrics: EngineMetrics
     step_count: int
+    instance_id: str            # this engine, not another built since
 
     def token_piece(self, tok: int) -> str: ...
 
@@ -62,7 +63,8 @@ def build(engine: SnapshotSource, table: list[Request], inbox: int, version: int
     toks.discard(-1)
     return snap.EngineSnapshot(seq=cache_view.seq, step=engine.step_count, cache=cache_view, pool=pool,
                                requests=reqs, metrics=metrics,
-                               token_text={t: engine.token_piece(t) for t in sorted(toks)}, version=version)
+                               token_text={t: engine.token_piece(t) for t in sorted(toks)}, version=version,
+                               engine_id=engine.instance_id)
 
 
 def request_view(r: Request) -> snap.RequestView:

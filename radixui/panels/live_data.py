@@ -27,6 +27,7 @@ class EventStore:
         self.start_seq = 0      # the seq of the state the events follow
         self.base = None        # that state as a CacheSnapshot; None: the empty cache of a reset (or the start)
         self.shape: Optional[tuple] = None   # (num_slots, page_size, policy) of the engine: the empty cache's
+        self.engine_id: Optional[str] = None  # the engine these events are from
         self.replayer: Optional[Replayer] = None
 
     @property
@@ -35,8 +36,11 @@ class EventStore:
         return self.base is not None
 
     def sync(self, client: Any, snap: EngineSnapshot) -> None:
-        if snap.seq < self.last_seq:          # a rebuilt engine starts counting again
+        # a rebuilt engine starts counting again, and one replaced behind this tab's back (another tab's Apply, an
+        # admin's rebuild, a restart) may have counted past where this tab stopped: its seq alone cannot tell
+        if snap.seq < self.last_seq or self.engine_id not in (None, snap.engine_id):
             self.__init__()
+        self.engine_id = snap.engine_id
         self.shape = (snap.cache.num_slots, snap.cache.page_size, snap.cache.policy)
         while self.last_seq < snap.seq:
             new = client.events_since(self.last_seq, FETCH)

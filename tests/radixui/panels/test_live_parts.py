@@ -254,3 +254,42 @@ def test_a_tab_that_missed_the_ring_s_oldest_events_travels_in_time_from_the_cac
     rp = store.replayer_for(snap)
     assert _tree(rp.at(snap.cache.seq)) == _tree(snap.cache)
     e.check_invariants()
+
+
+def test_a_tab_whose_engine_was_replaced_behind_its_back_starts_its_history_again():
+    """Another tab's Apply, an admin's rebuild or a restart gives a new engine that counts from 0 again; once it
+    had counted past where this tab stopped, its seq alone did not tell, and Time travel mixed the two engines'
+    histories (the old pool size, the new engine's first events missing). Its snapshots name it."""
+    import radixui.panels.live_data as live_data
+    from core.engine.engine import Engine
+    from core.engine.sampling import SamplingParams
+    from core.observe import wire
+    from tests.tiny_models import tiny_pair
+
+    runner = tiny_pair("llama")[1]
+    engine = {"now": Engine(runner, pool_slots=96)}
+
+    class Client:
+        def events_since(self, seq, limit=2000):
+            return engine["now"].events_since(seq)[-limit:]
+
+    def run(k: int, first: int = 1) -> None:
+        for i in range(k):
+            engine["now"].generate([[first + i, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
+
+    store = live_data.EventStore()
+    run(1)
+    store.sync(Client(), engine["now"].snapshot())
+    held = store.last_seq
+    engine["now"] = Engine(runner, pool_slots=48)          # replaced: counts from 0 again, on another pool
+    run(6, first=40)
+    snap = engine["now"].snapshot()
+    assert snap.seq > held and snap.engine_id != ""
+    assert wire.snapshot_from_json(wire.snapshot_to_json(snap)).engine_id == snap.engine_id   # over the wire too
+    store.sync(Client(), snap)
+    assert store.events == engine["now"].events_since(1) and not store.rebased     # the new engine's, after its reset
+    assert _tree(store.replayer_for(snap).at(snap.cache.seq)) == _tree(snap.cache)
+    run(1, first=80)                                       # the same engine goes on: nothing starts again
+    snap = engine["now"].snapshot()
+    store.sync(Client(), snap)
+    assert store.events == engine["now"].events_since(1)
