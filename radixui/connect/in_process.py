@@ -42,9 +42,11 @@ class EngineHolder:
             return None
 
     def _build(self, config: EngineConfig) -> None:
+        """The new engine runs as the old one did: in step mode, it waits for Step, as the server's rebuild does."""
         engine = Engine(self.load_runner(config.validate()), config)
         old, self.engine, self.config = self.engine, engine, config
-        engine.start()
+        if old is None or old.running:
+            engine.start()
         if old is not None:
             old.stop()
 
