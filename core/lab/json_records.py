@@ -95,7 +95,8 @@ def decode(line: bytes) -> Any:
 
 def is_json_array_document(path: PathLike) -> bool:
     """True when the file opens a JSON array of objects (or of token-id lists) that its first line does not close:
-    `[` alone, `[{` / `[[` or `[{...},` that go on in the next line, or one line longer than PEEK_BYTES (a minified array, however long).
+    `[` alone, `[{` / `[[` or `[{...},` that go on in the next line, or (of objects) one line longer than
+    PEEK_BYTES (a minified array, however long).
     A JSONL line of token ids (`[1, 2, 3]`) or of messages is complete on its own line, and a broken one (`[1, 2`,
     `[{"role": "user"}`) stays a malformed line of a JSONL file, to report or skip."""
     f, raw = open_trace(path)

@@ -91,8 +91,9 @@ def rejected_notes(rows: list[dict], requests: int, cap: int, bounds) -> list[st
         return []
     worst = max(hit, key=lambda r: r["rejected"])
     whole = "every request" if worst["rejected"] == requests else f"{worst['rejected']:,} of {requests:,} requests"
-    notes = [f"note: {whole} found no room in a replica's pool of {cap:,} tokens ({worst['routing']} at "
-             f"{worst['replicas']} replica{'' if worst['replicas'] == 1 else 's'}) and was rejected, counted with no hits; the smallest request holds "
+    n = worst["replicas"]
+    notes = [f"note: {whole} found no room in a replica's pool of {cap:,} tokens ({worst['routing']} at {n} "
+             f"replica{'' if n == 1 else 's'}) and was rejected, counted with no hits; the smallest request holds "
              f"{bounds.smallest_request_pages * bounds.page_size:,} tokens (prompt + output): a larger --capacity "
              f"serves them"]
     if any(r["single_cache_optimum"] is None for r in rows):

@@ -2,9 +2,10 @@
 
 Each keeps the conversation it answered (its messages, then its answer as an assistant message, each with its item
 id), so a response that names it as `previous_response_id` continues that chat (the prompt starts with everything
-the earlier turn had, and the radix cache finds it) and GET /v1/responses/{id}/input_items lists it. A response is its owner's: another caller gets 404, as for an id that never
-existed (on a server with keys, the key's identity, and none for keyless callers, who would read each other's;
-on an open server, everyone is the same "anonymous").
+the earlier turn had, and the radix cache finds it) and GET /v1/responses/{id}/input_items lists it.
+A response is its owner's: another caller gets 404, as for an id that never existed (on a server with keys, the
+key's identity, and none for keyless callers, who would read each other's; on an open server, everyone is the same
+"anonymous").
 The store lives with the server process; a restart forgets it, as SGLang's in-memory store does.
 """
 from __future__ import annotations

@@ -262,5 +262,6 @@ def test_a_cache_namespace_is_a_name_of_at_most_512_characters(tiny, path, body,
 
 
 def test_an_event_s_memory_estimate_counts_its_namespace():
-    bare, named = (MatchEvent(seq=1, time=0.0, tokens_asked=2, tokens_hit=0, path=(3,), extra_key=k) for k in (None, "n" * 5000))
+    bare, named = (MatchEvent(seq=1, time=0.0, tokens_asked=2, tokens_hit=0, path=(3,), extra_key=k)
+                   for k in (None, "n" * 5000))
     assert event_bytes(named) - event_bytes(bare) == 5000
