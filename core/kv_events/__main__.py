@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -83,8 +84,16 @@ def _show(args) -> int:
 def _convert(args) -> int:
     from core.kv_events.trace import convert_recording
     errors: list = []
-    summary = convert_recording(args.recording, args.out, output_len=args.output_len, errors=errors)
+    summary = convert_recording(args.recording, args.out, output_len=args.output_len, errors=errors,
+                                merge_extensions=args.merge_extensions)
     print(json.dumps(dict(summary, warnings=errors), indent=2))
+    if summary["extensions"]:
+        what = ("appended to the request they extend (--merge-extensions)" if args.merge_extensions else
+                "replayed as requests of their own, each hitting the whole prefix before it; if the traffic is "
+                "single-turn, --merge-extensions appends them to the request they extend")
+        print(f"{summary['extensions']} stores extend the last block of an earlier request: a request's own output "
+              f"(SGLang and this engine cache it when the request finishes) or a chat's next turn; {what}",
+              file=sys.stderr)
     skipped = summary["tier_copies"] + summary["other_groups"] + summary["orphans"]
     if skipped:
         print(f"not replayed: {summary['tier_copies']} tier copies (stores on CPU/disk tiers), "
@@ -115,12 +124,18 @@ def main(argv=None) -> int:
     c.add_argument("recording")
     c.add_argument("--out", required=True)
     c.add_argument("--output-len", type=int, default=0, help="output tokens per request (events do not say)")
+    c.add_argument("--merge-extensions", action="store_true",
+                   help="append a store under the last block of an earlier request to that request (its output, "
+                        "stored when it finished) instead of replaying it as a request: for single-turn traffic")
     args = p.parse_args(argv)
     try:
         return {"record": _record, "show": _show, "convert": _convert}[args.cmd](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:         # `show ... | head`: the reader has what it wanted; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's own flush at exit would fail too
+        return 0
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class Block:
     children: set = field(default_factory=set)
     lora_id: Optional[int] = None
     lora_name: Optional[str] = None
+    cache_salt: Optional[str] = None  # the namespace it was stored in (its store's, else its parent's)
     restores: int = 0                # BlockStored again while cached (vLLM reports prefix reuse so)
     last_ts: float = 0.0
 
@@ -99,8 +100,10 @@ class BlockTree:
             b = self.blocks.get(key)
             if b is None:
                 self._serial += 1
+                up = self.blocks.get(parent) if parent is not None else None
+                salt = ev.cache_salt if ev.cache_salt is not None else (up.cache_salt if up is not None else None)
                 b = Block(key, parent, tokens, self._serial, ts, lora_id=ev.lora_id, lora_name=ev.lora_name,
-                          last_ts=ts)
+                          cache_salt=salt, last_ts=ts)
                 self.blocks[key] = b
                 self._link(b)
                 if above is not None:

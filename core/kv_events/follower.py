@@ -26,6 +26,7 @@ applied (a recorder writes it there, so a recording's gaps come back with `expec
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -241,7 +242,8 @@ class StreamFollower:
             return
         self.tree.apply(batch, seq)
         self.batches += 1
-        self.last_ts = batch.ts
+        if math.isfinite(batch.ts):     # a NaN kept here would make every later comparison False: no restart
+            self.last_ts = batch.ts     # of the publisher would ever be seen again (_restarted)
         if batch.dp_rank is not None:
             self.dp_ranks.add(batch.dp_rank)
         if any(isinstance(e, AllBlocksCleared) for e in batch.events):
