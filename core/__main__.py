@@ -98,9 +98,9 @@ def _run(engine, prompts: list, params, handles: list, all_at_once: bool) -> Non
         engine.step()
         if live:
             _flush_stream(handles[0])
-    if not live:
+    if not live:       # several answers: each under its request's id, as the stats lines on stderr name them
         for h in handles:
-            print(h.result(0).text)
+            print(f"[{h.rid}] {h.result(0).text}")
     else:
         print(flush=True)
 

@@ -3,6 +3,7 @@ model path, and Ctrl-C prints what was generated so far and exits 130."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -143,6 +144,9 @@ def test_readme_example_reports_a_nonzero_hit_rate(capsys, smollm2_runner):
     first, as in the article, and finds "Why my code" cached."""
     assert main(["Why my code throws errors", "Why my code is slow", "--max-new-tokens", "2",
                  "--device", "cpu"]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "prompt 5 tokens, cached 3" in err
     assert "cache: hit rate 30.0%" in err
+    # each answer under its request's id, as the stats name them: two answers printed run together read as one
+    ids = re.findall(r"^\[(r\d+)\] prompt", err, re.M)
+    assert [ln.split("]")[0] + "]" for ln in out.splitlines() if ln.startswith("[r")] == [f"[{i}]" for i in ids]
