@@ -100,6 +100,9 @@ def _convert(args) -> int:
               f"{summary['other_groups']} stores of other KV cache groups, {summary['orphans']} orphaned "
               f"stores (parent chain unknown): each request is counted once, from its device store",
               file=sys.stderr)
+    if len(summary["block_sizes"]) == 1:
+        print(f"the engine stored blocks of {summary['block_sizes'][0]} tokens: sweep this trace with --page-size "
+              f"{summary['block_sizes'][0]}, as its cache matched whole blocks", file=sys.stderr)
     if summary["requests"] == 0:
         print("the recording holds no device-tier BlockStored with a known parent chain: nothing to replay"
               if skipped else "the recording holds no BlockStored events: nothing to replay", file=sys.stderr)

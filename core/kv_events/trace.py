@@ -108,10 +108,12 @@ class _Requests:
 def convert_recording(path, out, output_len: int = 0, errors: Optional[list] = None,
                       merge_extensions: bool = False) -> dict:
     """Write one JSONL request per device store (with `merge_extensions`, a store that extends an open request is
-    appended to it); returns a summary (requests, extensions, what was skipped, gaps)."""
+    appended to it); returns a summary (requests, extensions, what was skipped, gaps, and the block sizes the
+    engine stored with: the page size to sweep the trace at, as the engine's cache matched whole pages)."""
     tree = BlockTree()
     counts = {"requests": 0, "extensions": 0, "blocks_requested": 0, "blocks_stored": 0,
               "tier_copies": 0, "other_groups": 0, "orphans": 0}
+    sizes: set = set()                  # the engine's page sizes: what to sweep the trace with
     plural = {"tier_copy": "tier_copies", "other_group": "other_groups", "orphan": "orphans"}
     if isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 0:
         raise ValueError(f"output_len must be an integer >= 0 (the lab's loader refuses others), got {output_len!r}")
@@ -136,6 +138,7 @@ def convert_recording(path, out, output_len: int = 0, errors: Optional[list] = N
             return
         new = [t for t in ev.token_ids if isinstance(t, int)]
         last = ev.block_hashes[-1]
+        sizes.add(ev.block_size)
         if ev.parent_block_hash is not None and requests.extends(ev.parent_block_hash):
             counts["extensions"] += 1
             if merge_extensions:
@@ -170,5 +173,5 @@ def convert_recording(path, out, output_len: int = 0, errors: Optional[list] = N
         os.unlink(tmp)
         raise
     st = follower.status()
-    return dict(counts, batches=st["batches"], unrecovered_gaps=st["unrecovered_gaps"],
+    return dict(counts, block_sizes=sorted(sizes), batches=st["batches"], unrecovered_gaps=st["unrecovered_gaps"],
                 missing_batches=st["missing_batches"])

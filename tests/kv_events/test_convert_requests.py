@@ -70,6 +70,7 @@ def test_a_request_s_output_store_is_said_and_merged_for_single_turn_traffic(tmp
     cli = subprocess.run([sys.executable, "-m", "core.kv_events", "convert", str(tmp_path / "ev.bin"), "--out",
                           str(tmp_path / "cli.jsonl")], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0 and "6 stores extend the last block of an earlier request" in cli.stderr
+    assert split["block_sizes"] == [PS] and f"sweep this trace with --page-size {PS}," in cli.stderr
     assert "--merge-extensions appends them to the request they extend" in cli.stderr
 
 
