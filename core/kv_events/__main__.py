@@ -91,8 +91,9 @@ def _convert(args) -> int:
         what = ("appended to the request they extend (--merge-extensions)" if args.merge_extensions else
                 "replayed as requests of their own, each hitting the whole prefix before it; if the traffic is "
                 "single-turn, --merge-extensions appends them to the request they extend")
-        print(f"{summary['extensions']} stores extend the last block of an earlier request: a request's own output "
-              f"(SGLang and this engine cache it when the request finishes) or a chat's next turn; {what}",
+        n = summary["extensions"]
+        print(f"{n:,} store{'s extend' if n != 1 else ' extends'} the last block of an earlier request: a request's "
+              f"own output (SGLang and this engine cache it when the request finishes) or a chat's next turn; {what}",
               file=sys.stderr)
     skipped = summary["tier_copies"] + summary["other_groups"] + summary["orphans"]
     if skipped:
