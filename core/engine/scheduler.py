@@ -235,13 +235,11 @@ class Scheduler:
         half = budget // 2
         room = self.max_running_requests - len(self.running)
         in_flight = self._in_flight()
-        measure = bool(in_flight) and not self.cache.disable
         want = held = 0
         for r in self.waiting[:max(0, room)]:
             if want >= half:
                 break
-            cached = self.cache.peek_prefix_len(self._key(r, len(r.fill_ids) - 1)) if measure else 0
-            if self._hold_back(r, cached, in_flight):
+            if self._defers(r, in_flight, {}):
                 held += 1
                 if held >= MAX_HELD_PER_STEP:
                     break       # as _admit: a step never scans a huge queue
@@ -310,6 +308,13 @@ class Scheduler:
         return [(np.asarray(r.prompt_ids, dtype=np.int64), r.extra_key) for r in self.running
                 if r.computed < len(r.prompt_ids)]
 
+    def _defers(self, req: Request, in_flight: list[tuple[np.ndarray, Optional[str]]], lens: dict[int, int]) -> bool:
+        """Whether `req` is held back this step (`_hold_back`), its cached prefix read from `lens` when measured."""
+        cached = lens.get(id(req))
+        if cached is None and in_flight and not self.cache.disable:
+            cached = self.cache.peek_prefix_len(self._key(req, len(req.fill_ids) - 1))
+        return self._hold_back(req, cached or 0, in_flight)
+
     def _hold_back(self, req: Request, cached: int, in_flight: list[tuple[np.ndarray, Optional[str]]]) -> bool:
         """True if `req` shares 32+ uncached prefix tokens with a prompt being computed now."""
         if self.cache.disable or not in_flight:
@@ -329,10 +334,7 @@ class Scheduler:
             if len(self.running) >= self.max_running_requests or budget <= 0:
                 break
             try:
-                cached = lens.get(id(req))
-                if cached is None and in_flight and not self.cache.disable:
-                    cached = self.cache.peek_prefix_len(self._key(req, len(req.fill_ids) - 1))
-                if self._hold_back(req, cached or 0, in_flight):
+                if self._defers(req, in_flight, lens):
                     self.held_back += 1
                     held += 1
                     if held >= MAX_HELD_PER_STEP:

@@ -92,6 +92,7 @@ class BlockTree:
         parent = None if ev.parent_block_hash is None else (group, ev.parent_block_hash)
         medium = medium_name(ev.medium)
         bs = ev.block_size if ev.block_size > 0 else 1
+        salt = self.namespace(ev)[0]      # the chain's, for each block it adds
         new = 0
         above: Optional[set] = None   # _ancestors(parent) while known: one walk up an event's chain, not one
         for i, h in enumerate(ev.block_hashes):   # an adoption (a long chain adopting many orphans was quadratic)
@@ -100,8 +101,6 @@ class BlockTree:
             b = self.blocks.get(key)
             if b is None:
                 self._serial += 1
-                up = self.blocks.get(parent) if parent is not None else None
-                salt = ev.cache_salt if ev.cache_salt is not None else (up.cache_salt if up is not None else None)
                 b = Block(key, parent, tokens, self._serial, ts, lora_id=ev.lora_id, lora_name=ev.lora_name,
                           cache_salt=salt, last_ts=ts)
                 self.blocks[key] = b
@@ -196,6 +195,17 @@ class BlockTree:
     def top_level(self) -> list[Key]:
         """Blocks drawn under the root: true roots, then orphans, in store order."""
         return sorted(self.roots | self.orphans, key=lambda k: self.blocks[k].serial)
+
+    def namespace(self, ev: BlockStored) -> tuple[Optional[str], Optional[str]]:
+        """(cache_salt, LoRA name or id) of a store: its own, else its parent block's (a chain's later stores may
+        leave them out)."""
+        parent = (ev.group_idx or 0, ev.parent_block_hash) if ev.parent_block_hash is not None else None
+        up = self.blocks.get(parent) if parent is not None else None
+        salt = ev.cache_salt if ev.cache_salt is not None or up is None else up.cache_salt
+        lora = ev.lora_name or (None if ev.lora_id is None else str(ev.lora_id))
+        if lora is None and up is not None:
+            lora = up.lora_name or (None if up.lora_id is None else str(up.lora_id))
+        return salt, lora
 
     def path_tokens(self, key: Key) -> tuple:
         """Every token from the top of the block's chain down to and including the block."""

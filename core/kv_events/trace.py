@@ -59,12 +59,8 @@ def store_kind(ev: BlockStored, tree: BlockTree) -> str:
 
 
 def namespace(ev: BlockStored, tree: BlockTree) -> Optional[str]:
-    """The store's cache namespace as a lab `extra_key`: its cache_salt and LoRA, else those of its parent chain."""
-    up = tree.blocks.get((FIRST_GROUP, ev.parent_block_hash)) if ev.parent_block_hash is not None else None
-    salt = ev.cache_salt if ev.cache_salt is not None else (up.cache_salt if up is not None else None)
-    lora = ev.lora_name or (None if ev.lora_id is None else str(ev.lora_id))
-    if lora is None and up is not None:
-        lora = up.lora_name or (None if up.lora_id is None else str(up.lora_id))
+    """The store's cache namespace (BlockTree.namespace) as a lab `extra_key`."""
+    salt, lora = tree.namespace(ev)
     parts = ([f"salt:{salt}"] if salt else []) + ([f"lora:{lora}"] if lora else [])
     return "|".join(parts) or None
 
