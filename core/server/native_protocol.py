@@ -17,8 +17,9 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, PrivateAttr, StrictBool, StrictInt, create_model
 
 from core.engine.sampling import ParamError, SamplingParams
+from core.server.body_checks import check_namespace, check_noops, engine_params
 from core.server.errors import APIError
-from core.server.openai_protocol import MAX_N, check_namespace, check_noops, engine_params, parse
+from core.server.openai_protocol import MAX_N, parse
 
 DEFAULT_MAX_NEW_TOKENS = 128          # SGLang's SamplingParams default
 TOP_K_OFF = 1 << 30                   # SGLang's default top_k: every token

@@ -16,22 +16,18 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from core.engine.sampling import ParamError, SamplingParams
-from core.server.errors import APIError
-from core.server.openai_protocol import (
-    DEFAULT_CHAT_MAX_TOKENS,
+from core.server.body_checks import (
     MAX_ID_CHARS,
     MAX_TEMPERATURE,
-    MaxTokens,
-    Number,
     check_max_tokens,
     check_noops,
     check_stream_and_namespace,
     check_temperature,
     engine_params,
     namespace_of,
-    nullable,
-    schema_field,
 )
+from core.server.errors import APIError
+from core.server.openai_protocol import DEFAULT_CHAT_MAX_TOKENS, MaxTokens, Number, nullable, schema_field
 
 INPUT_PART_TYPES = ("input_text", "output_text", "text")   # the text parts an input message may hold
 INPUT_ROLES = ("user", "assistant", "system", "developer")   # the Responses API's message roles

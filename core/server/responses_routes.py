@@ -24,11 +24,12 @@ from fastapi.responses import JSONResponse
 from core.engine.request import Completion
 from core.server import api_schema
 from core.server.auth import Caller
+from core.server.body_checks import MAX_ID_CHARS
 from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
 from core.server.host import EngineHost, new_id
 from core.server.json_body import parse_object
-from core.server.openai_protocol import MAX_ID_CHARS, parse
+from core.server.openai_protocol import parse
 from core.server.openai_run import ChoiceRun
 from core.server.response_items import DEFAULT_LIMIT, MAX_LIMIT, Order, check_list_query, page
 from core.server.response_store import ResponseStore

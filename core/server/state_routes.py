@@ -20,11 +20,11 @@ from core.engine.sampling import ParamError, SamplingParams
 from core.observe import wire
 from core.server import api_schema, redact
 from core.server.auth import Caller
+from core.server.body_checks import check_namespace
 from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
 from core.server.host import EngineHost, new_id
 from core.server.json_body import parse_object
-from core.server.openai_protocol import check_namespace
 from core.server.openai_run import fit_error
 
 MAX_EVENTS_PAGE = 10_000

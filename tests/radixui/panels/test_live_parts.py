@@ -13,7 +13,8 @@ from radixui.figures.hit_chart import hit_rate_figure, hit_rate_series
 from radixui.figures.kpis import kpi_line, kpis, sglang_status
 from radixui.figures.narrate import article_token_note, word_groups
 from radixui.figures.plot import validate
-from radixui.panels.live_views import TABLE_COLUMNS, _selected_rid, chunked_prefill_note, request_table, table_key
+from radixui.panels.live_views import chunked_prefill_note
+from radixui.panels.request_rows import TABLE_COLUMNS, request_table, selected_rid, table_key
 from radixui.panels.prompt_panel import form_params
 
 
@@ -42,17 +43,17 @@ def test_request_table_lists_pending_submissions_first_and_marks_the_shown_path(
 def test_selected_row_maps_to_the_rid_drawn_last_run():
     k1 = table_key(["r9", "r2", "r1"])
     ss = {"_table_rids": ["r9", "r2", "r1"], "_table_key": k1, k1: {"selection": {"rows": [2], "columns": []}}}
-    assert _selected_rid(ss) == "r1"
+    assert selected_rid(ss) == "r1"
     ss["_table_rids"] = ["r10", "r9", "r2", "r1"]               # a new row on top: still r1
-    assert _selected_rid(ss) == "r1"
+    assert selected_rid(ss) == "r1"
     k2 = ss["_table_key"] = table_key(ss["_table_rids"])        # drawn anew under its own key: no tick at row 2
     assert k2 != k1
     ss[k2] = {"selection": {"rows": [], "columns": []}}
-    assert _selected_rid(ss) == "r1"                            # the new table's empty tick is no click
+    assert selected_rid(ss) == "r1"                            # the new table's empty tick is no click
     ss[k2] = {"selection": {"rows": [1], "columns": []}}        # a click on r9
-    assert _selected_rid(ss) == "r9"
+    assert selected_rid(ss) == "r9"
     ss[k2] = {"selection": {"rows": [], "columns": []}}         # unticked: back to no selection
-    assert _selected_rid(ss) is None
+    assert selected_rid(ss) is None
 
 
 def test_chunked_prefill_is_explained():
