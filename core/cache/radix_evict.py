@@ -109,9 +109,9 @@ class EvictionMixin:
                                token_ids=tuple(node.key.token_ids.tolist()), slots=tuple(node.value.tolist()),
                                last_access_time=node.last_access_time,
                                policy_key=tuple(float(x) for x in policy_key))
-        self.policy.on_evict(node)  # policy hook
-        self.allocator.free(node.value)
+        self.allocator.free(node.value)   # before the policy's hook: a hook that raises loses no slot
         node.parent = None  # marks the node as gone; a later dec_lock_ref on it is rejected
+        self.policy.on_evict(node)  # policy hook
         return size
 
     def eviction_order(self, k: Optional[int] = None) -> list[TreeNode]:

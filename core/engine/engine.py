@@ -146,10 +146,12 @@ class Engine:
             req = self.requests.withdraw(rid)
             if req is None:
                 return False
-            self.scheduler.abort(req)
-            self.metrics.on_abort()
-            self._complete(req, "abort")
-            self._publish()
+            try:
+                self.scheduler.abort(req)
+            finally:                  # its caller hears the end even when giving back its slots failed
+                self.metrics.on_abort()
+                self._complete(req, "abort")
+                self._publish()
             return True
 
     # ----- stepping ----------------------------------------------------------------------------

@@ -110,13 +110,15 @@ class Scheduler:
         key = self._key(req, n)
         cached = self.cache.insert(key, req.kv_slots[:n], req.params.priority)
         self.allocator.free(req.kv_slots[req.tree_len:cached])
+        # the tree owns the first n tokens' slots from here: said before anything below can raise, so a
+        # failing request's release frees only what is still its own (kv_slots[n:]), never the tree's
+        req.tree_len = n
         m = self.cache.match_prefix(key)
+        req.kv_slots = torch.cat([m.indices, req.kv_slots[n:]])
         old = req.last_node
         self._lock(req, m.last_node)
         if old is not None:
             self.cache.dec_lock_ref(old)
-        req.kv_slots = torch.cat([m.indices, req.kv_slots[n:]])
-        req.tree_len = int(m.indices.numel())
 
     def release(self, req: Request, cache_kv: bool = True, finished: bool = False) -> None:
         """Give back everything `req` holds; with `cache_kv` its computed tokens go into the tree
@@ -131,11 +133,13 @@ class Scheduler:
             free_from = n
         elif told is not None and req.last_node is not None:   # the finish added no page
             self.cache.request_finished(req.last_node, told)
-        self.allocator.free(torch.cat([req.kv_slots[free_from:], req.tail_slots]))
-        self._unlock(req)
-        req.kv_slots = req.kv_slots[:0]
-        req.tail_slots = req.tail_slots[:0]
-        req.tree_len = 0
+        try:
+            self.allocator.free(torch.cat([req.kv_slots[free_from:], req.tail_slots]))
+        finally:                      # a failed free still lets go of the path and of the slots' record
+            self._unlock(req)
+            req.kv_slots = req.kv_slots[:0]
+            req.tail_slots = req.tail_slots[:0]
+            req.tree_len = 0
 
     def held_slots(self) -> torch.Tensor:
         """Slots running requests own outside the tree (for the conservation invariant)."""
