@@ -62,6 +62,7 @@ from core.engine.model.native_layers import (AttentionPlan, apply_rope, attend_d
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}   # activations
 KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+ROPE_TABLE_START = 4096   # RoPE rows built at load; forward doubles them as positions need, up to the model's limit
 
 
 class _Layer:
@@ -155,11 +156,11 @@ class NativeLlama(torch.nn.Module):
         # a row's logits the same bits however many rows the head runs
         self.lm_head = proj(self.embed if tied else head_w, getattr(hf_model.lm_head, "bias", None))
         rotary = base.rotary_emb
-        positions = int(max_positions or getattr(cfg, "max_position_embeddings", 2048))
-        self.max_positions = positions
-        self.cos, self.sin = rope_tables(rotary.inv_freq.detach().cpu(), float(rotary.attention_scaling), positions,
-                                         self.act_dtype)
-        self.cos, self.sin = self.cos.to(self.device), self.sin.to(self.device)
+        self.max_positions = int(max_positions or getattr(cfg, "max_position_embeddings", 2048))
+        # RoPE tables as long as the positions run so far (grown by doubling in forward), not the model's whole
+        # limit: a 1M-position Qwen2.5 took 986 MB and 7 s for tables no request of an 8,192-slot pool can read
+        self._rope_freq = (rotary.inv_freq.detach().cpu(), float(rotary.attention_scaling))
+        self._grow_rope(min(self.max_positions, ROPE_TABLE_START))
         # pure decode steps on CUDA replay captured graphs (native_cuda.py): no per-kernel launch from Python
         self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
         self.full_attention = all(L.window is None for L in self.layers)   # no sliding window in any layer
@@ -192,12 +193,25 @@ class NativeLlama(torch.nn.Module):
         """A pure torch function of one decode step, for CUDA graphs and torch.compile (decode_step.py)."""
         return decode_step_fn(self, attention)
 
+    def _grow_rope(self, positions: int) -> None:
+        """cos / sin for positions 0..positions-1 (each row the same bits however long the table). The
+        decode graphs read the old tables: they are captured again."""
+        inv_freq, scaling = self._rope_freq
+        cos, sin = rope_tables(inv_freq, scaling, positions, self.act_dtype)
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)
+        self.graph_decoder = None
+
     # ------------------------------------------------------------------ forward
     def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
         """Run the new tokens of `batch`, writing their K/V into `pool`; [R, vocab] float32 logits."""
         if pool.dtype != self.kv_dtype:
             raise ValueError(f"the KV pool holds {pool.dtype}, NativeLlama({self.mode}) writes {self.kv_dtype}; "
                              f"make the pool with NativeLlama.make_pool")
+        top = max(p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)) - 1
+        if top >= self.max_positions:
+            raise ValueError(f"position {top} is past the model's {self.max_positions} positions")
+        if top >= self.cos.shape[0]:
+            self._grow_rope(min(self.max_positions, max(top + 1, 2 * self.cos.shape[0])))
         with torch.inference_mode(), self._sdpa_backends():
             if self.cuda_graph:
                 decoder = self.graph_decoder
@@ -232,9 +246,6 @@ class NativeLlama(torch.nn.Module):
         if self.kv8:
             kernel = "kv8"
         plan = AttentionPlan.build(batch, row_kernel=row_kernel, tiles=kernel is not None)
-        if int(batch.positions.max()) >= self.max_positions:
-            raise ValueError(f"position {int(batch.positions.max())} is past the RoPE table "
-                             f"({self.max_positions} positions)")
         t = batch.num_tokens
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         cos = self.cos.index_select(0, batch.positions)[:, None, :]    # [T, 1, D], shared by all layers

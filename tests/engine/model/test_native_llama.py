@@ -20,6 +20,7 @@ from core.engine.model import native_kernels
 from core.engine.engine import Engine
 from core.engine.model.forward_batch import ForwardBatch
 from core.engine.model.runner import ModelRunner
+from core.engine.model.native_layers import rope_tables
 from core.engine.model.native_llama import NativeLlama
 from core.engine.model.native_support import unsupported_reason
 from core.engine.sampling import SamplingParams
@@ -269,3 +270,24 @@ def test_loading_the_kernels_keeps_subnormal_floats_for_the_whole_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "True", "the native kernels did not load in a fresh process"
     assert out[1] == "True", f"sys.float_info.min / 2 gave {out[2]} after the kernels loaded"
+
+
+def test_rope_tables_grow_with_the_positions_run_not_the_models_limit():
+    """A 1M-position config loads 4,096 RoPE rows (the whole table was 986 MB for a Qwen2.5-1M); a prompt
+    past them doubles the table, and its logits still equal HF's, the rows the same bits as a full table."""
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(LlamaConfig(**{**TINY, "max_position_embeddings": 1_000_000}),
+                                           attn_implementation="eager").eval()
+    native = NativeLlama.from_hf(ref)
+    assert native.cos.shape[0] == 4096 and native.max_positions == 1_000_000
+    ids = [random.Random(1).randrange(1, 128) for _ in range(4500)]
+    pool = native.make_pool(4600)
+    got = native.forward(ForwardBatch.build([(ids, [], torch.arange(1, 4501))]), pool)[0]
+    assert native.cos.shape[0] == 8192
+    torch.testing.assert_close(got, hf_last_logits(ref, ids), atol=ATOL, rtol=0)
+    rotary = ref.model.rotary_emb                               # the table built whole at once
+    cos, sin = rope_tables(rotary.inv_freq, float(rotary.attention_scaling), 8192, torch.float32)
+    assert torch.equal(native.cos, cos) and torch.equal(native.sin, sin)
+    again = NativeLlama.from_hf(ref, max_positions=8192)
+    with pytest.raises(ValueError, match="position 8192 is past the model's 8192 positions"):
+        again.forward(ForwardBatch.build([([5], torch.arange(1, 8193), torch.tensor([8193]))]), again.make_pool(8200))
