@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
               f"characters)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ValueError, OSError, RuntimeError) as exc:
-        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        # one line, all of it: a tokenizer's load error says on its later lines which files it looked for
+        print(f"error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for h in handles:
         c = h.result(0)

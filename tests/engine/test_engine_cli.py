@@ -150,3 +150,15 @@ def test_readme_example_reports_a_nonzero_hit_rate(capsys, smollm2_runner):
     # each answer under its request's id, as the stats name them: two answers printed run together read as one
     ids = re.findall(r"^\[(r\d+)\] prompt", err, re.M)
     assert [ln.split("]")[0] + "]" for ln in out.splitlines() if ln.startswith("[r")] == [f"[{i}]" for i in ids]
+
+
+def test_a_folder_without_a_tokenizer_says_so(capsys, tmp_path, tiny_folder):
+    """transformers' own message spans lines and names no file; the first line alone ("Couldn't instantiate
+    the backend tokenizer from one of:") was all the CLI printed."""
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((tiny_folder / name).read_bytes())
+    assert main(["hello", "--model", str(tmp_path), "--device", "cpu"]) == 2
+    assert _one_error_line(capsys) == (f"error: {tmp_path} has no tokenizer (none of tokenizer.json, "
+                                       f"tokenizer_config.json, tokenizer.model, vocab.json): copy the "
+                                       f"checkpoint's tokenizer files into it")
+

@@ -15,7 +15,7 @@ def unsupported_reason(hf_model: torch.nn.Module) -> Optional[str]:
     cfg = hf_model.config.get_text_config()
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {cfg.model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
+    if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish"):    # transformers' swish is nn.SiLU
         return f"hidden_act {cfg.hidden_act!r} (only silu)"
     rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
     rope_type = getattr(rotary, "rope_type", None)

@@ -5,6 +5,9 @@ Where the checkpoint comes from (a name, a GGUF, a folder) is loader.py's busine
 """
 from __future__ import annotations
 
+import os
+import sys
+
 from typing import Optional
 
 import torch
@@ -62,6 +65,9 @@ def pick_kv_cache_dtype(kv_cache_dtype: str, numerics: str, impl: str) -> Option
     return None if kv_cache_dtype == "auto" else kv_cache_dtype
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")   # any one will do
+
+
 def pick_impl(impl: str, hf_model: torch.nn.Module) -> str:
     """"auto": the native Llama path where it supports the model, else the stock transformers one."""
     from core.engine.model.native_support import unsupported_reason
@@ -75,6 +81,8 @@ def pick_impl(impl: str, hf_model: torch.nn.Module) -> str:
         return "native"
     if impl == "native":
         raise ValueError(f"the native model path cannot run this model ({reason}); use model_impl 'hf' or 'auto'")
+    # said once, where the model loads: a user expecting the native path's speed (or int8) learns why not
+    print(f"model path: hf (the native path cannot run this model: {reason})", file=sys.stderr, flush=True)
     return "hf"
 
 
@@ -123,6 +131,9 @@ class ModelRunner:
             raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(MODEL_IMPLS)}")
         path = resolve_model(model)
         dev = _pick_device(device)
+        if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+            raise ValueError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
+                             f"checkpoint's tokenizer files into it")
         config = AutoConfig.from_pretrained(path)
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise ValueError(f"{path} holds a {config.model_type!r} model, which is not a causal LM; "

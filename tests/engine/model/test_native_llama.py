@@ -291,3 +291,23 @@ def test_rope_tables_grow_with_the_positions_run_not_the_models_limit():
     again = NativeLlama.from_hf(ref, max_positions=8192)
     with pytest.raises(ValueError, match="position 8192 is past the model's 8192 positions"):
         again.forward(ForwardBatch.build([([5], torch.arange(1, 8193), torch.tensor([8193]))]), again.make_pool(8200))
+
+
+def test_auto_says_why_a_model_leaves_the_native_path_and_swish_stays_on_it(capsys):
+    """A gelu Llama runs on the HF path, and the load says so with the reason (it was silent: a user who
+    expected the native path's speed or int8 could not tell). transformers' "swish" is nn.SiLU: native."""
+    torch.manual_seed(0)
+    gelu = AutoModelForCausalLM.from_config(LlamaConfig(**TINY, hidden_act="gelu"))
+    assert ModelRunner.from_hf(gelu, device="cpu").impl == "hf"
+    assert capsys.readouterr().err == "model path: hf (the native path cannot run this model: hidden_act 'gelu' " \
+                                      "(only silu))\n"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**TINY, hidden_act="swish")
+    cfg.eos_token_id = None
+    ref = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    ref.generation_config.eos_token_id, ref.generation_config.pad_token_id = None, 0
+    runner = ModelRunner.from_hf(copy.deepcopy(ref), device="cpu", numerics="fp32")
+    assert runner.impl == "native" and capsys.readouterr().err == ""
+    prompt = [5, 17, 33, 2, 90, 61]
+    got = Engine(runner, pool_slots=64).generate([prompt], SamplingParams(max_new_tokens=8))[0].token_ids
+    assert got == reference_greedy(ref, prompt, 8)
