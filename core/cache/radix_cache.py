@@ -77,6 +77,7 @@ class RadixCache(EvictionMixin):
         self._evictable_size = 0
         self._protected_size = 0
         self.evicted_tokens = 0  # cumulative, for the engine's metrics
+        self.evicted_nodes = 0   # leaves evicted (one evict event each), likewise
         self.policy.attach(self)  # policy hook: a stateful policy starts afresh
         self.allocator.clear()
         self.events.append(ev.ResetEvent, self.clock())

@@ -102,6 +102,7 @@ class EvictionMixin:
         del parent.children[self.child_key(key)]
         self._evictable_size -= size
         self.evicted_tokens += size
+        self.evicted_nodes += 1
         self.evictable_leaves.discard(node)
         self._update_leaf_status(parent)
         if self.events.enabled:

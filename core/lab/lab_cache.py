@@ -22,12 +22,10 @@ class LabCache(RadixCache):
     """
 
     on_evict: Optional[Callable[[np.ndarray], None]] = None
-    evicted_nodes = 0
 
     def _delete_leaf(self, node, policy_key):
         if self.on_evict is not None:
             self.on_evict(node.key.token_ids)
-        self.evicted_nodes += 1
         return super()._delete_leaf(node, policy_key)
 
     def evict(self, num_tokens: int) -> int:
