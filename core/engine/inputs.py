@@ -20,16 +20,10 @@ MAX_EXTRA_KEY_CHARS = 1024       # a namespace (cache_salt) as the engine takes 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's chat roles
 
 
-def check_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
+def join_text_parts(texts: list[str]) -> str:
+    """A message's text parts as one content string, joined with a space as SGLang joins them for chat templates
+    that read content as a string (joined with nothing, "Hello" and "world" reached the model as "Helloworld")."""
+    return " ".join(texts)
 
 
 def check_device(device: Any) -> str:

@@ -101,9 +101,8 @@ class Request:
     def append_token(self, tok: int, eos_token_ids: Collection[int], decode: Callable[[list[int]], str]) -> Optional[str]:
         """Take one sampled token: the output text extended (a window decoded: detokenize.py), what of it
         is safe to stream queued, and the finish reason if this token ends the request ("eos", "stop",
-        "length"), else None (SGLang's check_finished). Before min_new_tokens neither EOS nor a stop string
-        ends it; after, only a stop string that ends in the new text counts (SGLang's tail check)."""
-        before = self.output_text
+        "length"), else None (SGLang's check_finished). Before min_new_tokens no EOS ends it (the sampler holds
+        EOS back then, as SGLang's min_new_tokens does); a stop string ends it at any length, as in SGLang 0.5.23."""
         self.output_ids.append(tok)
         reason = None
         early = len(self.output_ids) < self.params.min_new_tokens
@@ -112,8 +111,8 @@ class Request:
         if self._text is None:
             self._text = IncrementalText(decode)
         text = self._text.extend(self.output_ids)
-        for s in () if early else self.params.stop:
-            at = text.find(s, max(0, len(before) - len(s) + 1) if self.params.min_new_tokens else 0)
+        for s in self.params.stop:
+            at = text.find(s)
             if at >= 0:
                 text, reason, self.matched_stop = text[:at], "stop", s
         if reason is None and len(self.output_ids) >= self.params.max_new_tokens:

@@ -76,7 +76,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # [-2, 2]: minus penalty x times the token appeared in the output
     presence_penalty: float = 0.0   # [-2, 2]: minus penalty once the token appeared in the output
     repetition_penalty: float = 1.0  # [0.01, 2]: 1 = off; a token that appeared is made less (>1) likely
-    min_new_tokens: int = 0         # no EOS and no stop string before this many output tokens
+    min_new_tokens: int = 0         # no EOS before this many output tokens (a stop string still ends it)
     logit_bias: Optional[dict] = None  # token id -> [-100, 100] added to its logit
 
     def __setattr__(self, name: str, value: Any) -> None:

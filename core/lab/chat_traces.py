@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from core.engine.inputs import CHAT_ROLES, chat_ids
+from core.engine.inputs import CHAT_ROLES, chat_ids, join_text_parts
 from core.lab.workloads import TraceRequest
 
 DEFAULT_SESSIONS = 16
@@ -81,7 +81,7 @@ def _text(content: Any, where: str, role: str) -> str:
                 raise ValueError(f"{where} holds a {kind!r} part; the lab replays text only (drop the line or "
                                  f"keep its text parts)")
             parts.append(part["text"])
-        text = "".join(parts)
+        text = join_text_parts(parts)
     else:
         raise ValueError(f"{where}'s content must be text, got {type(content).__name__}")
     return check_text(text, where)

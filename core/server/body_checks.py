@@ -35,6 +35,11 @@ def check_stream_and_namespace(body: Any) -> None:
     cache namespace however it is named."""
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options", "invalid_value")
+    opts = body.stream_options      # a StreamOptions (chat, completions) or a dict (Responses)
+    if (opts.get("include_obfuscation") if isinstance(opts, dict) else getattr(opts, "include_obfuscation", None)):
+        raise APIError(400, "stream_options.include_obfuscation is not supported: chunks carry no obfuscation "
+                            "padding here; send false or leave it out", "stream_options.include_obfuscation",
+                       "unsupported_parameter")
     if body.cache_salt is not None and body.extra_key is not None and body.cache_salt != body.extra_key:
         raise APIError(400, "cache_salt and extra_key name the same cache namespace; send one of them",
                        "cache_salt", "invalid_value")

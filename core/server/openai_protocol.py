@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, WithJsonSchema
 
-from core.engine.inputs import CHAT_ROLES
+from core.engine.inputs import CHAT_ROLES, join_text_parts
 from core.engine.sampling import ParamError, SamplingParams
 from core.server.body_checks import (
     MAX_TEMPERATURE,
@@ -59,7 +59,8 @@ LogitBias = schema_field(nullable({"type": "object", "additionalProperties": {"t
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: Optional[StrictBool] = None
-    continuous_usage_stats: Optional[StrictBool] = None   # vLLM's (GuideLLM sends it): only the final usage comes
+    continuous_usage_stats: Optional[StrictBool] = None   # SGLang's and vLLM's: each chunk with its usage so far
+    include_obfuscation: Optional[StrictBool] = None      # OpenAI's padding field: false (what this server does)
 
 
 class ResponseFormat(BaseModel):
@@ -262,7 +263,7 @@ class ChatMessage(BaseModel):
                     raise APIError(400, f"a text content part needs its text as a string, got "
                                         f"{part.get('text')!r}", "messages", "invalid_value")
                 texts.append(part["text"])
-            c = "".join(texts)
+            c = join_text_parts(texts)
         return {"role": self.role, "content": c}
 
 

@@ -16,7 +16,7 @@ rides on the last choice's finishing chunk: SGLang 0.5.23 sends it in a chunk of
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -57,13 +57,21 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
     with_usage = run.body.include_usage(usage_by_default)
     # with include_usage OpenAI gives every chunk a usage field, null but on the last one
     nulls = {"usage": None} if with_usage else {}
+    # SGLang's (and vLLM's) continuous_usage_stats: each text chunk carries its choice's usage so far
+    continuous = bool(run.body.stream_options and run.body.stream_options.continuous_usage_stats)
 
-    def chunk(i: int, text: Optional[str], finish: Optional[str]) -> dict:
+    def so_far(i: int, tokens: int, cached: int) -> dict:
+        p = len(run.choices[i].ids)
+        return {"usage": {"prompt_tokens": p, "completion_tokens": tokens, "total_tokens": p + tokens,
+                          "prompt_tokens_details": {"cached_tokens": cached}}} if continuous else {}
+
+    def chunk(i: int, text: Optional[str], finish: Optional[str], matched: Union[int, str, None] = None) -> dict:
         if chat:
             delta = {} if text is None else {"content": text}
-            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
         else:
-            choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": finish,
+                      "matched_stop": matched}
         return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], **nulls}
 
     def head(extra: dict) -> dict:
@@ -81,7 +89,7 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
                 i = e.choice
                 if e.is_piece:
                     sent[i] += e.text
-                    yield sse(chunk(i, e.text, None))
+                    yield sse({**chunk(i, e.text, None), **so_far(i, e.tokens, e.cached)})
                     continue
                 c = run.finished(i, e.completion, e.reason)
             except APIError as err:
@@ -89,8 +97,9 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
                 yield DONE
                 return
             if c.text.startswith(sent[i]) and len(c.text) > len(sent[i]):   # never lose a tail
-                yield sse(chunk(i, c.text[len(sent[i]):], None))
-            last = chunk(i, None, FINISH.get(c.finish_reason, c.finish_reason))
+                yield sse({**chunk(i, c.text[len(sent[i]):], None), **so_far(i, len(c.token_ids), c.cached_tokens)})
+            last = {**chunk(i, None, FINISH.get(c.finish_reason, c.finish_reason), c.matched_stop),
+                    **so_far(i, len(c.token_ids), c.cached_tokens)}
             ext = sglext(run.body, run.done.get(0)) if len(run.done) == k else None
             yield sse({**last, "sglext": ext} if ext is not None else last)
         done = [run.done[i] for i in range(k)]
@@ -131,11 +140,13 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, usage_by_defau
             run.close()
         if chat:
             choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                        "finish_reason": FINISH.get(c.finish_reason, c.finish_reason)} for i, c in enumerate(done)]
+                        "finish_reason": FINISH.get(c.finish_reason, c.finish_reason), "matched_stop": c.matched_stop}
+                       for i, c in enumerate(done)]
             obj = "chat.completion"
         else:
             choices = [{"index": i, "text": c.text, "logprobs": None,
-                        "finish_reason": FINISH.get(c.finish_reason, c.finish_reason)} for i, c in enumerate(done)]
+                        "finish_reason": FINISH.get(c.finish_reason, c.finish_reason), "matched_stop": c.matched_stop}
+                       for i, c in enumerate(done)]
             obj = "text_completion"
         out = {"id": response_id, "object": obj, "created": int(time.time()), "model": model,
                "choices": choices, "usage": usage(done, body.choices_per_prompt)}

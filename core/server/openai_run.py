@@ -44,6 +44,7 @@ class Event:
     text: Optional[str] = None
     ids: list[int] = field(default_factory=list)
     cached: int = 0
+    tokens: int = 0                 # a piece's: the tokens generated when it was sent
     completion: Optional[Completion] = None
     reason: Optional[str] = None
 
@@ -78,11 +79,11 @@ def fit_error(host: EngineHost, engine, n_ids: int, params: SamplingParams, prom
     need = n_ids + m - 1
     if need + (-need) % ps > pool:
         return APIError(400, f"prompt of {n_ids:,} tokens plus {max_param}={m:,} needs {need:,} slots, more than the "
-                             f"pool's {pool:,}; lower {max_param} to at most {pool - n_ids + 1:,}", max_param,
+                             f"pool's {pool:,}; lower {max_param} to at most {room(engine, n_ids):,}", max_param,
                         "context_length_exceeded")
     if n_ids + m > context:
         return APIError(400, f"prompt of {n_ids:,} tokens plus {max_param}={m:,} exceeds the model's context of "
-                             f"{context:,} tokens; lower {max_param} to at most {context - n_ids:,}", max_param,
+                             f"{context:,} tokens; lower {max_param} to at most {room(engine, n_ids):,}", max_param,
                         "context_length_exceeded")
     return None
 
@@ -241,8 +242,8 @@ class ChoiceRun:
         if not self.stream:
             return None
         if self.with_ids:
-            return lambda t, h: self._post(Event(i, t, h.partial_ids(t.tokens), h.cached_tokens()))
-        return lambda t, h: self._post(Event(i, t))
+            return lambda t, h: self._post(Event(i, t, h.partial_ids(t.tokens), h.cached_tokens(), t.tokens))
+        return lambda t, h: self._post(Event(i, t, cached=h.cached_tokens(), tokens=t.tokens))
 
     def _refill(self) -> None:
         if self.next < len(self.choices) and not self.closed and not self.cancelled:

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from core.engine.inputs import join_text_parts
 from core.engine.sampling import ParamError, SamplingParams
 from core.server.body_checks import (
     MAX_ID_CHARS,
@@ -211,5 +212,5 @@ def _message(item: Any, k: int) -> dict[str, str]:
                                 f"({', '.join(INPUT_PART_TYPES)}) with their text as a string are supported",
                            f"{where}.content", "unsupported_parameter")
         texts.append(part["text"])
-    return {"role": role, "content": "".join(texts)}
+    return {"role": role, "content": join_text_parts(texts)}
 

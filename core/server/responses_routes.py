@@ -80,7 +80,7 @@ class ResponseShape:
         """The whole response for a finished completion."""
         incomplete = "max_output_tokens" if c.finish_reason == "length" else None
         status = "incomplete" if incomplete else "completed"
-        usage = {"input_tokens": c.prompt_tokens, "input_tokens_details": {"cached_tokens": c.cached_tokens},
+        usage = {"input_tokens": c.prompt_tokens, "input_tokens_details": {"cached_tokens": c.cached_tokens, "cache_write_tokens": 0},
                  "output_tokens": len(c.token_ids), "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": c.prompt_tokens + len(c.token_ids)}
         return self.obj(status, [self.message(c.text, status)], usage, incomplete)

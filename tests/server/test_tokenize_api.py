@@ -92,3 +92,18 @@ def test_text_no_prompt_could_hold_is_refused_unread_as_on_the_generation_routes
     assert f"more than any prompt this engine can hold ({limit:,} at most" in err["message"]
     fits = post(real, "/v1/tokenize", {"prompt": "a " * (limit // 4)})
     assert fits.status_code == 200 and fits.json()["count"] == limit // 4 + 1      # the trailing space too
+
+
+def test_a_messages_text_parts_reach_the_model_joined_with_a_space_as_sglang_joins_them(real, smollm2_runner):
+    """["Hello", "world"] as parts is "Hello world" to the template (joined with nothing: "Helloworld"), on
+    the chat route and the Responses API alike."""
+    tok = smollm2_runner.tokenizer
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]}]
+    want = tokenize(tok, len(tok), [{"role": "user", "content": "Hello world"}])[0]
+    assert post(real, "/v1/tokenize", {"messages": parts}).json()["tokens"] == want
+    chat = post(real, "/v1/chat/completions", {"messages": parts, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == len(want)
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Hello"},
+                                          {"type": "input_text", "text": "world"}]}]
+    resp = post(real, "/v1/responses", {"input": items, "max_output_tokens": 16, "store": False}).json()
+    assert resp["usage"]["input_tokens"] == len(want)

@@ -131,9 +131,6 @@ class ModelRunner:
             raise ValueError(f"unknown model_impl {impl!r}; choose one of: {', '.join(MODEL_IMPLS)}")
         path = resolve_model(model)
         dev = _pick_device(device)
-        if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
-            raise ValueError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
-                             f"checkpoint's tokenizer files into it")
         config = AutoConfig.from_pretrained(path)
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise ValueError(f"{path} holds a {config.model_type!r} model, which is not a causal LM; "
@@ -144,6 +141,9 @@ class ModelRunner:
         if impl == "hf":
             hf_dtype = TORCH_DTYPES[pick_numerics(numerics, "hf", dev)]
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=hf_dtype, attn_implementation=ATTN_IMPLEMENTATION)
+        if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+            raise ValueError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
+                             f"checkpoint's tokenizer files into it")
         self._setup(hf_model.to(dev), AutoTokenizer.from_pretrained(path), dev, impl, numerics, kv_cache_dtype,
                     cuda_graph)
 
