@@ -7,10 +7,16 @@ import pathlib
 
 import streamlit as st
 
+from radixui.connect.origin import foreign_origin
+
 ICON = str(pathlib.Path(__file__).parent / "radixui" / "static" / "favicon.png")  # local: works offline
 
 st.set_page_config(page_title="RadixAttention live", page_icon=ICON, layout="wide",
                    initial_sidebar_state="collapsed")
+refusal = foreign_origin(st.context.headers)    # before anything is read or drawn: another page's session
+if refusal:
+    st.error(refusal)
+    st.stop()
 
 pages = [
     st.Page("radixui/pages/live.py", title="Live", icon=":material/account_tree:", default=True),

@@ -22,6 +22,7 @@ from typing import Optional
 
 from fastapi import Request
 
+from core.server.body_checks import ADMIN_NAMESPACE_PREFIX
 from core.server.errors import APIError
 
 
@@ -67,10 +68,10 @@ class Keys:
         self.api_key, self.admin_key = api_key or None, admin_key or None
         self._api_identity = "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:12] if api_key else ""
         # The admin's prompts share no cache with the inference role's: a shared prefix shows in
-        # cached_tokens, so another caller could read them back a guessed token at a time. The name is
-        # secret, so no client can join it by sending it as its cache_salt; the inference role's requests
+        # cached_tokens, so another caller could read them back a guessed token at a time. No client can
+        # join it by sending it as its cache_salt (check_namespace refuses the prefix); the inference role's requests
         # stay in the namespaces they ask for, and their KV-event hashes stay SGLang's and vLLM's.
-        self._admin_namespace = "admin-" + secrets.token_hex(8)
+        self._admin_namespace = ADMIN_NAMESPACE_PREFIX + secrets.token_hex(8)
 
     @property
     def open(self) -> bool:

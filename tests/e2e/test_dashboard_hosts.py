@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
-from tests.e2e.processes import ARTIFACTS, streamlit_app
+from tests.e2e.processes import ARTIFACTS, free_port, streamlit_app
 
 
 def _upgrade_status(url: str, host: str) -> str:
@@ -32,3 +33,38 @@ def test_a_rebinding_host_gets_no_session_and_the_loopback_names_do():
             assert " 403 " in _upgrade_status(url, host), host
         for host in ("127.0.0.1", "localhost", "[::1]"):
             assert " 101 " in _upgrade_status(url, host), host
+
+
+def _session_text(url: str, origin: str, seconds: float = 60) -> str:
+    """Everything the dashboard sends a session opened by a page of `origin` for its first run."""
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    from websockets.sync.client import connect
+
+    texts = []
+    with connect(url.replace("http://", "ws://") + "/_stcore/stream", origin=origin, subprotocols=["streamlit"],
+                 open_timeout=10, max_size=None) as ws:
+        run = BackMsg()
+        run.rerun_script.query_string = ""
+        ws.send(run.SerializeToString())
+        end = time.time() + seconds
+        while time.time() < end:
+            msg = ForwardMsg()
+            msg.ParseFromString(ws.recv(timeout=max(0.1, end - time.time())))
+            texts.append(str(msg))
+            if msg.HasField("script_finished"):
+                break
+    return "\n".join(texts)
+
+
+def test_a_page_of_another_local_origin_gets_no_view_of_the_dashboard():
+    """Streamlit's own check lets any localhost / 127.0.0.1 port through: another local dev server's page
+    (or one with an XSS) read every prompt and pressed the admin buttons. app.py answers only its own origin."""
+    env = dict(os.environ, RADIX_ENGINE_URL=f"http://127.0.0.1:{free_port()}")     # no server: the page says so
+    with streamlit_app("app.py", ARTIFACTS / "origin_streamlit.log", env) as (url, _):
+        port = url.rsplit(":", 1)[1]
+        for origin in (f"http://localhost:{int(port) + 1}", f"http://127.0.0.1:{int(port) + 1}"):
+            foreign = _session_text(url, origin)
+            assert "answers only pages of its own origin" in foreign and "no engine server answers" not in foreign
+        own = _session_text(url, url)
+        assert "no engine server answers" in own and "answers only pages of its own origin" not in own
