@@ -91,7 +91,8 @@ def sweep_section(choice: WorkloadChoice) -> SweepSettings:
 
 
 def results_section(settings: SweepSettings) -> SweepResult:
-    """The stored sweep's results; stops the page until a sweep has run."""
+    """The stored sweep's results; stops the page until a sweep has run, and after them while the settings
+    differ from the sweep's (stale)."""
     signature, kv = settings.signature, settings.kv
     stored = st.session_state.get("cap_result")
     if stored is None:
@@ -99,7 +100,10 @@ def results_section(settings: SweepSettings) -> SweepResult:
         st.stop()
     sig, res = stored
     if sig != signature:
-        st.warning("The settings changed since this sweep; press **Run the sweep** to update the results below.")
+        st.warning("The settings changed since this sweep; press **Run the sweep** to update the results below. "
+                   "The planner (smallest pool, host tier, routing, the model run) waits for that sweep: on the "
+                   "new workload with the old sweep's page size and capacities it gave wrong figures, and a "
+                   "large trace replayed for minutes.")
     inf = res.infinite_hit_rate
     m = st.columns(4)
     m[0].metric("Infinite-capacity hit rate", f"{inf:.1%}", help="every prompt token that was ever seen before is a hit")
@@ -136,4 +140,6 @@ def results_section(settings: SweepSettings) -> SweepResult:
     d1.download_button("Download CSV", table.to_csv(index=False), "capacity_lab.csv", "text/csv", key="cap_csv")
     d2.download_button("Download JSON", json.dumps(res.to_json(), indent=2, default=lambda o: o.item()), "capacity_lab.json",
                        "application/json", key="cap_json")
+    if sig != signature:
+        st.stop()
     return res

@@ -45,3 +45,24 @@ def test_a_kept_result_stays_next_to_the_next_run_until_removed():
     remove.click()
     at.run()
     assert len(at.get("plotly_chart")) == 1 and not any(m.value.startswith("**Kept results**") for m in at.markdown)
+
+
+def test_the_planner_waits_for_a_sweep_of_the_settings_on_screen():
+    """Changed settings: the stale sweep's results stay, but the planner (size, host tier, routing, model run)
+    is not offered: it ran the new workload with the old sweep's page size and capacities."""
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page(PAGE)
+    at.run()
+    for k, v in {"num_groups": 4, "prompts_per_group": 5}.items():
+        at.number_input(key=f"cap_p_{PRESET}_{k}").set_value(v)
+    _run(at, "256, 512", ["lru"])
+    planner = ("cap_size_run", "cap_host_run")
+    assert all(at.button(key=k) for k in planner)
+    at.number_input(key=f"cap_p_{PRESET}_num_groups").set_value(6)
+    at.run()
+    assert not at.exception, at.exception
+    assert any("The planner (smallest pool, host tier, routing, the model run) waits" in w.value for w in at.warning)
+    assert any(m.value.startswith("**Every point**") for m in at.markdown)    # the stale results stay
+    assert not {b.key for b in at.button} & set(planner)                          # the planner waits
+    _run(at, "256, 512", ["lru"])
+    assert all(at.button(key=k) for k in planner) and not at.warning
