@@ -70,13 +70,22 @@ def render() -> None:
                                     title=f"Radix tree at time {step.time if step.time is not None else '–'}"),
                         width="stretch", key=f"wt_tree_{st.session_state.wt_step}")
     with right:
-        st.markdown("**Eviction heap** (next victim first)")
-        heap = eviction_table(snap.cache, tt)[["order", "node", "last_access_time", "tokens", "text", "slots"]]
+        st.markdown("**Eviction heap** (the evictable leaves, next victim first)")
+        order = eviction_table(snap.cache, tt)
+        # the heap holds leaves only (the article's evictable_leaves); a node with children joins it once
+        # they are gone, so it is named under the table, not listed as if it could go now
+        leaf = order["leaf_now"].astype(bool)
+        heap = order[leaf].assign(order=lambda d: range(1, len(d) + 1))
+        heap = heap[["order", "node", "last_access_time", "tokens", "text", "slots"]]
         if heap.empty:
             st.caption("Empty: no evictable leaf yet.")
         else:   # a static table: every column shown and text wrapped, nothing clipped; "order" a column
             # of its own (as an index it lost its header, and from Time 1 the browser dropped it)
             st.table(heap.rename(columns={"last_access_time": "last used"}), hide_index=True)
+        later = order[~leaf]
+        if not later.empty:
+            st.caption("Then, once their children are gone: " +
+                       ", ".join(f"node {r.node} ({r.text!r})" for r in later.itertuples()))
         st.markdown(f"**free_pages**: `{list(snap.cache.free_pages)}`")
     st.plotly_chart(slot_row_figure(snap.pool, snap.cache, tt, title="Slot row (struck through: free but stale)"),
                     width="stretch", key=f"wt_slots_{st.session_state.wt_step}")

@@ -208,6 +208,9 @@ def test_walkthrough_steps_forward_and_back():
     assert list(heap.columns) == ["order", "node", "last used", "tokens", "text", "slots"]
     assert list(heap["order"]) == list(range(1, len(heap) + 1))
     assert "GPU memory runs out" not in set(heap["text"]) and "10–11" in set(heap["slots"])
+    # the heap holds leaves only; the nodes with children are named under it (the table listed them as victims)
+    assert list(heap["text"]) == ["throws errors", "is slow", "won't compile"]
+    assert "Then, once their children are gone: node 4 ('my code'), node 2 ('Why')" in [c.value for c in at.caption]
     button(at, "◀ Back").click().run()
     assert at.subheader[0].value.startswith("Time 2:")
     assert "alloc(2) takes slots [10,11]" in "\n".join(m.value for m in at.markdown)
