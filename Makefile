@@ -28,7 +28,7 @@ serve: $(STAMP)
 	$(BIN)/python -m core.server --port $(SERVER_PORT) $(ARGS)
 
 # N engine servers behind SGLang's router on $(SERVER_PORT): make replicas N=2 POLICY=cache_aware ARGS="--pool-slots 4096"
-# LOG_DIR=logs writes router.log (with its INFO logs) and server-N.log there; Ctrl-C stops all and exits 0
+# LOG_DIR=logs writes router.log (with its INFO logs) and server-N.log there; Ctrl-C stops all, no traceback
 N ?= 2
 POLICY ?= cache_aware
 LOG_DIR ?=

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: printed the text generated so far ({sum(len(h.partial_text()) for h in handles)} "
               f"characters)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:          # `python -m core ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the exit's flush must not raise it again
+        return 0
     except (ValueError, OSError, RuntimeError) as exc:
         # one line, all of it: a tokenizer's load error says on its later lines which files it looked for
         print(f"error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)

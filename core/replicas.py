@@ -10,7 +10,8 @@ only, the servers errors only (unless --log-level follows `--`) and no loading b
 everything goes to files there instead (server-N.log, router.log with the router's console, and
 its own log file smg.YYYY-MM-DD with its INFO logs). The servers tell the router their model's
 local folder (/server_info), so it never asks the Hugging Face hub for a tokenizer. Ctrl-C (or
-SIGTERM) stops the router first, then the servers, and exits 0; if any process dies on its own,
+SIGTERM) stops the router first, then the servers, and exits 0 (make itself, interrupted too, exits 130); if
+any process dies on its own,
 the others are stopped too and the exit code says so.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Supervisor:
 
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.ready: set[str] = set()     # answered its readiness probe: stopped gracefully
 
     def start(self, name: str, argv: list[str], log: Optional[str], env: Optional[dict] = None) -> subprocess.Popen:
         out = open(log, "w") if log else None
@@ -51,10 +53,12 @@ class Supervisor:
 
     def stop(self, timeout: float = 15.0) -> None:
         """The router gets SIGTERM (SIGINT makes its Python launcher print a KeyboardInterrupt traceback), the
-        servers SIGINT (uvicorn's graceful stop)."""
+        servers that are up SIGINT (uvicorn's graceful stop), and those still loading SIGTERM: they have no
+        handler yet and end quietly (SIGINT printed a traceback from inside torch's imports, one per server)."""
         for name, p in reversed(self.procs):
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM if name == "router" else signal.SIGINT)
+                graceful = name != "router" and name in self.ready
+                os.killpg(p.pid, signal.SIGINT if graceful else signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for _, p in reversed(self.procs):
             try:
@@ -81,9 +85,10 @@ def healthy(url: str) -> bool:
     return http_probe.answers(url + "/health")
 
 
-def registered(router: str, n: int) -> bool:
-    """The router answers /health before its workers are registered: n of them listed healthy."""
-    reply = http_probe.get(router + "/workers")
+def registered(router: str, n: int, key: Optional[str] = None) -> bool:
+    """The router answers /health before its workers are registered: n of them listed healthy (asked with the
+    servers' key, which a router given it demands)."""
+    reply = http_probe.get(router + "/workers", headers={"Authorization": f"Bearer {key}"} if key else None)
     if reply is None or reply.status != 200:
         return False
     try:
@@ -119,9 +124,35 @@ def server_argv(args, port: int, extra: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "core.server", "--host", args.host, "--port", str(port), *quiet, *extra]
 
 
-def router_argv(args, workers: Sequence[str]) -> list[str]:
-    metrics_port = args.router_metrics_port or args.port + args.replicas + 1
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
+# the router's own launcher, given the servers' key from the environment: on its command line the key would be
+# readable by every local user (ps); with it the router reads each server's /server_info, which the key guards
+ROUTER_WITH_KEY = ("import os, sys; sys.argv += ['--api-key', os.environ.pop('RADIX_ROUTER_WORKER_KEY')]; "
+                   "from sglang_router.launch_router import main; main()")
+
+
+def server_key(extra: Sequence[str]) -> Optional[str]:
+    """The inference key the servers run with: --api-key after `--`, else RADIX_API_KEY (their default)."""
+    for i, a in enumerate(extra):
+        if a == "--api-key" and i + 1 < len(extra):
+            return extra[i + 1]
+        if a.startswith("--api-key="):
+            return a.split("=", 1)[1]
+    return os.environ.get("RADIX_API_KEY") or None
+
+
+def url_host(host: str) -> str:
+    """A host as it goes in a URL: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def router_metrics_port(args) -> int:
+    return args.router_metrics_port or args.port + args.replicas + 1
+
+
+def router_argv(args, workers: Sequence[str], key: Optional[str] = None) -> list[str]:
+    metrics_port = router_metrics_port(args)
+    launcher = ["-c", ROUTER_WITH_KEY] if key else ["-m", "sglang_router.launch_router"]
+    argv = [sys.executable, *launcher, "--host", args.host, "--port", str(args.port),
             "--policy", args.policy, "--prometheus-host", args.host, "--prometheus-port", str(metrics_port),
             "--log-level", "info" if args.log_dir else "warn", "--worker-urls", *workers]
     if args.log_dir:     # its own log file there (smg.YYYY-MM-DD, plain text); router.log gets its console
@@ -133,7 +164,7 @@ def router_argv(args, workers: Sequence[str]) -> list[str]:
 
 
 def ready_line(args, workers: Sequence[str]) -> str:
-    return (f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{args.host}:{args.port}/v1 "
+    return (f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{url_host(args.host)}:{args.port}/v1 "
             f"| workers {' '.join(workers)} | dashboard on every replica: RADIX_ENGINE_URL={','.join(workers)} "
             f"make run | Ctrl-C stops all")
 
@@ -160,18 +191,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stopping["signal"] = signum
         raise KeyboardInterrupt
 
+    metrics_port = router_metrics_port(args)
+    ports = [args.port, *(args.port + i + 1 for i in range(args.replicas)), metrics_port]
+    taken = [p for p in ports if http_probe.listening(p, args.host)]
+    if taken:       # before any model loads (the router's own error came after them, as a traceback)
+        print(f"error: port(s) {', '.join(map(str, taken))} taken: the router takes --port {args.port}, the servers "
+              f"the {args.replicas} above it, its metrics {metrics_port}; pick another --port (make replicas "
+              f"SERVER_PORT=...)", file=sys.stderr)
+        return 2
+    key = server_key(extra)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    workers = [f"http://{args.host}:{args.port + i + 1}" for i in range(args.replicas)]
+    workers = [f"http://{url_host(args.host)}:{args.port + i + 1}" for i in range(args.replicas)]
     # on the terminal, no "Loading weights" bars from every server (transformers reads this through huggingface_hub)
     server_env = None if args.log_dir else dict(os.environ, HF_HUB_DISABLE_PROGRESS_BARS="1")
     try:
         for i, url in enumerate(workers):
             sup.start(f"server-{i}", server_argv(args, args.port + i + 1, extra), log(f"server-{i}"), server_env)
-        for url in workers:
+        for i, url in enumerate(workers):
             wait_for(lambda: healthy(url), f"{url} did not answer /health", sup, args.ready_timeout)
-        router = f"http://{args.host}:{args.port}"
-        sup.start("router", router_argv(args, workers), log("router"))
-        wait_for(lambda: healthy(router) and registered(router, args.replicas),
+            sup.ready.add(f"server-{i}")
+        router = f"http://{url_host(args.host)}:{args.port}"
+        sup.start("router", router_argv(args, workers, key), log("router"),
+                  dict(os.environ, RADIX_ROUTER_WORKER_KEY=key) if key else None)
+        wait_for(lambda: healthy(router) and registered(router, args.replicas, key),
                  f"the router at {router} did not list {args.replicas} healthy worker(s)", sup, args.ready_timeout)
         print(ready_line(args, workers), flush=True)
         while True:

@@ -8,6 +8,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -80,3 +81,58 @@ def test_make_replicas_passes_log_dir_through_only_when_given():
     assert command("LOG_DIR=/tmp/replica-logs").endswith(
         "-m core.replicas --replicas 2 --policy cache_aware --port 30000 --log-dir /tmp/replica-logs -- ")
     assert "--log-dir" not in command()
+
+
+def test_with_a_key_the_router_reads_each_servers_model_and_the_key_stays_off_every_command_line():
+    """RADIX_API_KEY reaches the servers; the router is handed it through its environment (on its command line
+    `ps` shows it to every local user), so it reads /server_info (it warned "No tokenizer_path or model_path
+    found" for each, and asked the hub) and clients with the key are served."""
+    base = free_base(4)
+    env = dict(os.environ, RADIX_API_KEY="replica-key")
+    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "1", "--port", str(base), "--",
+                             "--pool-slots", "256"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert "1 replica(s) behind sglang-router" in read_line(proc, 240)
+        ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+        assert ("sglang::router" in ps or "sglang_router" in ps) and "replica-key" not in ps
+        req = urllib.request.Request(f"http://127.0.0.1:{base}/v1/completions", method="POST",
+                                     data=json.dumps({"model": "default", "prompt": "The capital of France is",
+                                                      "max_tokens": 2, "temperature": 0}).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": "Bearer replica-key"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["choices"][0]["text"] == " Paris."
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0 and "WARN" not in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_while_the_servers_load_is_quiet_and_taken_ports_are_one_line_first():
+    """SIGINT to a server still importing torch printed a traceback per server; one still loading gets SIGTERM.
+    A taken port was found only after every model had loaded, as the router's traceback."""
+    base = free_base(4)
+    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "2", "--port", str(base), "--",
+                             "--pool-slots", "256"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        time.sleep(3)                                  # the servers import torch and load
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", base + 3))          # the router's metrics port
+        blocker.listen()
+        got = subprocess.run([sys.executable, "-m", "core.replicas", "--replicas", "2", "--port", str(base)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2 and got.stderr.startswith(f"error: port(s) {base + 3} taken: the router takes "
+                                                         f"--port {base}, the servers the 2 above it, its metrics "
+                                                         f"{base + 3}"), got.stderr

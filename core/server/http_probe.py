@@ -39,7 +39,8 @@ def listening(port: int, host: str = "127.0.0.1", source_address: Optional[tuple
         return False
 
 
-def get(url: str, timeout: float = 2.0, source_address: Optional[tuple[str, int]] = None) -> Optional[Reply]:
+def get(url: str, timeout: float = 2.0, source_address: Optional[tuple[str, int]] = None,
+        headers: Optional[dict] = None) -> Optional[Reply]:
     """GET an http:// `url` directly (no proxy): its status and body, or None while nothing answers there yet
     (refused, reset, timed out, connected to itself, or a reply that is not HTTP). `source_address` binds the
     probe's own end."""
@@ -52,7 +53,7 @@ def get(url: str, timeout: float = 2.0, source_address: Optional[tuple[str, int]
         conn.connect()
         if _abort_if_self_connected(conn.sock):          # nothing listens there
             return None
-        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers or {})
         reply = conn.getresponse()
         return Reply(reply.status, reply.read())
     except (OSError, http.client.HTTPException):

@@ -58,7 +58,9 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt  # SIGINT / SIGTERM / SIGHUP: stop the children as Ctrl-C does
 
 
-def _stop(procs: list[subprocess.Popen], dashboard_url: str = "") -> None:
+def _stop(procs: list[subprocess.Popen], dashboard_url: str = "", loading: Optional[subprocess.Popen] = None) -> None:
+    """Stop the children: SIGINT (a graceful stop) for those up; SIGTERM for a server still `loading`, which has
+    no handler yet and ends quietly (SIGINT printed a KeyboardInterrupt traceback from inside torch's imports)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # already stopping: a second signal must not
         signal.signal(sig, signal.SIG_IGN)                        # cut this short and orphan a child
     if dashboard_url and procs[-1].poll() is None:
@@ -67,7 +69,7 @@ def _stop(procs: list[subprocess.Popen], dashboard_url: str = "") -> None:
         _wait_healthy(dashboard_url, procs[-1], timeout=10, path="/_stcore/health")
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGINT)
+            p.send_signal(signal.SIGTERM if p is loading else signal.SIGINT)
     deadline = time.time() + 15
     for p in procs:
         try:
@@ -81,39 +83,79 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="make run", description="Start the engine server and the dashboard attached to "
                                  "it (with RADIX_ENGINE_URL set: only the dashboard, attached to that server). "
                                  "Ctrl-C stops both.")
-    ap.add_argument("--port", default=os.environ.get("PORT", "8501"), help="the dashboard's port (make run PORT=...)")
-    ap.add_argument("--server-port", default=os.environ.get("SERVER_PORT", "30000"),
+    ap.add_argument("--port", type=tcp_port, default=os.environ.get("PORT", "8501"),
+                    help="the dashboard's port (make run PORT=...)")
+    ap.add_argument("--server-port", type=tcp_port, default=os.environ.get("SERVER_PORT", "30000"),
                     help="the engine server's port (make run SERVER_PORT=...)")
     return ap.parse_args(argv)
+
+
+def tcp_port(text: str) -> int:
+    """A port number, 1-65535 (argparse turns the ValueError into one line and exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
+
+
+def exit_status(name: str, returncode: int) -> tuple[str, int]:
+    """How a child's end is told, and the launcher's exit status for it (128 + the signal, as a shell says)."""
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode).name
+        except ValueError:
+            sig = f"signal {-returncode}"
+        return f"{name} was killed by {sig}", 128 - returncode
+    return f"{name} exited with status {returncode}", returncode or 1
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     ui_port = str(args.port)
     dashboard = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", ui_port]
-    child_env = dict(os.environ)
+    # no "Loading weights" bars from the server on the terminal (transformers reads this through huggingface_hub)
+    child_env = dict(os.environ, HF_HUB_DISABLE_PROGRESS_BARS="1")
     procs: list[subprocess.Popen] = []
     dashboard_url = ""
+    loading: Optional[subprocess.Popen] = None
+    try:
+        flags = [] if env.engine_urls() else server_flags()
+    except ValueError as exc:          # a RADIX_* variable that names no value: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if http_probe.listening(args.port):
+        print(f"port {args.port} is taken (another dashboard?); pick another with PORT={args.port + 1} make run",
+              file=sys.stderr)
+        return 2
     # SIGINT too: a launcher started in the background by a script inherits SIGINT ignored, and Python then
     # raises no KeyboardInterrupt, so Ctrl-C (or kill -INT) would leave both children running
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     try:
         if not env.engine_urls():
-            port = int(args.server_port)
+            port = args.server_port
             if http_probe.listening(port):
                 print(f"port {port} is taken (another engine server?). Attach to it with "
                       f"RADIX_ENGINE_URL=http://127.0.0.1:{port} make run, or pick another with "
                       f"SERVER_PORT={port + 1} make run", file=sys.stderr)
                 return 2
             url = f"http://127.0.0.1:{port}"
-            server = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning",
-                      *server_flags()]
-            procs.append(start_child(server, cwd=ROOT, env=child_env))   # ends with this launcher
+            server = [sys.executable, "-m", "core.server", "--port", str(port), "--log-level", "warning", *flags]
+            loading = start_child(server, cwd=ROOT, env=child_env)    # ends with this launcher
+            procs.append(loading)
             print(starting_message(url, env.model()), file=sys.stderr, flush=True)
             if not _wait_healthy(url, procs[0]):
-                print("the engine server did not come up; see its messages above", file=sys.stderr)
-                return 1
+                if procs[0].poll() is None:
+                    print("the engine server did not answer /health within 600 s; stopping it", file=sys.stderr)
+                    return 1
+                told, status = exit_status("the engine server", procs[0].returncode)
+                print(f"{told} before it answered /health (see its messages above; killed by SIGKILL while "
+                      f"loading is usually the kernel's out-of-memory killer)", file=sys.stderr)
+                return status
+            loading = None
             child_env["RADIX_ENGINE_URL"] = url
             print(f"engine server ready: {url}  (try: curl {url}/v1/models)", file=sys.stderr, flush=True)
         else:
@@ -123,11 +165,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         while all(p.poll() is None for p in procs):
             time.sleep(0.3)
         dead = next(p for p in procs if p.poll() is not None)
-        return dead.returncode or 0
+        names = ["the engine server", "the dashboard"][-len(procs):]
+        told, status = exit_status(names[procs.index(dead)], dead.returncode)
+        rest = [n for n, p in zip(names, procs) if p is not dead]
+        print(told + (f"; stopping {rest[0]}" if rest else ""), file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(procs, dashboard_url)
+        _stop(procs, dashboard_url, loading)
 
 
 if __name__ == "__main__":

@@ -162,3 +162,13 @@ def test_a_folder_without_a_tokenizer_says_so(capsys, tmp_path, tiny_folder):
                                        f"tokenizer_config.json, tokenizer.model, vocab.json): copy the "
                                        f"checkpoint's tokenizer files into it")
 
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_cli_quietly(tiny_folder):
+    """`python -m core ... | head -c 1`: it printed "error: [Errno 32] Broken pipe" and exited 2 (bad input)."""
+    proc = subprocess.Popen([sys.executable, "-m", "core", "hello", "--model", str(tiny_folder), "--max-new-tokens",
+                             "400"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(1)                 # the answer streams; then the reader leaves
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and "Broken pipe" not in err and "Traceback" not in err, err
