@@ -108,8 +108,6 @@ class SlotAllocator:
         """Free slots (not pages)."""
         return self._store.available_pages() * self.page_size
 
-    available_size = available  # SGLang's name
-
     def alloc(self, n: int) -> Optional[torch.Tensor]:
         """Take `n` slots from the front of `free_pages` (a new tensor, the caller's to keep); None when fewer
         than `n` are free."""

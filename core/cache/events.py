@@ -130,7 +130,7 @@ def ev_kind(event: EventLike) -> str:
 # field a pointer and (token ids and slots are mostly > 256, so not cached) an int object.
 EVENT_BASE_BYTES = 200
 BYTES_PER_ELEMENT = 36
-DEFAULT_BUDGET_BYTES = 64 * 2**20
+DEFAULT_BUDGET_BYTES = 32 * 2**20
 
 
 def event_bytes(e: Event) -> int:

@@ -13,6 +13,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from core.cache.events import DEFAULT_BUDGET_BYTES
 from core.cache.eviction.registry import DESCRIPTIONS, POLICIES
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")
@@ -68,7 +69,7 @@ class EngineConfig:
     disable_cuda_graph: bool = _setting(False, "on CUDA, launch every kernel of a decode step from Python instead of "
                                                "replaying captured CUDA graphs (native path; as SGLang's flag)")
     event_capacity: int = _setting(100_000, "cache events kept for viewers (the newest)", minimum=1, cli=False)
-    event_budget_bytes: int = _setting(32 * 2**20, "memory the kept cache events may hold", minimum=1024, cli=False)
+    event_budget_bytes: int = _setting(DEFAULT_BUDGET_BYTES, "memory the kept cache events may hold", minimum=1024, cli=False)
 
     # ----- checks ------------------------------------------------------------------------------
     def validate(self) -> "EngineConfig":

@@ -5,7 +5,6 @@ value never reaches the scheduler, where it would fail mid-step and strand other
 """
 from __future__ import annotations
 
-import numbers
 import os
 from typing import Any, Optional, Sequence, Union
 

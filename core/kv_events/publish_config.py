@@ -24,11 +24,12 @@ from typing import Literal, Optional, TextIO
 import msgspec
 
 from core.kv_events.hashing import SCHEMES
+from core.kv_events.publisher import DEFAULT_ENDPOINT
 
 
 class KVEventsConfig(msgspec.Struct, forbid_unknown_fields=True):
     publisher: str = "null"
-    endpoint: str = "tcp://127.0.0.1:5557"
+    endpoint: str = DEFAULT_ENDPOINT
     bind: Optional[bool] = None
     replay_endpoint: Optional[str] = None
     buffer_steps: int = 10_000

@@ -51,8 +51,12 @@ class _Mirror:
         self.nodes: dict[int, tuple[list, list, Optional[str]]] = {}
 
 
+# loopback: events carry every prompt's token ids to any subscriber, without a key (publish wider on purpose)
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
+
+
 class KVEventPublisher:
-    def __init__(self, cache, snapshot: Optional[Callable] = None, endpoint: str = "tcp://*:5557",
+    def __init__(self, cache, snapshot: Optional[Callable] = None, endpoint: str = DEFAULT_ENDPOINT,
                  replay_endpoint: Optional[str] = None, topic: str = "", buffer_steps: int = 10_000,
                  hwm: int = 100_000, bind: Optional[bool] = None, hash_scheme: str = "sglang",
                  interval: float = 0.02, dp_rank: int = 0, context: Optional[zmq.Context] = None,

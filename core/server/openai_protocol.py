@@ -236,11 +236,6 @@ class CompletionRequest(SamplingFields):
         return self.sampling_params(self.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, choice)
 
 
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")     # name, tool_call_id, ...: the template may use them
     role: Literal[CHAT_ROLES]

@@ -4,7 +4,7 @@ Pure functions, no plotly or streamlit, so every label the dashboard shows can b
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 TokenText = Callable[[Sequence[int]], str]
 
@@ -72,13 +72,6 @@ def clean(text: str) -> str:
 def ids_text(token_ids: Sequence[int]) -> str:
     """Fallback token text when no tokenizer is at hand: the ids themselves."""
     return " ".join(str(int(t)) for t in token_ids)
-
-
-def token_text_from_map(pieces: Mapping[int, str], unknown: str = "⟨{}⟩") -> TokenText:
-    """A `token_text` function from an id -> decoded piece map (EngineSnapshot.token_text)."""
-    def token_text(token_ids: Sequence[int]) -> str:
-        return "".join(pieces[t] if t in pieces else unknown.format(t) for t in (int(x) for x in token_ids))
-    return token_text
 
 
 def resolve_token_text(token_text: Optional[TokenText]) -> TokenText:

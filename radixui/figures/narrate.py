@@ -8,8 +8,6 @@ from core.observe.snapshot import FREE_STALE, CacheSnapshot, PoolView
 from radixui.figures.event_table import describe_event
 from radixui.figures.fmt import TokenText, clean, slot_list
 
-STORY_KINDS = ("match", "split", "lock", "evict", "alloc", "insert", "unlock")
-
 
 def explain_step(events: Sequence[Event], cache: CacheSnapshot, pool: PoolView, token_text: TokenText,
                  prompt_tokens: int, cached_tokens: int) -> list[str]:

@@ -51,7 +51,7 @@ SHAPES = [  # n, m, heads, kv heads, head_dim: SmolLM2's 9 over 3 at 64, MHA at 
 def test_amx_attention_is_within_2_to_the_minus_15_of_exact_causal_attention(n, m, heads, kv_heads, d):
     q, k, v = qkv(n, m, heads, kv_heads, d, n + m)
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     got = pool_attention.amx_attention(q, k, v, d ** -0.5)
     want = exact(q, k, v, d ** -0.5)
     assert got.shape == (n, heads, d) and got.dtype == torch.float32
@@ -65,7 +65,7 @@ def test_a_rows_result_is_the_same_bits_whole_in_chunks_or_after_a_cached_prefix
     """Keys in blocks aligned to absolute positions, per-row running max and sum: a row does not see how its
     prompt was cut (cut points off the 16-row tiles and 32-key blocks on purpose)."""
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     q, k, v = qkv(300, 300, 9, 3, 64, 1)
     whole = pool_attention.amx_attention(q, k, v, 0.125)
     for cut in (1, 13, 47, 100, 299):
@@ -79,7 +79,7 @@ def test_a_rows_result_is_the_same_bits_whole_in_chunks_or_after_a_cached_prefix
 
 def test_strided_query_rows_are_read_in_place_like_contiguous_ones():
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     q, k, v = qkv(40, 40, 9, 3, 64, 2)
     fused = torch.cat([q.reshape(40, -1), torch.randn(40, 3 * 64 * 2)], dim=1)     # a QKV row's q columns
     strided = fused[:, :9 * 64].view(40, 9, 64)
@@ -114,7 +114,7 @@ def test_a_nan_query_or_key_stays_where_it_belongs():
     non-finite value V is another matter: 0 * inf is nan for the rows of its tiles that do not see it;
     amx_attention.c says so.)"""
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     q, k, v = qkv(40, 40, 9, 3, 64, 4)
     q[10, 4, 7] = float("nan")
     out = pool_attention.amx_attention(q, k, v, 0.125)
@@ -130,7 +130,7 @@ def test_keys_read_from_the_pool_by_slot_equal_the_same_keys_gathered(dtype):
     """amx_attention_pool reads K/V straight out of a pool layer in slot order (the model's path, no gathered
     copy): the same bits as amx_attention on those rows gathered; a bf16 pool's values widen exactly."""
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     g = torch.Generator().manual_seed(5)
     k_buf, v_buf = (torch.randn(300, 3, 64, generator=g).to(dtype) for _ in range(2))
     slots = torch.randperm(299, generator=g)[:150] + 1
@@ -147,7 +147,7 @@ def test_few_query_rows_and_many_give_the_same_bits_on_a_bf16_pool_too():
     """Up to FEW_QBLOCKS query blocks each work item packs its KV head's key blocks itself (no packed copy); more
     rows pack every block once for all: the same tiles, the same steps, so the same bits, also without lo halves."""
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     g = torch.Generator().manual_seed(8)
     k_buf, v_buf = (torch.randn(400, 3, 64, generator=g).bfloat16() for _ in range(2))
     slots = torch.randperm(399, generator=g)[:300] + 1
@@ -166,7 +166,7 @@ def test_segments_of_keys_merge_to_the_same_bits_in_every_driver_and_chunking(m,
     15 (one state per head), 10 and 1 (the heads of a KV head sharing tiles) and alone, with rows on both sides of
     a segment's start (positions 400..699 cross 512; 1000..1299 cross 1024): the same bits every way."""
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     g = torch.Generator().manual_seed(m)
     k_buf, v_buf = (torch.randn(m + 100, 3, 64, generator=g).to(dtype) for _ in range(2))
     slots = torch.randperm(m + 99, generator=g)[:m] + 1
@@ -189,7 +189,7 @@ def test_a_rows_bits_do_not_depend_on_how_many_threads_run_it():
     """Work items are segments over every KV head, or (segment, KV head) where threads outnumber segments (1, 2 and 8
     threads over 5 segments take both ways): the items only divide the work, so the same bits every time."""
     if not amx_here():
-        return
+        pytest.skip("this CPU has no AMX: amx_attention refuses, as checked")
     g = torch.Generator().manual_seed(11)
     k_buf, v_buf = (torch.randn(3000, 3, 64, generator=g) for _ in range(2))
     slots = torch.randperm(2999, generator=g)[:2500] + 1

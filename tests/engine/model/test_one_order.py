@@ -93,7 +93,7 @@ def prefill_in_chunks(native: NativeLlama, pool, ids: list[int], cuts: list[int]
 def test_decoded_tokens_have_the_bits_a_prefill_of_the_same_tokens_gives(company, one_call):
     native = NativeLlama.from_hf(make_ref(), dtype="int8", kv_dtype="bf16")
     if not one_order_here(native):
-        return
+        pytest.skip("this CPU runs no one-order kernels: the model keeps its own path, as checked")
     assert native.decode_layers is not None
     pool = native.make_pool(1600)
     out = decode_by_steps(native, pool, 12, company, one_call)
@@ -125,7 +125,7 @@ def test_cache_on_and_off_give_the_same_tokens_over_two_turns_with_a_bf16_pool()
     radix cache, turn after turn (requests batched together, prompts of 20-300 tokens)."""
     runner = ModelRunner.from_hf(make_ref(5), device="cpu", impl="native", numerics="int8", kv_cache_dtype="bf16")
     if not one_order_here(runner.native):
-        return
+        pytest.skip("this CPU runs no one-order kernels: the model keeps its own path, as checked")
     outs = {on: two_turns(runner, on) for on in (True, False)}
     assert outs[True] == outs[False]
 
