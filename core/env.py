@@ -66,8 +66,15 @@ def engine_urls() -> list[str]:
     return [u.strip() for u in (_get("RADIX_ENGINE_URL") or "").split(",") if u.strip()]
 
 
+def api_keys() -> list[str]:
+    """The inference keys: one, or several tenants' separated by commas."""
+    return [k.strip() for k in (_get("RADIX_API_KEY") or "").split(",") if k.strip()]
+
+
 def api_key() -> Optional[str]:
-    return _get("RADIX_API_KEY")
+    """The key a client of the server sends (the dashboard, the router): the first of RADIX_API_KEY's."""
+    keys = api_keys()
+    return keys[0] if keys else None
 
 
 def admin_key() -> Optional[str]:

@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from core import env
 from core.server import http_probe
 from core.server.child_process import start_child
 
@@ -131,13 +132,13 @@ ROUTER_WITH_KEY = ("import os, sys; sys.argv += ['--api-key', os.environ.pop('RA
 
 
 def server_key(extra: Sequence[str]) -> Optional[str]:
-    """The inference key the servers run with: --api-key after `--`, else RADIX_API_KEY (their default)."""
+    """The inference key the router sends the servers: --api-key after `--`, else RADIX_API_KEY's (first)."""
     for i, a in enumerate(extra):
         if a == "--api-key" and i + 1 < len(extra):
             return extra[i + 1]
         if a.startswith("--api-key="):
             return a.split("=", 1)[1]
-    return os.environ.get("RADIX_API_KEY") or None
+    return env.api_key()
 
 
 def url_host(host: str) -> str:

@@ -28,9 +28,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=30000, help="port (default 30000, as SGLang)")
     add_flags(ap, EngineConfig(model=env.model()))   # --model, --pool-slots, ... (core/engine/config.py)
     ap.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    ap.add_argument("--api-key", default=env.api_key(),
+    ap.add_argument("--api-key", action="append", default=None,
                     help="the inference key: 'Authorization: Bearer KEY' on the OpenAI routes, /metrics and the "
-                         "dashboard's reads (env RADIX_API_KEY; unset: those routes are open)")
+                         "dashboard's reads (env RADIX_API_KEY; unset: those routes are open). Give it again for "
+                         "more tenants (RADIX_API_KEY=A,B): each key owns its requests and its own cache")
     ap.add_argument("--admin-key", default=env.admin_key(),
                     help="the admin key: flush, rebuild, step mode, everyone's prompts and requests (env "
                          "RADIX_ADMIN_KEY; with --api-key and no admin key those routes are off)")
@@ -66,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = ap.parse_args(argv)
+    args.api_key = args.api_key or env.api_keys()      # the flags, else the environment's
+    if len(set(args.api_key)) != len(args.api_key):
+        ap.error("an --api-key is given twice: each inference key is one tenant; give each once")
     if args.kv_events_config is not None:
         from core.kv_events.publish_config import parse_config
         try:
@@ -80,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.max_request_share is not None and args.max_request_share < 1:
         ap.error("--max-request-share must be >= 1")
-    if args.api_key and args.admin_key and args.api_key == args.admin_key:
+    if args.admin_key and args.admin_key in args.api_key:
         ap.error("--api-key and --admin-key must differ")
     try:
         args.engine_config = from_args(args)

@@ -37,7 +37,7 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 @dataclass
 class ServerSettings:
-    api_key: Optional[str] = None              # the inference key (auth.py)
+    api_key: Union[str, list[str], None] = None   # the inference key, or several tenants' (auth.py)
     admin_key: Optional[str] = None            # the admin key
     served_model_name: Optional[str] = None
     model: str = "default"

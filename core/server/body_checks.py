@@ -12,9 +12,10 @@ from core.engine.sampling import SamplingParams, token_id_key
 from core.server.errors import APIError
 
 MAX_TEMPERATURE = 2.0                 # OpenAI's range is [0, 2]
-# the admin's cache namespace starts with this; no client may name one so (it shows in KV events, and a client
-# that sent it as its cache_salt shared the admin's cached prefixes, which cached_tokens reads back)
-ADMIN_NAMESPACE_PREFIX = "radix-admin:"
+# the server's own cache namespaces (the admin's, each tenant key's) start with this; no client may name one so
+# (they show in KV events, and a client that sent the admin's as its cache_salt shared the admin's cached
+# prefixes, which cached_tokens reads back)
+RESERVED_NAMESPACE_PREFIX = "radix:"
 MAX_ID_CHARS = 512                    # a name a client sends: cache_salt, user, safety_identifier, ...
 
 
@@ -77,9 +78,10 @@ def check_namespace(key: Optional[str], param: str) -> Optional[str]:
         key = check_extra_key(key, MAX_ID_CHARS)
     except ValueError as exc:
         raise APIError(400, str(exc).replace("extra_key", param, 1), param, "invalid_value") from None
-    if key is not None and key.startswith(ADMIN_NAMESPACE_PREFIX):
-        raise APIError(400, f"{param} may not start with {ADMIN_NAMESPACE_PREFIX!r}: the server keeps that name for "
-                            f"the admin's own cache; pick another name", param, "invalid_value")
+    if key is not None and key.startswith(RESERVED_NAMESPACE_PREFIX):
+        raise APIError(400, f"{param} may not start with {RESERVED_NAMESPACE_PREFIX!r}: the server keeps such names "
+                            f"for its own cache namespaces (the admin's, each key's); pick another name", param,
+                       "invalid_value")
     return key
 
 

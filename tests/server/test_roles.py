@@ -302,14 +302,14 @@ def test_the_inference_key_cannot_read_the_admins_prompts_back_through_cached_to
     for guess in ("admin", "admin/x"):
         assert _cached(s, A, salted, cache_salt=guess) == 0
     spaces = {n.extra_key for n in HttpClient(s.url, admin_key=B).snapshot().cache.nodes} - {None}
-    admin_spaces = {k for k in spaces if k.startswith("radix-admin:")}
+    admin_spaces = {k for k in spaces if k.startswith("radix:admin:")}
     assert len({k.split("/")[0] for k in admin_spaces}) == 1 and len(next(iter(admin_spaces)).split("/")[0]) == 28
     # the name shows in KV events and to the admin; sent as a cache_salt it joined the admin's cache
     admin_space = next(iter(admin_spaces)).split("/")[0]
     for extra in ({"cache_salt": admin_space}, {"extra_key": admin_space + "/x"}):
         r = httpx.post(s.url + "/v1/completions", headers=bearer(A), timeout=30,
                        json={"model": "tiny", "prompt": secret, "max_tokens": 1, **extra})
-        assert r.status_code == 400 and "may not start with 'radix-admin:'" in r.json()["error"]["message"], r.text
+        assert r.status_code == 400 and "may not start with 'radix:'" in r.json()["error"]["message"], r.text
     r = httpx.post(s.url + "/generate", headers=bearer(A), timeout=30,
                    json={"input_ids": secret, "extra_key": admin_space, "sampling_params": {"max_new_tokens": 1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "extra_key", r.text
