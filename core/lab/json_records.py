@@ -63,7 +63,8 @@ def _lines(path: PathLike) -> Iterator[tuple[int, bytes]]:
             try:
                 line = f.readline(MAX_LINE_BYTES + 1)
             except (OSError, EOFError, zlib.error) as e:
-                raise ValueError(f"cannot read trace {name!r} after line {lineno}: {e}") from None
+                where = f"after line {lineno}" if lineno else "at its start"
+                raise ValueError(f"cannot read trace {name!r} {where}: {e}") from None
             if not line:
                 return
             lineno += 1

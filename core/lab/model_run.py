@@ -44,7 +44,8 @@ def check_model_run(workload: Workload, pool_slots: Optional[int] = None, page_s
                          "synthetic workloads")
     if len(workload) > MAX_REQUESTS:
         raise ValueError(f"the workload has {len(workload)} requests; the model run takes at most {MAX_REQUESTS} "
-                         f"(it runs each one twice on the CPU). Make the workload smaller in its parameters")
+                         f"(it runs each one twice on the CPU): make the workload smaller (fewer requests in its "
+                         f"parameters, or a shorter trace)")
     longest = max(r.prompt_len for r in workload.requests)
     if longest > MAX_PROMPT_TOKENS:
         raise ValueError(f"the longest prompt has {longest:,} tokens; the model run takes prompts of at most "

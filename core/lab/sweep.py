@@ -143,10 +143,10 @@ class SweepResult:
         if not capped:
             return None
         need = capped[0][1]
-        unit = "tokens" if self.page_size == 1 else "pages"   # at page size 1 a page is a token: say so
-        return (f"{', '.join(f'{c:,}' for c, _ in capped)} {unit} exceed the {need:,} {unit} this workload can ever "
-                f"fill; those points were replayed with {need:,} {unit} (no policy evicts there, so the numbers are "
-                f"those of any larger pool)")
+        unit = "token" if self.page_size == 1 else "page"   # at page size 1 a page is a token: say so
+        return (f"{', '.join(f'{c:,}' for c, _ in capped)} {unit}s exceed the {units.plural(need, unit)} this workload can "
+                f"ever fill; those points were replayed with {units.plural(need, unit)} (no policy evicts there, so the "
+                f"numbers are those of any larger pool)")
 
     def nothing_fits_note(self) -> Optional[str]:
         """The capacities where every request is larger than the pool, in one sentence; None when there are none."""

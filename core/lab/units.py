@@ -249,3 +249,8 @@ def add_bytes_columns(df, kv: Optional[ModelKV]):
     out.insert(at, "capacity_gib", out["capacity_tokens"] * kv.bytes_per_token / GIB)
     out.insert(at, "capacity_bytes", out["capacity_tokens"] * kv.bytes_per_token)
     return out
+
+
+def plural(n: int, word: str) -> str:
+    """'1 request', '2 requests', '1,024 pages'."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"

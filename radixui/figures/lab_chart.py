@@ -80,7 +80,7 @@ def sweep_figure(result: SweepResult, kv: Optional[ModelKV] = None) -> go.Figure
     if notes:
         fig.add_annotation(xref="paper", yref="paper", x=0, y=0, yshift=-64, xanchor="left", yanchor="top",
                            showarrow=False, align="left", font=dict(size=12, color="#374151"),
-                           text="; ".join(notes) + ".<br>The first one's marker is drawn larger, the others open on "
-                                                   "top of it.")
-        fig.update_layout(margin=dict(b=112))
+                           text=";<br>".join(notes) + ".<br>The first one's marker is drawn larger, the others open "
+                                                      "on top of it.")
+        fig.update_layout(margin=dict(b=96 + 16 * len(notes)))   # one line a note: a joined line ran off the edge
     return fig

@@ -145,7 +145,11 @@ def parse_sweep_inputs(capacities: str, policies: list[str], page_size: int,
     if not policies:
         raise ValueError("pick at least one eviction policy")
     pols = parse_policies(list(policies))
-    caps = parse_capacities(capacities, page_size, kv)
+    try:
+        caps = parse_capacities(capacities, page_size, kv)
+    except ValueError as e:   # the CLI's wording names its flag; here the control is the Model box
+        raise ValueError(str(e).replace("give a model (--model-config, e.g. llama-3.1-8b)",
+                                        "pick a model in “Model (sizes the KV cache in bytes)”")) from None
     for c in caps:
         capacity_pages(c, page_size)
     return caps, pols

@@ -10,6 +10,7 @@ import streamlit as st
 
 from core.lab.chat_traces import DEFAULT_SESSIONS, ChatTokenizer, hf_chat
 from core.lab.traces import load_mooncake, order_notes
+from core.lab.units import plural
 from core.lab.workloads import GENERATORS, Workload
 from radixui.connect.resources import DEFAULT_MODEL, get_holder, get_runner
 from radixui.panels import lab_inputs as li
@@ -140,7 +141,8 @@ def workload_section() -> WorkloadChoice:
         st.caption(trace.caption)
 
     longest = max(r.prompt_len for r in workload.requests)
-    st.caption(f"**{workload.name}**: {len(workload):,} requests, {workload.prompt_tokens:,} prompt tokens "
+    st.caption(f"**{workload.name}**: {plural(len(workload), 'request')}, "
+               f"{plural(workload.prompt_tokens, 'prompt token')} "
                f"(longest {longest:,}), {'with' if workload.has_timestamps else 'no'} timestamps"
                + (f"; {workload.params['conversations']:,} conversations of several turns, "
                   f"{workload.params['sessions']} in progress at once." if workload.params.get("conversations") else "."))

@@ -11,7 +11,7 @@ from core.lab.optimal import Bounds
 from core.lab.replay import replay
 from core.lab.sweep import OPTIMAL, parse_capacities, parse_policies, run_sweep
 from core.lab.units import parse_capacity
-from core.lab.workloads import few_shot, generated_shared_prefix
+from core.lab.workloads import TraceRequest, Workload, few_shot, generated_shared_prefix
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +144,11 @@ def test_a_pool_has_no_more_processes_than_points(monkeypatch):
     res = run_sweep(few_shot(num_requests=6, examples_len=10, question_len=2), [40, 80], ["lru"], workers=1000,
                     with_optimal=False)
     assert asked == [(2, 2)] and len(res.points) == 2
+
+
+def test_a_note_about_one_page_says_page():
+    """The capped-pool note read "exceed the 1 pages" for a one-page workload."""
+    wl = Workload("one", [TraceRequest(list(range(1, 9)), 1)])
+    res = run_sweep(wl, [64, 128], ["lru"], page_size=16, workers=1)
+    assert res.capped_note().startswith("4, 8 pages exceed the 1 page this workload can ever fill; those points "
+                                        "were replayed with 1 page")

@@ -96,10 +96,24 @@ def test_the_note_says_same_for_exact_and_within_for_near_groups(result):
     pts += [dataclasses.replace(p, policy="slru") for p in result.points if p.policy == "lfu"]
     pts += [p for p in result.points if p.policy == "lfu"]
     res = dataclasses.replace(result, policies=["lru", "lfu", "fifo", "slru"], points=pts)
-    assert fig_note(res) == ("lru ≈ fifo here: within 0.5 percentage points at every capacity; lfu = slru here: the "
+    assert fig_note(res) == ("lru ≈ fifo here: within 0.5 percentage points at every capacity;<br>lfu = slru here: the "
                              "same hit rate at every capacity.<br>The first one's marker is drawn larger, the others "
                              "open on top of it.")
 
 
 def fig_note(res) -> str:
     return sweep_figure(res).layout.annotations[-1].text
+
+
+def test_many_policies_get_a_top_margin_for_their_legend_rows_and_each_note_its_own_line(result):
+    """16 policies wrapped the legend to 3-4 rows over the title under a fixed 80 px margin; the notes ran on
+    one line past the chart's right edge."""
+    few = sweep_figure(dataclasses.replace(result, policies=["lru"], points=[p for p in result.points
+                                                                             if p.policy == "lru"]))
+    many = sweep_figure(result)
+    assert many.layout.margin.t > few.layout.margin.t
+    policies = [f"p{i}" for i in range(16)]
+    lru = [p for p in result.points if p.policy == "lru"]
+    sixteen = sweep_figure(dataclasses.replace(result, policies=policies, points=[
+        dataclasses.replace(p, policy=q, hit_tokens=p.hit_tokens - i) for i, q in enumerate(policies) for p in lru]))
+    assert sixteen.layout.margin.t >= 60 + 24 * 4
