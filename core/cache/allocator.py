@@ -56,7 +56,7 @@ class SlotAllocator:
     def __init__(self, num_slots: int, device: Union[str, torch.device] = "cpu", page_size: int = 1,
                  on_event: Optional[Callable[[str, torch.Tensor], None]] = None,
                  store: Optional[str] = None) -> None:
-        if not isinstance(page_size, int) or page_size < 1:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:   # True is no size
             raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
         if not isinstance(num_slots, int) or num_slots < page_size:
             raise ValueError(

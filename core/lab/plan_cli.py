@@ -24,6 +24,7 @@ from core.lab.host_tier import (
     replay_with_host,
 )
 from core.lab.page_trace import NO_HITS_NOTE
+from core.lab.traces import MOONCAKE_BLOCK
 from core.lab.units import ModelKV, add_bytes_columns, fmt_capacity, load_model_config, parse_capacity, shipped_models
 
 CAPACITY_HELP = ("comma-separated pool sizes: bytes of KV memory with --model-config (80GiB, 40GB), tokens "
@@ -182,7 +183,7 @@ def add_source(p: argparse.ArgumentParser) -> None:
                    help="conversations in progress at once when a trace holds whole conversations: their turns "
                         f"replay in turn (1: each conversation to its end; default {DEFAULT_SESSIONS})")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip malformed trace lines and count them")
-    p.add_argument("--block-size", type=int, default=512,
+    p.add_argument("--block-size", type=int, default=MOONCAKE_BLOCK,
                    help="tokens a hash id stands for in a Mooncake-format trace (Alibaba's blksz_16 traces: 16)")
     p.add_argument("--limit", type=int, help="read only the first N requests of the trace")
 

@@ -28,10 +28,10 @@ from core.lab.optimal import Bounds
 from core.lab.page_trace import NO_HITS_NOTE, Overlap
 from core.lab.replay import check_policy, pool_pages_needed, replay
 from core.lab.units import ModelKV, fmt_capacity
+from core.lab.sweep_worker import OPTIMAL
 from core.lab.workloads import Workload
 from core.lab.worker_pool import pool_size, worker_pool
 
-OPTIMAL = "optimal"
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -67,6 +68,15 @@ class CacheSnapshot:
         return dataclasses.asdict(self)   # EvictionOrder deep-copies to a tuple
 
 
+# each cache's incremental state (the last snapshot and what it was built from), kept here, not on the cache
+_MEMOS: "weakref.WeakKeyDictionary[RadixCache, dict]" = weakref.WeakKeyDictionary()
+
+
+def forget_snapshots(cache: "RadixCache") -> None:
+    """Drop `cache`'s incremental state: its next snapshot is built in full (a check that both agree)."""
+    _MEMOS.pop(cache, None)
+
+
 def snapshot_cache(cache: "RadixCache") -> CacheSnapshot:
     """The cache as one immutable value, built incrementally from the events since the last one:
     only the nodes those events name (and their ancestors, whose clocks a walk stamps) get a new
@@ -74,7 +84,7 @@ def snapshot_cache(cache: "RadixCache") -> CacheSnapshot:
     free list unless a tree or pool event happened; with no event at all, the previous snapshot
     itself comes back. With events off or lost (the log dropped them), it rebuilds in full."""
     log = cache.events
-    memo: dict = cache.__dict__.setdefault("_snapshot_memo", {})
+    memo: dict = _MEMOS.setdefault(cache, {})
     tracked = log.enabled and memo.get("root") is cache.root_node
     key = (log.last_seq, cache.clock())
     if tracked and memo.get("key") == key:

@@ -23,6 +23,7 @@ from core.cache.events import EVENT_TYPES, Event
 from core.observe.snapshot import EngineSnapshot
 
 _SCALARS = (int, float, str, bool, type(None))
+MAX_EVENTS_PAGE = 10_000   # the most events one /state/events page holds (the server's bound, the client's ask)
 
 
 def encode(obj: Any) -> Any:

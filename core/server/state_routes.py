@@ -27,7 +27,6 @@ from core.server.host import EngineHost, new_id
 from core.server.json_body import parse_object
 from core.server.openai_run import fit_error
 
-MAX_EVENTS_PAGE = 10_000
 MAX_TOKEN_IDS = 50_000
 PARAM_FIELDS = {f.name for f in fields(SamplingParams)}
 
@@ -94,7 +93,7 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, admin) -> APIR
         return Response(body, media_type="application/json", headers={"ETag": etag})
 
     @r.get("/events", operation_id="state_events", response_model=api_schema.EventPage)
-    async def events(since: int = Query(0, ge=0, le=2 ** 62), limit: int = Query(2000, ge=1, le=MAX_EVENTS_PAGE),
+    async def events(since: int = Query(0, ge=0, le=2 ** 62), limit: int = Query(2000, ge=1, le=wire.MAX_EVENTS_PAGE),
                      newest: bool = False, caller: Caller = Depends(inference)):
         def page() -> dict:
             log = host.engine.cache.events

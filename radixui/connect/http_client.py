@@ -28,7 +28,6 @@ from core.engine.sampling import SamplingParams
 from core.observe import wire
 from core.observe.snapshot import EngineSnapshot
 
-MAX_EVENTS_PAGE = 10_000   # core.server.state_routes.MAX_EVENTS_PAGE (not imported: that pulls in FastAPI)
 
 
 REBUILD_READ_S = 1800.0     # how long a rebuild's answer may take: loading (or converting) the new model
@@ -105,7 +104,7 @@ class HttpClient:
         return self._snap
 
     def events_since(self, seq: int, limit: int = 2000) -> list[Event]:
-        limit = max(1, min(int(limit), MAX_EVENTS_PAGE))   # the server's page bound
+        limit = max(1, min(int(limit), wire.MAX_EVENTS_PAGE))   # the server's page bound
         data = self._json("GET", "/state/events", params={"since": max(0, int(seq)), "limit": limit,
                                                           "newest": "true"})
         return [wire.event_from_dict(d) for d in data["events"]]

@@ -11,11 +11,11 @@ from typing import Any, Callable, NamedTuple, Optional
 from core.lab.chat_traces import DEFAULT_SESSIONS, ChatTokenizer
 from core.lab.optimal import capacity_pages
 from core.lab.sweep import parse_capacities, parse_policies
-from core.lab.traces import MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC, load_trace
+from core.lab.traces import MOONCAKE_BLOCK, MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC, load_trace
 from core.lab.units import ModelKV, load_model_config, parse_capacity, shipped_models
 from core.lab.workloads import Workload, make_workload, workload_params
 
-MOONCAKE_PAGE_SIZE = 512
+MOONCAKE_PAGE_SIZE = MOONCAKE_BLOCK
 
 
 class BundledTrace(NamedTuple):

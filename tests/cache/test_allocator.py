@@ -309,3 +309,10 @@ def test_free_of_an_int64_id_past_int32_is_outside_the_pool_not_wrapped():
         assert state(a) == before
         a.free(held)
         assert a.available() == 16
+
+
+@pytest.mark.parametrize("page_size", [True, 0, 2.0, "4"])
+def test_a_page_size_that_is_no_positive_integer_is_refused_as_the_lab_refuses_it(page_size):
+    """True passed isinstance(int) and made a pool of 1-slot pages; the lab's sweep refused the same value."""
+    with pytest.raises(ValueError, match="page_size must be a positive integer"):
+        SlotAllocator(8, page_size=page_size)

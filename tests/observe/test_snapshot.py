@@ -14,6 +14,7 @@ from core.observe.snapshot import (
     SLOT_STATES,
     CacheSnapshot,
     EngineSnapshot,
+    forget_snapshots,
     PoolView,
     RequestView,
     frozen_array,
@@ -165,7 +166,7 @@ def test_incremental_snapshot_equals_a_full_rebuild_under_random_operations():
         else:
             cache.match_prefix(key)
         got = snapshot_cache(cache)
-        cache.__dict__.pop("_snapshot_memo")
+        forget_snapshots(cache)
         fresh = snapshot_cache(cache)
         assert got.to_dict() == fresh.to_dict(), step
         assert tuple(got.eviction_order) == tuple(n.id for n in cache.eviction_order())
