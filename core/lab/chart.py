@@ -72,8 +72,8 @@ def hit_rate_figure(result: SweepResult, log_x: Optional[bool] = None, title: Op
     xtitle = "pool capacity (tokens)" if kv is None else f"pool capacity (tokens / GiB of {kv.name} KV)"
     xaxis = dict(title=xtitle, type="log" if log_x else "linear")
     if len(caps) <= 12:   # tick exactly the swept capacities, in short form (512k, 3.07M), with GiB under
-        xaxis.update(tickvals=caps, ticktext=[_short(c) + ("" if kv is None else f"<br>{kv.gib(c):.3g} GiB")
-                                              for c in caps])
+        xaxis.update(tickvals=caps, ticktext=[t + ("" if kv is None else f"<br>{kv.gib(c):.3g} GiB")
+                                              for c, t in zip(caps, short_labels(caps))])
     name = result.workload.get("name", "workload")
     fig.update_layout(
         title=title or f"Prefix-cache hit rate vs pool size: {name}, page size {ps} token{'s' if ps > 1 else ''}",
@@ -93,9 +93,19 @@ def legend_top(entries: int) -> int:
     return 60 + 24 * rows
 
 
-def _short(n: int) -> str:
-    """512 -> '512', 3072 -> '3.07k', 3072000 -> '3.07M'."""
+def _short(n: int, digits: int = 3) -> str:
+    """512 -> '512', 3072 -> '3.07k', 3072000 -> '3.07M' (`digits` significant)."""
     for div, unit in ((1_000_000_000, "G"), (1_000_000, "M"), (1000, "k")):
         if n >= div:
-            return f"{n / div:.3g}{unit}"
+            return f"{n / div:.{digits}g}{unit}"
     return str(n)
+
+
+def short_labels(caps: list[int]) -> list[str]:
+    """The ticks' short forms, with as many digits as it takes for distinct capacities to read apart (3,000,000
+    and 3,000,003 both read '3M' at 3 digits); the full numbers where even 9 digits do not tell them apart."""
+    for digits in range(3, 10):
+        labels = [_short(c, digits) for c in caps]
+        if len(set(labels)) == len(set(caps)):
+            return labels
+    return [f"{c:,}" for c in caps]

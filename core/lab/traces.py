@@ -102,10 +102,11 @@ def _parse(path: PathLike, on_error: str, parse_record: Callable[[Any], list[Tra
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     check_limit(limit)
     groups: list[list[TraceRequest]] = []
-    skipped = 0
-    for where, value in records(path):
-        if limit is not None and len(groups) >= limit:
-            break
+    skipped = seen = 0
+    held: Optional[str] = None     # where a first record `[]` stands: an empty JSON array, or an empty token list
+
+    def parse(where: str, value) -> None:
+        nonlocal skipped
         try:
             if isinstance(value, ValueError):
                 raise value
@@ -115,10 +116,24 @@ def _parse(path: PathLike, on_error: str, parse_record: Callable[[Any], list[Tra
         except ValueError as e:
             if on_error == "skip":
                 skipped += 1
-                continue
+                return
             noun = "line" if where.startswith("line") and "element" not in where else "record"
             raise ValueError(f"{os.fspath(path)}, {where}: malformed {kind} {noun}: {e} "
                              f"(pass on_error='skip' / --skip-bad-lines to skip such lines)") from None
+
+    for where, value in records(path):
+        if limit is not None and len(groups) >= limit:
+            break
+        seen += 1
+        if seen == 1 and value == []:   # known once the next record comes, or the file ends
+            held = where
+            continue
+        if held is not None:            # more follow: that `[]` was an empty token-id list, malformed
+            parse(held, [])
+            held = None
+        parse(where, value)
+    if held is not None:
+        raise ValueError(f"trace {os.fspath(path)!r} is an empty JSON array: it holds no requests")
     if not groups:
         extra = f" ({skipped} malformed line(s) skipped)" if skipped else ""
         raise ValueError(f"trace {os.fspath(path)!r} holds no requests{extra}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.cache.eviction.registry import POLICIES
-from core.lab.chart import hit_rate_figure, policy_style
+from core.lab.chart import hit_rate_figure, policy_style, short_labels
 from core.lab.sweep import run_sweep
 from core.lab.units import load_model_config
 from core.lab.workloads import generated_shared_prefix
@@ -70,3 +70,10 @@ def test_chart_without_optimum_still_shows_the_infinite_bound():
     res = run_sweep(wl, [32, 64], ["lru"], workers=1, with_optimal=False)
     names = [t.name for t in hit_rate_figure(res).data]
     assert names[0] == "lru" and names[1].startswith("infinite") and len(names) == 2
+
+
+def test_capacities_a_few_tokens_apart_get_ticks_that_read_apart():
+    """3,000,000 and 3,000,003 (what the page suggests for one 3M-token request) both read '3M'."""
+    assert short_labels([512, 3072, 3_072_000]) == ["512", "3.07k", "3.07M"]
+    assert short_labels([3_000_000, 3_000_003]) == ["3M", "3.000003M"]
+    assert short_labels([1_000_000_000_000, 1_000_000_000_001]) == ["1,000,000,000,000", "1,000,000,000,001"]

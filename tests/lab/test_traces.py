@@ -278,3 +278,18 @@ def test_a_json_array_of_token_id_lists_reads_as_one_request_each_however_it_is_
     with pytest.raises(ValueError, match="line 1: "):
         load_trace(mixed)
 
+
+
+def test_an_empty_json_array_says_so_and_an_empty_first_token_list_is_still_a_malformed_line(tmp_path):
+    """`[]` read as one malformed line: "holds no requests (1 malformed line(s) skipped)"."""
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    for on_error in ("raise", "skip"):
+        with pytest.raises(ValueError, match="is an empty JSON array: it holds no requests"):
+            load_trace(empty, on_error=on_error)
+    lines = tmp_path / "ids.jsonl"
+    lines.write_text("[]\n[1, 2, 3]\n")
+    wl = load_trace(lines, on_error="skip")
+    assert [r.prompt_ids().tolist() for r in wl.requests] == [[1, 2, 3]] and wl.skipped_lines == 1
+    with pytest.raises(ValueError, match="line 1: malformed"):
+        load_trace(lines)
