@@ -1,14 +1,12 @@
 """One live KV event subscriber per dashboard process, swapped when the address changes.
 
-Held with st.cache_resource so every tab and rerun reads the same rebuilt tree; the previous
+Held by this module, so every tab and rerun reads the same rebuilt tree; the previous
 subscriber is closed (its sockets and thread stopped) before a new address is followed.
 """
 from __future__ import annotations
 
 import threading
 from typing import Optional
-
-import streamlit as st
 
 from core.kv_events.subscriber import KVEventSubscriber
 
@@ -38,9 +36,13 @@ class SourceHolder:
             self.sub, self.key = None, None
 
 
-@st.cache_resource
+_holder = SourceHolder()
+
+
 def get_holder() -> SourceHolder:
-    return SourceHolder()
+    """The process's one subscriber holder: not in st.cache_resource, which any session's clear_cache empties
+    (the subscriber it held then kept its socket and thread, unclosed)."""
+    return _holder
 
 
 def get_source(endpoint: str, replay: Optional[str], topic: str,

@@ -207,8 +207,9 @@ def test_the_dashboard_logs_in_with_its_own_key_from_the_environment(two_keys, m
 def test_the_live_page_attached_to_a_two_key_server_renders_with_either_key(two_keys, monkeypatch):
     import pathlib
 
-    import streamlit as st
     from streamlit.testing.v1 import AppTest
+
+    from radixui.connect.resources import forget_clients
 
     app = str(pathlib.Path(__file__).resolve().parents[2] / "app.py")
     HttpClient(two_keys.url, admin_key=B).submit(PROMPT, SamplingParams(max_new_tokens=3))
@@ -218,11 +219,11 @@ def test_the_live_page_attached_to_a_two_key_server_renders_with_either_key(two_
         monkeypatch.delenv("RADIX_ADMIN_KEY", raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        st.cache_resource.clear()
+        forget_clients()
         at = AppTest.from_file(app, default_timeout=120).run()
         assert not at.exception, [e.value for e in at.exception]
         assert any("data-testid='kpi-line'" in m.value for m in at.markdown), env
-    st.cache_resource.clear()
+    forget_clients()
 
 
 def test_with_only_the_inference_key_the_dashboard_disables_its_admin_controls_with_a_note(two_keys, monkeypatch):
@@ -232,8 +233,9 @@ def test_with_only_the_inference_key_the_dashboard_disables_its_admin_controls_w
     server's /state/version says which role the caller has."""
     import pathlib
 
-    import streamlit as st
     from streamlit.testing.v1 import AppTest
+
+    from radixui.connect.resources import forget_clients
 
     assert httpx.get(two_keys.url + "/state/version", headers=bearer(A)).json()["admin"] is False
     assert httpx.get(two_keys.url + "/state/version", headers=bearer(B)).json()["admin"] is True
@@ -244,7 +246,7 @@ def test_with_only_the_inference_key_the_dashboard_disables_its_admin_controls_w
         for env, admin in (({"RADIX_API_KEY": A}, False), ({"RADIX_API_KEY": A, "RADIX_ADMIN_KEY": B}, True)):
             for k, v in env.items():
                 monkeypatch.setenv(k, v)
-            st.cache_resource.clear()
+            forget_clients()
             at = AppTest.from_file(app, default_timeout=120).run()
             assert not at.exception, [e.value for e in at.exception]
             step_mode = next(t for t in at.sidebar.toggle if t.label == "Step mode")
@@ -257,7 +259,7 @@ def test_with_only_the_inference_key_the_dashboard_disables_its_admin_controls_w
                 assert "RADIX_ADMIN_KEY" in notes[0]
                 assert two_keys.engine.running            # and nothing changed the engine
     finally:
-        st.cache_resource.clear()
+        forget_clients()
 
 
 def test_requests_sent_without_a_key_belong_to_no_one_but_the_admin(tiny_runner):

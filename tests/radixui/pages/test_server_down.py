@@ -6,12 +6,12 @@ import socket
 import time
 
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from core.engine.engine import Engine
 from core.server.app import ServerSettings
 from radixui.connect.http_client import HttpClient
+from radixui.connect.resources import forget_clients
 from tests.radixui.pages.conftest import APP
 from tests.server.conftest import serving, tiny_factory
 from tests.tiny_models import tiny_pair
@@ -38,10 +38,10 @@ def attached(monkeypatch):
             monkeypatch.delenv(k, raising=False)
         for k, v in keys.items():
             monkeypatch.setenv(k, v)
-        st.cache_resource.clear()
+        forget_clients()
         return AppTest.from_file(APP, default_timeout=120)
     yield attach
-    st.cache_resource.clear()
+    forget_clients()
 
 
 def errors(at: AppTest) -> list[str]:
