@@ -13,7 +13,7 @@ ICON = str(pathlib.Path(__file__).parent / "radixui" / "static" / "favicon.png")
 
 st.set_page_config(page_title="RadixAttention live", page_icon=ICON, layout="wide",
                    initial_sidebar_state="collapsed")
-refusal = foreign_origin(st.context.headers)    # before anything is read or drawn: another page's session
+refusal = foreign_origin(st.context.headers, st.get_option("server.corsAllowedOrigins"))   # before anything is drawn
 if refusal:
     st.error(refusal)
     st.stop()

@@ -104,11 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--replicas", type=int, default=2, help="engine servers to start")
     ap.add_argument("--policy", default="cache_aware", choices=ROUTER_POLICIES, help="the router's policy")
     ap.add_argument("--host", default="127.0.0.1", help="address the router and the servers listen on")
-    ap.add_argument("--port", type=int, default=30000, help="the router's port; servers take the next N ports")
+    ap.add_argument("--port", type=http_probe.tcp_port, default=30000,
+                    help="the router's port; servers take the next N ports")
     ap.add_argument("--cache-threshold", type=float, help="router: match ratio to follow (its default 0.3)")
     ap.add_argument("--balance-abs-threshold", type=int, help="router: load difference that switches to least-loaded")
     ap.add_argument("--balance-rel-threshold", type=float, help="router: load ratio that also must be exceeded")
-    ap.add_argument("--router-metrics-port", type=int, help="the router's /metrics port (default: after the servers')")
+    ap.add_argument("--router-metrics-port", type=http_probe.tcp_port,
+                    help="the router's /metrics port (default: after the servers')")
     ap.add_argument("--log-dir", help="write server-N.log, router.log (the router's console) and the router's own "
                                       "log file smg.YYYY-MM-DD (INFO included) here instead of the terminal "
                                       "(make replicas LOG_DIR=...)")
@@ -132,13 +134,13 @@ ROUTER_WITH_KEY = ("import os, sys; sys.argv += ['--api-key', os.environ.pop('RA
 
 
 def server_key(extra: Sequence[str]) -> Optional[str]:
-    """The inference key the router sends the servers: --api-key after `--`, else RADIX_API_KEY's (first)."""
-    for i, a in enumerate(extra):
-        if a == "--api-key" and i + 1 < len(extra):
-            return extra[i + 1]
-        if a.startswith("--api-key="):
-            return a.split("=", 1)[1]
-    return env.api_key()
+    """The inference key the router is given: the servers' one key (--api-key after `--`, else RADIX_API_KEY).
+    None with several (tenants): the router's --api-key is also the only key it takes from clients, so it would
+    refuse every tenant but one; keyless, it passes each client's own key through (and cannot read /server_info)."""
+    keys = [extra[i + 1] for i, a in enumerate(extra) if a == "--api-key" and i + 1 < len(extra)]
+    keys += [a.split("=", 1)[1] for a in extra if a.startswith("--api-key=")]
+    keys = keys or env.api_keys()
+    return keys[0] if len(keys) == 1 else None
 
 
 def url_host(host: str) -> str:
@@ -194,6 +196,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     metrics_port = router_metrics_port(args)
     ports = [args.port, *(args.port + i + 1 for i in range(args.replicas)), metrics_port]
+    if len(set(ports)) < len(ports):
+        print(f"error: --router-metrics-port {metrics_port} is the router's or a server's port (--port {args.port} "
+              f"and the {args.replicas} above it); pick another", file=sys.stderr)
+        return 2
     taken = [p for p in ports if http_probe.listening(p, args.host)]
     if taken:       # before any model loads (the router's own error came after them, as a traceback)
         print(f"error: port(s) {', '.join(map(str, taken))} taken: the router takes --port {args.port}, the servers "

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -112,6 +113,41 @@ def test_with_a_key_the_router_reads_each_servers_model_and_the_key_stays_off_ev
     assert proc.returncode == 0 and "WARN" not in err and "Traceback" not in err, err
 
 
+def _complete(base: int, key: str) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{base}/v1/completions", method="POST",
+                                 data=json.dumps({"model": "default", "prompt": "Hi", "max_tokens": 1}).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_with_two_tenant_keys_each_reaches_the_servers_through_the_router():
+    """Given a key, the router takes only that one from clients: with two tenants it gets none and passes each
+    client's own key through (it refused the second tenant with 401)."""
+    base = free_base(4)
+    env = dict(os.environ, RADIX_API_KEY="tenant-one,tenant-two")
+    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "1", "--port", str(base), "--",
+                             "--pool-slots", "256"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines = [read_line(proc, 240)]
+        while "replica(s) behind sglang-router" not in lines[-1]:   # keyless, the router warns it cannot read
+            lines.append(read_line(proc, 240))                      # the servers' model (their /server_info)
+        assert len(lines) <= 3, lines
+        assert [_complete(base, k) for k in ("tenant-one", "tenant-two", "nobody")] == [200, 200, 401]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 def test_ctrl_c_while_the_servers_load_is_quiet_and_taken_ports_are_one_line_first():
     """SIGINT to a server still importing torch printed a traceback per server; one still loading gets SIGTERM.
     A taken port was found only after every model had loaded, as the router's traceback."""
@@ -136,3 +172,10 @@ def test_ctrl_c_while_the_servers_load_is_quiet_and_taken_ports_are_one_line_fir
     assert got.returncode == 2 and got.stderr.startswith(f"error: port(s) {base + 3} taken: the router takes "
                                                          f"--port {base}, the servers the 2 above it, its metrics "
                                                          f"{base + 3}"), got.stderr
+    same = subprocess.run([sys.executable, "-m", "core.replicas", "--port", str(base), "--router-metrics-port",
+                           str(base + 1)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert same.returncode == 2 and f"--router-metrics-port {base + 1} is the router's or a server's port" in \
+        same.stderr, same.stderr
+    far = subprocess.run([sys.executable, "-m", "core.replicas", "--router-metrics-port", "70000"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert far.returncode == 2 and "70000 is not a port number (1-65535)" in far.stderr, far.stderr

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     args = ap.parse_args(argv)
+    if args.api_key is not None and not all(k.strip() for k in args.api_key):
+        ap.error("--api-key is empty: give the key (an unset variable as --api-key \"$VAR\" would leave the "
+                 "server open), or leave the flag out")
     args.api_key = args.api_key or env.api_keys()      # the flags, else the environment's
     if len(set(args.api_key)) != len(args.api_key):
         ap.error("an --api-key is given twice: each inference key is one tenant; give each once")

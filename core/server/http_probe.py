@@ -10,6 +10,7 @@ as "not answering yet".
 """
 from __future__ import annotations
 
+import argparse
 import http.client
 import socket
 import struct
@@ -66,3 +67,13 @@ def answers(url: str, timeout: float = 2.0) -> bool:
     """True once GET `url` gives 200."""
     reply = get(url, timeout)
     return reply is not None and reply.status == 200
+
+
+def tcp_port(text: str) -> int:
+    """A port number, 1-65535, as an argparse type (argparse turns the error into one line and exit 2)."""
+    if not str(text).strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port

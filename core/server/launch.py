@@ -83,22 +83,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="make run", description="Start the engine server and the dashboard attached to "
                                  "it (with RADIX_ENGINE_URL set: only the dashboard, attached to that server). "
                                  "Ctrl-C stops both.")
-    ap.add_argument("--port", type=tcp_port, default=os.environ.get("PORT", "8501"),
+    ap.add_argument("--port", type=http_probe.tcp_port, default=os.environ.get("PORT", "8501"),
                     help="the dashboard's port (make run PORT=...)")
-    ap.add_argument("--server-port", type=tcp_port, default=os.environ.get("SERVER_PORT", "30000"),
+    ap.add_argument("--server-port", type=http_probe.tcp_port, default=os.environ.get("SERVER_PORT", "30000"),
                     help="the engine server's port (make run SERVER_PORT=...)")
     return ap.parse_args(argv)
-
-
-def tcp_port(text: str) -> int:
-    """A port number, 1-65535 (argparse turns the ValueError into one line and exit 2)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
-    return port
 
 
 def exit_status(name: str, returncode: int) -> tuple[str, int]:

@@ -67,3 +67,12 @@ def test_keys_come_from_repeated_flags_or_a_comma_list_and_each_once(monkeypatch
     for argv in (["--api-key", "x", "--api-key", "x"], ["--api-key", "x", "--admin-key", "x"]):
         with pytest.raises(SystemExit):
             parse_args(argv)
+
+
+def test_an_empty_api_key_is_refused_rather_than_leaving_the_server_open(monkeypatch, capsys):
+    """`--api-key "$UNSET"` passes "": it counted as a key set, no key was required, and no warning said so."""
+    monkeypatch.delenv("RADIX_API_KEY", raising=False)
+    for argv in (["--api-key", ""], ["--api-key", "k", "--api-key", "  "]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert "--api-key is empty" in capsys.readouterr().err
