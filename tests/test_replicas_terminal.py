@@ -84,85 +84,75 @@ def test_make_replicas_passes_log_dir_through_only_when_given():
     assert "--log-dir" not in command()
 
 
+def _launch(base: int, replicas: int = 1, **env_vars: str) -> subprocess.Popen:
+    """`python -m core.replicas` with small pools, in a terminal's process group of its own."""
+    return subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", str(replicas), "--port", str(base),
+                             "--", "--pool-slots", "256"], cwd=ROOT, env=dict(os.environ, **env_vars),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> tuple[str, str]:
+    """Ctrl-C to its group; killed with it when still there after 60 s, so nothing is left behind."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _complete(base: int, key: str) -> tuple[int, str]:
+    """A completion through the router with `key`: its status and text."""
+    req = urllib.request.Request(f"http://127.0.0.1:{base}/v1/completions", method="POST",
+                                 data=json.dumps({"model": "default", "prompt": "The capital of France is",
+                                                  "max_tokens": 2, "temperature": 0}).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())["choices"][0]["text"]
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
 def test_with_a_key_the_router_reads_each_servers_model_and_the_key_stays_off_every_command_line():
     """RADIX_API_KEY reaches the servers; the router is handed it through its environment (on its command line
     `ps` shows it to every local user), so it reads /server_info (it warned "No tokenizer_path or model_path
     found" for each, and asked the hub) and clients with the key are served."""
     base = free_base(4)
-    env = dict(os.environ, RADIX_API_KEY="replica-key")
-    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "1", "--port", str(base), "--",
-                             "--pool-slots", "256"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _launch(base, RADIX_API_KEY="replica-key")
     try:
         assert "1 replica(s) behind sglang-router" in read_line(proc, 240)
         ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
         assert ("sglang::router" in ps or "sglang_router" in ps) and "replica-key" not in ps
-        req = urllib.request.Request(f"http://127.0.0.1:{base}/v1/completions", method="POST",
-                                     data=json.dumps({"model": "default", "prompt": "The capital of France is",
-                                                      "max_tokens": 2, "temperature": 0}).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": "Bearer replica-key"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            assert json.loads(r.read())["choices"][0]["text"] == " Paris."
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        assert _complete(base, "replica-key") == (200, " Paris.")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        out, err = _stop(proc)
     assert proc.returncode == 0 and "WARN" not in err and "Traceback" not in err, err
-
-
-def _complete(base: int, key: str) -> int:
-    req = urllib.request.Request(f"http://127.0.0.1:{base}/v1/completions", method="POST",
-                                 data=json.dumps({"model": "default", "prompt": "Hi", "max_tokens": 1}).encode(),
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
 
 
 def test_with_two_tenant_keys_each_reaches_the_servers_through_the_router():
     """Given a key, the router takes only that one from clients: with two tenants it gets none and passes each
     client's own key through (it refused the second tenant with 401)."""
     base = free_base(4)
-    env = dict(os.environ, RADIX_API_KEY="tenant-one,tenant-two")
-    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "1", "--port", str(base), "--",
-                             "--pool-slots", "256"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _launch(base, RADIX_API_KEY="tenant-one,tenant-two")
     try:
         lines = [read_line(proc, 240)]
         while "replica(s) behind sglang-router" not in lines[-1]:   # keyless, the router warns it cannot read
             lines.append(read_line(proc, 240))                      # the servers' model (their /server_info)
         assert len(lines) <= 3, lines
-        assert [_complete(base, k) for k in ("tenant-one", "tenant-two", "nobody")] == [200, 200, 401]
+        assert [_complete(base, k)[0] for k in ("tenant-one", "tenant-two", "nobody")] == [200, 200, 401]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop(proc)
 
 
 def test_ctrl_c_while_the_servers_load_is_quiet_and_taken_ports_are_one_line_first():
     """SIGINT to a server still importing torch printed a traceback per server; one still loading gets SIGTERM.
     A taken port was found only after every model had loaded, as the router's traceback."""
     base = free_base(4)
-    proc = subprocess.Popen([sys.executable, "-m", "core.replicas", "--replicas", "2", "--port", str(base), "--",
-                             "--pool-slots", "256"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        time.sleep(3)                                  # the servers import torch and load
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc = _launch(base, replicas=2)
+    time.sleep(3)                                      # the servers import torch and load
+    out, err = _stop(proc)
     assert proc.returncode == 0 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", base + 3))          # the router's metrics port
