@@ -167,7 +167,8 @@ def router_argv(args, workers: Sequence[str], key: Optional[str] = None) -> list
 
 
 def ready_line(args, workers: Sequence[str]) -> str:
-    return (f"{args.replicas} replica(s) behind sglang-router ({args.policy}): http://{url_host(args.host)}:{args.port}/v1 "
+    router = f"http://{url_host(args.host)}:{args.port}"
+    return (f"{args.replicas} replica(s) behind sglang-router ({args.policy}): {router}/v1 "
             f"| workers {' '.join(workers)} | dashboard on every replica: RADIX_ENGINE_URL={','.join(workers)} "
             f"make run | Ctrl-C stops all")
 

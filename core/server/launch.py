@@ -141,8 +141,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print("the engine server did not answer /health within 600 s; stopping it", file=sys.stderr)
                     return 1
                 told, status = exit_status("the engine server", procs[0].returncode)
-                print(f"{told} before it answered /health (see its messages above; killed by SIGKILL while "
-                      f"loading is usually the kernel's out-of-memory killer)", file=sys.stderr)
+                oom = "; SIGKILL while loading is usually the kernel's out-of-memory killer" \
+                    if procs[0].returncode == -signal.SIGKILL else ""
+                print(f"{told} before it answered /health (see its messages above{oom})", file=sys.stderr)
                 return status
             loading = None
             child_env["RADIX_ENGINE_URL"] = url
