@@ -184,7 +184,7 @@ def _check_args(args) -> Optional[ModelKV]:
 def cmd_sweep(args) -> int:
     from core.lab import plan_cli
     from core.lab.page_trace import Overlap
-    from core.lab.sweep import parse_capacities, parse_policies, run_sweep
+    from core.lab.sweep import parse_capacities, parse_policies, rounding_note, run_sweep
     from core.lab.units import parse_capacity
     if args.address and args.backend != "ray":
         raise ValueError("--address names a Ray cluster; add --backend ray")
@@ -199,6 +199,9 @@ def cmd_sweep(args) -> int:
     s = workload.summary()
     print(f"workload {s['name']}: {s['requests']:,} requests, {s['prompt_tokens']:,} prompt tokens"
           + (f", {workload.skipped_lines} malformed line(s) skipped" if workload.skipped_lines else ""))
+    rounded = rounding_note(args.capacities, page_size, kv)
+    if rounded:
+        print(f"note: {rounded}")
     bar, plain = None, None
     finished, running = [0], {}
     if not args.quiet and sys.stderr.isatty():

@@ -52,6 +52,22 @@ def parse_capacities(spec: Union[str, Iterable[Union[str, int]]], page_size: int
     return sorted({capacity_pages(units.parse_capacity(s, page_size, kv), page_size) * page_size for s in items})
 
 
+def rounding_note(spec: Union[str, Iterable[Union[str, int]]], page_size: int,
+                  kv: Optional[units.ModelKV] = None) -> Optional[str]:
+    """The capacities that page size rounds down (a pool holds whole pages), in one sentence; None when none is.
+    Read after parse_capacities has checked `spec`."""
+    items = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
+    cut = []
+    for item in items:
+        tokens = units.parse_capacity(item, page_size, kv)
+        if tokens % page_size:
+            cut.append(f"{str(item).strip()} is {tokens // page_size * page_size:,} tokens")
+    if not cut:
+        return None
+    shown = ", ".join(cut[:4]) + (f" and {len(cut) - 4} more" if len(cut) > 4 else "")
+    return f"a pool holds whole pages of {page_size:,} tokens, so capacities are rounded down: {shown}"
+
+
 def parse_policies(spec: Union[str, Iterable[str]]) -> list[str]:
     """'lru,lfu' or 'all' or a list; each checked against the core's policies."""
     items = [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)

@@ -10,7 +10,7 @@ import streamlit as st
 
 from core.cache.eviction.registry import DESCRIPTIONS, POLICIES
 from core.lab.page_trace import Overlap
-from core.lab.sweep import SweepResult, run_sweep
+from core.lab.sweep import SweepResult, rounding_note, run_sweep
 from core.lab.units import ModelKV, add_bytes_columns, fmt_capacity
 from radixui.figures.lab_chart import sweep_figure
 from radixui.panels import lab_inputs as li
@@ -84,6 +84,7 @@ def sweep_section(choice: WorkloadChoice) -> SweepSettings:
                                progress=lambda d, t, row: bar.progress(*line.done(d, t, row)), point_progress=point)
             bar.empty()
             st.session_state.cap_result = (signature, result)
+            st.session_state.cap_rounding = rounding_note(caps_text, page_size, kv)
             st.session_state.pop("cap_model_report", None)
         except ValueError as exc:
             st.error(f"Cannot run this sweep: {exc}")
@@ -110,6 +111,8 @@ def results_section(settings: SweepSettings) -> SweepResult:
     m[1].metric("Distinct pages", f"{res.distinct_pages:,}", help=f"pages of {res.page_size} tokens the workload touches")
     m[2].metric("Points replayed", f"{len(res.points) + len(res.optimal):,}")
     m[3].metric("Sweep time", f"{res.seconds:.1f} s")
+    if st.session_state.get("cap_rounding") and sig == signature:
+        st.info(f"Note: {st.session_state.cap_rounding}.")
     if res.capped_note():
         st.info(f"Note: {res.capped_note()}.")
     if res.nothing_fits_note():

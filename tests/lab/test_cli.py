@@ -378,3 +378,10 @@ def test_a_tokenizer_that_is_not_on_this_machine_fails_at_once_with_what_to_give
         err = capsys.readouterr().err
         assert "no tokenizer there" in err and "tokenizer files" in err, err
 
+
+
+def test_capacities_a_page_size_rounds_down_are_named_on_the_terminal(mooncake_path, tmp_path, capsys):
+    assert main(["sweep", "--trace", str(mooncake_path), "--limit", "20", "--capacities", "1000,4k,8192",
+                 "--policies", "lru", "--workers", "1", "--quiet", "--out", str(tmp_path)]) == 0
+    assert ("note: a pool holds whole pages of 512 tokens, so capacities are rounded down: 1000 is 512 tokens, 4k is "
+            "3,584 tokens\n") in capsys.readouterr().out

@@ -9,7 +9,7 @@ import pytest
 
 from core.lab.optimal import Bounds
 from core.lab.replay import replay
-from core.lab.sweep import OPTIMAL, parse_capacities, parse_policies, run_sweep
+from core.lab.sweep import OPTIMAL, parse_capacities, parse_policies, rounding_note, run_sweep
 from core.lab.units import parse_capacity
 from core.lab.workloads import TraceRequest, Workload, few_shot, generated_shared_prefix
 
@@ -152,3 +152,11 @@ def test_a_note_about_one_page_says_page():
     res = run_sweep(wl, [64, 128], ["lru"], page_size=16, workers=1)
     assert res.capped_note().startswith("4, 8 pages exceed the 1 page this workload can ever fill; those points "
                                         "were replayed with 1 page")
+
+
+def test_capacities_a_page_size_rounds_down_are_named_with_what_they_became():
+    """With pages of 512, "1000, 2000, 3000" plotted 512, 1.54k and 2.56k without a word."""
+    assert rounding_note("1000, 2k, 1536", 512) == ("a pool holds whole pages of 512 tokens, so capacities are rounded "
+                                                    "down: 1000 is 512 tokens, 2k is 1,536 tokens")
+    assert rounding_note("512, 3p", 512) is None and rounding_note("1000", 1) is None
+    assert rounding_note([5, 6, 7, 8, 9, 10], 4).endswith("7 is 4 tokens, 9 is 8 tokens and 1 more")

@@ -283,6 +283,17 @@ def test_mooncake_upload_defaults_to_page_size_512():
     assert "Not available" not in " ".join(i.value for i in at.info)   # no results yet, nothing said
 
 
+def test_capacities_rounded_to_whole_pages_are_named_under_the_results():
+    """Pages of 16: 100 and 200 tokens are pools of 96 and 192; the chart plotted those without a word."""
+    at = open_page()
+    _set_params(at, num_groups=4, prompts_per_group=5)
+    at.number_input(key=f"cap_ps_{PRESET}").set_value(16)
+    _run_sweep(at, "100, 200", ["lru"])
+    assert not page_errors(at), page_errors(at)
+    assert "Note: a pool holds whole pages of 16 tokens, so capacities are rounded down: 100 is 96 tokens, 200 is " \
+           "192 tokens." in [i.value for i in at.info]
+
+
 # ----- through the real model ---------------------------------------------------------------------
 def test_through_the_real_model_saves_prefill_and_keeps_outputs():
     at = open_page(timeout=240)
