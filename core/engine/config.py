@@ -69,7 +69,8 @@ class EngineConfig:
     disable_cuda_graph: bool = _setting(False, "on CUDA, launch every kernel of a decode step from Python instead of "
                                                "replaying captured CUDA graphs (native path; as SGLang's flag)")
     event_capacity: int = _setting(100_000, "cache events kept for viewers (the newest)", minimum=1, cli=False)
-    event_budget_bytes: int = _setting(DEFAULT_BUDGET_BYTES, "memory the kept cache events may hold", minimum=1024, cli=False)
+    event_budget_bytes: int = _setting(DEFAULT_BUDGET_BYTES, "memory the kept cache events may hold", minimum=1024,
+                                       cli=False)
 
     # ----- checks ------------------------------------------------------------------------------
     def validate(self) -> "EngineConfig":

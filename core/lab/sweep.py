@@ -160,9 +160,10 @@ class SweepResult:
             return None
         need = capped[0][1]
         unit = "token" if self.page_size == 1 else "page"   # at page size 1 a page is a token: say so
-        return (f"{', '.join(f'{c:,}' for c, _ in capped)} {unit}s exceed the {units.plural(need, unit)} this workload can "
-                f"ever fill; those points were replayed with {units.plural(need, unit)} (no policy evicts there, so the "
-                f"numbers are those of any larger pool)")
+        need_text = units.plural(need, unit)
+        return (f"{', '.join(f'{c:,}' for c, _ in capped)} {unit}s exceed the {need_text} this workload can ever fill; "
+                f"those points were replayed with {need_text} (no policy evicts there, so the numbers are those of "
+                f"any larger pool)")
 
     def nothing_fits_note(self) -> Optional[str]:
         """The capacities where every request is larger than the pool, in one sentence; None when there are none."""

@@ -11,6 +11,7 @@ import sys
 
 from core import env
 from core.engine.config import EngineConfig, add_flags, from_args
+from core.server.auth import Keys
 from core.server.cpu_pool import DEFAULT_WORKERS
 from core.server.drain import DEFAULT_DRAIN_S
 from core.server.json_body import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
@@ -71,8 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--api-key is empty: give the key (an unset variable as --api-key \"$VAR\" would leave the "
                  "server open), or leave the flag out")
     args.api_key = args.api_key or env.api_keys()      # the flags, else the environment's
-    if len(set(args.api_key)) != len(args.api_key):
-        ap.error("an --api-key is given twice: each inference key is one tenant; give each once")
+    try:
+        Keys(args.api_key, args.admin_key)               # the keys' own checks, before the model loads
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.kv_events_config is not None:
         from core.kv_events.publish_config import parse_config
         try:
@@ -87,8 +90,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.max_request_share is not None and args.max_request_share < 1:
         ap.error("--max-request-share must be >= 1")
-    if args.admin_key and args.admin_key in args.api_key:
-        ap.error("--api-key and --admin-key must differ")
     try:
         args.engine_config = from_args(args)
     except ValueError as exc:

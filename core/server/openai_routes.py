@@ -16,7 +16,7 @@ rides on the last choice's finishing chunk: SGLang 0.5.23 sends it in a chunk of
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -43,6 +43,14 @@ def usage(completions: list[Completion], n: int) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts)}}
 
 
+def ending(c: Optional[Completion]) -> dict:
+    """A choice's last fields: OpenAI's finish_reason and SGLang's matched_stop (both null while it runs)."""
+    if c is None:
+        return {"logprobs": None, "finish_reason": None, "matched_stop": None}
+    return {"logprobs": None, "finish_reason": FINISH.get(c.finish_reason, c.finish_reason),
+            "matched_stop": c.matched_stop}
+
+
 def sglext(body: SamplingFields, first: Optional[Completion]) -> Optional[dict]:
     if not body.return_cached_tokens_details or first is None or first.cached_tokens <= 0:
         return None
@@ -65,14 +73,10 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
         return {"usage": {"prompt_tokens": p, "completion_tokens": tokens, "total_tokens": p + tokens,
                           "prompt_tokens_details": {"cached_tokens": cached}}} if continuous else {}
 
-    def chunk(i: int, text: Optional[str], finish: Optional[str], matched: Union[int, str, None] = None) -> dict:
-        if chat:
-            delta = {} if text is None else {"content": text}
-            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
-        else:
-            choice = {"index": i, "text": text or "", "logprobs": None, "finish_reason": finish,
-                      "matched_stop": matched}
-        return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], **nulls}
+    def chunk(i: int, text: Optional[str], c: Optional[Completion] = None) -> dict:
+        body = ({"delta": {} if text is None else {"content": text}} if chat else {"text": text or ""})
+        return {"id": rid, "object": obj, "created": created, "model": model,
+                "choices": [{"index": i, **body, **ending(c)}], **nulls}
 
     def head(extra: dict) -> dict:
         return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], **extra}
@@ -81,15 +85,15 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
         if chat:
             for i in range(k):
                 yield sse({"id": rid, "object": obj, "created": created, "model": model,
-                            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}], **nulls})
+                            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, **ending(None)}],
+                            **nulls})
         while len(run.done) < k:
             try:
                 e = await run.next_event()
                 i = e.choice
                 if e.is_piece:
                     sent[i] += e.text
-                    yield sse({**chunk(i, e.text, None), **so_far(i, e.tokens, e.cached)})
+                    yield sse({**chunk(i, e.text), **so_far(i, e.tokens, e.cached)})
                     continue
                 c = run.finished(i, e.completion, e.reason)
             except APIError as err:
@@ -97,9 +101,8 @@ async def _stream(run: ChoiceRun, obj: str, model: str, chat: bool, usage_by_def
                 yield DONE
                 return
             if c.text.startswith(sent[i]) and len(c.text) > len(sent[i]):   # never lose a tail
-                yield sse({**chunk(i, c.text[len(sent[i]):], None), **so_far(i, len(c.token_ids), c.cached_tokens)})
-            last = {**chunk(i, None, FINISH.get(c.finish_reason, c.finish_reason), c.matched_stop),
-                    **so_far(i, len(c.token_ids), c.cached_tokens)}
+                yield sse({**chunk(i, c.text[len(sent[i]):]), **so_far(i, len(c.token_ids), c.cached_tokens)})
+            last = {**chunk(i, None, c), **so_far(i, len(c.token_ids), c.cached_tokens)}
             ext = sglext(run.body, run.done.get(0)) if len(run.done) == k else None
             yield sse({**last, "sglext": ext} if ext is not None else last)
         done = [run.done[i] for i in range(k)]
@@ -138,16 +141,10 @@ def router(host: EngineHost, pool: CpuPool, read_body, inference, usage_by_defau
             done = await run.wait_all(request)
         finally:
             run.close()
-        if chat:
-            choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                        "finish_reason": FINISH.get(c.finish_reason, c.finish_reason), "matched_stop": c.matched_stop}
-                       for i, c in enumerate(done)]
-            obj = "chat.completion"
-        else:
-            choices = [{"index": i, "text": c.text, "logprobs": None,
-                        "finish_reason": FINISH.get(c.finish_reason, c.finish_reason), "matched_stop": c.matched_stop}
-                       for i, c in enumerate(done)]
-            obj = "text_completion"
+        choices = [{"index": i, **({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text}),
+                    **ending(c)}
+                   for i, c in enumerate(done)]
+        obj = "chat.completion" if chat else "text_completion"
         out = {"id": response_id, "object": obj, "created": int(time.time()), "model": model,
                "choices": choices, "usage": usage(done, body.choices_per_prompt)}
         ext = sglext(body, done[0])

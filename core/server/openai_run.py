@@ -241,9 +241,8 @@ class ChoiceRun:
         """What a streamed choice does with each text piece; with ids, the ones generated up to that piece."""
         if not self.stream:
             return None
-        if self.with_ids:
-            return lambda t, h: self._post(Event(i, t, h.partial_ids(t.tokens), h.cached_tokens(), t.tokens))
-        return lambda t, h: self._post(Event(i, t, cached=h.cached_tokens(), tokens=t.tokens))
+        return lambda t, h: self._post(Event(i, t, h.partial_ids(t.tokens) if self.with_ids else [], h.cached_tokens(),
+                                             t.tokens))
 
     def _refill(self) -> None:
         if self.next < len(self.choices) and not self.closed and not self.cancelled:

@@ -28,8 +28,6 @@ from core.engine.sampling import SamplingParams
 from core.observe import wire
 from core.observe.snapshot import EngineSnapshot
 
-
-
 REBUILD_READ_S = 1800.0     # how long a rebuild's answer may take: loading (or converting) the new model
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-
 from typing import Optional
 
 import torch
