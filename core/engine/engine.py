@@ -30,6 +30,7 @@ from core.engine.request import ABORTED, Completion, Request, RequestHandle
 from core.engine.request_table import RequestTable
 from core.engine.sampling import SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
+from core.engine.sigint_guard import SigintGuard
 from core.engine.step_budget import FLOOR_FACTOR, StepBudget
 from core.observe import snapshot as snap
 from core.observe.invariants import check_cache_invariants
@@ -142,7 +143,7 @@ class Engine:
             self.metrics.on_abort()
             self._complete(req, "abort", now=True)   # no step's lock held: maybe mid-step
             return True
-        with self._lock:
+        with self._lock, SigintGuard():   # a Ctrl-C waits until the slots are back (sigint_guard.py)
             req = self.requests.withdraw(rid)
             if req is None:
                 return False
@@ -166,11 +167,13 @@ class Engine:
         """One scheduler step: admit, run one mixed batch, sample, cache. False when idle.
 
         A failure is confined to the request it belongs to (that request ends with `error` set and
-        gives back its slots); a model failure fails the batch it ran. Nothing is left half-committed."""
-        with self._lock:
+        gives back its slots); a model failure fails the batch it ran. Nothing is left half-committed: on the
+        main thread a Ctrl-C is held back while the tree, the slots and the requests change (sigint_guard.py)
+        and raised in the model's forward or once the step is whole."""
+        with self._lock, SigintGuard() as guard:
             self._ending = []
             try:
-                return self._step_locked()
+                return self._step_locked(guard)
             finally:
                 # the requests this step ended are told only now, after its gauges and version are out: a
                 # client that has its answer sees the step counted
@@ -178,7 +181,7 @@ class Engine:
                 for req in ending:
                     self._signal(req)
 
-    def _step_locked(self) -> bool:
+    def _step_locked(self, guard: SigintGuard) -> bool:
         self._drain_inbox()
         sched = self.scheduler
         try:
@@ -200,7 +203,8 @@ class Engine:
             batch = ForwardBatch.build([(it.tokens, it.req.kv_slots, it.new_slots) for it in items],
                                        device=self.device,
                                        prompt=[it.req.computed < len(it.req.prompt_ids) for it in items])
-            logits = self.runner.forward(batch, self.pool)
+            with guard.interruptible():   # writes only this batch's new slots; its failure path below
+                logits = self.runner.forward(batch, self.pool)
             self._record_kv(batch)
         except BaseException as exc:  # a model failure fails this batch, not the engine; so does Ctrl-C
             for it in items:
@@ -351,7 +355,7 @@ class Engine:
     # ----- control -----------------------------------------------------------------------------
     def reset_cache(self) -> None:
         """Empty the tree and free every slot; refused while requests hold slots."""
-        with self._lock:
+        with self._lock, SigintGuard():
             if self.scheduler.running:
                 raise ValueError(f"{len(self.scheduler.running)} request(s) are running; "
                                  f"wait for them or abort them before resetting the cache")

@@ -1,0 +1,108 @@
+"""A real Ctrl-C (SIGINT) while `Engine.generate` steps on the main thread: it lands wherever Python is, and the
+engine must come out whole. Before sigint_guard.py, a signal inside the scheduler, the tree or the allocator left
+slots lost or owned twice and paths locked for good, and a later request read another's KV."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from core.engine.engine import Engine
+from core.engine.sampling import SamplingParams
+from core.engine.sigint_guard import SigintGuard
+from tests.engine_checks import no_leak, still_serves
+from tests.tiny_models import tiny_pair
+
+PROMPTS = [[7, 3, 9, 2, 11, 5] * 3, [8, 8, 1, 2] * 5, [7, 3, 9, 2, 11, 5] * 2 + [40, 41], [21, 22, 23] * 6]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair("llama")
+
+
+@pytest.fixture
+def python_sigint():
+    """SIGINT raises KeyboardInterrupt here, as in a terminal (a test worker may have it ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_inside(obj, name: str, monkeypatch) -> None:
+    """The next call of obj.name receives a real SIGINT at its start, then runs as itself."""
+    original = getattr(obj, name)
+
+    def signalled(*args, **kwargs):
+        monkeypatch.setattr(obj, name, original)
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(obj, name, signalled)
+
+
+@pytest.mark.parametrize("where", ["scheduler._admit_one", "scheduler.cache_unfinished", "scheduler.release",
+                                   "cache.match_prefix", "cache.insert", "cache.inc_lock_ref", "allocator.alloc",
+                                   "allocator.free"])
+def test_a_ctrl_c_inside_the_schedulers_bookkeeping_waits_for_a_whole_state(pair, python_sigint, monkeypatch,
+                                                                           where):
+    ref, runner = pair
+    e = Engine(runner, pool_slots=120, page_size=2)
+    e.generate([PROMPTS[0]], SamplingParams(max_new_tokens=3))     # a cached prefix: matches and splits follow
+    part, name = where.split(".")
+    _ctrl_c_inside(getattr(e, part), name, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(3):
+            e.generate(PROMPTS, SamplingParams(max_new_tokens=6))
+    no_leak(e)
+    still_serves(e, ref)
+
+
+def test_random_real_ctrl_cs_during_generate_never_break_the_engine(pair, python_sigint):
+    """Signals from another thread at random moments, on one engine, as a notebook user pressing Ctrl-C."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=120, page_size=2)
+    rng = random.Random(0)
+    interrupted = 0
+    for trial in range(40):
+        timer = threading.Timer(rng.uniform(0, 0.03), os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            e.generate(rng.sample(PROMPTS, 3), SamplingParams(max_new_tokens=rng.randint(2, 12)))
+            timer.join()
+            time.sleep(0.01)          # a signal that came after generate returned lands here, harmlessly
+        except KeyboardInterrupt:
+            interrupted += 1
+            timer.join()
+        no_leak(e)
+    assert interrupted >= 10, f"only {interrupted} of 40 trials were interrupted: the timings missed"
+    still_serves(e, ref)
+
+
+def test_a_guard_off_the_main_thread_or_with_sigint_ignored_changes_nothing(python_sigint):
+    seen = []
+
+    def off_main() -> None:
+        with SigintGuard():
+            seen.append(signal.getsignal(signal.SIGINT))
+    worker = threading.Thread(target=off_main)
+    worker.start()
+    worker.join()
+    assert seen == [signal.default_int_handler]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with SigintGuard():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_held_back_ctrl_c_is_raised_when_the_guard_ends_and_the_handler_is_restored(python_sigint):
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with SigintGuard():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the signal")
+    assert reached == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
