@@ -50,6 +50,7 @@ class InsertEvent(Event):
     token_ids: tuple[int, ...]
     slots: tuple[int, ...]
     extra_key: Optional[str] = None  # the namespace (cache_salt, LoRA): KV-event hashes include it
+    counted: tuple[int, ...] = ()    # the nodes whose hit_count this insert raised (the new one among them)
     kind: ClassVar[str] = "insert"
 
 
@@ -95,6 +96,7 @@ class TouchEvent(Event):
     """An insert that added nothing still stamps its path (time travel must see that touch)."""
     node: int
     path: tuple[int, ...]
+    counted: tuple[int, ...] = ()    # the nodes whose hit_count this insert raised
     kind: ClassVar[str] = "touch"
 
 

@@ -138,9 +138,7 @@ class RadixCache(EvictionMixin):
             key = key[:self._aligned(size)]
         now = self.clock()
         path, pos = self._walk(key, now)
-        for n in path:
-            n.hit_count += 1  # after a split only the matched half counts the hit
-        self.policy.on_match(path, now)  # policy hook
+        self.policy.on_match(path, now)  # policy hook (hit_count is counted by insert, as SGLang does)
         node = path[-1] if path else self.root_node
         indices = torch.cat([n.value for n in path]) if path else self._empty
         if self.events.enabled:
@@ -192,12 +190,12 @@ class RadixCache(EvictionMixin):
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
         """Cut `child`'s edge after `split_len` tokens; the new node takes the prefix and becomes the parent.
 
-        Both halves are stamped `now`: as in the article, the split-off leaf counts as touched.
+        Both halves are stamped `now`: as in the article, the split-off leaf counts as touched. The new node is
+        created `now` (fifo / filo see it as new, as in SGLang) and carries the child's hits and locks.
         """
         parent = child.parent
         new_node = TreeNode(next(self._next_id), child.key[:split_len], child.value[:split_len], parent,
                             now, child.priority)
-        new_node.creation_time = child.creation_time
         new_node.hit_count = child.hit_count
         new_node.lock_ref = child.lock_ref
         parent.children[self.child_key(child.key)] = new_node
@@ -213,13 +211,17 @@ class RadixCache(EvictionMixin):
 
     # ----- insert --------------------------------------------------------------------------
     def insert(self, key: RadixKey, value: torch.Tensor, priority: int = 0,
-               output_len: Optional[int] = None) -> int:
+               output_len: Optional[int] = None, inserted_len: int = 0) -> int:
         """Cache `key` with its slots `value`; returns how many leading tokens were already cached.
 
-        The caller owns `value[:returned]` duplicates of what the tree holds and must free the part
-        it allocated itself; the tree now owns the rest, and keeps it without a copy when it is most
-        of `value`'s memory (a short tail is copied, so it does not pin the whole tensor): never write
-        into `value` afterwards. Only whole pages are inserted.
+        Only whole pages are inserted: with `aligned` = len(key) rounded down to a page, `value[:returned]`
+        duplicates what the tree holds (the caller frees the part it allocated itself), the tree owns
+        `value[returned:aligned]` from now on, and `value[aligned:]` (a partial page) stays the caller's to
+        free. The tree keeps its part without a copy when that is most of `value`'s memory (a short tail is
+        copied, so it does not pin the whole tensor): never write into `value` afterwards.
+        `inserted_len`: how many leading tokens this request inserted before (SGLang's cache_inserted_len):
+        each node ending past it counts one hit, so a request counts once on every node of its path however
+        many chunks it inserts in (`hit_count`, which lfu and slru rank by).
         `output_len`: given by cache_finished_req, the tokens the request generated; the policy hears it
         with the deepest node of `key` (`request_finished`).
         """
@@ -243,15 +245,16 @@ class RadixCache(EvictionMixin):
         path, pos = self._walk(key, now)
         for n in path:
             n.priority = max(n.priority, priority)
+        counted = self._count_hits(path, inserted_len)
         node = path[-1] if path else self.root_node
         if pos < size:
             if pos:
                 key, value = key[pos:], value[pos:]
             else:
                 key = RadixKey.wrap(key.token_ids, key.extra_key)   # the tree's own key object, no copy
-            node = self._add_leaf(node, key, value, now, priority)
+            node = self._add_leaf(node, key, value, now, priority, counted, hit=size > inserted_len)
         elif self.events.enabled:  # nothing added, but the path was stamped: record the touch
-            self.events.append(ev.TouchEvent, now, node=node.id, path=self._path(node))
+            self.events.append(ev.TouchEvent, now, node=node.id, path=self._path(node), counted=counted)
         if output_len is not None:
             self.request_finished(node, output_len)
         return pos
@@ -270,12 +273,27 @@ class RadixCache(EvictionMixin):
             raise ValueError(f"request_finished on node {node.id}, which is no longer in the tree")
         self.policy.on_finish(node, output_len)  # policy hook
 
-    def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int) -> TreeNode:
+    @staticmethod
+    def _count_hits(path: list[TreeNode], inserted_len: int) -> tuple[int, ...]:
+        """One hit on each node of an insert's walked `path` that ends past `inserted_len` (SGLang's
+        _insert_helper); returns the ids counted (for the event)."""
+        counted, end = [], 0
+        for n in path:
+            end += n.key.token_ids.shape[0]
+            if end > inserted_len:
+                n.hit_count += 1
+                counted.append(n.id)
+        return tuple(counted)
+
+    def _add_leaf(self, parent: TreeNode, key: RadixKey, value: torch.Tensor, now: float, priority: int,
+                  counted: tuple[int, ...] = (), hit: bool = True) -> TreeNode:
+        """A new leaf under `parent`; `hit`: it ends past what its request inserted before, so counts a hit."""
         ids = key.token_ids
         size = ids.shape[0]
         if value.untyped_storage().nbytes() > 2 * value.element_size() * size:
             value = value.clone()  # a short tail of a long tensor: keeping the view would pin all of it
         new_node = TreeNode(next(self._next_id), key, value, parent, now, priority)
+        new_node.hit_count = int(hit)
         parent.children[self.child_key(key)] = new_node
         self._evictable_size += size
         self.evictable_leaves.discard(parent)
@@ -284,7 +302,7 @@ class RadixCache(EvictionMixin):
         if self.events.enabled:
             self.events.append(ev.InsertEvent, now, node=new_node.id, parent=parent.id,
                                token_ids=tuple(key.token_ids.tolist()), slots=tuple(value.tolist()),
-                               extra_key=key.extra_key)
+                               extra_key=key.extra_key, counted=counted + (new_node.id,) * hit)
         return new_node
 
     # ----- locks ---------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class Request:
         self.kv_slots = torch.empty(0, dtype=SLOT_DTYPE)
         self.tail_slots = torch.empty(0, dtype=SLOT_DTYPE)
         self.tree_len = 0
+        self.inserted_len = 0       # tokens this request put into the tree so far (SGLang's cache_inserted_len)
         self.last_node: Optional[TreeNode] = None
         self.cached_tokens: Optional[int] = None
         self.admissions: list[int] = []  # cached tokens found at each admission (re-admission after retraction too)

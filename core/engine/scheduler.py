@@ -108,11 +108,11 @@ class Scheduler:
         if not prefill_done and INSERT_GROWTH and (n - req.tree_len) * INSERT_GROWTH < req.tree_len:
             return
         key = self._key(req, n)
-        cached = self.cache.insert(key, req.kv_slots[:n], req.params.priority)
+        cached = self.cache.insert(key, req.kv_slots[:n], req.params.priority, inserted_len=req.inserted_len)
         self.allocator.free(req.kv_slots[req.tree_len:cached])
         # the tree owns the first n tokens' slots from here: said before anything below can raise, so a
         # failing request's release frees only what is still its own (kv_slots[n:]), never the tree's
-        req.tree_len = n
+        req.tree_len = req.inserted_len = n
         m = self.cache.match_prefix(key)
         req.kv_slots = torch.cat([m.indices, req.kv_slots[n:]])
         old = req.last_node
@@ -123,14 +123,17 @@ class Scheduler:
     def release(self, req: Request, cache_kv: bool = True, finished: bool = False) -> None:
         """Give back everything `req` holds; with `cache_kv` its computed tokens go into the tree
         first (cache_finished_req: prompt + output minus the last token, whose KV never existed).
-        `finished`: it ended normally, so the policy hears its output length (an abort's is cut short)."""
+        `finished`: it ended normally, so the policy hears its output length (an abort's is cut short).
+        The insert runs even when it adds nothing, as SGLang's does: it stamps the path and counts the hits
+        of a request that never inserted before (one whose prompt was all cached)."""
         n = req.computed - req.computed % self.page_size
         free_from = req.tree_len
         told = len(req.output_ids) if finished else None
-        if cache_kv and not self.cache.disable and n > req.tree_len:
-            cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority, output_len=told)
+        if cache_kv and not self.cache.disable and n > 0:
+            cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority, output_len=told,
+                                       inserted_len=req.inserted_len)
             self.allocator.free(req.kv_slots[req.tree_len:cached])
-            free_from = n
+            free_from = max(n, req.tree_len)
         elif told is not None and req.last_node is not None:   # the finish added no page
             self.cache.request_finished(req.last_node, told)
         try:
@@ -139,7 +142,7 @@ class Scheduler:
             self._unlock(req)
             req.kv_slots = req.kv_slots[:0]
             req.tail_slots = req.tail_slots[:0]
-            req.tree_len = 0
+            req.tree_len = req.inserted_len = 0
 
     def held_slots(self) -> torch.Tensor:
         """Slots running requests own outside the tree (for the conservation invariant)."""

@@ -241,8 +241,10 @@ class _Replayer:
         value = torch.cat([m.indices, slots]) if hit else slots
         # cache_unfinished_req: the prompt goes into the tree when its prefill ends, as the engine does;
         # the request keeps it locked until it finishes
+        inserted = 0                     # the request's cache_inserted_len: its hits count once a node
         if n_prompt > hit:
             cached = cache.insert(prompt, value[:n_prompt])
+            inserted = n_prompt
             self._inserted(i, keys, cached, n_prompt)
             self._free(value[hit:cached])
             m2 = cache.match_prefix(prompt)
@@ -252,24 +254,26 @@ class _Replayer:
             value = torch.cat([m.indices, value[n_prompt:]])
         in_tree = int(m.indices.numel())
         if not keep_running:
-            self._finish(i, m.last_node, value, in_tree, keys, n_cached)
+            self._finish(i, m.last_node, value, in_tree, keys, n_cached, inserted)
             return
-        self.running[r.rid] = (m.last_node, value, in_tree)
+        self.running[r.rid] = (m.last_node, value, in_tree, inserted)
         self._check()
 
     def finish(self, i: int) -> None:
         r = self.workload.requests[i]
         if r.rid in self.running:       # rejected requests never ran
-            node, value, in_tree = self.running.pop(r.rid)
+            node, value, in_tree, inserted = self.running.pop(r.rid)
             keys, _, n_cached, _ = self._units(i, r)
-            self._finish(i, node, value, in_tree, keys, n_cached)
+            self._finish(i, node, value, in_tree, keys, n_cached, inserted)
 
-    def _finish(self, i: int, node, value: torch.Tensor, in_tree: int, keys: np.ndarray, n_cached: int) -> None:
-        """cache_finished_req: insert prompt + output - 1 (whole pages), free duplicates and the tail."""
+    def _finish(self, i: int, node, value: torch.Tensor, in_tree: int, keys: np.ndarray, n_cached: int,
+                inserted: int) -> None:
+        """cache_finished_req: insert prompt + output - 1 (whole pages), free duplicates and the tail. The insert
+        runs even when it adds nothing, as the engine's (and SGLang's): it stamps the path and counts hits."""
         r = self.workload.requests[i]
-        if n_cached > in_tree:
+        if n_cached > 0:
             cached = self.cache.insert(RadixKey.wrap(keys[:n_cached], r.extra_key), value[:n_cached],
-                                       output_len=r.output_len)
+                                       output_len=r.output_len, inserted_len=inserted)
             self._inserted(i, keys, cached, n_cached)
             self._free(value[in_tree:cached])
         else:
@@ -280,7 +284,7 @@ class _Replayer:
 
     def _check(self) -> None:
         if self.check:
-            held = [v[t:] for _, v, t in self.running.values()]
+            held = [v[t:] for _, v, t, _ in self.running.values()]
             check_cache_invariants(self.cache, torch.cat(held) if held else self._empty)
 
 

@@ -111,6 +111,10 @@ class CacheModel:
             self.nodes[n].last_access_time = time
             n = self.nodes[n].parent
 
+    def _count(self, node_ids: Iterable[int]) -> None:
+        for nid in node_ids or ():
+            self.nodes[int(nid)].hit_count += 1
+
     # ----- events ----------------------------------------------------------------------------
     def apply(self, e: EventLike) -> None:
         kind, t = ev_kind(e), ev_get(e, "time", self.time)
@@ -119,15 +123,13 @@ class CacheModel:
             self.nodes[self.root_id].last_access_time = t
             self._last_extra_key = g("extra_key")
             for nid in g("path", ()) or ():
-                n = self.nodes[int(nid)]
-                n.last_access_time = t
-                n.hit_count += 1
+                self.nodes[int(nid)].last_access_time = t
         elif kind == "split":
             child = self.nodes[int(g("node"))]
             pos = int(g("position"))
             parent = self.nodes[child.parent]
             new = _Node(int(g("new_parent")), parent.id, child.token_ids[:pos], child.slots[:pos], t,
-                        child.creation_time, child.hit_count, child.lock_ref, child.priority, child.extra_key)
+                        t, child.hit_count, child.lock_ref, child.priority, child.extra_key)
             parent.children[self.child_key(child)] = new.id   # same first token: keeps its place
             child.token_ids, child.slots = child.token_ids[pos:], child.slots[pos:]
             child.parent = new.id
@@ -147,8 +149,10 @@ class CacheModel:
             if node.slots:
                 self.written[node.slots] = True
                 self.slot_tokens[node.slots] = node.token_ids
+            self._count(g("counted", ()))
         elif kind == "touch":                 # an insert that added nothing stamps its path
             self._touch_path(int(g("node")), t)
+            self._count(g("counted", ()))
         elif kind == "evict":
             node = self.nodes.pop(int(g("node")))
             parent = self.nodes[node.parent]

@@ -94,22 +94,23 @@ def test_match_stopping_mid_edge_splits_there(query, hit):
     assert edges(cache) == {(1, 2): ((), [1, 2]), (3, 4): ((1, 2), [3, 4])}
     split = [e for e in cache.events.since(seq) if e.kind == "split"]
     assert [(e.new_parent, e.position) for e in split] == [(m.last_node.id, 2)]
-    # both halves are stamped; the split-off prefix inherits creation time and counts the hit
+    # both halves are stamped; the split-off prefix is created at the split and carries the edge's hits (as
+    # SGLang's _split_node); a match counts no hit (a request's insert does)
     child = next(iter(m.last_node.children.values()))
     assert (m.last_node.last_access_time, child.last_access_time) == (1, 1)
-    assert (m.last_node.creation_time, child.creation_time) == (0, 0)
-    assert (m.last_node.hit_count, child.hit_count) == (1, 0)
+    assert (m.last_node.creation_time, child.creation_time) == (1, 0)
+    assert (m.last_node.hit_count, child.hit_count) == (1, 1)
     check_cache_invariants(cache, EMPTY)
 
 
-def test_match_stamps_every_visited_node_and_counts_hits():
+def test_match_stamps_every_visited_node_and_a_requests_insert_counts_its_hits():
     cache, _, clock = make()
     cache_prompt(cache, [1, 2, 3, 4])
-    cache_prompt(cache, [1, 2, 7, 7])             # splits into [1,2] -> [3,4], [7,7]
+    cache_prompt(cache, [1, 2, 7, 7])             # splits into [1,2] -> [3,4], [7,7]; [1,2] is on both paths
     clock.t = 5
-    cache.match_prefix(RadixKey([1, 2, 3, 4]))
+    cache.match_prefix(RadixKey([1, 2, 3, 4]))    # stamps, counts nothing
     info = {tuple(n.key.token_ids.tolist()): (n.last_access_time, n.hit_count) for n in cache.nodes()[1:]}
-    assert info == {(1, 2): (5, 2), (3, 4): (5, 1), (7, 7): (0, 0)}
+    assert info == {(1, 2): (5, 2), (3, 4): (5, 1), (7, 7): (0, 1)}
     assert cache.root_node.last_access_time == 5
 
 

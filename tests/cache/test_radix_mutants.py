@@ -54,7 +54,7 @@ def test_peek_prefix_len_is_exact_and_changes_nothing():
     assert cache.peek_prefix_len(RadixKey([1])) == 0
     assert cache.peek_prefix_len(RadixKey([1, 2], "other")) == 0
     assert snapshot_cache(cache).to_dict() == before                                # no split, stamp or hit
-    assert len(cache.nodes()) == 2 and cache.nodes()[1].hit_count == 0
+    assert len(cache.nodes()) == 2 and cache.nodes()[1].hit_count == 1                # put's own insert
 
 
 def test_evicted_tokens_is_cumulative_over_evict_calls():
@@ -125,19 +125,21 @@ def test_match_event_counts_only_whole_pages_asked():
 
 
 def test_split_keeps_the_hit_count_of_the_edge_it_cuts():
-    """split-no-hits: LFU must still see a prefix's past hits after a later match splits its edge."""
+    """split-no-hits: LFU must still see a prefix's past hits after a later request splits its edge."""
     cache, _, clock = make(16, eviction_policy="lfu")
     put(cache, [1, 2, 3, 4])
     for _ in range(3):
         clock.tick()
-        cache.match_prefix(RadixKey([1, 2, 3, 4]))     # put's own match found nothing: 3 hits
+        put(cache, [1, 2, 3, 4])                        # a request over the same tokens: 4 hits in all
     clock.tick()
     put(cache, [8, 8])
-    m = cache.match_prefix(RadixKey([1, 2, 9]))         # splits after [1, 2]: a 4th hit on the prefix only
-    prefix, suffix = m.last_node, next(iter(m.last_node.children.values()))
-    assert (prefix.hit_count, suffix.hit_count) == (4, 3)
-    # lfu: [8,8] (0 hits) goes before [3,4] (3 hits), which goes before its parent [1,2] (4 hits)
-    assert [n.key.token_ids.tolist() for n in cache.eviction_order()] == [[8, 8], [3, 4], [1, 2]]
+    clock.tick()
+    put(cache, [1, 2, 9])                               # splits after [1, 2]: a 5th hit on the prefix only
+    prefix = cache.match_prefix(RadixKey([1, 2])).last_node
+    suffix = prefix.children[3]
+    assert (prefix.hit_count, suffix.hit_count) == (5, 4)
+    # lfu: [8,8] and [9] (1 hit; [8,8] used first) go before [3,4] (4 hits), then its parent [1,2] (5 hits)
+    assert [n.key.token_ids.tolist() for n in cache.eviction_order()] == [[8, 8], [9], [3, 4], [1, 2]]
 
 
 def test_lfu_breaks_equal_hit_counts_by_last_access_not_by_age():
@@ -147,9 +149,9 @@ def test_lfu_breaks_equal_hit_counts_by_last_access_not_by_age():
     clock.tick()
     put(cache, [5, 6])
     clock.tick()
-    cache.match_prefix(RadixKey([5, 6]))  # one hit each; [1, 2] is hit last
+    put(cache, [5, 6])                    # two hits each; [1, 2] is used last
     clock.tick()
-    cache.match_prefix(RadixKey([1, 2]))
+    put(cache, [1, 2])
     assert [n.key.token_ids.tolist() for n in cache.eviction_order()] == [[5, 6], [1, 2]]
     assert cache.evict(1) == 2 and cache.match_prefix(RadixKey([1, 2])).indices.numel() == 2
 

@@ -128,8 +128,10 @@ def reference(w: Workload, cap: int, host_pages: int, policy: str, ps: int, writ
             continue
         out.append((hit, len(loaded) * ps))
         value = torch.cat([m.indices, slots])
+        inserted = 0                 # the request's inserted length: a node counts its hit once (SGLang)
         if n_prompt > hit:
             done = cache.insert(RadixKey(seq[:n_prompt], r.extra_key), value[:n_prompt])
+            inserted = n_prompt
             place(r, seq, done, n_prompt)
             alloc.free(value[hit:done]) if done > hit else None
             m2 = cache.match_prefix(RadixKey(seq[:n_prompt], r.extra_key))
@@ -138,8 +140,8 @@ def reference(w: Workload, cap: int, host_pages: int, policy: str, ps: int, writ
             m = m2
             value = torch.cat([m.indices, value[n_prompt:]])
         in_tree = int(m.indices.numel())
-        if n_cached > in_tree:
-            done = cache.insert(RadixKey(seq[:n_cached], r.extra_key), value[:n_cached])
+        if n_cached > 0:             # even when it adds nothing: it stamps the path and counts hits
+            done = cache.insert(RadixKey(seq[:n_cached], r.extra_key), value[:n_cached], inserted_len=inserted)
             place(r, seq, done, n_cached)
             alloc.free(value[in_tree:done]) if done > in_tree else None
         tail = value[max(n_cached, in_tree):]

@@ -73,7 +73,7 @@ def workload(seed, policy="lru", page_size=1, steps=60):
             yield cache, running
             continue
         value = torch.cat([m.indices, slots])
-        n = cache.insert(key, value)
+        n = cache.insert(key, value, inserted_len=int(rng.integers(0, len(ids))))   # hits past it count
         if n > m.indices.numel():
             alloc.free(value[m.indices.numel():n])
         cache.dec_lock_ref(m.last_node)

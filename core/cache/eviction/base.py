@@ -61,7 +61,8 @@ def priority_key(n: "TreeNode") -> tuple:
 
 
 def slru_key(n: "TreeNode") -> tuple:
-    # Probationary nodes (hit once) go before protected ones; LRU within each segment.
+    # Probationary nodes (one request so far) go before protected ones (a second request inserted over
+    # them: hit_count is counted per request by RadixCache.insert); LRU within each segment.
     return (1 if n.hit_count >= SLRU_PROTECTED_HITS else 0, n.last_access_time)
 
 

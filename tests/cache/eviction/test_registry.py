@@ -67,25 +67,27 @@ def test_lru_least_recently_used_first():
 
 
 def test_lfu_fewest_hits_then_oldest_access():
+    """A hit is a request's insert over the node (SGLang 0.5.23 counts in insert): a bare match counts none."""
     tr = three("lfu")
-    tr.hit(3, [3, 3])
-    tr.hit(4, [3, 3])
-    tr.hit(5, [1, 1])
-    tr.put(6, [4, 4])                    # 0 hits, but newer than B
+    tr.put(3, [3, 3])
+    tr.put(4, [3, 3])
+    tr.put(5, [1, 1])
+    tr.hit(5, [2, 2, 7])                 # a match alone: stamped, not counted
+    tr.put(6, [4, 4])                    # 1 hit, as B, but newer than B
     hits = {tuple(n.key.token_ids.tolist()): n.hit_count for n in tr.cache.evictable_leaves}
-    assert hits == {A: 1, B: 0, C: 2, D: 0}
+    assert hits == {A: 2, B: 1, C: 3, D: 1}
     assert tr.order() == [B, D, A, C]
     assert tr.evict_all() == [B, D, A, C]
 
 
-def test_fifo_by_creation_and_a_split_keeps_the_creation_time():
+def test_fifo_by_creation_and_a_split_head_is_created_at_the_split_as_in_sglang():
     tr = Tree("fifo")
     tr.put(0, [1, 2, 3])
     tr.put(1, [5, 5])
-    tr.put(2, [1, 9])                    # splits [1,2,3]: [1] and [2,3] both keep creation time 0
+    tr.put(2, [1, 9])                    # splits [1,2,3]: the head [1] is new at 2, the tail [2,3] keeps 0
     tr.hit(3, [1, 2, 3])                 # access does not matter for fifo
     created = {tuple(n.key.token_ids.tolist()): n.creation_time for n in tr.cache.nodes()[1:]}
-    assert created == {(1,): 0, (2, 3): 0, (9,): 2, (5, 5): 1}
+    assert created == {(1,): 2, (2, 3): 0, (9,): 2, (5, 5): 1}
     assert tr.order() == [(2, 3), (5, 5), (9,), (1,)]
     assert tr.evict_all() == [(2, 3), (5, 5), (9,), (1,)]
 
@@ -119,16 +121,16 @@ def test_priority_lowest_priority_then_lru_and_reinsert_raises_it():
 
 
 def test_slru_nodes_hit_twice_are_protected():
+    """Each request counts one hit on its path when it inserts (SGLang 0.5.23): a second request protects."""
     tr = three("slru")
-    tr.hit(3, [1, 1])
-    tr.hit(4, [1, 1])                    # A: 2 hits -> protected segment
-    tr.hit(5, [2, 2])                    # B: 1 hit  -> still probationary, but most recent
+    tr.put(4, [1, 1])                    # A: a second request -> 2 hits -> protected segment
+    tr.hit(5, [2, 2])                    # B: a match alone, 1 hit -> still probationary, but most recent
+    assert [n.hit_count for n in sorted(tr.cache.evictable_leaves, key=lambda n: n.id)] == [2, 1, 1]
     assert tr.order() == [C, B, A]
     assert tr.evict_all() == [C, B, A]
     # the same history under plain lru would take A before B
     lru = three("lru")
-    lru.hit(3, [1, 1])
-    lru.hit(4, [1, 1])
+    lru.put(4, [1, 1])
     lru.hit(5, [2, 2])
     assert lru.order() == [C, A, B]
 
@@ -172,11 +174,12 @@ def test_locked_paths_never_go_and_their_parent_waits_for_unlock():
     assert tr.evict_all() == [(1, 1), (9,)]
 
 
-# After three() and a hit on B at t3 (hit counts A0 B1 C0, created 0/1/2, last used 0/3/2), the
-# victim and its key worked out by hand from each policy's definition, not from the cache's code.
+# After three() and a match of B at t3 (hit counts A1 B1 C1: each put's insert counts one, a match none;
+# created 0/1/2, last used 0/3/2), the victim and its key worked out by hand from each policy's definition,
+# not from the cache's code.
 EXPECTED_FIRST_VICTIM = {
     "lru": (A, (0.0,)),                  # oldest access
-    "lfu": (A, (0.0, 0.0)),              # 0 hits (with C), older access
+    "lfu": (A, (1.0, 0.0)),              # 1 hit (as all), oldest access
     "fifo": (A, (0.0,)),                 # created first
     "mru": (B, (-3.0,)),                 # newest access
     "filo": (C, (-2.0,)),                # created last
