@@ -209,23 +209,24 @@ class Scheduler:
 
     def _share_chunks(self, budget: int, for_new: int) -> dict[int, int]:
         """Prefill tokens each running chunked prefill may compute this step. The oldest keeps up to half
-        the budget, so it advances every step; the other half goes first to the younger chunked prefills,
-        shortest remaining first (a short prompt admitted in part behind a long one finishes its prefill
-        at the next step instead of after the long one), then to waiting requests (`for_new` wanted);
-        what they leave goes to the oldest."""
+        the budget, so it advances every step; of the other half, waiting requests get what they are owed
+        (`for_new`) first, then the younger chunked prefills, shortest remaining first (a short prompt
+        admitted in part behind a long one finishes its prefill at the next step instead of after the
+        long one); what they leave goes to the oldest. Owed before the younger prefills: with two long
+        prompts running, the younger took the whole half, and a short request waited for a whole prefill."""
         chunked = [r for r in self.running if len(r.fill_ids) - r.computed > 1]
         if not chunked:
             return {}
         remaining = {id(r): len(r.fill_ids) - r.computed for r in chunked}
         oldest = min(chunked, key=lambda r: r.admit_order)
         reserve = min(remaining[id(oldest)], budget // 2)
-        left = budget - reserve
+        left = budget - reserve - min(for_new, budget - reserve)
         allowance: dict[int, int] = {}
         for r in sorted(chunked, key=lambda r: (remaining[id(r)], r.admit_order)):
             if r is not oldest:
                 allowance[id(r)] = take = min(remaining[id(r)], left)
                 left -= take
-        allowance[id(oldest)] = min(remaining[id(oldest)], reserve + max(0, left - for_new))
+        allowance[id(oldest)] = min(remaining[id(oldest)], reserve + left)
         return allowance
 
     def decoding(self) -> int:

@@ -59,6 +59,24 @@ def test_a_short_request_behind_a_long_prompt_is_admitted_at_the_next_step(pair)
     e.check_invariants()
 
 
+def test_a_short_request_behind_two_long_prompts_is_admitted_at_the_next_step(pair):
+    """The younger long prompt took the whole second half of each budget: the short one waited ~500 steps."""
+    ref, runner = pair
+    e = Engine(runner, pool_slots=2048, max_prefill_tokens=64, mixed_step_ratio=0)
+    other = [(11 * i) % 120 + 4 for i in range(400)]
+    longs = [e.submit(p, SamplingParams(max_new_tokens=2, ignore_eos=True)) for p in (LONG, other)]
+    for _ in range(3):
+        e.step()                                         # both admitted, both mid-prefill
+    assert len(e.scheduler.running) == 2 and not any(h.partial_ids() for h in longs)
+    short = e.submit(SHORT, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    e.step()
+    assert len(short.partial_ids()) == 1 and not any(h.done() for h in longs)
+    while e.has_work():
+        e.step()
+    got = [h.result(0).token_ids for h in [short] + longs]
+    assert got == [reference_greedy(ref, p, 2) for p in (SHORT, LONG, other)]
+
+
 def test_prompts_waiting_for_the_system_prompt_being_prefilled_take_no_budget_from_it(pair):
     """Three prompts sharing the prompt being prefilled are held back until it is cached (in-batch prefix
     sharing); the half of each step kept for waiting requests was kept for them too and went unused, so the
