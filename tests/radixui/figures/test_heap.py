@@ -40,11 +40,12 @@ def test_policy_keys_follow_the_policy():
     cache = RadixCache(SlotAllocator(32), eviction_policy="lfu")
     run_request(cache, [1, 2, 3])
     cache.tick()
-    run_request(cache, [1, 2, 3, 4])      # hits node 1 once, adds node 2 under it
+    run_request(cache, [1, 2, 3, 4])      # hits node 1 (2 requests now), adds node 2 under it (1 request)
     snap = snapshot_cache(cache)
     df = eviction_table(snap)
     row = df.iloc[0]
-    assert row["policy_key"] == (0.0, 1.0)  # (hit_count, last_access_time)
+    assert row["policy_key"] == (1.0, 1.0)  # (hit_count, last_access_time)
+    assert snap.node(1).hit_count == 2
     n = snap.node(int(row["node"]))
     assert policy_key(n, "fifo") == (n.creation_time,)
     assert policy_key(n, "no-such-policy") is None

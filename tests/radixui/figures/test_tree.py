@@ -135,7 +135,7 @@ def test_hover_has_text_slots_time_lock_and_hits(fig2):
             nodes_hover[nid] = h
     h = nodes_hover["3"]
     for part in ("node 3", "GPU memory runs out", "slots: 6–9", "last_access_time: 1", "lock_ref: 0",
-                 "hit_count: 0", "next eviction victim"):
+                 "hit_count: 1", "next eviction victim"):
         assert part in h
 
 
