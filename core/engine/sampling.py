@@ -98,8 +98,8 @@ class SamplingParams:
             raise ParamError("top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2 ** 63):
-            raise ParamError("seed", f"seed must be None or an integer in [0, 2**63), got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not -2 ** 63 <= self.seed < 2 ** 63):
+            raise ParamError("seed", f"seed must be None or a 64-bit integer in [-2**63, 2**63), got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ParamError("ignore_eos", f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not _is_int(self.priority) or abs(self.priority) >= 2 ** 62:
@@ -181,28 +181,29 @@ class SamplingParams:
             return None
         g = torch.Generator(device=device)
         if self.seed is not None:
-            g.manual_seed(int(self.seed))
+            g.manual_seed(int(self.seed) % 2 ** 64)   # a negative seed (SGLang takes any int64) as its bits
         else:
             g.seed()
         return g
 
 
 def sample_row(row: torch.Tensor, p: SamplingParams, g: Optional[torch.Generator]) -> int:
-    """One non-greedy token from one row of logits: temperature, then top-k, then top-p."""
-    row = row.float() / float(p.temperature)
-    if p.top_k > 0:
-        kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = torch.softmax(row, dim=-1)
-    if p.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sorted_p, dim=-1)
-        drop = cum - sorted_p > p.top_p   # keep the smallest set whose mass reaches top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+    """One non-greedy token from one row of logits, as SGLang samples: softmax at the temperature, then top-k
+    and top-p both cut on those probabilities ("joint": a token must pass both; top-p is not measured on
+    the top-k tokens renormalised, which keeps far fewer, as in HF and vLLM)."""
+    probs = torch.softmax(row.float() / float(p.temperature), dim=-1)
     if not bool(torch.isfinite(probs).all()):
         raise ValueError("the model produced non-finite logits for this request; it cannot be sampled")
-    return int(torch.multinomial(probs, 1, generator=g).item())
+    if p.top_k <= 0 and p.top_p >= 1.0:
+        return int(torch.multinomial(probs, 1, generator=g).item())
+    if 0 < p.top_k < probs.numel():
+        kept, order = torch.topk(probs, p.top_k)          # sorted, highest first
+    else:
+        kept, order = torch.sort(probs, descending=True)
+    if p.top_p < 1.0:
+        drop = torch.cumsum(kept, dim=-1) - kept > p.top_p   # keep the smallest run whose mass reaches top_p
+        kept = kept.masked_fill(drop, 0.0)
+    return int(order[torch.multinomial(kept, 1, generator=g)].item())
 
 
 def process_logits(logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]],

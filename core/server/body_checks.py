@@ -90,10 +90,10 @@ def engine_params(choice: int, *, max_new_tokens: Any, temperature: Any, top_p: 
                   repetition_penalty: Any, min_new_tokens: Any, logit_bias: Any, top_k_off: int = -1) -> SamplingParams:
     """Sampling values as a request body carries them (None: the default; -1 or `top_k_off` and above: top_k off,
     SGLang's and vLLM's "off") as validated SamplingParams for choice `choice`: with n > 1 and a seed, choice i
-    samples with seed + i mod 2**63, so the samples differ and the request stays reproducible. ParamError names
-    the engine's field; each protocol renames it to its own."""
+    samples with seed + i (wrapped to int64), so the samples differ and the request stays reproducible.
+    ParamError names the engine's field; each protocol renames it to its own."""
     if seed is not None and choice and isinstance(seed, int) and not isinstance(seed, bool):
-        seed = (seed + choice) % 2 ** 63   # within seed's range whatever seed the client sent
+        seed = (seed + choice + 2 ** 63) % 2 ** 64 - 2 ** 63   # within int64 whatever seed the client sent
     if isinstance(top_k, int) and not isinstance(top_k, bool) and (top_k == -1 or (top_k_off > 0 and top_k >= top_k_off)):
         top_k = 0
     if isinstance(stop, list):

@@ -36,7 +36,8 @@ SAMPLING_NOT_HONOURED: dict[str, tuple[tuple, str]] = {
     "structural_tag": ((None, ""), "constrained decoding (structural_tag) is not supported by this server"),
     "choice": ((None, []), "constrained decoding (choice) is not supported by this server"),
     "skip_special_tokens": ((None, True), "special tokens are always skipped in the output"),
-    "spaces_between_special_tokens": ((None, True), "spaces_between_special_tokens can only be true"),
+    # special tokens are always skipped, so no space is put between them either way: false changes nothing
+    "spaces_between_special_tokens": ((None, True, False), "spaces_between_special_tokens must be true or false"),
     "no_stop_trim": ((None, False), "no_stop_trim is not supported: stop strings are always trimmed"),
     "custom_params": ((None, {}), "custom_params need a custom logit processor, which this server does not run"),
     "beam_width": ((None, 0, 1), "beam search is not supported by this server"),
@@ -245,7 +246,7 @@ class GenerateBody(BaseModel):
 
     def params(self, choice: int = 0, prompt: int = 0) -> SamplingParams:
         """Validated SamplingParams of choice `choice` of prompt `prompt` (with n > 1 and a seed, choice i gets
-        seed + i mod 2**63, as the OpenAI routes do); 400 naming the sampling field."""
+        seed + i wrapped to 64 bits, as the OpenAI routes do); 400 naming the sampling field."""
         s = self._for(prompt)
         try:
             # null: ChoiceRun sets the room left once the prompt is tokenized; validated against no limit until then

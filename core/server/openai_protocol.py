@@ -91,7 +91,8 @@ NOT_HONOURED: dict[str, tuple[tuple, str]] = {
     # SGLang's extensions (sglang-router fills in their defaults when it forwards a request)
     "no_stop_trim": ((None, False), "no_stop_trim is not supported: stop strings are always trimmed"),
     "skip_special_tokens": ((None, True), "special tokens are always skipped in the output"),
-    "spaces_between_special_tokens": ((None, True), "spaces_between_special_tokens can only be true"),
+    # special tokens are always skipped, so no space is put between them either way: false changes nothing
+    "spaces_between_special_tokens": ((None, True, False), "spaces_between_special_tokens must be true or false"),
     "return_hidden_states": ((None, False), "hidden states are not returned by this server"),
     "min_p": ((None, 0, 0.0), "min_p is not supported by this server"),
     "stop_token_ids": ((None, []), "stop_token_ids are not supported; use stop strings"),
@@ -117,7 +118,7 @@ class SamplingFields(BaseModel):
     top_k: schema_field(nullable({**Int, "minimum": -1}), "0 or -1: off") = None
     n: schema_field(nullable({**Int, "minimum": 1, "maximum": MAX_N})) = None
     stop: schema_field(StopSchema) = None
-    seed: schema_field(nullable({**Int, "minimum": 0, "maximum": 2 ** 63 - 1})) = None
+    seed: schema_field(nullable({**Int, "minimum": -2 ** 63, "maximum": 2 ** 63 - 1})) = None
     stream: Optional[StrictBool] = None
     stream_options: Optional[StreamOptions] = None
     ignore_eos: schema_field({"type": "boolean"}) = False
@@ -185,8 +186,8 @@ class SamplingFields(BaseModel):
         return 0
 
     def sampling_params(self, max_tokens: Any, default_max_tokens: int, choice: int = 0) -> SamplingParams:
-        """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i mod 2**63,
-        so the n samples differ and the request stays reproducible); 400 naming the OpenAI field."""
+        """Validated SamplingParams for choice `choice` (with n > 1 and a seed, each choice gets seed + i wrapped
+        to int64, so the n samples differ and the request stays reproducible); 400 naming the OpenAI field."""
         check_max_tokens(max_tokens, self.max_tokens_param())
         try:
             return engine_params(

@@ -161,8 +161,9 @@ class ChoiceRun:
             for pi, ids in enumerate(tokenized):
                 for j in range(n):
                     p = params[pi][j]
-                    if self.body.open_ended(pi):
-                        p = dataclasses.replace(p, max_new_tokens=max(1, room(self.engine, len(ids))))
+                    if self.body.open_ended(pi):    # min_new_tokens clipped to the room too, as SGLang does
+                        most = max(1, room(self.engine, len(ids)))
+                        p = dataclasses.replace(p, max_new_tokens=most, min_new_tokens=min(p.min_new_tokens, most))
                     err = fit_error(self.host, self.engine, len(ids), p, prompt_param, max_param)
                     if err is not None:
                         raise err

@@ -49,7 +49,7 @@ def _one_error_line(capsys) -> str:
     (["--page-size", "0"], "page_size must be an integer >= 1"),
     (["--max-running-requests", "0"], "max_running_requests must be an integer >= 1"),
     (["--pool-slots", "10000000000000"], "lower pool_slots"),
-    (["--seed", "-3"], "seed must be None or an integer"),
+    (["--seed", str(2 ** 64)], "seed must be None or a 64-bit integer"),
     (["--stop", ""], "stop must be"),
     (["--max-new-tokens", "x"], "invalid int value: 'x'"),
     (["--eviction-policy", "random"], "invalid choice: 'random'"),

@@ -276,7 +276,7 @@ def test_ctrl_c_between_the_forward_and_the_token_leaves_no_request_stuck(pair, 
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("seed", -1, "seed must be None or an integer"), ("seed", 1.5, "seed must be None or an integer"),
+    ("seed", 2 ** 63, "seed must be None or a 64-bit integer"), ("seed", 1.5, "seed must be None or a 64-bit"),
     ("top_k", 2.0, "top_k must be an integer"), ("top_p", float("nan"), r"top_p must be in \(0, 1\]"),
     ("ignore_eos", "yes", "ignore_eos must be True or False"), ("max_new_tokens", 3.0, "max_new_tokens must be"),
     ("top_p", 10 ** 400, r"top_p must be in \(0, 1\]"), ("frequency_penalty", -10 ** 400, "frequency_penalty must be"),

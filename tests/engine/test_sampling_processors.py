@@ -3,11 +3,13 @@ SGLang's semantics (sglang/srt/sampling/penaltylib: counts over the output only;
 repetition scaling, then logit_bias), exact against a step-by-step reference on the stock HF model."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
 from core.engine.engine import Engine
-from core.engine.sampling import ParamError, SamplingParams, process_logits
+from core.engine.sampling import ParamError, SamplingParams, process_logits, sample_row
 from tests.tiny_models import tiny_pair
 
 VOCAB = 16
@@ -132,3 +134,15 @@ def test_a_stop_string_ends_a_request_before_min_new_tokens_as_in_sglang(smollm2
     held = e.generate([prompt], SamplingParams(max_new_tokens=12, stop=["."], min_new_tokens=6))[0]
     assert (held.text, held.finish_reason, held.matched_stop) == (" Paris", "stop", ".")
     assert held.token_ids == stopped.token_ids
+
+
+def test_top_k_and_top_p_cut_jointly_on_the_same_probabilities_as_sglang():
+    """probs [.2, .15, .1, .05, 25 x .02], top_k 4, top_p .5: SGLang keeps all four (the mass before each is at
+    most .45). top_p measured on the four renormalised ([.4, .3, .2, .1], as HF and vLLM) would keep two."""
+    row = torch.tensor([.2, .15, .1, .05] + [.02] * 25).log()
+    p = SamplingParams(temperature=1.0, top_k=4, top_p=0.5)
+    counts = Counter(sample_row(row, p, torch.Generator().manual_seed(s)) for s in range(2000))
+    assert set(counts) == {0, 1, 2, 3}
+    assert [round(counts[t] / 2000, 1) for t in range(4)] == [0.4, 0.3, 0.2, 0.1]
+    only_p = SamplingParams(temperature=1.0, top_p=0.48)
+    assert {sample_row(row, only_p, torch.Generator().manual_seed(s)) for s in range(500)} == {0, 1, 2, 3}

@@ -57,7 +57,7 @@ def test_penalties_logit_bias_and_min_tokens_reach_the_sampler_through_the_opena
     ("logit_bias", {"\u00b2": 1}, "logit_bias"), ("logit_bias", {"\u0663": 1}, "logit_bias"),
     ("logit_bias", {"\uff13": 1}, "logit_bias"),
     ("temperature", 2.01, "temperature"), ("temperature", 5, "temperature"), ("max_tokens", 0, "max_tokens"),
-    ("top_p", 0, "top_p"), ("n", 0, "n"), ("stop", [""], "stop"), ("seed", -1, "seed"),
+    ("top_p", 0, "top_p"), ("n", 0, "n"), ("stop", [""], "stop"), ("seed", 2 ** 63, "seed"),
 ])
 def test_bad_values_are_400_with_a_string_code_and_the_param_named(tiny, field, value, param):
     r = post(tiny, {"prompt": PROMPT, "max_tokens": 8, field: value})
