@@ -31,6 +31,7 @@ from core.engine.request_table import RequestTable
 from core.engine.sampling import SamplingParams, sample_isolated
 from core.engine.scheduler import Scheduler
 from core.engine.sigint_guard import SigintGuard
+from core.engine.special_stops import special_stops, special_texts
 from core.engine.step_budget import FLOOR_FACTOR, StepBudget
 from core.observe import snapshot as snap
 from core.observe.invariants import check_cache_invariants
@@ -56,6 +57,7 @@ class Engine:
         self.config = config = config.replace(model_impl=self.runner.impl, dtype=self.runner.numerics,
                                               kv_cache_dtype=self.runner.kv_cache_dtype)
         self.tokenizer = self.runner.tokenizer
+        self._special_texts = special_texts(self.tokenizer)
         self.device = self.runner.device
         pool_slots, page_size = config.pool_slots, config.page_size
         self.pool = inputs.make_pool(self.runner, pool_slots, page_size)
@@ -124,6 +126,7 @@ class Engine:
             raise ValueError(f"prompt of {len(ids):,} tokens plus max_new_tokens={params.max_new_tokens} exceeds the "
                              f"model's context of {self.runner.max_context_len:,} tokens; shorten the prompt")
         req = Request(ids, params, text, rid, extra_key)
+        req.special_stops = special_stops(self.tokenizer, params.stop, self._special_texts)
         req.generator = params.make_generator(self.device)
         self.requests.submit(req)
         return RequestHandle(req)

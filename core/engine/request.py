@@ -14,6 +14,7 @@ from core.cache.allocator import SLOT_DTYPE
 from core.cache.radix_cache import TreeNode
 from core.engine.detokenize import IncrementalText
 from core.engine.sampling import SamplingParams
+from core.engine.special_stops import SpecialStops
 
 WAITING, RUNNING, FINISHED, ABORTED = "waiting", "running", "finished", "aborted"
 _rids = itertools.count()
@@ -68,6 +69,7 @@ class Request:
         self.state = WAITING
         self.finish_reason: Optional[str] = None
         self.matched_stop: Union[str, int, None] = None
+        self.special_stops: Optional[SpecialStops] = None   # stop strings naming special tokens (the engine sets)
         self.error: Optional[str] = None
         self.generator: Optional[torch.Generator] = None
         self.kv_slots = torch.empty(0, dtype=SLOT_DTYPE)
@@ -116,6 +118,10 @@ class Request:
             at = text.find(s)
             if at >= 0:
                 text, reason, self.matched_stop = text[:at], "stop", s
+        if reason is None and self.special_stops is not None:   # "<|im_end|>": not in the text (special_stops.py)
+            hit = self.special_stops.find(self.output_ids)
+            if hit is not None:
+                reason, self.matched_stop = "stop", hit
         if reason is None and len(self.output_ids) >= self.params.max_new_tokens:
             reason = "length"
         self.output_text = text
