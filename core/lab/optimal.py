@@ -8,6 +8,8 @@ Both work on the page trace (`core.lab.page_trace`), never on the radix tree:
   admit the new page at all when its own next use is later than that of every cached page.
   "Next use" is the next *prompt* access (only those can hit); a page never used again is
   never admitted, and when it is already cached it counts as used at infinity + its depth.
+  A request that holds more pages than the pool (prompt + output - 1, rounded up) is left out of the
+  trace at that capacity: every policy rejects it, so it can neither hit nor leave pages for others.
 
 Why the optimum is an upper bound on every policy, and why its hits are real prefix hits: a page's
 parent is always used at or before the page itself, so the parent's next use is never later;
@@ -18,6 +20,7 @@ further (it must hold each running request's pages, cannot bypass), so it cannot
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -167,7 +170,14 @@ class Bounds:
 
     def optimal(self, capacity_tokens: int) -> BoundResult:
         pages = capacity_pages(capacity_tokens, self.page_size)
-        hits = belady_hits(self.trace, pages, self.next_use)
+        t = self.trace
+        if t.need is None or int(t.need.max(initial=0)) <= pages:
+            hits = belady_hits(t, pages, self.next_use)
+        else:     # without the requests no pool of this size runs (they had counted hits no policy can have)
+            keep = t.need <= pages
+            fits = dataclasses.replace(t, pages=t.pages[keep], counted=t.counted[keep], depth=t.depth[keep],
+                                       need=t.need[keep])
+            hits = belady_hits(fits, pages) if keep.any() else 0
         return BoundResult("optimal", capacity_tokens, pages, self.page_size, hits * self.page_size,
                            self.trace.prompt_tokens)
 

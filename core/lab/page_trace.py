@@ -106,6 +106,8 @@ class PageTrace:
     num_distinct: int        # distinct pages touched
     max_request_pages: int   # most pages one request caches (prompt + output - 1, whole pages)
     requests: Optional[list] = None   # per request: (int64 ids of its whole cached pages, prompt pages)
+    need: Optional[np.ndarray] = None  # int64 per access: the pages its request holds while it runs (rounded up):
+    #                                    a pool of fewer pages rejects that request under every policy
 
     def __len__(self) -> int:
         return int(self.pages.shape[0])
@@ -183,7 +185,7 @@ def page_trace(workload: Workload, page_size: int, overlap: Optional[Overlap] = 
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
     per_req = request_pages(workload, page_size)
-    chunks_p, chunks_c, chunks_d = [], [], []
+    chunks_p, chunks_c, chunks_d, chunks_n = [], [], [], []
     for kind, i in event_order(workload, overlap):
         ids, n_prompt = per_req[i]
         if kind == ARRIVE:
@@ -196,8 +198,10 @@ def page_trace(workload: Workload, page_size: int, overlap: Optional[Overlap] = 
             chunks_p.append(sel)
             chunks_c.append(counted)
             chunks_d.append(np.arange(lo, lo + sel.shape[0], dtype=np.int64))
+            chunks_n.append(np.full(sel.shape[0], -(-workload.requests[i].cached_len // page_size), dtype=np.int64))
     cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt))
     pages = cat(chunks_p, np.int64)
     return PageTrace(page_size=page_size, pages=pages, counted=cat(chunks_c, bool), depth=cat(chunks_d, np.int64),
                      prompt_tokens=workload.prompt_tokens, num_distinct=int(np.unique(pages).shape[0]),
-                     max_request_pages=max(ids.shape[0] for ids, _ in per_req), requests=per_req)
+                     max_request_pages=max(ids.shape[0] for ids, _ in per_req), requests=per_req,
+                     need=cat(chunks_n, np.int64))

@@ -35,9 +35,13 @@ def matchable(r, page_size: int) -> int:
     return (r.prompt_len - 1) // page_size
 
 
-def accesses(workload, page_size: int) -> list[tuple[object, bool]]:
+def accesses(workload, page_size: int, capacity_pages: int = 1 << 62) -> list[tuple[object, bool]]:
+    """(page, counted) in order; a request that holds more pages than `capacity_pages` is left out (no pool of
+    that size runs it)."""
     out = []
     for r in workload.requests:
+        if -(-r.cached_len // page_size) > capacity_pages:
+            continue
         keys, n_prompt = page_keys(r, page_size)
         m = matchable(r, page_size)
         out += [(k, i < m) for i, k in enumerate(keys[:n_prompt])] + [(k, False) for k in keys[n_prompt:]]

@@ -121,7 +121,8 @@ def test_multi_turn_answers_count_toward_the_bounds():
     w = Workload("chat", [TraceRequest([1, 2, 3], output=[7, 8, 9]), TraceRequest([1, 2, 3, 7, 8, 9, 4], output=[5])])
     b = Bounds(w, 1)
     assert b.infinite().hit_tokens == 5        # 1 2 3 7 8 (9 was never computed: the last token has no KV)
-    assert b.optimal(5).hit_tokens == 5 and b.optimal(3).hit_tokens == 3
+    assert b.optimal(7).hit_tokens == 5        # turn 2 holds 7 tokens (7 + 1 - 1): a smaller pool rejects it
+    assert b.optimal(6).hit_tokens == 0
 
 
 def test_overlap_changes_what_can_hit():

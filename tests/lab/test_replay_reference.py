@@ -7,7 +7,8 @@ in place of the allocator; it replays the engine's flow as the replay's docstrin
   arrive: match the whole prompt pages -> lock -> take ceil(prompt + output - 1) - hit slots, evicting
   (need - free) when short; still short: unlock, reject (no hits) -> count the hit -> insert the prompt
   pages (cache_unfinished_req), lock that path instead -> (no overlap: finish at once)
-  finish: insert the whole pages of prompt + output - 1, give back duplicates and the partial page, unlock.
+  finish: insert the whole pages of prompt + output - 1 (even when that adds nothing: the insert stamps the
+  path, as SGLang's cache_finished_req does), give back duplicates and the partial page, unlock.
 
 The clock ticks once per event (arrival or finish). Hits, evicted nodes, evicted tokens and rejections
 must equal the replay's exactly, for every page size, with and without overlap.
@@ -136,9 +137,9 @@ class RefReplay:
         node, held = self.running.pop(r.rid)
         ps, n_prompt = self.ps, r.prompt_len - r.prompt_len % self.ps
         n_cached = r.cached_len - r.cached_len % ps
-        if n_cached > n_prompt:
+        if n_cached > 0:
             cached = self.insert(r.cached_ids().tolist()[:n_cached], r.extra_key)
-            held -= n_cached - max(cached, n_prompt)   # the tree keeps the new pages, the rest comes back
+            held -= max(0, n_cached - max(cached, n_prompt))   # the tree keeps the new pages, the rest comes back
         self.free += held
         self.lock(node, -1)
 
