@@ -10,6 +10,11 @@ A model's Hugging Face `config.json` fixes the KV bytes of one token:
 - an int8 KV cache also keeps one fp32 scale beside each stored row of head_dim values (per layer, KV head,
   K or V), as this engine's int8 pool does (core/cache/kv_pool.py): 4 B a row more (about 6 % at head_dim 64).
 
+The KV heads are `num_key_value_heads`, or Falcon's `num_kv_heads`, or 1 with `multi_query`. Hybrid models count
+only their attention layers (`layer_types`, `full_attention_interval`, Jamba's `attn_layer_period`); a layer type
+whose cache is unknown is an error, and sliding-window layers count as full (an upper bound, said in the note).
+A float32 config is served in 16 bits, as SGLang's dtype "auto" does (bfloat16 for Gemma, float16 otherwise).
+
 Capacities then read as `80GiB` / `80GB` (bytes -> whole tokens, rounded down) besides tokens
 (`3M` = 3,000,000 tokens, `512k` = 512,000 tokens, `1G` = 10^9 tokens) and pages (`6000p`).
 """
@@ -50,6 +55,7 @@ class ModelKV:
     dtype_bytes: int
     mla: bool = False
     row_scale_bytes: int = 0   # beside each row of head_dim values (ROW_SCALE_BYTES)
+    note: str = ""             # what the figure assumed that the config left open (hybrid layers, float32)
 
     @property
     def bytes_per_token(self) -> int:
@@ -67,13 +73,14 @@ class ModelKV:
         shape = (f"MLA latent {self.head_dim} x {self.num_layers} layers" if self.mla else
                  f"2 x {self.num_layers} layers x {self.kv_heads} kv heads x {self.head_dim}")
         scale = f", + {self.row_scale_bytes} B scale a row" if self.row_scale_bytes else ""
+        note = f" ({self.note})" if self.note else ""
         return (f"{self.name}: {self.bytes_per_token:,} KV bytes per token ({shape} x {self.dtype_bytes} B "
-                f"{self.dtype}{scale}); 1 GiB = {self.tokens(GIB):,} tokens")
+                f"{self.dtype}{scale}); 1 GiB = {self.tokens(GIB):,} tokens{note}")
 
     def to_dict(self) -> dict:
         return {"name": self.name, "num_layers": self.num_layers, "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "dtype": self.dtype, "dtype_bytes": self.dtype_bytes, "mla": self.mla,
-                "row_scale_bytes": self.row_scale_bytes, "bytes_per_token": self.bytes_per_token}
+                "row_scale_bytes": self.row_scale_bytes, "bytes_per_token": self.bytes_per_token, "note": self.note}
 
 
 def shipped_models() -> dict[str, Path]:
@@ -105,13 +112,16 @@ def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> 
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]
     layers = _positive_int(cfg, "num_hidden_layers", name)
-    dtype = kv_dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    notes = []
+    dtype = kv_dtype or _served_dtype(cfg, notes)
     nbytes, scale = dtype_bytes(dtype)
     if cfg.get("kv_lora_rank"):
         width = _positive_int(cfg, "kv_lora_rank", name) + _positive_int(cfg, "qk_rope_head_dim", name)
-        return ModelKV(name, layers, 1, width, str(dtype), nbytes, mla=True, row_scale_bytes=scale)
+        return ModelKV(name, layers, 1, width, str(dtype), nbytes, mla=True, row_scale_bytes=scale,
+                       note="; ".join(notes))
+    layers = _kv_layers(cfg, layers, name, notes)
     heads = _positive_int(cfg, "num_attention_heads", name)
-    kv_heads = _positive_int(cfg, "num_key_value_heads", name) if "num_key_value_heads" in cfg else heads
+    kv_heads = _kv_heads(cfg, heads, name)
     if cfg.get("head_dim"):
         head_dim = _positive_int(cfg, "head_dim", name)
     else:
@@ -120,7 +130,57 @@ def model_kv(cfg: dict, name: str = "model", kv_dtype: Optional[str] = None) -> 
             raise ValueError(f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
                              f"add head_dim to the config")
         head_dim = hidden // heads
-    return ModelKV(name, layers, kv_heads, head_dim, str(dtype), nbytes, row_scale_bytes=scale)
+    return ModelKV(name, layers, kv_heads, head_dim, str(dtype), nbytes, row_scale_bytes=scale, note="; ".join(notes))
+
+
+def _served_dtype(cfg: dict, notes: list[str]) -> str:
+    """The KV dtype a server gives the config by default: its torch_dtype, float32 served in 16 bits."""
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    if str(dtype).lower().removeprefix("torch.") in ("float32", "fp32", "float"):
+        served = "bfloat16" if str(cfg.get("model_type", "")).startswith("gemma") else "float16"
+        notes.append(f"the config says float32; served as {served}, as SGLang's dtype auto does: --kv-dtype "
+                     f"float32 for 4 B")
+        return served
+    return dtype
+
+
+def _kv_heads(cfg: dict, heads: int, name: str) -> int:
+    """KV heads under each config's name for them (Falcon: num_kv_heads, or 1 with multi_query)."""
+    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
+        if cfg.get(key) is not None:
+            return _positive_int(cfg, key, name)
+    return 1 if cfg.get("multi_query") is True else heads
+
+
+KV_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "chunked_attention"}
+NO_KV_LAYER_TYPES = {"linear_attention", "mamba", "conv", "recurrent", "ssm", "mamba2"}
+
+
+def _kv_layers(cfg: dict, layers: int, name: str, notes: list[str]) -> int:
+    """The layers that keep a KV cache: all, or a hybrid model's attention layers."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        unknown = sorted({str(t) for t in types} - KV_LAYER_TYPES - NO_KV_LAYER_TYPES)
+        if unknown:
+            raise ValueError(f"{name}: layer_types holds {', '.join(unknown)}, and whether such a layer keeps a KV "
+                             f"cache is not known here; edit layer_types to full_attention / linear_attention")
+        kv = sum(1 for t in types if t in KV_LAYER_TYPES)
+        sliding = sum(1 for t in types if t == "sliding_attention")
+    elif isinstance(cfg.get("full_attention_interval"), int) and cfg["full_attention_interval"] > 0:
+        kv, sliding = layers // cfg["full_attention_interval"], 0
+    elif isinstance(cfg.get("attn_layer_period"), int) and cfg["attn_layer_period"] > 0:
+        period, offset = cfg["attn_layer_period"], cfg.get("attn_layer_offset", 0)
+        kv, sliding = sum(1 for i in range(layers) if i % period == offset), 0
+    else:
+        kv = layers
+        sliding = layers if cfg.get("sliding_window") and cfg.get("use_sliding_window") is not False else 0
+    if kv < 1:
+        raise ValueError(f"{name}: no layer of this config keeps a KV cache (no attention layer)")
+    if kv < layers:
+        notes.append(f"{kv} of {layers} layers keep KV: the others are not attention")
+    if sliding:
+        notes.append(f"{sliding} sliding-window layers counted as full attention: an upper bound")
+    return kv
 
 
 def load_model_config(path_or_name: Union[str, os.PathLike], kv_dtype: Optional[str] = None) -> ModelKV:
