@@ -67,7 +67,12 @@ class RadixCache(EvictionMixin):
 
     # ----- bookkeeping -------------------------------------------------------------------
     def reset(self) -> None:
-        """Drop the whole tree and give every slot back (callers must hold no slots)."""
+        """Drop the whole tree and give every slot back. Refused while a path is locked: the request holding
+        it reads those slots, and they would be handed out again."""
+        locked = getattr(self, "_protected_size", 0)
+        if locked:
+            raise ValueError(f"reset with {locked} tokens locked by running requests: their slots would be handed "
+                             f"out again; release them (dec_lock_ref) or wait for them first")
         self._next_id = itertools.count()
         self.root_node = TreeNode(next(self._next_id), RadixKey([]), self._empty, None, self.clock())
         self.root_node.lock_ref = 1  # the root is never evicted
@@ -307,7 +312,8 @@ class RadixCache(EvictionMixin):
 
     # ----- locks ---------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> int:
-        """Protect root..node from eviction (a running request reads these slots)."""
+        """Protect root..node from eviction (a running request reads these slots). Returns the tokens that moved
+        from evictable to protected (>= 0; SGLang's returns the same number negated, as a size delta)."""
         walk = node
         while walk is not self.root_node:  # validate first: a stale node must not touch the counters
             if walk.parent is None:
@@ -330,7 +336,8 @@ class RadixCache(EvictionMixin):
         return changed
 
     def dec_lock_ref(self, node: TreeNode) -> int:
-        """Release a lock taken with `inc_lock_ref(node)`; raises (changing nothing) if there is none."""
+        """Release a lock taken with `inc_lock_ref(node)`; raises (changing nothing) if there is none. Returns the
+        tokens that moved from protected back to evictable (>= 0, as SGLang's)."""
         walk = node
         while walk is not self.root_node:
             if walk.lock_ref <= 0:

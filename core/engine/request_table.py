@@ -29,10 +29,17 @@ class RequestTable:
         self._wake = threading.Condition(threading.Lock())
 
     def submit(self, req: Request) -> None:
-        """Add a new request to the table and the inbox, and wake the loop; a rid in use is a ValueError."""
+        """Add a new request to the table and the inbox, and wake the loop; the rid of a live request is a
+        ValueError. A finished request's rid may be used again (as in SGLang): the new request takes its row."""
         with self._wake:
-            if req.rid in self._requests:
-                raise ValueError(f"request id {req.rid!r} is already in use; pick another rid")
+            old = self._requests.get(req.rid)
+            if old is not None and not (old.finish_reason is not None and old.done.is_set()):
+                raise ValueError(f"request id {req.rid!r} belongs to a request still running; pick another rid "
+                                 f"or abort that one first")
+            if old is not None:
+                del self._requests[req.rid]
+                if req.rid in self._finished:
+                    self._finished.remove(req.rid)
             self._requests[req.rid] = req
             self._inbox.append(req)
             self.changes += 1

@@ -183,3 +183,18 @@ def test_insert_refuses_slot_ids_int32_cannot_hold_and_non_integer_slots():
             cache.insert(RadixKey([4, 5, 6]), bad)
         assert cache.root_node.children == {} and cache.total_size() == 0
     check_cache_invariants(cache, EMPTY)
+
+
+def test_reset_is_refused_while_a_path_is_locked_and_changes_nothing():
+    """reset-while-locked: the locked request's slots had gone back to free_pages and were handed out again."""
+    cache, alloc, _ = make(16)
+    slots = put(cache, [1, 2, 3, 4])
+    node = cache.match_prefix(RadixKey([1, 2, 3, 4])).last_node
+    assert cache.inc_lock_ref(node) == 4
+    free = alloc.available()
+    with pytest.raises(ValueError, match="reset with 4 tokens locked by running requests"):
+        cache.reset()
+    assert alloc.available() == free and cache.match_prefix(RadixKey([1, 2, 3, 4])).indices.tolist() == slots.tolist()
+    assert cache.dec_lock_ref(node) == 4
+    cache.reset()
+    assert alloc.available() == 16 and cache.total_size() == 0
