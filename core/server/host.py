@@ -28,6 +28,7 @@ from core.engine.sampling import SamplingParams
 from core.server.auth import Caller
 from core.server.errors import APIError
 from core.server.model_store import ModelRoots, default_roots, release_memory
+from core.server.prompt_size import counted_messages, prompt_chars, tokens_per_message
 from core.server.prometheus import ServerMetrics
 
 EngineFactory = Callable[[EngineConfig], Engine]
@@ -68,6 +69,7 @@ class EngineHost:
         self.abort_reasons: dict[str, str] = {}
         self._rebuilding = False
         self._char_limits: dict[int, Optional[int]] = {}
+        self._message_tokens: dict[int, int] = {}
         self.generation = 0          # bumps on rebuild and flush: part of version()
         self.metrics = ServerMetrics(self)
 
@@ -134,11 +136,28 @@ class EngineHost:
                                 f"hold ({limit:,} at most: {engine.allocator.num_slots:,} slots); shorten it",
                            prompt_param, "context_length_exceeded")
 
+    def check_messages(self, engine: Engine, prompt: Any, prompt_param: str = "messages") -> None:
+        """400 context_length_exceeded when a chat has more user and assistant messages than any prompt of
+        `engine` can hold, at the fewest tokens its template adds for one (prompt_size.tokens_per_message)."""
+        n = counted_messages(prompt)
+        if not n or engine.tokenizer is None:
+            return
+        key = id(engine)
+        if key not in self._message_tokens:
+            self._message_tokens = {key: tokens_per_message(engine.tokenize)}
+        each = self._message_tokens[key]
+        fits = min(engine.allocator.num_slots, engine.runner.max_context_len)
+        if each and n * each > fits:
+            raise APIError(400, f"the chat has {n:,} user and assistant messages, and the chat template adds at "
+                                f"least {each} tokens for each: more than any prompt this engine can hold "
+                                f"({fits:,} tokens); send fewer messages", prompt_param, "context_length_exceeded")
+
     def prepare(self, engine: Engine, prompt: Any, prompt_param: str = "prompt") -> tuple[list[int], int]:
         """(token ids, prompt length) of `prompt`, tokenized without any lock; 400 context_length_exceeded
         when its text alone proves it can never fit (as OpenAI answers a prompt over the context), 400 (naming
         `prompt_param`) when the engine refuses it."""
         self.check_chars(engine, prompt_chars(prompt), prompt_param)
+        self.check_messages(engine, prompt, prompt_param)
         try:
             ids, _ = engine.tokenize(prompt)
         except ValueError as exc:
@@ -345,13 +364,3 @@ class EngineHost:
         self.engine.stop()
         if self.kv_publisher is not None:
             self.kv_publisher.close()
-
-
-def prompt_chars(prompt: Any) -> int:
-    """Characters of a text prompt or of chat messages' roles and contents (0 for token ids)."""
-    if isinstance(prompt, str):
-        return len(prompt)
-    if isinstance(prompt, (list, tuple)):
-        return sum(len(m["role"]) + len(m["content"]) for m in prompt
-                   if isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str))
-    return 0

@@ -17,7 +17,8 @@ from core.server import api_schema
 from core.server.auth import Caller
 from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
-from core.server.host import EngineHost, prompt_chars
+from core.server.host import EngineHost
+from core.server.prompt_size import prompt_chars
 from core.server.json_body import parse_object
 from core.server.openai_protocol import MAX_CHOICES, ChatMessage, parse
 
@@ -58,6 +59,7 @@ def tokenize(host: EngineHost, body: TokenizeRequest) -> dict[str, Any]:
     # texts together: megabytes of text would hold a worker thread the generation routes share for a minute)
     if body.messages is not None:
         host.check_chars(engine, prompt_chars([m.as_engine() for m in body.messages]), "messages")
+        host.check_messages(engine, [m.as_engine() for m in body.messages], "messages")
     else:
         texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         host.check_chars(engine, sum(map(len, texts)), "prompt")
