@@ -136,7 +136,6 @@ def test_property_replay_never_beats_the_optimum(w, pages, policy, page_size, ov
     ov = Overlap(ms_per_output_token=4.0) if overlap else None
     b = Bounds(w, page_size, ov)
     r = replay(w, pages * page_size, policy, page_size, ov, check_invariants=True)
-    t = page_trace(w, page_size, ov)
     opt = b.optimal(pages * page_size).hit_tokens
     assert opt == reference_optimum(fitting_accesses(w, page_size, pages, ov), pages) * page_size
     assert r.hit_tokens <= opt <= b.infinite().hit_tokens
