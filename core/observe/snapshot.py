@@ -246,12 +246,13 @@ class EngineSnapshot:
     token_text: dict[int, str] = field(default_factory=dict)  # token id -> its decoded piece
     version: int = 0           # the engine's version() when this was built: equal to it while current
     engine_id: str = ""        # which engine built it: a rebuilt or restarted one has another ("" from an older one)
+    redacted: bool = False     # token ids zeroed, texts gone (a server's answer to a caller without the admin key)
 
     def to_dict(self) -> dict[str, Any]:
         return {"seq": self.seq, "step": self.step, "cache": self.cache.to_dict(), "pool": self.pool.to_dict(),
                 "requests": [dataclasses.asdict(r) for r in self.requests], "metrics": dict(self.metrics),
                 "token_text": {str(k): v for k, v in self.token_text.items()}, "version": self.version,
-                "engine_id": self.engine_id}
+                "engine_id": self.engine_id, "redacted": self.redacted}
 
 
 def frozen_array(a: np.ndarray) -> np.ndarray:

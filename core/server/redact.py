@@ -31,7 +31,7 @@ def snapshot(snap: EngineSnapshot) -> EngineSnapshot:
     slot_tokens = np.where(snap.pool.slot_tokens >= 0, 0, -1).astype(snap.pool.slot_tokens.dtype)
     pool = dataclasses.replace(snap.pool, slot_tokens=frozen_array(slot_tokens), k_norms=None)
     return dataclasses.replace(snap, cache=dataclasses.replace(cache, nodes=nodes), pool=pool,
-                               requests=requests, token_text={})
+                               requests=requests, token_text={}, redacted=True)
 
 
 def event(d: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from core.observe import wire
 from core.observe.snapshot import EngineSnapshot
 
 REBUILD_READ_S = 1800.0     # how long a rebuild's answer may take: loading (or converting) the new model
+POLL_READ_S = 10.0          # how long a read (version, snapshot, events, config) may take: a stopped or hung
+#                             server is named within this, not after the 30 s a write may take, two or three times
 
 
 class ServerRefused(RuntimeError):
@@ -51,8 +53,13 @@ class HttpClient:
 
     # ----- transport ---------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kw) -> httpx.Response:
+        if method == "GET" and "timeout" not in kw:
+            kw["timeout"] = httpx.Timeout(self._http.timeout.connect, read=min(POLL_READ_S, self._http.timeout.read))
         try:
             return self._http.request(method, path, **kw)
+        except httpx.TimeoutException as exc:
+            raise ConnectionError(f"the engine server at {self.url} did not answer in time ({type(exc).__name__}): "
+                                  f"it may be stopped, hung or overloaded") from exc
         except httpx.TransportError as exc:
             raise ConnectionError(f"no engine server answers at {self.url} ({type(exc).__name__}: {exc}); start one "
                                   f"with `python -m core.server` or fix RADIX_ENGINE_URL") from exc

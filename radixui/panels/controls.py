@@ -24,8 +24,10 @@ def admin_role(client: EngineClient) -> bool:
         return False
     try:
         return client.is_admin()
+    except ConnectionError:
+        raise                  # no server, or one that does not answer: the page says so (server_down.py)
     except (RuntimeError, OSError):
-        return True            # no answer: keep the controls, their own calls report what went wrong
+        return True            # an older server that does not say: keep the controls, their calls report refusals
 
 
 def _refused(exc: PermissionError) -> None:
@@ -55,6 +57,7 @@ def engine_settings(client: EngineClient, admin: bool = True) -> None:
                 st.session_state.flash = ("error", f"Engine not changed: {err}")
             else:
                 lost = forget_my_requests(st.session_state) | unfinished
+                st.session_state["_engine_applied"] = True     # this tab's own rebuild: said here, not again
                 st.session_state.flash = ("success", f"Engine rebuilt: {new.pool_slots} slots, {new.eviction_policy}"
                                           + (f"; {len(lost)} unfinished request{'s' if len(lost) != 1 else ''} "
                                              f"went with the old engine" if lost else ""))

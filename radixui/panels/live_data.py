@@ -106,6 +106,31 @@ class EventStore:
         return self.replayer
 
 
+HIDDEN_TOKEN = "▪"     # a token of a redacted snapshot (the server hides token ids from the inference key)
+FIGURE_STATE = ("_figs", "_tree_painted", "tree_focus", "tt_seq")   # what a tab drew from one engine
+
+
+def follow_engine(state: MutableMapping, snap: EngineSnapshot) -> None:
+    """When `snap` comes from another engine than the last run's (a server restarted or replaced, another tab's
+    Apply), drop what was drawn from the old one: figures are cached by seq and step, which a new engine counts
+    again from 0, so an empty 4,096-slot pool had stayed drawn under a new 100,000-slot one. Says how many
+    requests ended with the old engine, and forgets this tab's own (unless this tab's Apply said so already)."""
+    last, state["_engine_id"] = state.get("_engine_id"), snap.engine_id
+    live = sum(1 for r in snap.requests if r.state in ("waiting", "running"))
+    ended, state["_engine_live"] = state.get("_engine_live", 0), live
+    if last is None or last == snap.engine_id:
+        return
+    for name in FIGURE_STATE:
+        state.pop(name, None)
+    mine = state.get("my_requests") or {}
+    state["my_requests"] = {}
+    if state.pop("_engine_applied", False) or not (ended or mine):
+        return
+    n = max(ended, len(mine))
+    state["flash"] = ("warning", f"The engine server now runs a new engine (restarted or replaced): {n} request"
+                                 f"{' that was' if n == 1 else 's that were'} waiting or running ended with the old one.")
+
+
 def event_store(state: MutableMapping) -> EventStore:
     if "_events" not in state:
         state["_events"] = EventStore()
@@ -115,6 +140,8 @@ def event_store(state: MutableMapping) -> EventStore:
 def decoder(state: MutableMapping, client: Any, snap: EngineSnapshot, model: str) -> TokenDecoder:
     """A TokenDecoder for the snapshot's tokens; their bytes come from the client once per token
     (when that call fails, labels join per-token pieces)."""
+    if snap.redacted:         # every id is 0: drawn as what it is, a token whose text this key may not read
+        return TokenDecoder({}, unknown=HIDDEN_TOKEN)
     known: dict = state.setdefault("_token_bytes", {}).setdefault(model, {})
     missing = [t for t in snap.token_text if t not in known]
     if missing:

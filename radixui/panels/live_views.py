@@ -22,7 +22,7 @@ from radixui.figures.kpis import kpi_line, sglang_status
 from radixui.figures.slots import kv_heatmap, slot_row_figure, written_range
 from radixui.figures.tree import tree_figure, tree_overview
 from radixui.panels.abort import abort_selected_button
-from radixui.panels.live_data import cached_figure, decoder, event_store
+from radixui.panels.live_data import cached_figure, decoder, event_store, follow_engine
 from radixui.panels.live_poll import admitted_snapshot, declare_poll
 from radixui.panels.prompt_panel import prompt_panel
 from radixui.panels.request_rows import TABLE_CONFIG, request_table, selected_rid, table_key
@@ -77,6 +77,7 @@ def draw_live(client: EngineClient, cfg, live: bool, interval: float) -> None:
     keep = bool(sent) and live
     # after this run's submissions: one engine step for all
     snap = admitted_snapshot(client, () if keep else sent, stepping)
+    follow_engine(ss, snap)
     store = event_store(ss)
     store.sync(client, snap)
     tt = decoder(ss, client, snap, cfg.model)
@@ -135,6 +136,10 @@ def draw_live(client: EngineClient, cfg, live: bool, interval: float) -> None:
 
 
 def _tree_highlights(client: EngineClient, snap: EngineSnapshot, store, selected: Optional[str]):
+    if selected and snap.redacted:   # the tree's tokens are hidden from this key: no path can be walked in it
+        return step_highlights(last_tree_step(store.recent_upto(snap.seq))), (
+            f"The path of request **{selected}** cannot be drawn: the tree's tokens are hidden from the "
+            f"inference key (RADIX_API_KEY). Start the dashboard with RADIX_ADMIN_KEY to see paths and text.")
     if selected:
         req = next((r for r in snap.requests if r.rid == selected), None)
         toks = client.request_tokens(selected) if req is not None else None   # None: gone from the table

@@ -21,13 +21,26 @@ def show_server_down(client: Any, exc: BaseException) -> NoReturn:
     page once the server answers, and the end of this run."""
     st.error(f"The engine server cannot be used: {exc}", icon=":material/cloud_off:")
     st.caption(f"This page asks it again every {RETRY_S:g} s and comes back by itself once it answers.")
-    st.fragment(run_every=RETRY_S)(_retry)(client)
+    st.fragment(run_every=RETRY_S)(_retry)(client, reason(exc))
     st.stop()
 
 
-def _retry(client: Any) -> None:
+def _retry(client: Any, shown: tuple[str, str]) -> None:
+    if needs_rerun(client, shown):
+        st.rerun(scope="app")
+
+
+def reason(exc: BaseException) -> tuple[str, str]:
+    """Why a call failed, whichever call it was: its kind and the server's words (a refusal's message names the
+    route first: "GET /state/config failed: missing or wrong API key")."""
+    return type(exc).__name__, str(exc).split(" failed: ", 1)[-1]
+
+
+def needs_rerun(client: Any, shown: tuple[str, str]) -> bool:
+    """Whether the page must be drawn again: the server answers, or it fails for another reason than the one
+    shown (a server back up that now refuses this dashboard's key had kept "no engine server answers" on screen)."""
     try:
         client.versions()
-    except SERVER_ERRORS:
-        return
-    st.rerun(scope="app")
+    except SERVER_ERRORS as exc:
+        return reason(exc) != shown
+    return True
