@@ -120,25 +120,28 @@ class Scheduler:
         if old is not None:
             self.cache.dec_lock_ref(old)
 
-    def release(self, req: Request, cache_kv: bool = True, finished: bool = False) -> None:
+    def release(self, req: Request, cache_kv: bool = True, finished: bool = False, count_hits: bool = True) -> None:
         """Give back everything `req` holds; with `cache_kv` its computed tokens go into the tree
         first (cache_finished_req: prompt + output minus the last token, whose KV never existed).
         `finished`: it ended normally, so the policy hears its output length (an abort's is cut short).
         The insert runs even when it adds nothing, as SGLang's does: it stamps the path and counts the hits
-        of a request that never inserted before (one whose prompt was all cached)."""
+        of a request that never inserted before (one whose prompt was all cached). A retraction's insert
+        (`count_hits` False) counts none: SGLang's inserts nothing there, and the request counts its path
+        when it runs again, so its output node would have counted twice."""
         n = req.computed - req.computed % self.page_size
         free_from = req.tree_len
         told = len(req.output_ids) if finished else None
-        if cache_kv and not self.cache.disable and n > 0:
-            cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority, output_len=told,
-                                       inserted_len=req.inserted_len)
-            self.allocator.free(req.kv_slots[req.tree_len:cached])
-            free_from = max(n, req.tree_len)
-        elif told is not None and req.last_node is not None:   # the finish added no page
-            self.cache.request_finished(req.last_node, told)
         try:
+            if cache_kv and not self.cache.disable and n > 0:
+                cached = self.cache.insert(self._key(req, n), req.kv_slots[:n], req.params.priority,
+                                           output_len=told, inserted_len=req.inserted_len if count_hits else n)
+                free_from = max(n, req.tree_len)      # the tree owns the new pages from here, whatever follows
+                if cached > req.tree_len:
+                    self.allocator.free(req.kv_slots[req.tree_len:cached])   # duplicates of what it held
+            elif told is not None and req.last_node is not None:   # the finish added no page
+                self.cache.request_finished(req.last_node, told)
             self.allocator.free(torch.cat([req.kv_slots[free_from:], req.tail_slots]))
-        finally:                      # a failed free still lets go of the path and of the slots' record
+        finally:                      # a failed insert or free still lets go of the path and of the slots' record
             self._unlock(req)
             req.kv_slots = req.kv_slots[:0]
             req.tail_slots = req.tail_slots[:0]
@@ -172,7 +175,7 @@ class Scheduler:
     def _retract_newest(self) -> Request:
         victim = max(self.running, key=lambda r: r.admit_order)
         self.running.remove(victim)
-        self.release(victim, cache_kv=True)
+        self.release(victim, cache_kv=True, count_hits=False)   # it counts its hits when it runs again
         victim.state = WAITING
         self.waiting.insert(0, victim)
         self.retractions += 1
@@ -253,7 +256,8 @@ class Scheduler:
                     break       # as _admit: a step never scans a huge queue
                 continue
             want += len(r.fill_ids)
-        return min(half, want)
+        room_slots = self.allocator.available() + self.cache.evictable_size()   # a full pool admits nobody: then
+        return min(half, want, room_slots)                                       # nothing is held back for them
 
     def discard(self, req: Request) -> None:
         """Take `req` out of the queues and give back what it holds, uncached (its K/V may be half

@@ -60,7 +60,9 @@ class SigintGuard:
         previous, self._previous = self._previous, None
         if previous is None:
             return
-        signal.signal(signal.SIGINT, previous)
-        if self.pending and exc_type is None:   # held back until the state was whole: delivered now
-            self.pending = False
+        if signal.getsignal(signal.SIGINT) == self._note:   # a handler that ran may have set its own: kept
+            signal.signal(signal.SIGINT, previous)
+        interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+        if self.pending and not interrupted:   # held back until the state was whole: delivered now (over an
+            self.pending = False               # ordinary exception too: a caller that catches it keeps the Ctrl-C)
             previous(signal.SIGINT, None)

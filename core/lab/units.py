@@ -10,7 +10,8 @@ A model's Hugging Face `config.json` fixes the KV bytes of one token:
 - an int8 KV cache also keeps one fp32 scale beside each stored row of head_dim values (per layer, KV head,
   K or V), as this engine's int8 pool does (core/cache/kv_pool.py): 4 B a row more (about 6 % at head_dim 64).
 
-The KV heads are `num_key_value_heads`, or Falcon's `num_kv_heads`, or 1 with `multi_query`. Hybrid models count
+The KV heads are read in SGLang's order: 1 with `multi_query` (except a new-architecture Falcon), else Falcon's
+`n_head_kv` / `num_kv_heads`, `num_key_value_heads`, ChatGLM's `multi_query_group_num`. Hybrid models count
 only their attention layers (`layer_types`, `full_attention_interval`, Jamba's `attn_layer_period`); a layer type
 whose cache is unknown is an error, and sliding-window layers count as full (an upper bound, said in the note).
 A float32 config is served in 16 bits, as SGLang's dtype "auto" does (bfloat16 for Gemma, float16 otherwise).
@@ -144,12 +145,20 @@ def _served_dtype(cfg: dict, notes: list[str]) -> str:
     return dtype
 
 
+FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+
+
 def _kv_heads(cfg: dict, heads: int, name: str) -> int:
-    """KV heads under each config's name for them (Falcon: num_kv_heads, or 1 with multi_query)."""
-    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
+    """KV heads in SGLang's order (ModelConfig.get_total_num_kv_heads): 1 with multi_query (GPT-BigCode, Falcon-7B:
+    transformers' FalconConfig writes num_kv_heads = num_attention_heads beside it), except a Falcon of the new
+    decoder architecture; then n_head_kv, num_kv_heads, num_key_value_heads, multi_query_group_num (ChatGLM)."""
+    new_falcon = cfg.get("model_type") in FALCON_TYPES and cfg.get("new_decoder_architecture") is True
+    if cfg.get("multi_query") is True and not new_falcon:
+        return 1
+    for key in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
         if cfg.get(key) is not None:
             return _positive_int(cfg, key, name)
-    return 1 if cfg.get("multi_query") is True else heads
+    return heads
 
 
 KV_LAYER_TYPES = {"full_attention", "sliding_attention", "attention", "chunked_attention"}

@@ -68,8 +68,8 @@ class EngineHost:
         self.runs: dict[str, tuple[Optional[str], Any]] = {}   # response id -> (owner identity, its ChoiceRun)
         self.abort_reasons: dict[str, str] = {}
         self._rebuilding = False
-        self._char_limits: dict[int, Optional[int]] = {}
-        self._message_tokens: dict[int, int] = {}
+        self._char_limits: dict[str, Optional[int]] = {}
+        self._message_tokens: dict[str, int] = {}
         self.generation = 0          # bumps on rebuild and flush: part of version()
         self.metrics = ServerMetrics(self)
 
@@ -116,7 +116,7 @@ class EngineHost:
     def char_limit(self, engine: Engine) -> Optional[int]:
         """Characters past which a text prompt cannot fit this engine, whatever it tokenizes to: a token
         is at most the vocabulary's longest piece in bytes, and a character at least one byte."""
-        key = id(engine)
+        key = engine.instance_id      # not id(): a rebuilt engine may take the freed one's address
         if key not in self._char_limits:
             tok = engine.tokenizer
             limit = None
@@ -142,7 +142,7 @@ class EngineHost:
         n = counted_messages(prompt)
         if not n or engine.tokenizer is None:
             return
-        key = id(engine)
+        key = engine.instance_id      # not id(): a rebuilt engine may take the freed one's address
         if key not in self._message_tokens:
             self._message_tokens = {key: tokens_per_message(engine.tokenize)}
         each = self._message_tokens[key]
@@ -203,9 +203,11 @@ class EngineHost:
                     on_piece(piece, handle)
             completion = handle.result()
         finally:
-            with self._lock:
-                self.inflight.pop(handle.rid, None)
-                reason = self.abort_reasons.pop(handle.rid, None)
+            with self._lock:   # by handle: a finished request's rid may be taken again (RequestTable.submit)
+                mine = self.inflight.get(handle.rid) is handle
+                if mine:
+                    del self.inflight[handle.rid]
+                reason = self.abort_reasons.pop(handle.rid, None) if mine else None
                 self._changed.notify_all()
             if completion is not None and not internal:
                 self.metrics.on_finish(completion)   # before on_done: a client that has its answer sees it counted

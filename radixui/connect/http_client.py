@@ -54,7 +54,9 @@ class HttpClient:
     # ----- transport ---------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kw) -> httpx.Response:
         if method == "GET" and "timeout" not in kw:
-            kw["timeout"] = httpx.Timeout(self._http.timeout.connect, read=min(POLL_READ_S, self._http.timeout.read))
+            read = self._http.timeout.read
+            kw["timeout"] = httpx.Timeout(self._http.timeout.connect,
+                                          read=POLL_READ_S if read is None else min(POLL_READ_S, read))
         try:
             return self._http.request(method, path, **kw)
         except httpx.TimeoutException as exc:

@@ -126,3 +126,27 @@ def test_a_held_back_ctrl_c_is_raised_when_the_guard_ends_and_the_handler_is_res
             reached.append("after the signal")
     assert reached == ["after the signal"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_held_back_ctrl_c_is_not_lost_behind_an_ordinary_error(python_sigint):
+    """reset_cache refusing while requests run (ValueError): a caller that catches it still gets the Ctrl-C."""
+    with pytest.raises(KeyboardInterrupt) as got:
+        with SigintGuard():
+            os.kill(os.getpid(), signal.SIGINT)
+            raise ValueError("refused")
+    assert isinstance(got.value.__context__, ValueError)
+
+
+def test_a_handler_that_sets_its_own_sigint_handler_keeps_it(python_sigint):
+    """As the lab's CLI mutes a second Ctrl-C while it cleans up: the guard does not put the old one back."""
+    def mute(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, mute)
+    with pytest.raises(KeyboardInterrupt):
+        with SigintGuard() as guard:
+            with guard.interruptible():
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):
+                    pass
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -11,11 +11,13 @@ LLAMA_LIKE = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32
 
 
 def test_falcon_kv_heads_come_from_num_kv_heads_or_multi_query():
-    falcon7 = dict(num_hidden_layers=32, hidden_size=4544, num_attention_heads=71, multi_query=True,
-                   new_decoder_architecture=False, torch_dtype="bfloat16")
+    falcon7 = dict(model_type="falcon", num_hidden_layers=32, hidden_size=4544, num_attention_heads=71,
+                   multi_query=True, new_decoder_architecture=False, torch_dtype="bfloat16")
     assert model_kv(falcon7).bytes_per_token == 2 * 32 * 1 * 64 * 2 == 8192
-    falcon40 = dict(num_hidden_layers=60, hidden_size=8192, num_attention_heads=128, num_kv_heads=8,
-                    multi_query=True, new_decoder_architecture=True, torch_dtype="bfloat16")
+    # as transformers' FalconConfig saves it: num_kv_heads copied from num_attention_heads beside multi_query
+    assert model_kv(dict(falcon7, num_kv_heads=71)).bytes_per_token == 8192
+    falcon40 = dict(model_type="falcon", num_hidden_layers=60, hidden_size=8192, num_attention_heads=128,
+                    num_kv_heads=8, multi_query=True, new_decoder_architecture=True, torch_dtype="bfloat16")
     assert model_kv(falcon40).bytes_per_token == 2 * 60 * 8 * 64 * 2 == 122880
     assert model_kv(LLAMA_LIKE).bytes_per_token == 2 * 32 * 32 * 128 * 2      # no KV-head field: one per head
 
