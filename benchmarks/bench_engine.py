@@ -239,6 +239,8 @@ def main() -> None:
     ap.add_argument("--fair-solo-last", action="store_true", help="the fairness run's loaded stream first, on a "
                     "server that has decoded nothing but a warm-up, and the solo stream after it")
     ap.add_argument("--long-tokens", type=int, default=6000, help="the fairness run's long uncached prompt")
+    ap.add_argument("--long-prompts", type=int, default=1, help="how many such prompts arrive together (2: two "
+                    "users paste documents at once; the short request must still be served between their chunks)")
     ap.add_argument("--cuda-graph", default="on", choices=("on", "off", "both"),
                     help="on CUDA: decode steps replay captured CUDA graphs (on), launch every kernel (off), or both "
                     "side by side in the sweep and prefill")

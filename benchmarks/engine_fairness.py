@@ -48,9 +48,10 @@ def gaps(times: list[float]) -> list[float]:
 
 
 def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_tokens: int,
-             solo_last: bool = False) -> dict:
+             solo_last: bool = False, long_prompts: int = 1) -> dict:
     """The two runs on one server; `solo_last` runs the loaded one first, on a server that has decoded nothing but
-    the warm-up (the engine's decode-step estimate then rests on the loaded stream's first steps alone)."""
+    the warm-up (the engine's decode-step estimate then rests on the loaded stream's first steps alone).
+    `long_prompts`: that many long uncached prompts arrive together (several users pasting documents at once)."""
     from openai import OpenAI
 
     from benchmarks.bench_serving import serve
@@ -63,13 +64,16 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
             return stream_times(client, ids[100:228], stream_tokens)[1]
 
         solo = [] if solo_last else solo_run()
-        long_prompt = ids[5000:5000 + long_tokens]
+        long_prompts_ids = [ids[5000 + i * long_tokens:5000 + (i + 1) * long_tokens] for i in range(long_prompts)]
+        if any(len(p) < long_tokens for p in long_prompts_ids):
+            raise SystemExit(f"the text corpus has {len(ids):,} tokens: too few for {long_prompts} prompts of "
+                             f"{long_tokens:,}; lower --long-tokens or --long-prompts")
         marks: dict[str, float] = {}
         started = threading.Event()
 
-        def long_request() -> None:
-            marks["long_sent"], t = stream_times(client, long_prompt, 2)
-            marks["long_first"] = t[0]
+        def long_request(i: int) -> None:
+            marks[f"long_sent{i}"], t = stream_times(client, long_prompts_ids[i], 2)
+            marks[f"long_first{i}"] = t[0]
 
         def short_request() -> None:
             marks["short_sent"], t = stream_times(client, ids[60:72], 2)
@@ -84,13 +88,16 @@ def fairness(ids: list[int], server_args: list[str], stream_tokens: int, long_to
             zip(("sent", "times"), stream_times(client, ids[300:428], stream_tokens, on_token))))
         runner.start()
         started.wait(120)
-        t_long = threading.Thread(target=long_request)
-        t_long.start()
+        t_longs = [threading.Thread(target=long_request, args=(i,)) for i in range(long_prompts)]
+        for t in t_longs:
+            t.start()
         time.sleep(1.0)
         t_short = threading.Thread(target=short_request)
         t_short.start()
-        for t in (t_short, t_long, runner):
+        for t in (t_short, *t_longs, runner):
             t.join(600)
+        marks["long_sent"] = min(marks[f"long_sent{i}"] for i in range(long_prompts))
+        marks["long_first"] = max(marks[f"long_first{i}"] for i in range(long_prompts))
         loaded = result["times"]
         window = [b - a for a, b in zip(loaded, loaded[1:]) if a >= marks["long_sent"] and b <= marks["long_first"]]
         if solo_last:
@@ -117,15 +124,16 @@ def section_fairness(args, ids: list[int], dtype: str, kv: str) -> bool:
         server_args += ["--kv-cache-dtype", kv]
     if args.cuda_graph == "off":
         server_args += ["--disable-cuda-graph"]
-    r = fairness(ids, server_args, args.fair_tokens, args.long_tokens, args.fair_solo_last)
-    return report(r, args.long_tokens)
+    r = fairness(ids, server_args, args.fair_tokens, args.long_tokens, args.fair_solo_last, args.long_prompts)
+    return report(r, args.long_tokens, args.long_prompts)
 
 
-def report(r: dict, long_tokens: int) -> bool:
+def report(r: dict, long_tokens: int, long_prompts: int = 1) -> bool:
     solo, win = r["solo"], r["loaded_window"]
     ms = lambda x: f"{x * 1e3:.0f} ms"   # noqa: E731
-    print(f"\n== fairness through the server: one stream decoding, a {long_tokens:,}-token uncached prompt arrives, "
-          f"a 2-token request 1 s later")
+    arrive = (f"a {long_tokens:,}-token uncached prompt arrives" if long_prompts == 1 else
+              f"{long_prompts} uncached prompts of {long_tokens:,} tokens arrive together")
+    print(f"\n== fairness through the server: one stream decoding, {arrive}, a 2-token request 1 s later")
     print(f"stream ITL solo:                  p50 {ms(statistics.median(solo))}  p99 {ms(percentile(solo, 99))}  "
           f"({len(solo)} gaps)")
     if len(win) < 20:
