@@ -124,10 +124,9 @@ class Scheduler:
         """Give back everything `req` holds; with `cache_kv` its computed tokens go into the tree
         first (cache_finished_req: prompt + output minus the last token, whose KV never existed).
         `finished`: it ended normally, so the policy hears its output length (an abort's is cut short).
-        The insert runs even when it adds nothing, as SGLang's does: it stamps the path and counts the hits
-        of a request that never inserted before (one whose prompt was all cached). A retraction's insert
-        (`count_hits` False) counts none: SGLang's inserts nothing there, and the request counts its path
-        when it runs again, so its output node would have counted twice."""
+        The insert runs even when it adds nothing, as SGLang's: it stamps the path and counts the hits of a request
+        that never inserted (its prompt all cached). A retraction's (`count_hits` False) counts none: the request
+        counts its path when it runs again."""
         n = req.computed - req.computed % self.page_size
         free_from = req.tree_len
         told = len(req.output_ids) if finished else None
@@ -211,12 +210,10 @@ class Scheduler:
         return items
 
     def _share_chunks(self, budget: int, for_new: int) -> dict[int, int]:
-        """Prefill tokens each running chunked prefill may compute this step. The oldest keeps up to half
-        the budget, so it advances every step; of the other half, waiting requests get what they are owed
-        (`for_new`) first, then the younger chunked prefills, shortest remaining first (a short prompt
-        admitted in part behind a long one finishes its prefill at the next step instead of after the
-        long one); what they leave goes to the oldest. Owed before the younger prefills: with two long
-        prompts running, the younger took the whole half, and a short request waited for a whole prefill."""
+        """Prefill tokens each running chunked prefill may compute this step. The oldest keeps up to half the
+        budget, so it advances every step; of the other half, waiting requests get what they are owed (`for_new`)
+        first (else a second long prompt took it all), then the younger chunked prefills, shortest remaining first
+        (a short prompt admitted in part finishes its prefill at the next step); the rest goes to the oldest."""
         chunked = [r for r in self.running if len(r.fill_ids) - r.computed > 1]
         if not chunked:
             return {}

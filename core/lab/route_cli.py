@@ -94,7 +94,8 @@ def rejected_notes(rows: list[dict], requests: int, cap: int, bounds) -> list[st
     n = worst["replicas"]
     notes = [f"note: {whole} found no room in a replica's pool of {cap:,} tokens ({worst['routing']} at {n} "
              f"replica{'' if n == 1 else 's'}) and was rejected, counted with no hits; the smallest request holds "
-             f"{bounds.smallest_request_pages * bounds.page_size:,} tokens (prompt + output - 1, in whole pages): a larger --capacity "
+             f"{bounds.smallest_request_pages * bounds.page_size:,} tokens (prompt + output - 1, in whole pages): a "
+             f"larger --capacity "
              f"serves them"]
     if any(r["single_cache_optimum"] is None for r in rows):
         notes.append("note: no optimum where one cache of all replicas' capacity holds no request either")

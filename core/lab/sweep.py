@@ -171,7 +171,8 @@ class SweepResult:
             return None
         caps = ", ".join(f"{c:,}" for c in self.unfit_capacities)
         return (f"at {caps} tokens nothing fits: the smallest request holds {self.smallest_request_tokens:,} tokens "
-                f"(prompt + output - 1, in whole pages), more than the pool, so every policy rejects every request there and no "
+                f"(prompt + output - 1, in whole pages), more than the pool, so every policy rejects every request "
+                f"there and no "
                 f"optimum is given (hit rate 0 is all any pool that small can do)")
 
     def to_json(self, target: float = 0.9) -> dict[str, Any]:

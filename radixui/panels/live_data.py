@@ -128,7 +128,8 @@ def follow_engine(state: MutableMapping, snap: EngineSnapshot) -> None:
         return
     n = max(ended, len(mine))
     state["flash"] = ("warning", f"The engine server now runs a new engine (restarted or replaced): {n} request"
-                                 f"{' that was' if n == 1 else 's that were'} waiting or running ended with the old one.")
+                                 f"{' that was' if n == 1 else 's that were'} waiting or running ended with the "
+                                 f"old one.")
 
 
 def event_store(state: MutableMapping) -> EventStore:

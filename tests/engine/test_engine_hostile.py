@@ -389,13 +389,12 @@ def test_bad_rid_and_params_type(pair):
         e.submit([1], rid=["x"])
     with pytest.raises(ValueError, match="params must be SamplingParams"):
         e.submit([1], params={"max_new_tokens": 2})
-    e.submit([1], rid="same")
+    e.submit([1], SamplingParams(max_new_tokens=1), rid="same")
     with pytest.raises(ValueError, match="belongs to a request still running"):
         e.submit([2], rid="same")
-    while e.has_work():
-        e.step()
+    e.generate([[9]], SamplingParams(max_new_tokens=1))                    # one batch with "same": both done
     again = e.submit([2, 3], SamplingParams(max_new_tokens=2), rid="same")   # done: the rid is free again
-    while e.has_work():
-        e.step()
+    while e.step():
+        pass
     assert again.result(0).token_ids == reference_greedy(ref, [2, 3], 2)
     still_serves(e, ref)

@@ -67,7 +67,8 @@ def test_requests_larger_than_a_replica_are_counted_as_rejected_and_no_optimum_c
                                      ["2", "round_robin", "0.0000", "0.0000", "8"]]
     assert notes_of(out) == [
         "note: every request found no room in a replica's pool of 40 tokens (round_robin at 1 replica) and was "
-        "rejected, counted with no hits; the smallest request holds 87 tokens (prompt + output - 1, in whole pages): a larger "
+        "rejected, counted with no hits; the smallest request holds 87 tokens (prompt + output - 1, in whole "
+        "pages): a larger "
         "--capacity serves them",
         "note: no optimum where one cache of all replicas' capacity holds no request either"]
     saved = json.loads((tmp_path / "route.json").read_text())["rows"]

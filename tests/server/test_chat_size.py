@@ -17,7 +17,8 @@ def test_a_chat_of_more_messages_than_the_pool_holds_is_refused_at_once(smollm2_
     e = Engine(smollm2_runner, pool_slots=128)
     each = tokens_per_message(e.tokenize)
     assert each == 5                                       # "<|im_start|>user\n" ... "<|im_end|>\n"
-    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": ""} for i in range(61)]   # 305 tokens at least: 128 slots
+    # 61 messages: 305 tokens at least, in 128 slots
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": ""} for i in range(61)]
     with serving(engine=e) as s:
         for route, body in (("/v1/chat/completions", {"messages": many, "max_tokens": 1}),
                             ("/v1/tokenize", {"messages": many})):
