@@ -46,6 +46,7 @@ BRANCH_S = 4.0     # Send -> the new branch drawn in the tree
 GHOST_S = 4.0      # the median over the evictions of: an eviction -> its ghost drawn in the tree
 GHOST_MAX_S = 8.0  # the worst of them
 SETTLE_S = 0.1     # a drawing that stood this long with nothing stale (not an element caught mid page run)
+FINISH_LAG_S = 1.0  # how long the row may still say "running" after the status line says the request ended
 ERROR_SELECTORS = ['[data-testid="stException"]', '[data-testid="stAlertContentError"]']
 
 pytestmark = pytest.mark.timeout(600)
@@ -153,7 +154,13 @@ def test_a_sent_request_shows_running_and_its_branch_while_it_generates(stack, p
     assert all(e["status"] for e in log[:-1]), [round(b["at"] - a["at"], 2) for a, b in zip(log, log[1:]) if not a["status"]]
     shown = [(e["at"], e["status"], row) for e in settled for row in e["rows"] if row[:2] == [rid, "running"]]
     assert shown, [e["rows"] for e in log]
-    assert all("#running-req: 1," in status for _, status, _ in shown), [s[:30] for _, s, _ in shown if "#running-req: 1," not in s]
+    # at the finish the status line (drawn first) may say 0 a moment before the grid repaints the row: allowed for
+    # FINISH_LAG_S after the first such drawing, never before it (CI met it once, without load)
+    ended = next((at for at, status, _ in shown if "#running-req: 0," in status), None)
+    lagging = [at for at, _, _ in shown if ended is not None and at >= ended]
+    assert all(at - ended < FINISH_LAG_S for at in lagging), [round(at - ended, 2) for at in lagging]
+    running = [(at, status) for at, status, _ in shown if ended is None or at < ended]
+    assert running and all("#running-req: 1," in status for _, status in running), [s[:30] for _, s in running]
     counts = [int(row[3]) for _, _, row in shown if row[3].strip()]
     assert len(set(counts)) >= 2 and counts == sorted(counts), counts
     # and it repainted at the busy pace all the while: the status line (token usage in it rises with every
