@@ -220,7 +220,7 @@ class Scheduler:
         remaining = {id(r): len(r.fill_ids) - r.computed for r in chunked}
         oldest = min(chunked, key=lambda r: r.admit_order)
         reserve = min(remaining[id(oldest)], budget // 2)
-        left = budget - reserve - min(for_new, budget - reserve)
+        left = max(0, budget - reserve - for_new)
         allowance: dict[int, int] = {}
         for r in sorted(chunked, key=lambda r: (remaining[id(r)], r.admit_order)):
             if r is not oldest:
@@ -234,10 +234,10 @@ class Scheduler:
         return sum(1 for r in self.running if len(r.fill_ids) - r.computed == 1)
 
     def _owed_to_waiting(self, budget: int) -> int:
-        """Prefill tokens kept from running chunked prefills for waiting requests: what those that could be
-        admitted want, at most half the budget (0 when nothing waits or no chunked prefill runs). One that
-        `_hold_back` defers this step (its prefix is being computed now) wants nothing: counted, it left half
-        of every step idle while a system prompt that the queue shares was prefilled."""
+        """Prefill tokens kept from running chunked prefills for waiting requests: what those that could be admitted
+        want, at most half the budget and the slots free or evictable (0 when nothing waits or no chunked prefill
+        runs). One that `_hold_back` defers this step (its prefix is being computed now) wants nothing: counted, it
+        left half of every step idle while a system prompt that the queue shares was prefilled."""
         if not self.waiting or not any(len(r.fill_ids) - r.computed > 1 for r in self.running):
             return 0
         half = budget // 2
@@ -253,8 +253,7 @@ class Scheduler:
                     break       # as _admit: a step never scans a huge queue
                 continue
             want += len(r.fill_ids)
-        room_slots = self.allocator.available() + self.cache.evictable_size()   # a full pool admits nobody: then
-        return min(half, want, room_slots)                                       # nothing is held back for them
+        return min(half, want, self.allocator.available() + self.cache.evictable_size())
 
     def discard(self, req: Request) -> None:
         """Take `req` out of the queues and give back what it holds, uncached (its K/V may be half

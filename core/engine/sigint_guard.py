@@ -57,12 +57,13 @@ class SigintGuard:
             self._open = False
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        previous, self._previous = self._previous, None
-        if previous is None:
+        if self._previous is None:
             return
         if signal.getsignal(signal.SIGINT) == self._note:   # a handler that ran may have set its own: kept
-            signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGINT, self._previous)
         interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
-        if self.pending and not interrupted:   # held back until the state was whole: delivered now (over an
-            self.pending = False               # ordinary exception too: a caller that catches it keeps the Ctrl-C)
-            previous(signal.SIGINT, None)
+        try:
+            if self.pending and not interrupted:   # held back until the state was whole: delivered now (over an
+                self._deliver()                    # ordinary exception too: a caller that catches it keeps it)
+        finally:
+            self._previous = None

@@ -238,6 +238,15 @@ def in_bytes(text: Union[str, int]) -> bool:
 MAX_CAPACITY_TOKENS = 2**40   # ~1.1e12 tokens (~140 PB of Llama-3.1-8B's K/V): past it bytes overflow int64
 
 
+class CapacityNeedsModel(ValueError):
+    """A capacity in bytes without a model to turn bytes into tokens (worded for the CLI: the page words its own)."""
+
+    def __init__(self, text: Union[str, int]) -> None:
+        self.text = text
+        super().__init__(f"capacity {text!r} is in bytes: give a model (--model-config, e.g. llama-3.1-8b) so bytes "
+                         f"can become tokens, or write tokens (3M) or pages (6000p)")
+
+
 def parse_capacity(text: Union[str, int], page_size: int = 1, kv: Optional[ModelKV] = None) -> int:
     """Tokens from '80GiB' / '40GB' (needs `kv`), '3M' (3,000,000 tokens), '512k', '6000p' (pages) or 3072000."""
     tokens = _parse_capacity(text, page_size, kv)
@@ -251,8 +260,7 @@ def _parse_capacity(text: Union[str, int], page_size: int, kv: Optional[ModelKV]
     if not in_bytes(text):
         return _parse_tokens(text, page_size)
     if kv is None:
-        raise ValueError(f"capacity {text!r} is in bytes: give a model (--model-config, e.g. llama-3.1-8b) "
-                         f"so bytes can become tokens, or write tokens (3M) or pages (6000p)")
+        raise CapacityNeedsModel(text)
     m = _CAP.fullmatch(text)
     num, scale = float(m.group(1)), _byte_unit(m.group(2))
     if not math.isfinite(num * scale):

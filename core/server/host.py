@@ -68,8 +68,7 @@ class EngineHost:
         self.runs: dict[str, tuple[Optional[str], Any]] = {}   # response id -> (owner identity, its ChoiceRun)
         self.abort_reasons: dict[str, str] = {}
         self._rebuilding = False
-        self._char_limits: dict[str, Optional[int]] = {}
-        self._message_tokens: dict[str, int] = {}
+        self._size_limits: dict[str, tuple[int, Optional[int], int]] = {}
         self.generation = 0          # bumps on rebuild and flush: part of version()
         self.metrics = ServerMetrics(self)
 
@@ -113,19 +112,25 @@ class EngineHost:
             self.reserved = max(0, self.reserved - n)
             self._changed.notify_all()
 
-    def char_limit(self, engine: Engine) -> Optional[int]:
-        """Characters past which a text prompt cannot fit this engine, whatever it tokenizes to: a token
-        is at most the vocabulary's longest piece in bytes, and a character at least one byte."""
-        key = engine.instance_id      # not id(): a rebuilt engine may take the freed one's address
-        if key not in self._char_limits:
+    def _limits(self, engine: Engine) -> tuple[int, Optional[int], int]:
+        """(tokens a prompt may hold, the characters past which text cannot fit, the fewest tokens the chat
+        template adds for a message), worked out once per engine (by instance id: a rebuilt engine may take the
+        freed one's address). A token is at most the vocabulary's longest piece in bytes, a character at least
+        one byte."""
+        key = engine.instance_id
+        if key not in self._size_limits:
+            fits = min(engine.allocator.num_slots, engine.runner.max_context_len)
             tok = engine.tokenizer
-            limit = None
+            chars, each = None, 0
             if tok is not None:
                 longest = max((len(p.encode("utf-8", "replace")) for p in tok.get_vocab()), default=1)
-                fits = min(engine.allocator.num_slots, engine.runner.max_context_len)
-                limit = BYTES_MARGIN * max(longest, 1) * fits
-            self._char_limits = {key: limit}
-        return self._char_limits[key]
+                chars, each = BYTES_MARGIN * max(longest, 1) * fits, tokens_per_message(engine.tokenize)
+            self._size_limits = {key: (fits, chars, each)}
+        return self._size_limits[key]
+
+    def char_limit(self, engine: Engine) -> Optional[int]:
+        """Characters past which a text prompt cannot fit this engine, whatever it tokenizes to."""
+        return self._limits(engine)[1]
 
     def check_chars(self, engine: Engine, chars: int, prompt_param: str = "prompt") -> None:
         """400 context_length_exceeded when `chars` characters of text are more than any prompt `engine` can hold,
@@ -136,17 +141,12 @@ class EngineHost:
                                 f"hold ({limit:,} at most: {engine.allocator.num_slots:,} slots); shorten it",
                            prompt_param, "context_length_exceeded")
 
-    def check_messages(self, engine: Engine, prompt: Any, prompt_param: str = "messages") -> None:
-        """400 context_length_exceeded when a chat has more user and assistant messages than any prompt of
-        `engine` can hold, at the fewest tokens its template adds for one (prompt_size.tokens_per_message)."""
+    def check_size(self, engine: Engine, prompt: Any, prompt_param: str = "prompt") -> None:
+        """check_chars, and for a chat: 400 context_length_exceeded when it has more user and assistant messages
+        than any prompt of `engine` can hold, at the fewest tokens its template adds for one."""
+        self.check_chars(engine, prompt_chars(prompt), prompt_param)
         n = counted_messages(prompt)
-        if not n or engine.tokenizer is None:
-            return
-        key = engine.instance_id      # not id(): a rebuilt engine may take the freed one's address
-        if key not in self._message_tokens:
-            self._message_tokens = {key: tokens_per_message(engine.tokenize)}
-        each = self._message_tokens[key]
-        fits = min(engine.allocator.num_slots, engine.runner.max_context_len)
+        fits, _, each = self._limits(engine) if n else (0, None, 0)
         if each and n * each > fits:
             raise APIError(400, f"the chat has {n:,} user and assistant messages, and the chat template adds at "
                                 f"least {each} tokens for each: more than any prompt this engine can hold "
@@ -156,8 +156,7 @@ class EngineHost:
         """(token ids, prompt length) of `prompt`, tokenized without any lock; 400 context_length_exceeded
         when its text alone proves it can never fit (as OpenAI answers a prompt over the context), 400 (naming
         `prompt_param`) when the engine refuses it."""
-        self.check_chars(engine, prompt_chars(prompt), prompt_param)
-        self.check_messages(engine, prompt, prompt_param)
+        self.check_size(engine, prompt, prompt_param)
         try:
             ids, _ = engine.tokenize(prompt)
         except ValueError as exc:

@@ -18,7 +18,6 @@ from core.server.auth import Caller
 from core.server.cpu_pool import CpuPool
 from core.server.errors import APIError
 from core.server.host import EngineHost
-from core.server.prompt_size import prompt_chars
 from core.server.json_body import parse_object
 from core.server.openai_protocol import MAX_CHOICES, ChatMessage, parse
 
@@ -57,14 +56,13 @@ def tokenize(host: EngineHost, body: TokenizeRequest) -> dict[str, Any]:
                        "invalid_value")
     # text no prompt of this engine could hold is refused unread, as on the generation routes (all of a list's
     # texts together: megabytes of text would hold a worker thread the generation routes share for a minute)
-    if body.messages is not None:
-        host.check_chars(engine, prompt_chars([m.as_engine() for m in body.messages]), "messages")
-        host.check_messages(engine, [m.as_engine() for m in body.messages], "messages")
+    chat = None if body.messages is None else [m.as_engine() for m in body.messages]
+    if chat is not None:
+        host.check_size(engine, chat, "messages")
     else:
         texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         host.check_chars(engine, sum(map(len, texts)), "prompt")
-    if body.messages is not None:
-        chat = [m.as_engine() for m in body.messages]
+    if chat is not None:
         if not chat:
             raise APIError(400, "messages is empty: send at least one {role, content} message", "messages",
                            "invalid_value")

@@ -11,11 +11,10 @@ from typing import Any, Callable, NamedTuple, Optional
 from core.lab.chat_traces import DEFAULT_SESSIONS, ChatTokenizer
 from core.lab.optimal import capacity_pages
 from core.lab.sweep import parse_capacities, parse_policies
-from core.lab.traces import MOONCAKE_BLOCK, MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC, load_trace
-from core.lab.units import ModelKV, load_model_config, parse_capacity, shipped_models
+from core.lab.traces import MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC, load_trace
+from core.lab.units import CapacityNeedsModel, ModelKV, load_model_config, parse_capacity, shipped_models
 from core.lab.workloads import Workload, make_workload, workload_params
 
-MOONCAKE_PAGE_SIZE = MOONCAKE_BLOCK
 
 
 class BundledTrace(NamedTuple):
@@ -147,9 +146,9 @@ def parse_sweep_inputs(capacities: str, policies: list[str], page_size: int,
     pols = parse_policies(list(policies))
     try:
         caps = parse_capacities(capacities, page_size, kv)
-    except ValueError as e:   # the CLI's wording names its flag; here the control is the Model box
-        raise ValueError(str(e).replace("give a model (--model-config, e.g. llama-3.1-8b)",
-                                        "pick a model in “Model (sizes the KV cache in bytes)”")) from None
+    except CapacityNeedsModel as e:   # the CLI's wording names its flag; here the control is the Model box
+        raise ValueError(f"capacity {e.text!r} is in bytes: pick a model in “Model (sizes the KV cache in bytes)” "
+                         f"so bytes can become tokens, or write tokens (3M) or pages (6000p)") from None
     for c in caps:
         capacity_pages(c, page_size)
     return caps, pols

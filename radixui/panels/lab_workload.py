@@ -9,7 +9,7 @@ from typing import Optional
 import streamlit as st
 
 from core.lab.chat_traces import DEFAULT_SESSIONS, ChatTokenizer, hf_chat
-from core.lab.traces import load_mooncake, order_notes
+from core.lab.traces import MOONCAKE_BLOCK, load_mooncake, order_notes
 from core.lab.units import plural
 from core.lab.workloads import GENERATORS, Workload
 from radixui.connect.resources import DEFAULT_MODEL, get_holder, get_runner
@@ -131,13 +131,13 @@ def workload_section() -> WorkloadChoice:
                                  f"replay this many conversations at a time, in turn (1 runs each to its end). The "
                                  f"more at once, the longer an answer waits in the pool for its next turn.")
         source_key = f"upload_{digest[0][:12]}"
-        default_ps = li.MOONCAKE_PAGE_SIZE if workload.is_block_trace else 1
+        default_ps = MOONCAKE_BLOCK if workload.is_block_trace else 1
     else:
         name = st.selectbox("Trace", list(bundled), key="cap_bundled")
         trace = bundled[name]
         path = trace.path.resolve()
         workload = _mooncake(str(path), path.stat().st_mtime)
-        default_caps, default_ps, source_key = trace.capacities, li.MOONCAKE_PAGE_SIZE, f"mooncake_{name}"
+        default_caps, default_ps, source_key = trace.capacities, MOONCAKE_BLOCK, f"mooncake_{name}"
         st.caption(trace.caption)
 
     longest = max(r.prompt_len for r in workload.requests)
